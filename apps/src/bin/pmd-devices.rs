@@ -1,0 +1,45 @@
+//! Lists RDMA devices (MANA, mlx5, others), their ports, netdevs and MACs, and the device
+//! model that is always available.
+
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// List the NIC ports this framework can drive: real MANA / mlx5 RDMA devices (with each
+/// port's kernel netdev and MAC) and the software device model that is always there.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Read devices from this sysfs root instead of /sys (for tests and offline inspection).
+    #[arg(long, env = "PMD_SYSFS_ROOT", default_value = pmd::devices::DEFAULT_SYSFS_ROOT)]
+    sysfs_root: PathBuf,
+    /// Print one JSON document instead of the human-readable report.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    pmd::log::init("warn");
+    let args = Args::parse();
+    let devices = match pmd::devices::list(&args.sysfs_root) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("pmd-devices: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.json {
+        println!(
+            "{}",
+            apps::devices_json(&devices, &pmd::sys::verbs_device_names())
+        );
+    } else {
+        print!("{}", pmd::devices::report(&devices));
+        println!(
+            "rdma-core: bindings built against libibverbs {}; libibverbs sees {} device(s)",
+            pmd::sys::RDMA_CORE_VERSION,
+            pmd::sys::verbs_device_names().len()
+        );
+    }
+    ExitCode::SUCCESS
+}

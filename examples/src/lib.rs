@@ -1,0 +1,1 @@
+//! Small programs that show the pmd API; see the `src/bin` folder.

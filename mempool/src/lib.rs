@@ -1,0 +1,1 @@
+//! Packet-buffer memory: hugepage regions, a lock-free object pool with per-core caches, and `Mbuf`.

@@ -1,0 +1,110 @@
+//! Generates the direct-verbs bindings (`manadv.h`, `mlx5dv.h`) with bindgen, links the
+//! provider libraries, and runs a small C probe that records the C compiler's view of the
+//! structures we share with rdma-core, so the tests can compare it with the Rust view.
+
+use std::env;
+use std::path::PathBuf;
+use std::process::Command;
+
+const HEADER: &str = "src/sys/dv.h";
+const PROBE: &str = "src/sys/layout_probe.c";
+
+fn main() {
+    println!("cargo:rerun-if-changed={HEADER}");
+    println!("cargo:rerun-if-changed={PROBE}");
+    println!("cargo:rerun-if-changed=build.rs");
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+
+    // libibverbs' include path (normally /usr/include) and the rdma-core version.
+    let verbs = pkg_config_probe("libibverbs");
+    let mut clang_args: Vec<String> = verbs
+        .include_dirs
+        .iter()
+        .map(|p| format!("-I{p}"))
+        .collect();
+    clang_args.push("-I/usr/include".into());
+    println!("cargo:rustc-env=PMD_RDMA_CORE_VERSION={}", verbs.version);
+    println!("cargo:rustc-link-lib=dylib=mana");
+    println!("cargo:rustc-link-lib=dylib=mlx5");
+    println!("cargo:rustc-link-lib=dylib=ibverbs");
+
+    let bindings = bindgen::Builder::default()
+        .header(HEADER)
+        .clang_args(&clang_args)
+        .allowlist_function("manadv_.*")
+        .allowlist_function("mlx5dv_init_obj")
+        .allowlist_function("mlx5dv_query_device")
+        .allowlist_function("mlx5dv_is_supported")
+        .allowlist_type("manadv_.*")
+        .allowlist_type("mlx5dv_(qp|cq|rwq|obj|context|srq|dm|ah|pd|devx_obj)")
+        .allowlist_type("mlx5_wqe_.*")
+        .allowlist_type("mlx5_cqe64")
+        .allowlist_type("mlx5_mini_cqe8")
+        .allowlist_type("mlx5_err_cqe")
+        .allowlist_var("MLX5_.*")
+        .allowlist_var("MANADV_.*")
+        // Verbs objects are opaque here: their real definitions live in rdma-sys, and
+        // `pmd::sys` casts between the two views of the same pointer in one place.
+        .opaque_type("ibv_.*")
+        .opaque_type("pthread_.*")
+        // `packed` together with `aligned(4)` has no Rust equivalent; the hw::mlx5 view owns
+        // this format, the binding only keeps its size.
+        .opaque_type("mlx5_wqe_ctrl_seg")
+        .derive_default(true)
+        .layout_tests(true)
+        .generate_comments(false)
+        .prepend_enum_name(false)
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+        .generate()
+        .expect("bindgen failed on manadv.h / mlx5dv.h: install libibverbs-dev and libclang-dev (see README)");
+    bindings
+        .write_to_file(out.join("dv_bindings.rs"))
+        .expect("write dv_bindings.rs");
+
+    run_layout_probe(&out, &clang_args);
+}
+
+struct PkgConfig {
+    version: String,
+    include_dirs: Vec<String>,
+}
+
+fn pkg_config_probe(name: &str) -> PkgConfig {
+    let run = |arg: &str| -> Option<String> {
+        let o = Command::new("pkg-config").args([arg, name]).output().ok()?;
+        o.status
+            .success()
+            .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let version = run("--modversion").unwrap_or_else(|| {
+        panic!("pkg-config cannot find {name}: install libibverbs-dev and pkg-config (see README)")
+    });
+    let include_dirs = run("--cflags-only-I")
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|s| s.strip_prefix("-I").map(str::to_string))
+        .collect();
+    PkgConfig {
+        version,
+        include_dirs,
+    }
+}
+
+/// Compiles and runs `layout_probe.c` for the host, turning what the C compiler says about
+/// sizes and offsets into a Rust table (`layout_expected.rs`).
+fn run_layout_probe(out: &std::path::Path, clang_args: &[String]) {
+    let exe = out.join("layout_probe");
+    let compiler = cc::Build::new().cargo_metadata(false).get_compiler();
+    let status = compiler
+        .to_command()
+        .args(clang_args)
+        .arg("-o")
+        .arg(&exe)
+        .arg(PROBE)
+        .status()
+        .expect("run the C compiler for the layout probe");
+    assert!(status.success(), "the C layout probe did not compile");
+    let o = Command::new(&exe).output().expect("run the layout probe");
+    assert!(o.status.success(), "the layout probe failed");
+    std::fs::write(out.join("layout_expected.rs"), o.stdout).expect("write layout_expected.rs");
+}
