@@ -24,6 +24,21 @@ fn main() {
         .collect();
     clang_args.push("-I/usr/include".into());
     println!("cargo:rustc-env=PMD_RDMA_CORE_VERSION={}", verbs.version);
+    for header in ["infiniband/manadv.h", "infiniband/mlx5dv.h"] {
+        let found = verbs
+            .include_dirs
+            .iter()
+            .map(String::as_str)
+            .chain(["/usr/include"])
+            .any(|dir| std::path::Path::new(dir).join(header).exists());
+        assert!(
+            found,
+            "{header} not found: libibverbs {} is too old or incomplete. The MANA provider \
+             (manadv.h) first shipped in rdma-core v44; install libibverbs-dev from rdma-core v44 \
+             or newer (Debian bookworm has it)",
+            verbs.version
+        );
+    }
     println!("cargo:rustc-link-lib=dylib=mana");
     println!("cargo:rustc-link-lib=dylib=mlx5");
     println!("cargo:rustc-link-lib=dylib=ibverbs");
