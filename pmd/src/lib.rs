@@ -18,5 +18,9 @@
 #![deny(unsafe_code)]
 
 pub mod devices;
+pub mod lcore;
 pub mod log;
+pub mod port;
 pub mod sys;
+
+pub use devices::MacAddr;

@@ -1,0 +1,526 @@
+//! `PortSpec`: which port to open, parsed once from a devargs string at the command-line edge.
+//!
+//! Grammar: `KIND[:KEY=VALUE[,KEY=VALUE]...]`. Values may themselves contain `:` (a wire such
+//! as `shm:demo0`) but not `,`.
+//!
+//! | kind | keys |
+//! |---|---|
+//! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based) |
+//! | `mlx5` | `dev=IBDEV`, `port=N` |
+//! | `emu-mana`, `emu-mlx5` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC` |
+//! | `null` | `size=BYTES` (frame size, 14..=9600, default 64), `mac=MAC` |
+//!
+//! Every kind also takes `rxq=N` and `txq=N` (queue counts, 1..=64), which override the
+//! application's defaults for that port.
+#![deny(unsafe_code)]
+
+use crate::devices::MacAddr;
+use std::fmt;
+use std::str::FromStr;
+
+/// Frame size a `null` port hands out when `size=` is not given.
+pub const NULL_DEFAULT_SIZE: u16 = 64;
+/// Largest queue count a spec may ask for.
+pub const MAX_QUEUES: u16 = 64;
+
+/// A port to open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortSpec {
+    /// The device and its kind-specific settings.
+    pub kind: PortKind,
+    /// `rxq=`: RX queue count for this port, if given.
+    pub rxq: Option<u16>,
+    /// `txq=`: TX queue count for this port, if given.
+    pub txq: Option<u16>,
+}
+
+/// The device part of a [`PortSpec`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortKind {
+    /// A real MANA port; with no keys, the first MANA port found.
+    Mana {
+        /// Select the port whose netdev has this MAC.
+        mac: Option<MacAddr>,
+        /// Select this IB device (e.g. `mana_0`).
+        dev: Option<String>,
+        /// Select this IB port (1-based).
+        port: Option<u32>,
+    },
+    /// A real mlx5 port; with no keys, the first mlx5 port found.
+    Mlx5 {
+        /// Select this IB device (e.g. `mlx5_0`).
+        dev: Option<String>,
+        /// Select this IB port (1-based).
+        port: Option<u32>,
+    },
+    /// The MANA device model.
+    EmuMana {
+        /// Where its frames go.
+        wire: WireSpec,
+        /// Its MAC address (default: a locally administered one).
+        mac: Option<MacAddr>,
+    },
+    /// The mlx5 device model.
+    EmuMlx5 {
+        /// Where its frames go.
+        wire: WireSpec,
+        /// Its MAC address.
+        mac: Option<MacAddr>,
+    },
+    /// No device: RX hands out `size`-byte frames, TX frees what it is given.
+    Null {
+        /// Frame size in bytes.
+        size: u16,
+        /// Its MAC address.
+        mac: Option<MacAddr>,
+    },
+}
+
+/// Where a device model's frames go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireSpec {
+    /// Nowhere: sent frames are counted and dropped, nothing arrives.
+    None,
+    /// In-process cable: two ports with the same name are its two ends.
+    Loopback(String),
+    /// Shared-memory cable between processes: two ports with the same name are its two ends.
+    Shm(String),
+    /// AF_PACKET socket on an existing Linux interface (e.g. one end of a veth pair).
+    AfPacket(String),
+}
+
+/// A devargs string that does not describe a port.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DevargsError {
+    /// Nothing to parse.
+    #[error("empty port spec: expected KIND[:KEY=VALUE,...], KIND one of {}", KINDS.join(", "))]
+    Empty,
+    /// The part before `:` is not a port kind.
+    #[error("unknown port kind '{kind}': expected one of {}", KINDS.join(", "))]
+    UnknownKind {
+        /// What was given.
+        kind: String,
+    },
+    /// A key this kind does not take.
+    #[error("'{kind}' ports take no key '{key}': accepted keys are {accepted}")]
+    UnknownKey {
+        /// The port kind.
+        kind: &'static str,
+        /// The offending key.
+        key: String,
+        /// The keys that kind accepts.
+        accepted: String,
+    },
+    /// `key` without `=value`, or with an empty value.
+    #[error("'{key}' needs a value: write {key}=VALUE")]
+    MissingValue {
+        /// The key.
+        key: String,
+    },
+    /// A key given twice.
+    #[error("'{key}' given more than once")]
+    Duplicate {
+        /// The key.
+        key: String,
+    },
+    /// A value that does not parse.
+    #[error("bad value '{value}' for '{key}': expected {expected}")]
+    BadValue {
+        /// The key.
+        key: &'static str,
+        /// What was given.
+        value: String,
+        /// What would be accepted.
+        expected: &'static str,
+    },
+    /// A key the kind cannot do without.
+    #[error("'{kind}' ports need '{key}=': {hint}")]
+    MissingKey {
+        /// The port kind.
+        kind: &'static str,
+        /// The missing key.
+        key: &'static str,
+        /// An example.
+        hint: &'static str,
+    },
+}
+
+/// The port kinds a spec can name.
+pub const KINDS: &[&str] = &["mana", "mlx5", "emu-mana", "emu-mlx5", "null"];
+
+const WIRE_EXPECTED: &str = "loop:NAME, shm:NAME, afpacket:IFACE or none";
+
+fn accepted_keys(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "mana" => &["mac", "dev", "port", "rxq", "txq"],
+        "mlx5" => &["dev", "port", "rxq", "txq"],
+        "emu-mana" | "emu-mlx5" => &["wire", "mac", "rxq", "txq"],
+        _ => &["size", "mac", "rxq", "txq"],
+    }
+}
+
+fn parse_wire(value: &str) -> Result<WireSpec, DevargsError> {
+    let bad = || DevargsError::BadValue {
+        key: "wire",
+        value: value.to_string(),
+        expected: WIRE_EXPECTED,
+    };
+    if value == "none" {
+        return Ok(WireSpec::None);
+    }
+    let (kind, name) = value.split_once(':').ok_or_else(bad)?;
+    if name.is_empty() || name.contains(['/', '\0']) || name.len() > 64 {
+        return Err(bad());
+    }
+    match kind {
+        "loop" => Ok(WireSpec::Loopback(name.to_string())),
+        "shm" => Ok(WireSpec::Shm(name.to_string())),
+        // Linux interface names are at most 15 bytes (IFNAMSIZ - 1).
+        "afpacket" if name.len() <= 15 => Ok(WireSpec::AfPacket(name.to_string())),
+        _ => Err(bad()),
+    }
+}
+
+fn parse_num<T: FromStr + PartialOrd + Copy>(
+    key: &'static str,
+    value: &str,
+    range: (T, T),
+    expected: &'static str,
+) -> Result<T, DevargsError> {
+    match value.parse::<T>() {
+        Ok(v) if v >= range.0 && v <= range.1 => Ok(v),
+        _ => Err(DevargsError::BadValue {
+            key,
+            value: value.to_string(),
+            expected,
+        }),
+    }
+}
+
+fn parse_mac(value: &str) -> Result<MacAddr, DevargsError> {
+    value.parse().map_err(|_| DevargsError::BadValue {
+        key: "mac",
+        value: value.to_string(),
+        expected: "six hex byte pairs like 00:15:5d:01:02:03",
+    })
+}
+
+fn parse_dev(value: &str) -> Result<String, DevargsError> {
+    if value.len() > 64 || value.contains(['/', '\0']) {
+        return Err(DevargsError::BadValue {
+            key: "dev",
+            value: value.into(),
+            expected: "an IB device name like mana_0",
+        });
+    }
+    Ok(value.to_string())
+}
+
+impl FromStr for PortSpec {
+    type Err = DevargsError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Err(DevargsError::Empty);
+        }
+        let (kind_str, rest) = s.split_once(':').unwrap_or((s, ""));
+        let kind: &'static str =
+            KINDS
+                .iter()
+                .copied()
+                .find(|k| *k == kind_str)
+                .ok_or_else(|| DevargsError::UnknownKind {
+                    kind: kind_str.to_string(),
+                })?;
+        let accepted = accepted_keys(kind);
+
+        let mut pairs: Vec<(&'static str, &str)> = Vec::new();
+        for item in rest.split(',').filter(|i| !i.is_empty()) {
+            let (key, value) = item.split_once('=').unwrap_or((item, ""));
+            let key: &'static str =
+                accepted
+                    .iter()
+                    .copied()
+                    .find(|k| *k == key)
+                    .ok_or_else(|| DevargsError::UnknownKey {
+                        kind,
+                        key: key.to_string(),
+                        accepted: accepted.join(", "),
+                    })?;
+            if value.is_empty() {
+                return Err(DevargsError::MissingValue {
+                    key: key.to_string(),
+                });
+            }
+            if pairs.iter().any(|(k, _)| *k == key) {
+                return Err(DevargsError::Duplicate {
+                    key: key.to_string(),
+                });
+            }
+            pairs.push((key, value));
+        }
+        let get = |key: &str| pairs.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+        let queues = |key: &'static str| {
+            get(key)
+                .map(|v| parse_num(key, v, (1u16, MAX_QUEUES), "a queue count from 1 to 64"))
+                .transpose()
+        };
+        let mac = get("mac").map(parse_mac).transpose()?;
+        let dev = get("dev").map(parse_dev).transpose()?;
+        let port = get("port")
+            .map(|v| parse_num("port", v, (1u32, 256), "an IB port number from 1 to 256"))
+            .transpose()?;
+        let wire = || match get("wire") {
+            Some(w) => parse_wire(w),
+            None => Err(DevargsError::MissingKey {
+                kind,
+                key: "wire",
+                hint: "e.g. emu-mana:wire=shm:demo0 (or wire=none)",
+            }),
+        };
+        let kind = match kind {
+            "mana" => PortKind::Mana { mac, dev, port },
+            "mlx5" => PortKind::Mlx5 { dev, port },
+            "emu-mana" => PortKind::EmuMana { wire: wire()?, mac },
+            "emu-mlx5" => PortKind::EmuMlx5 { wire: wire()?, mac },
+            _ => PortKind::Null {
+                size: get("size")
+                    .map(|v| {
+                        parse_num(
+                            "size",
+                            v,
+                            (14u16, 9600),
+                            "a frame size from 14 to 9600 bytes",
+                        )
+                    })
+                    .transpose()?
+                    .unwrap_or(NULL_DEFAULT_SIZE),
+                mac,
+            },
+        };
+        Ok(PortSpec {
+            kind,
+            rxq: queues("rxq")?,
+            txq: queues("txq")?,
+        })
+    }
+}
+
+impl fmt::Display for WireSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireSpec::None => f.write_str("none"),
+            WireSpec::Loopback(n) => write!(f, "loop:{n}"),
+            WireSpec::Shm(n) => write!(f, "shm:{n}"),
+            WireSpec::AfPacket(n) => write!(f, "afpacket:{n}"),
+        }
+    }
+}
+
+impl fmt::Display for PortSpec {
+    /// The canonical devargs string; it parses back to the same spec.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts: Vec<String> = Vec::new();
+        let kind = match &self.kind {
+            PortKind::Mana { mac, dev, port } => {
+                parts.extend(mac.map(|m| format!("mac={m}")));
+                parts.extend(dev.as_ref().map(|d| format!("dev={d}")));
+                parts.extend(port.map(|p| format!("port={p}")));
+                "mana"
+            }
+            PortKind::Mlx5 { dev, port } => {
+                parts.extend(dev.as_ref().map(|d| format!("dev={d}")));
+                parts.extend(port.map(|p| format!("port={p}")));
+                "mlx5"
+            }
+            PortKind::EmuMana { wire, mac } | PortKind::EmuMlx5 { wire, mac } => {
+                parts.push(format!("wire={wire}"));
+                parts.extend(mac.map(|m| format!("mac={m}")));
+                if matches!(self.kind, PortKind::EmuMana { .. }) {
+                    "emu-mana"
+                } else {
+                    "emu-mlx5"
+                }
+            }
+            PortKind::Null { size, mac } => {
+                parts.push(format!("size={size}"));
+                parts.extend(mac.map(|m| format!("mac={m}")));
+                "null"
+            }
+        };
+        parts.extend(self.rxq.map(|q| format!("rxq={q}")));
+        parts.extend(self.txq.map(|q| format!("txq={q}")));
+        if parts.is_empty() {
+            f.write_str(kind)
+        } else {
+            write!(f, "{kind}:{}", parts.join(","))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn p(s: &str) -> Result<PortSpec, DevargsError> {
+        s.parse()
+    }
+
+    #[test]
+    fn good_strings() {
+        let s = p("mana:mac=00:15:5d:01:02:03").unwrap();
+        assert_eq!(
+            s.kind,
+            PortKind::Mana {
+                mac: Some(MacAddr([0, 0x15, 0x5d, 1, 2, 3])),
+                dev: None,
+                port: None
+            }
+        );
+        assert_eq!(
+            p("mana:dev=mana_0,port=1").unwrap().kind,
+            PortKind::Mana {
+                mac: None,
+                dev: Some("mana_0".into()),
+                port: Some(1)
+            }
+        );
+        assert_eq!(
+            p("mlx5:dev=mlx5_0").unwrap().kind,
+            PortKind::Mlx5 {
+                dev: Some("mlx5_0".into()),
+                port: None
+            }
+        );
+        assert_eq!(
+            p("emu-mana:wire=shm:demo0").unwrap().kind,
+            PortKind::EmuMana {
+                wire: WireSpec::Shm("demo0".into()),
+                mac: None
+            }
+        );
+        assert_eq!(
+            p("emu-mlx5:wire=afpacket:veth1").unwrap().kind,
+            PortKind::EmuMlx5 {
+                wire: WireSpec::AfPacket("veth1".into()),
+                mac: None
+            }
+        );
+        assert_eq!(
+            p("null").unwrap().kind,
+            PortKind::Null {
+                size: 64,
+                mac: None
+            }
+        );
+        assert_eq!(
+            p("null:size=1500").unwrap().kind,
+            PortKind::Null {
+                size: 1500,
+                mac: None
+            }
+        );
+        let q = p("emu-mana:wire=loop:a,rxq=4,txq=2").unwrap();
+        assert_eq!((q.rxq, q.txq), (Some(4), Some(2)));
+        assert_eq!(
+            p("  mana  ").unwrap().kind,
+            PortKind::Mana {
+                mac: None,
+                dev: None,
+                port: None
+            }
+        );
+    }
+
+    #[test]
+    fn bad_strings_name_the_offending_part() {
+        let cases: &[(&str, &[&str])] = &[
+            ("", &["empty port spec", "mana, mlx5"]),
+            ("e1000", &["unknown port kind 'e1000'", "emu-mana"]),
+            ("mana:speed=10", &["no key 'speed'", "mac, dev, port"]),
+            (
+                "mana:mac=00:15:5d:01:02",
+                &["'00:15:5d:01:02'", "'mac'", "six hex byte pairs"],
+            ),
+            ("mana:mac", &["'mac' needs a value"]),
+            ("mana:mac=", &["'mac' needs a value"]),
+            ("mana:port=0", &["'0'", "1 to 256"]),
+            ("mana:dev=a,dev=b", &["'dev' given more than once"]),
+            ("emu-mana", &["need 'wire='", "shm:demo0"]),
+            ("emu-mana:wire=tcp:x", &["'tcp:x'", "shm:NAME"]),
+            ("emu-mana:wire=shm:", &["'shm:'"]),
+            (
+                "emu-mlx5:wire=afpacket:averyveryverylongname",
+                &["afpacket:IFACE"],
+            ),
+            ("null:size=10", &["'10'", "14 to 9600"]),
+            ("null:size=abc", &["'abc'"]),
+            ("null:rxq=65", &["'65'", "1 to 64"]),
+            (
+                "mlx5:mac=00:15:5d:01:02:03",
+                &["'mlx5' ports take no key 'mac'"],
+            ),
+        ];
+        for (input, needles) in cases {
+            let e = p(input).expect_err(input).to_string();
+            for n in *needles {
+                assert!(e.contains(n), "{input:?}: error {e:?} lacks {n:?}");
+            }
+        }
+    }
+
+    fn arb_name() -> impl Strategy<Value = String> {
+        "[a-z][a-z0-9_]{0,14}"
+    }
+
+    fn arb_spec() -> impl Strategy<Value = PortSpec> {
+        let mac = proptest::option::of(any::<[u8; 6]>().prop_map(MacAddr));
+        let q = proptest::option::of(1u16..=64);
+        let wire = prop_oneof![
+            Just(WireSpec::None),
+            arb_name().prop_map(WireSpec::Loopback),
+            arb_name().prop_map(WireSpec::Shm),
+            arb_name().prop_map(WireSpec::AfPacket),
+        ];
+        let kind = prop_oneof![
+            (
+                mac.clone(),
+                proptest::option::of(arb_name()),
+                proptest::option::of(1u32..=256)
+            )
+                .prop_map(|(mac, dev, port)| PortKind::Mana { mac, dev, port }),
+            (
+                proptest::option::of(arb_name()),
+                proptest::option::of(1u32..=256)
+            )
+                .prop_map(|(dev, port)| PortKind::Mlx5 { dev, port }),
+            (wire.clone(), mac.clone()).prop_map(|(wire, mac)| PortKind::EmuMana { wire, mac }),
+            (wire, mac.clone()).prop_map(|(wire, mac)| PortKind::EmuMlx5 { wire, mac }),
+            (14u16..=9600, mac).prop_map(|(size, mac)| PortKind::Null { size, mac }),
+        ];
+        (kind, q.clone(), q).prop_map(|(kind, rxq, txq)| PortSpec { kind, rxq, txq })
+    }
+
+    proptest! {
+        #[test]
+        fn display_parses_back(spec in arb_spec()) {
+            let text = spec.to_string();
+            prop_assert_eq!(text.parse::<PortSpec>(), Ok(spec));
+        }
+
+        #[test]
+        fn any_string_parses_or_errs_without_panic(s in "\\PC{0,40}") {
+            let _ = s.parse::<PortSpec>();
+        }
+
+        #[test]
+        fn kind_with_garbage_keys_is_refused(key in "[a-z]{1,8}", value in "[a-z0-9]{1,8}") {
+            prop_assume!(!["mac", "dev", "port", "rxq", "txq"].contains(&key.as_str()));
+            let r = format!("mana:{key}={value}").parse::<PortSpec>();
+            let is_unknown_key = matches!(r, Err(DevargsError::UnknownKey { .. }));
+            prop_assert!(is_unknown_key);
+        }
+    }
+}

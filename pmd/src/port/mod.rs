@@ -1,0 +1,6 @@
+//! The generic port API between apps and drivers.
+#![deny(unsafe_code)]
+
+pub mod devargs;
+
+pub use devargs::{DevargsError, PortKind, PortSpec, WireSpec};
