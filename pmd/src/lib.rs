@@ -18,6 +18,7 @@
 #![deny(unsafe_code)]
 
 pub mod devices;
+pub mod hw;
 pub mod lcore;
 pub mod log;
 pub mod port;

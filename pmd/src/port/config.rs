@@ -1,0 +1,201 @@
+//! Typed port configuration, capabilities, link status and statistics.
+#![deny(unsafe_code)]
+
+use bitflags::bitflags;
+
+bitflags! {
+    /// RX offloads a port can perform (capabilities) or is asked to (configuration).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct RxOffloads: u32 {
+        /// Validate the IPv4 header checksum and report good/bad in the mbuf flags.
+        const IPV4_CKSUM = 1 << 0;
+        /// Validate TCP/UDP checksums and report good/bad in the mbuf flags.
+        const L4_CKSUM = 1 << 1;
+        /// Report the RSS hash in the mbuf.
+        const RSS_HASH = 1 << 2;
+        /// Strip the VLAN tag into the mbuf.
+        const VLAN_STRIP = 1 << 3;
+        /// Accept frames that span several mbufs.
+        const SCATTER = 1 << 4;
+        /// Timestamp frames on arrival.
+        const TIMESTAMP = 1 << 5;
+    }
+}
+
+bitflags! {
+    /// TX offloads a port can perform (capabilities) or is asked to (configuration).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct TxOffloads: u32 {
+        /// Fill in the IPv4 header checksum when the mbuf asks for it.
+        const IPV4_CKSUM = 1 << 0;
+        /// Fill in the UDP checksum when the mbuf asks for it.
+        const UDP_CKSUM = 1 << 1;
+        /// Fill in the TCP checksum when the mbuf asks for it.
+        const TCP_CKSUM = 1 << 2;
+        /// Segment TCP (TSO) when the mbuf asks for it.
+        const TCP_TSO = 1 << 3;
+        /// Insert the mbuf's VLAN tag.
+        const VLAN_INSERT = 1 << 4;
+        /// Send frames that span several mbufs.
+        const MULTI_SEGS = 1 << 5;
+    }
+}
+
+bitflags! {
+    /// Header fields the RSS hash covers.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct RssFields: u32 {
+        /// IPv4 source and destination addresses.
+        const IPV4 = 1 << 0;
+        /// IPv6 source and destination addresses.
+        const IPV6 = 1 << 1;
+        /// TCP ports (with the addresses).
+        const TCP = 1 << 2;
+        /// UDP ports (with the addresses).
+        const UDP = 1 << 3;
+    }
+}
+
+/// Length of a Toeplitz RSS key (MANA accepts exactly this; mlx5 too).
+pub const RSS_KEY_LEN: usize = 40;
+
+/// The Toeplitz key DPDK's net/mana uses when none is given.
+pub const DEFAULT_RSS_KEY: [u8; RSS_KEY_LEN] = [
+    0x2c, 0xc6, 0x81, 0xd1, 0x5b, 0xdb, 0xf4, 0xf7, 0xfc, 0xa2, 0x83, 0x19, 0xdb, 0x1a, 0x3e, 0x94,
+    0x6b, 0x9e, 0x38, 0xd9, 0x2c, 0x9c, 0x03, 0xd1, 0xad, 0x99, 0x44, 0xa7, 0xd9, 0x56, 0x3d, 0x59,
+    0x06, 0x3c, 0x25, 0xf3, 0xfc, 0x1f, 0xdc, 0x2a,
+];
+
+/// Receive-side scaling: how frames are spread over RX queues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RssConfig {
+    /// The Toeplitz key.
+    pub key: [u8; RSS_KEY_LEN],
+    /// The header fields hashed.
+    pub fields: RssFields,
+}
+
+impl Default for RssConfig {
+    fn default() -> Self {
+        Self {
+            key: DEFAULT_RSS_KEY,
+            fields: RssFields::IPV4 | RssFields::TCP | RssFields::UDP,
+        }
+    }
+}
+
+/// How to set a port up: queue counts, ring sizes, offloads, RSS, MTU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortConfig {
+    /// Number of RX queues (each owned by one core).
+    pub rx_queues: u16,
+    /// Number of TX queues (each owned by one core).
+    pub tx_queues: u16,
+    /// Descriptors per RX queue.
+    pub rx_ring_size: u16,
+    /// Descriptors per TX queue.
+    pub tx_ring_size: u16,
+    /// RX offloads requested (must be within [`Caps::rx_offloads`]).
+    pub rx_offloads: RxOffloads,
+    /// TX offloads requested (must be within [`Caps::tx_offloads`]).
+    pub tx_offloads: TxOffloads,
+    /// RSS settings (used when `rx_queues > 1` or RSS_HASH is requested).
+    pub rss: RssConfig,
+    /// MTU in bytes (L3 payload of a frame).
+    pub mtu: u16,
+    /// Receive frames for any destination MAC.
+    pub promiscuous: bool,
+}
+
+impl Default for PortConfig {
+    fn default() -> Self {
+        Self {
+            rx_queues: 1,
+            tx_queues: 1,
+            rx_ring_size: 512,
+            tx_ring_size: 512,
+            rx_offloads: RxOffloads::empty(),
+            tx_offloads: TxOffloads::empty(),
+            rss: RssConfig::default(),
+            mtu: 1500,
+            promiscuous: true,
+        }
+    }
+}
+
+/// What a port can do: plain data, so apps can adapt without asking the driver twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Caps {
+    /// Most RX queues.
+    pub max_rx_queues: u16,
+    /// Most TX queues.
+    pub max_tx_queues: u16,
+    /// Smallest ring (descriptors).
+    pub min_ring_size: u16,
+    /// Largest ring (descriptors).
+    pub max_ring_size: u16,
+    /// Ring sizes must be a power of two.
+    pub ring_size_pow2: bool,
+    /// RX offloads available.
+    pub rx_offloads: RxOffloads,
+    /// TX offloads available.
+    pub tx_offloads: TxOffloads,
+    /// Most packets a single burst call moves.
+    pub max_burst: u16,
+    /// Smallest and largest MTU.
+    pub mtu_range: (u16, u16),
+}
+
+/// Link state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Link {
+    /// Carrier present.
+    pub up: bool,
+    /// Speed in Mbit/s (0 when unknown).
+    pub speed_mbps: u32,
+    /// Full duplex.
+    pub full_duplex: bool,
+}
+
+/// Counters of one queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Packets received (RX) or sent (TX).
+    pub packets: u64,
+    /// Bytes received or sent.
+    pub bytes: u64,
+    /// Errors (bad completions, malformed packets).
+    pub errors: u64,
+    /// RX: frames dropped because no buffer was posted or the pool was empty.
+    pub missed: u64,
+    /// RX: refills that found the pool empty.
+    pub nombuf: u64,
+}
+
+/// Port statistics, summed over queues, plus the per-queue counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Packets received.
+    pub ipackets: u64,
+    /// Packets sent.
+    pub opackets: u64,
+    /// Bytes received.
+    pub ibytes: u64,
+    /// Bytes sent.
+    pub obytes: u64,
+    /// Frames the device dropped for lack of RX buffers.
+    pub imissed: u64,
+    /// Receive errors.
+    pub ierrors: u64,
+    /// Transmit errors.
+    pub oerrors: u64,
+    /// RX refills that found the pool empty.
+    pub rx_nombuf: u64,
+    /// Per RX queue.
+    pub rx_queues: Vec<QueueStats>,
+    /// Per TX queue.
+    pub tx_queues: Vec<QueueStats>,
+    /// Driver-specific counters by name (`rx_cqe_truncated`, `tx_cqe_error`, ...).
+    pub xstats: Vec<(String, u64)>,
+}
