@@ -18,6 +18,8 @@
 #![deny(unsafe_code)]
 
 pub mod devices;
+#[cfg(feature = "emu")]
+pub mod emu;
 pub mod hw;
 pub mod lcore;
 pub mod log;

@@ -21,6 +21,10 @@ pub mod dv {
 
 #[cfg(test)]
 mod layout;
+pub mod mem;
+pub mod net;
+
+pub use mem::DevMem;
 
 /// The libibverbs version (pkg-config `--modversion`, e.g. `1.14.44.0` for rdma-core v44)
 /// whose headers the direct-verbs bindings were generated from.

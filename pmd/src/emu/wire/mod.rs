@@ -1,0 +1,737 @@
+//! Wires: where a device model's frames go and come from.
+//!
+//! * [`Loopback`]: an in-process cable; the first two ports that open the same name are its ends.
+//! * [`Shm`]: a cable between processes over a shared-memory file; same pairing rule. The file
+//!   starts with a versioned header (signature, major/minor version, feature masks), and an
+//!   incompatible peer is refused with an error that says what differs. A dead peer is
+//!   noticed ([`Wire::peer_alive`]), never waited on.
+//! * [`AfPacket`]: an existing Linux interface (e.g. one end of a veth pair in a network
+//!   namespace), so the kernel's own stack, ping and tcpdump are real peers.
+//! * [`PcapTap`]: wraps any wire and records every frame sent and received to a pcap file.
+#![deny(unsafe_code)]
+
+pub mod ring;
+
+use crate::port::WireSpec;
+use crate::sys::net::{pid, process_alive, PacketSocket};
+use crate::sys::DevMem;
+use ring::{ring_bytes, FrameRing};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Largest frame any wire carries (slot size minus the slot header): a 9000-byte MTU frame
+/// with Ethernet and VLAN headers fits.
+pub const MAX_FRAME: usize = 9216 - 8;
+
+/// One end of a cable.
+pub trait Wire: Send {
+    /// Puts a frame on the wire; `false` if it was dropped (receiver full, too large, link gone).
+    fn send(&mut self, frame: &[u8]) -> bool;
+    /// Takes one arrived frame into `buf`; its length, or `None` if nothing is waiting.
+    fn recv(&mut self, buf: &mut [u8]) -> Option<usize>;
+    /// Whether the far end exists and is alive (always true for wires without a notion of it).
+    fn peer_alive(&self) -> bool {
+        true
+    }
+    /// A short description for logs and errors, e.g. `shm:demo0 (end B)`.
+    fn describe(&self) -> String;
+}
+
+/// Errors opening a wire.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The cable already has two ends.
+    #[error("wire '{name}' already has two live ends (pids {a} and {b}): pick another name")]
+    CableFull {
+        /// Wire name.
+        name: String,
+        /// Owner of end A.
+        a: u64,
+        /// Owner of end B.
+        b: u64,
+    },
+    /// A shared-memory file could not be created, opened or mapped.
+    #[error("shared-memory wire '{name}' ({path}): {source}")]
+    Shm {
+        /// Wire name.
+        name: String,
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a wire of ours.
+    #[error(
+        "{path} is not a pmd shared-memory wire (bad signature): remove it or pick another name"
+    )]
+    NotAWire {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The peer speaks another major version of the wire format.
+    #[error("wire {path}: peer uses wire format {theirs_major}.{theirs_minor}, this build speaks {ours_major}.x: run the same version on both ends")]
+    IncompatibleVersion {
+        /// The file.
+        path: PathBuf,
+        /// Peer's major version.
+        theirs_major: u16,
+        /// Peer's minor version.
+        theirs_minor: u16,
+        /// Our major version.
+        ours_major: u16,
+    },
+    /// The peer requires features this build does not know.
+    #[error("wire {path}: peer requires wire features {unknown:#x} that this build does not know: upgrade this side")]
+    IncompatibleFeatures {
+        /// The file.
+        path: PathBuf,
+        /// The unknown incompatible feature bits.
+        unknown: u32,
+    },
+    /// The creator never finished initialising the file.
+    #[error("wire {path}: the peer did not finish setting the wire up within {waited:?}")]
+    Timeout {
+        /// The file.
+        path: PathBuf,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// The AF_PACKET socket could not be opened.
+    #[error("afpacket wire on '{ifname}': {source} (needs CAP_NET_RAW and an existing interface)")]
+    AfPacket {
+        /// Interface.
+        ifname: String,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The pcap file could not be written.
+    #[error("pcap capture {path}: {source}")]
+    Pcap {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Opens the wire a port spec names.
+///
+/// # Errors
+/// See [`WireError`].
+pub fn open(spec: &WireSpec) -> Result<Box<dyn Wire>, WireError> {
+    Ok(match spec {
+        WireSpec::None => Box::new(NoWire),
+        WireSpec::Loopback(name) => Box::new(Loopback::open(name)?),
+        WireSpec::Shm(name) => Box::new(Shm::open(name)?),
+        WireSpec::AfPacket(ifname) => Box::new(AfPacket::open(ifname)?),
+    })
+}
+
+/// A wire to nowhere: sends are dropped, nothing arrives.
+#[derive(Debug)]
+pub struct NoWire;
+
+impl Wire for NoWire {
+    fn send(&mut self, _frame: &[u8]) -> bool {
+        false
+    }
+    fn recv(&mut self, _buf: &mut [u8]) -> Option<usize> {
+        None
+    }
+    fn describe(&self) -> String {
+        "none".into()
+    }
+}
+
+const LOOP_SLOTS: u32 = 1024;
+const LOOP_SLOT_BYTES: u32 = (MAX_FRAME + 8) as u32;
+
+/// The two directions of an in-process cable waiting for its second end.
+struct PendingCable {
+    a_to_b: FrameRing,
+    b_to_a: FrameRing,
+}
+
+fn loopback_registry() -> &'static Mutex<HashMap<String, PendingCable>> {
+    static REG: std::sync::OnceLock<Mutex<HashMap<String, PendingCable>>> =
+        std::sync::OnceLock::new();
+    REG.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// An in-process cable end.
+#[derive(Debug)]
+pub struct Loopback {
+    name: String,
+    end_b: bool,
+    tx: FrameRing,
+    rx: FrameRing,
+}
+
+impl Loopback {
+    /// The first call with a name creates the cable and returns end A; the second returns
+    /// end B and forgets the name (a third call starts a new cable).
+    ///
+    /// # Errors
+    /// Allocating the rings failed.
+    pub fn open(name: &str) -> Result<Self, WireError> {
+        let mut reg = loopback_registry()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = reg.remove(name) {
+            return Ok(Self {
+                name: name.into(),
+                end_b: true,
+                tx: c.b_to_a,
+                rx: c.a_to_b,
+            });
+        }
+        let bytes = ring_bytes(LOOP_SLOTS, LOOP_SLOT_BYTES);
+        let alloc = || {
+            DevMem::anon(bytes)
+                .map(Arc::new)
+                .map_err(|source| WireError::Shm {
+                    name: name.into(),
+                    path: PathBuf::from("(anonymous)"),
+                    source,
+                })
+        };
+        let a_to_b = FrameRing::new(alloc()?, 0, LOOP_SLOTS, LOOP_SLOT_BYTES);
+        let b_to_a = FrameRing::new(alloc()?, 0, LOOP_SLOTS, LOOP_SLOT_BYTES);
+        reg.insert(
+            name.into(),
+            PendingCable {
+                a_to_b: a_to_b.clone(),
+                b_to_a: b_to_a.clone(),
+            },
+        );
+        Ok(Self {
+            name: name.into(),
+            end_b: false,
+            tx: a_to_b,
+            rx: b_to_a,
+        })
+    }
+}
+
+impl Wire for Loopback {
+    fn send(&mut self, frame: &[u8]) -> bool {
+        self.tx.push(frame)
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {
+        self.rx.pop(buf)
+    }
+    fn describe(&self) -> String {
+        format!(
+            "loop:{} (end {})",
+            self.name,
+            if self.end_b { 'B' } else { 'A' }
+        )
+    }
+}
+
+// ---- shared-memory wire -------------------------------------------------------------------
+
+/// Signature at the start of a shared-memory wire file.
+pub const SHM_SIGNATURE: [u8; 8] = *b"PMDWIRE\0";
+/// Major version: a peer with another major is refused.
+pub const SHM_MAJOR: u16 = 1;
+/// Minor version: compatible additions.
+pub const SHM_MINOR: u16 = 0;
+/// Incompatible feature bits this build understands (none yet).
+pub const SHM_INCOMPAT_KNOWN: u32 = 0;
+/// Compatible feature bits this build sets (none yet).
+pub const SHM_COMPAT: u32 = 0;
+
+mod hdr {
+    pub const SIGNATURE: usize = 0;
+    pub const MAJOR: usize = 8;
+    pub const MINOR: usize = 10;
+    pub const COMPAT: usize = 12;
+    pub const INCOMPAT: usize = 16;
+    pub const SLOTS: usize = 20;
+    pub const SLOT_BYTES: usize = 24;
+    pub const PID_A: usize = 64;
+    pub const PID_B: usize = 72;
+    pub const RINGS: usize = 128;
+}
+
+const SHM_SLOTS: u32 = 1024;
+const SHM_SLOT_BYTES: u32 = LOOP_SLOT_BYTES;
+
+/// Directory for shared-memory wire files: `PMD_SHM_DIR`, else `/dev/shm`.
+pub fn shm_dir() -> PathBuf {
+    std::env::var_os("PMD_SHM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/dev/shm"))
+}
+
+/// Path of the file behind shared-memory wire `name`.
+pub fn shm_path(name: &str) -> PathBuf {
+    shm_dir().join(format!("pmd-wire-{name}"))
+}
+
+/// A shared-memory cable end.
+#[derive(Debug)]
+pub struct Shm {
+    name: String,
+    path: PathBuf,
+    mem: Arc<DevMem>,
+    end_b: bool,
+    tx: FrameRing,
+    rx: FrameRing,
+}
+
+impl Shm {
+    /// Opens end A (creating the file) or end B (of a file another process created).
+    ///
+    /// # Errors
+    /// See [`WireError`]: a third live end, a foreign or incompatible file, I/O errors.
+    pub fn open(name: &str) -> Result<Self, WireError> {
+        Self::open_at(name, &shm_path(name))
+    }
+
+    /// As [`Shm::open`], with an explicit file path.
+    ///
+    /// # Errors
+    /// See [`Shm::open`].
+    pub fn open_at(name: &str, path: &Path) -> Result<Self, WireError> {
+        let io_err = |source| WireError::Shm {
+            name: name.into(),
+            path: path.into(),
+            source,
+        };
+        let bytes = hdr::RINGS + 2 * ring_bytes(SHM_SLOTS, SHM_SLOT_BYTES);
+        let me = u64::from(pid());
+        for _attempt in 0..4 {
+            // Creator: O_EXCL decides who is end A.
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+            {
+                Ok(_) => {
+                    let mem = DevMem::shared_file(path, bytes, true).map_err(io_err)?;
+                    mem.write(hdr::MAJOR, &SHM_MAJOR.to_le_bytes());
+                    mem.write(hdr::MINOR, &SHM_MINOR.to_le_bytes());
+                    mem.write(hdr::COMPAT, &SHM_COMPAT.to_le_bytes());
+                    mem.write(hdr::INCOMPAT, &0u32.to_le_bytes());
+                    mem.write(hdr::SLOTS, &SHM_SLOTS.to_le_bytes());
+                    mem.write(hdr::SLOT_BYTES, &SHM_SLOT_BYTES.to_le_bytes());
+                    mem.store_u64(hdr::PID_A, me, Ordering::Relaxed);
+                    // The signature goes last: a peer that sees it sees the whole header.
+                    mem.store_u64(
+                        hdr::SIGNATURE,
+                        u64::from_le_bytes(SHM_SIGNATURE),
+                        Ordering::Release,
+                    );
+                    return Ok(Self::ends(name, path, Arc::new(mem), false));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io_err(e)),
+            }
+            let mem = Arc::new(Self::attach(name, path)?);
+            let a = mem.load_u64(hdr::PID_A, Ordering::Acquire);
+            let b = mem.load_u64(hdr::PID_B, Ordering::Acquire);
+            let live = |p: u64| p != 0 && process_alive(p as u32);
+            if !live(a) && !live(b) {
+                // A stale file from runs that are gone: start over with a fresh cable.
+                let _ = std::fs::remove_file(path);
+                continue;
+            }
+            for (slot, holder, end_b) in [(hdr::PID_B, b, true), (hdr::PID_A, a, false)] {
+                if !live(holder) && mem.compare_exchange_u64(slot, holder, me).is_ok() {
+                    return Ok(Self::ends(name, path, mem, end_b));
+                }
+            }
+            return Err(WireError::CableFull {
+                name: name.into(),
+                a,
+                b,
+            });
+        }
+        Err(io_err(std::io::Error::other(
+            "the wire file kept changing under us",
+        )))
+    }
+
+    /// Maps an existing file and checks its header.
+    fn attach(name: &str, path: &Path) -> Result<DevMem, WireError> {
+        let io_err = |source| WireError::Shm {
+            name: name.into(),
+            path: path.into(),
+            source,
+        };
+        let deadline = Duration::from_secs(2);
+        let t0 = Instant::now();
+        // The creator sizes the file right after creating it; wait for that and the signature.
+        loop {
+            let len = std::fs::metadata(path).map_err(io_err)?.len() as usize;
+            if len >= hdr::RINGS {
+                let mem = DevMem::shared_file(path, hdr::RINGS, false).map_err(io_err)?;
+                let sig = mem.load_u64(hdr::SIGNATURE, Ordering::Acquire);
+                if sig == u64::from_le_bytes(SHM_SIGNATURE) {
+                    let mut b = [0u8; 20];
+                    mem.read(hdr::MAJOR, &mut b);
+                    let major = u16::from_le_bytes([b[0], b[1]]);
+                    let minor = u16::from_le_bytes([b[2], b[3]]);
+                    let incompat = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+                    let slots = u32::from_le_bytes([b[12], b[13], b[14], b[15]]);
+                    let slot_bytes = u32::from_le_bytes([b[16], b[17], b[18], b[19]]);
+                    if major != SHM_MAJOR {
+                        return Err(WireError::IncompatibleVersion {
+                            path: path.into(),
+                            theirs_major: major,
+                            theirs_minor: minor,
+                            ours_major: SHM_MAJOR,
+                        });
+                    }
+                    if incompat & !SHM_INCOMPAT_KNOWN != 0 {
+                        return Err(WireError::IncompatibleFeatures {
+                            path: path.into(),
+                            unknown: incompat & !SHM_INCOMPAT_KNOWN,
+                        });
+                    }
+                    if slots != SHM_SLOTS || slot_bytes != SHM_SLOT_BYTES {
+                        return Err(WireError::IncompatibleVersion {
+                            path: path.into(),
+                            theirs_major: major,
+                            theirs_minor: minor,
+                            ours_major: SHM_MAJOR,
+                        });
+                    }
+                    let bytes = hdr::RINGS + 2 * ring_bytes(slots, slot_bytes);
+                    return DevMem::shared_file(path, bytes, false).map_err(io_err);
+                } else if sig != 0 {
+                    return Err(WireError::NotAWire { path: path.into() });
+                }
+            }
+            if t0.elapsed() > deadline {
+                return Err(WireError::Timeout {
+                    path: path.into(),
+                    waited: deadline,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn ends(name: &str, path: &Path, mem: Arc<DevMem>, end_b: bool) -> Self {
+        let rb = ring_bytes(SHM_SLOTS, SHM_SLOT_BYTES);
+        let a_to_b = FrameRing::new(Arc::clone(&mem), hdr::RINGS, SHM_SLOTS, SHM_SLOT_BYTES);
+        let b_to_a = FrameRing::new(Arc::clone(&mem), hdr::RINGS + rb, SHM_SLOTS, SHM_SLOT_BYTES);
+        let (tx, rx) = if end_b {
+            (b_to_a, a_to_b)
+        } else {
+            (a_to_b, b_to_a)
+        };
+        tracing::debug!(target: "pmd::emu::wire", name, end_b, path = %path.display(), "shared-memory wire attached");
+        Self {
+            name: name.into(),
+            path: path.into(),
+            mem,
+            end_b,
+            tx,
+            rx,
+        }
+    }
+
+    fn peer_slot(&self) -> usize {
+        if self.end_b {
+            hdr::PID_A
+        } else {
+            hdr::PID_B
+        }
+    }
+}
+
+impl Wire for Shm {
+    fn send(&mut self, frame: &[u8]) -> bool {
+        self.tx.push(frame)
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {
+        self.rx.pop(buf)
+    }
+    fn peer_alive(&self) -> bool {
+        let p = self.mem.load_u64(self.peer_slot(), Ordering::Acquire);
+        p != 0 && process_alive(p as u32)
+    }
+    fn describe(&self) -> String {
+        format!(
+            "shm:{} (end {})",
+            self.name,
+            if self.end_b { 'B' } else { 'A' }
+        )
+    }
+}
+
+impl Drop for Shm {
+    fn drop(&mut self) {
+        let mine = if self.end_b { hdr::PID_B } else { hdr::PID_A };
+        self.mem.store_u64(mine, 0, Ordering::Release);
+        // The last end out removes the file.
+        if self.mem.load_u64(self.peer_slot(), Ordering::Acquire) == 0 {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+// ---- AF_PACKET ----------------------------------------------------------------------------
+
+/// A Linux interface as the far end.
+#[derive(Debug)]
+pub struct AfPacket {
+    sock: PacketSocket,
+}
+
+impl AfPacket {
+    /// Attaches to `ifname`.
+    ///
+    /// # Errors
+    /// [`WireError::AfPacket`] when the interface is missing or the socket is not allowed.
+    pub fn open(ifname: &str) -> Result<Self, WireError> {
+        let sock = PacketSocket::open(ifname).map_err(|source| WireError::AfPacket {
+            ifname: ifname.into(),
+            source,
+        })?;
+        Ok(Self { sock })
+    }
+}
+
+impl Wire for AfPacket {
+    fn send(&mut self, frame: &[u8]) -> bool {
+        self.sock.send(frame).unwrap_or(false)
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {
+        self.sock.recv(buf).ok().flatten()
+    }
+    fn describe(&self) -> String {
+        format!("afpacket:{}", self.sock.ifname())
+    }
+}
+
+// ---- pcap capture -------------------------------------------------------------------------
+
+/// Records every frame a wire carries, both directions, to a pcap file (Ethernet link type).
+pub struct PcapTap {
+    inner: Box<dyn Wire>,
+    writer: Option<pcap_file::pcap::PcapWriter<std::io::BufWriter<std::fs::File>>>,
+    path: PathBuf,
+    failed: bool,
+}
+
+impl std::fmt::Debug for PcapTap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PcapTap({} -> {})",
+            self.inner.describe(),
+            self.path.display()
+        )
+    }
+}
+
+impl PcapTap {
+    /// Wraps `inner`, writing to a new pcap file at `path`.
+    ///
+    /// # Errors
+    /// [`WireError::Pcap`] if the file cannot be created.
+    pub fn new(inner: Box<dyn Wire>, path: &Path) -> Result<Self, WireError> {
+        let err = |source| WireError::Pcap {
+            path: path.into(),
+            source,
+        };
+        let file = std::fs::File::create(path).map_err(err)?;
+        let header = pcap_file::pcap::PcapHeader {
+            datalink: pcap_file::DataLink::ETHERNET,
+            snaplen: MAX_FRAME as u32,
+            ..Default::default()
+        };
+        let writer =
+            pcap_file::pcap::PcapWriter::with_header(std::io::BufWriter::new(file), header)
+                .map_err(|e| err(std::io::Error::other(e.to_string())))?;
+        Ok(Self {
+            inner,
+            writer: Some(writer),
+            path: path.into(),
+            failed: false,
+        })
+    }
+
+    fn record(&mut self, frame: &[u8]) {
+        let Some(writer) = self.writer.as_mut().filter(|_| !self.failed) else {
+            return;
+        };
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let pkt = pcap_file::pcap::PcapPacket::new(ts, frame.len() as u32, frame);
+        if let Err(e) = writer.write_packet(&pkt) {
+            tracing::warn!(target: "pmd::emu::wire", path = %self.path.display(), error = %e, "pcap capture stopped");
+            self.failed = true;
+        }
+    }
+
+    /// Flushes and closes the file; later frames are passed on but not recorded.
+    ///
+    /// # Errors
+    /// The write error.
+    pub fn finish(&mut self) -> std::io::Result<()> {
+        use std::io::Write;
+        match self.writer.take() {
+            Some(w) => w.into_writer().flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Wire for PcapTap {
+    fn send(&mut self, frame: &[u8]) -> bool {
+        self.record(frame);
+        self.inner.send(frame)
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {
+        let n = self.inner.recv(buf)?;
+        let end = n.min(buf.len());
+        let frame = buf[..end].to_vec();
+        self.record(&frame);
+        Some(n)
+    }
+    fn peer_alive(&self) -> bool {
+        self.inner.peer_alive()
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{} (capturing to {})",
+            self.inner.describe(),
+            self.path.display()
+        )
+    }
+}
+
+impl Drop for PcapTap {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            tracing::warn!(target: "pmd::emu::wire", path = %self.path.display(), error = %e, "pcap capture incomplete");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_pairs_by_name_and_carries_both_ways() {
+        let mut a = Loopback::open("t-pair").unwrap();
+        let mut b = Loopback::open("t-pair").unwrap();
+        let mut c = Loopback::open("t-pair").unwrap(); // a new cable
+        let mut buf = [0u8; 64];
+        assert!(a.send(b"ping"));
+        assert_eq!(b.recv(&mut buf), Some(4));
+        assert_eq!(&buf[..4], b"ping");
+        assert!(b.send(b"pong!"));
+        assert_eq!(a.recv(&mut buf), Some(5));
+        assert_eq!(c.recv(&mut buf), None);
+        assert!(a.describe().contains("end A") && b.describe().contains("end B"));
+    }
+
+    fn with_shm_dir<R>(f: impl FnOnce(&Path) -> R) -> R {
+        let d = tempfile::tempdir().unwrap();
+        f(d.path())
+    }
+
+    #[test]
+    fn shm_pairs_and_refuses_a_third_end() {
+        with_shm_dir(|d| {
+            let p = d.join("w");
+            let mut a = Shm::open_at("w", &p).unwrap();
+            // The second end comes from the same process here; liveness is by pid, and a
+            // live holder of end A keeps it. End B is free, so we get it.
+            let mut b = Shm::open_at("w", &p).unwrap();
+            assert!(a.describe().contains("end A") && b.describe().contains("end B"));
+            let mut buf = [0u8; 16];
+            assert!(a.send(b"x"));
+            assert_eq!(b.recv(&mut buf), Some(1));
+            assert!(a.peer_alive() && b.peer_alive());
+            let e = Shm::open_at("w", &p).unwrap_err();
+            assert!(matches!(e, WireError::CableFull { .. }), "{e}");
+            drop(b);
+            assert!(!a.peer_alive(), "peer gone");
+            drop(a);
+            assert!(!p.exists(), "last end removes the file");
+        });
+    }
+
+    #[test]
+    fn shm_refuses_foreign_and_incompatible_files() {
+        with_shm_dir(|d| {
+            let p = d.join("foreign");
+            std::fs::write(&p, vec![0xffu8; 4096]).unwrap();
+            let e = Shm::open_at("foreign", &p).unwrap_err();
+            assert!(
+                e.to_string().contains("not a pmd shared-memory wire"),
+                "{e}"
+            );
+
+            let p = d.join("v2");
+            let a = Shm::open_at("v2", &p).unwrap();
+            a.mem.write(hdr::MAJOR, &2u16.to_le_bytes());
+            let e = Shm::open_at("v2", &p).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("peer uses wire format 2.0, this build speaks 1.x"),
+                "{e}"
+            );
+            a.mem.write(hdr::MAJOR, &SHM_MAJOR.to_le_bytes());
+            a.mem.write(hdr::INCOMPAT, &0x8u32.to_le_bytes());
+            let e = Shm::open_at("v2", &p).unwrap_err();
+            assert!(e.to_string().contains("requires wire features 0x8"), "{e}");
+        });
+    }
+
+    #[test]
+    fn shm_stale_file_from_dead_processes_is_replaced() {
+        with_shm_dir(|d| {
+            let p = d.join("stale");
+            let a = Shm::open_at("stale", &p).unwrap();
+            // Pretend both ends belonged to processes that died.
+            a.mem
+                .store_u64(hdr::PID_A, u64::from(u32::MAX - 1), Ordering::Release);
+            a.mem
+                .store_u64(hdr::PID_B, u64::from(u32::MAX - 2), Ordering::Release);
+            a.tx.push(b"stale frame");
+            std::mem::forget(a);
+            let mut fresh = Shm::open_at("stale", &p).unwrap();
+            assert!(fresh.describe().contains("end A"));
+            let mut buf = [0u8; 32];
+            assert_eq!(fresh.recv(&mut buf), None);
+        });
+    }
+
+    #[test]
+    fn pcap_tap_records_both_directions() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("cap.pcap");
+        let a = Loopback::open("t-pcap").unwrap();
+        let mut b = Loopback::open("t-pcap").unwrap();
+        let mut tap = PcapTap::new(Box::new(a), &path).unwrap();
+        assert!(tap.send(&[1u8; 60]));
+        assert!(b.send(&[2u8; 70]));
+        let mut buf = [0u8; 128];
+        assert_eq!(tap.recv(&mut buf), Some(70));
+        drop(tap);
+        let data = std::fs::read(&path).unwrap();
+        let mut r = pcap_file::pcap::PcapReader::new(&data[..]).unwrap();
+        let p1 = r.next_packet().unwrap().unwrap();
+        assert_eq!(&*p1.data, &[1u8; 60][..]);
+        let p2 = r.next_packet().unwrap().unwrap();
+        assert_eq!(&*p2.data, &[2u8; 70][..]);
+        assert!(r.next_packet().is_none());
+    }
+}

@@ -1,0 +1,288 @@
+//! Memory shared with a device: queue rings, doorbell pages, and (for the device model and
+//! shared-memory wires) memory shared between threads or processes.
+//!
+//! The rule from vm-memory: never make a `&` or `&mut` into memory the other side writes.
+//! [`DevMem`] hands out no references to its bytes; every access is a bulk copy of a range
+//! the protocol says is stable (WQE bytes after the doorbell, CQE bytes after the owner
+//! check), or an atomic load/store of an aligned word (owner dwords, doorbells, ring indices).
+#![allow(unsafe_code)]
+
+use std::fs::OpenOptions;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+enum Backing {
+    /// We mapped it and unmap it on drop.
+    Mapped(#[allow(dead_code)] memmap2::MmapRaw),
+    /// Someone else owns it (rdma-core's doorbell page, a registered buffer).
+    Foreign,
+}
+
+/// A range of memory shared with a device or another thread / process.
+pub struct DevMem {
+    ptr: *mut u8,
+    len: usize,
+    _backing: Backing,
+}
+
+// SAFETY: `DevMem` is a (pointer, length) pair to memory that is valid for its lifetime
+// (mapped by us, or guaranteed by the `from_raw` caller). Every access goes through raw
+// copies or atomics, never through Rust references, so concurrent use from several threads
+// cannot create aliasing `&mut`; the protocols built on top order the accesses.
+unsafe impl Send for DevMem {}
+// SAFETY: as for `Send`: no method hands out references into the memory.
+unsafe impl Sync for DevMem {}
+
+impl std::fmt::Debug for DevMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevMem({:#x}, {} bytes)", self.ptr as usize, self.len)
+    }
+}
+
+impl DevMem {
+    /// `len` bytes of zeroed, page-aligned anonymous memory (what the MANA queue allocator
+    /// contract asks for: page-aligned, zero-filled, pinnable, §1.3 of the spec).
+    ///
+    /// # Errors
+    /// The mmap error.
+    pub fn anon(len: usize) -> io::Result<Self> {
+        let map = memmap2::MmapOptions::new().len(len.max(1)).map_anon()?;
+        let map = memmap2::MmapRaw::from(map);
+        Ok(Self {
+            ptr: map.as_mut_ptr(),
+            len,
+            _backing: Backing::Mapped(map),
+        })
+    }
+
+    /// Maps `len` bytes of the file at `path` shared (creating it and sizing it to `len`
+    /// when `create` is set). Two processes mapping the same file see the same bytes.
+    ///
+    /// # Errors
+    /// Opening, sizing or mapping the file failed; or the file is shorter than `len`.
+    pub fn shared_file(path: &Path, len: usize, create: bool) -> io::Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(path)?;
+        if create {
+            file.set_len(len as u64)?;
+        } else if (file.metadata()?.len() as usize) < len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{} is shorter than {len} bytes", path.display()),
+            ));
+        }
+        let map = memmap2::MmapOptions::new().len(len).map_raw(&file)?;
+        Ok(Self {
+            ptr: map.as_mut_ptr(),
+            len,
+            _backing: Backing::Mapped(map),
+        })
+    }
+
+    /// Wraps memory owned by someone else (rdma-core's queue buffers and doorbell page, or a
+    /// buffer registered with the device model).
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be valid for reads and writes for as long as the returned value
+    /// (and anything holding it) lives, and must not be accessed through Rust references by
+    /// anyone while it is shared.
+    pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Self {
+        Self {
+            ptr,
+            len,
+            _backing: Backing::Foreign,
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start address (what goes into a WQE as a virtual address, or `manadv_qp.sq_buf`).
+    pub fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+
+    /// The raw pointer, for handing to rdma-core.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    #[inline]
+    fn check(&self, off: usize, n: usize) {
+        assert!(
+            off <= self.len && n <= self.len - off,
+            "{n} bytes at offset {off} outside {self:?}"
+        );
+    }
+
+    /// Copies `out.len()` bytes at `off` out of the memory.
+    ///
+    /// # Panics
+    /// If the range is outside the memory.
+    #[inline]
+    pub fn read(&self, off: usize, out: &mut [u8]) {
+        self.check(off, out.len());
+        // SAFETY: the range is inside the memory (checked above), which is valid for reads
+        // (constructor invariant); `out` is a distinct Rust buffer, so they cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), out.as_mut_ptr(), out.len()) };
+    }
+
+    /// Copies `data` into the memory at `off`.
+    ///
+    /// # Panics
+    /// If the range is outside the memory.
+    #[inline]
+    pub fn write(&self, off: usize, data: &[u8]) {
+        self.check(off, data.len());
+        // SAFETY: in range (checked), valid for writes (constructor invariant), and `data` is
+        // a Rust buffer that cannot overlap memory no reference points into.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) };
+    }
+
+    /// Sets `n` bytes at `off` to `byte`.
+    ///
+    /// # Panics
+    /// If the range is outside the memory.
+    pub fn fill(&self, off: usize, n: usize, byte: u8) {
+        self.check(off, n);
+        // SAFETY: in range (checked) and valid for writes (constructor invariant).
+        unsafe { std::ptr::write_bytes(self.ptr.add(off), byte, n) };
+    }
+
+    #[inline]
+    fn atomic32(&self, off: usize) -> &AtomicU32 {
+        self.check(off, 4);
+        assert!(
+            (self.ptr as usize + off).is_multiple_of(4),
+            "unaligned 32-bit atomic at {off}"
+        );
+        // SAFETY: in range and 4-byte aligned (checked); the memory lives as long as `self`,
+        // which bounds the returned reference; all other accesses to this word are atomic or
+        // raw copies ordered by the queue protocol.
+        unsafe { AtomicU32::from_ptr(self.ptr.add(off).cast()) }
+    }
+
+    #[inline]
+    fn atomic64(&self, off: usize) -> &AtomicU64 {
+        self.check(off, 8);
+        assert!(
+            (self.ptr as usize + off).is_multiple_of(8),
+            "unaligned 64-bit atomic at {off}"
+        );
+        // SAFETY: as in `atomic32`, with 8-byte alignment checked.
+        unsafe { AtomicU64::from_ptr(self.ptr.add(off).cast()) }
+    }
+
+    /// Atomically loads the aligned little-endian-in-memory `u32` at `off` (host order; all
+    /// supported hosts are little-endian, asserted at compile time below).
+    #[inline]
+    pub fn load_u32(&self, off: usize, order: Ordering) -> u32 {
+        self.atomic32(off).load(order)
+    }
+
+    /// Atomically stores an aligned `u32` at `off`.
+    #[inline]
+    pub fn store_u32(&self, off: usize, v: u32, order: Ordering) {
+        self.atomic32(off).store(v, order)
+    }
+
+    /// Atomically loads an aligned `u64` at `off`.
+    #[inline]
+    pub fn load_u64(&self, off: usize, order: Ordering) -> u64 {
+        self.atomic64(off).load(order)
+    }
+
+    /// Atomically stores an aligned `u64` at `off`.
+    #[inline]
+    pub fn store_u64(&self, off: usize, v: u64, order: Ordering) {
+        self.atomic64(off).store(v, order)
+    }
+
+    /// Atomic compare-and-swap of an aligned `u64` (for shared-memory link state).
+    ///
+    /// # Errors
+    /// The current value, if it was not `current`.
+    pub fn compare_exchange_u64(&self, off: usize, current: u64, new: u64) -> Result<u64, u64> {
+        self.atomic64(off)
+            .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+    }
+}
+
+// Hardware formats are little-endian and we store host-order words into queue memory.
+const _: () = assert!(
+    cfg!(target_endian = "little"),
+    "pmd supports little-endian hosts only"
+);
+
+/// Orders all queue-memory writes before the doorbell store that publishes them
+/// (DPDK `rte_wmb()` before ringing, rdma-core `udma_to_device_barrier()`).
+#[inline]
+pub fn fence_before_doorbell() {
+    std::sync::atomic::fence(Ordering::Release);
+}
+
+/// Orders the owner-bit read of a CQE before reading the rest of it
+/// (DPDK `rte_rmb()` after the owner check, rdma-core `udma_from_device_barrier()`).
+#[inline]
+pub fn fence_after_owner_check() {
+    std::sync::atomic::fence(Ordering::Acquire);
+}
+
+/// Device side (model): orders a CQE's body before its owner dword (§10 item 12 of the spec).
+#[inline]
+pub fn fence_before_owner_write() {
+    std::sync::atomic::fence(Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anon_is_zeroed_page_aligned_and_round_trips() {
+        let m = DevMem::anon(8192).unwrap();
+        assert_eq!(m.addr() % 4096, 0);
+        let mut buf = [1u8; 64];
+        m.read(8192 - 64, &mut buf);
+        assert!(buf.iter().all(|&b| b == 0));
+        m.write(100, b"hello");
+        let mut out = [0u8; 5];
+        m.read(100, &mut out);
+        assert_eq!(&out, b"hello");
+        m.store_u64(8, 0x1122_3344_5566_7788, Ordering::Release);
+        let mut le = [0u8; 8];
+        m.read(8, &mut le);
+        assert_eq!(u64::from_le_bytes(le), 0x1122_3344_5566_7788);
+        assert_eq!(m.load_u32(12, Ordering::Acquire), 0x1122_3344);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn out_of_range_panics_instead_of_corrupting() {
+        let m = DevMem::anon(4096).unwrap();
+        m.write(4090, &[0u8; 8]);
+    }
+
+    #[test]
+    fn shared_file_is_seen_by_a_second_mapping() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("shm");
+        let a = DevMem::shared_file(&p, 4096, true).unwrap();
+        let b = DevMem::shared_file(&p, 4096, false).unwrap();
+        a.store_u64(64, 42, Ordering::Release);
+        assert_eq!(b.load_u64(64, Ordering::Acquire), 42);
+        assert!(DevMem::shared_file(&p, 8192, false).is_err());
+    }
+}
