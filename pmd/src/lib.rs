@@ -24,6 +24,7 @@ pub mod hw;
 pub mod lcore;
 pub mod log;
 pub mod port;
+pub mod ring;
 pub mod sys;
 
 pub use devices::MacAddr;
