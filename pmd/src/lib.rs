@@ -23,6 +23,9 @@ pub mod emu;
 pub mod hw;
 pub mod lcore;
 pub mod log;
+#[cfg(feature = "emu")]
+pub mod mana;
+pub mod null;
 pub mod port;
 pub mod ring;
 pub mod sys;

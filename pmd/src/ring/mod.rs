@@ -32,7 +32,7 @@ impl WorkQueue {
     pub fn new(mem: Arc<DevMem>) -> Self {
         let size = mem.len();
         assert!(
-            size.is_power_of_two() && size >= BU_BYTES && size <= 1 << 31,
+            size.is_power_of_two() && (BU_BYTES..=1 << 31).contains(&size),
             "bad work queue size {size}"
         );
         Self {
