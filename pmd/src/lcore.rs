@@ -204,14 +204,41 @@ where
     W: Fn(Lcore) -> R + Sync,
     M: FnOnce(&StopFlag),
 {
+    let unit = vec![(); cores.cores().len()];
+    launch_each(cores, stop, unit, |lcore, ()| worker(lcore), main)
+}
+
+/// As [`launch`], handing each worker its own state (queue handles, buffers): `per_core[i]`
+/// moves to the thread of core `i`. Nothing is shared unless the state shares it.
+///
+/// # Errors
+/// As [`launch`].
+///
+/// # Panics
+/// If `per_core` does not have one element per core.
+pub fn launch_each<S, R, W, M>(
+    cores: &CoreList,
+    stop: &StopFlag,
+    per_core: Vec<S>,
+    worker: W,
+    main: M,
+) -> Result<Vec<R>, LcoreError>
+where
+    S: Send,
+    R: Send,
+    W: Fn(Lcore, S) -> R + Sync,
+    M: FnOnce(&StopFlag),
+{
+    assert_eq!(per_core.len(), cores.cores().len(), "one state per core");
     cores.validate()?;
     let pin_failed = AtomicBool::new(false);
-    let results = std::thread::scope(|scope| {
+    std::thread::scope(|scope| {
         let handles: Vec<_> = cores
             .cores()
             .iter()
+            .zip(per_core)
             .enumerate()
-            .map(|(index, &core)| {
+            .map(|(index, (&core, state))| {
                 let lcore = Lcore {
                     index,
                     core,
@@ -228,7 +255,7 @@ where
                             return Err(LcoreError::PinFailed(core));
                         }
                         tracing::debug!(target: "pmd::lcore", core, index, "worker started");
-                        Ok(worker(lcore))
+                        Ok(worker(lcore, state))
                     })
                     .expect("spawning a thread")
             })
@@ -247,8 +274,7 @@ where
                     .and_then(|r| r)
             })
             .collect::<Result<Vec<R>, LcoreError>>()
-    });
-    results
+    })
 }
 
 #[cfg(test)]
@@ -337,6 +363,20 @@ mod tests {
             },
         );
         assert!(r.is_ok());
+    }
+
+    #[test]
+    fn each_worker_gets_its_own_state() {
+        let list: CoreList = available_cores()[0].to_string().parse().unwrap();
+        let r = launch_each(
+            &list,
+            &StopFlag::new(),
+            vec![String::from("mine")],
+            |lc, s| format!("{s}@{}", lc.core),
+            |_| (),
+        )
+        .unwrap();
+        assert_eq!(r, [format!("mine@{}", available_cores()[0])]);
     }
 
     #[test]

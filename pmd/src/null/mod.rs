@@ -5,11 +5,12 @@
 
 use crate::devices::MacAddr;
 use crate::port::counters::Counters;
+use crate::port::lcache::with_cache;
 use crate::port::{
     Burst, Caps, Link, PortConfig, PortDriver, PortError, QueueSetup, RxImpl, RxOffloads, TxImpl,
     TxOffloads,
 };
-use mempool::{Mbuf, MbufCache, MbufPool};
+use mempool::{Mbuf, MbufPool};
 use std::sync::Arc;
 
 /// Most packets one null RX burst produces (the size of its scratch array).
@@ -72,7 +73,6 @@ impl PortDriver for NullDriver {
             .map(|i| {
                 RxImpl::Null(RxQueue {
                     pool: Arc::clone(pool),
-                    cache: pool.cache(),
                     size: self.size,
                     port: q.port_id,
                     scratch: (0..MAX_BURST).map(|_| None).collect(),
@@ -83,7 +83,7 @@ impl PortDriver for NullDriver {
         let tx = (0..cfg.tx_queues)
             .map(|i| {
                 TxImpl::Null(TxQueue {
-                    cache: pool.cache(),
+                    pool: Arc::clone(pool),
                     counters: Arc::clone(&q.tx_counters[usize::from(i)]),
                 })
             })
@@ -95,7 +95,6 @@ impl PortDriver for NullDriver {
 /// A null RX queue.
 pub struct RxQueue {
     pool: Arc<MbufPool>,
-    cache: MbufCache,
     size: u16,
     port: u16,
     scratch: Vec<Option<Mbuf>>,
@@ -107,7 +106,8 @@ impl RxQueue {
     pub(crate) fn rx_burst(&mut self, out: &mut Burst) -> usize {
         let n = out.spare().min(MAX_BURST);
         let slots = &mut self.scratch[..n];
-        if !self.pool.alloc_mbufs(&mut self.cache, slots) {
+        let pool = &self.pool;
+        if !with_cache(pool, |cache| pool.alloc_mbufs(cache, slots)) {
             self.counters.add_nombuf(1);
             return 0;
         }
@@ -127,7 +127,7 @@ impl RxQueue {
 
 /// A null TX queue.
 pub struct TxQueue {
-    cache: MbufCache,
+    pool: Arc<MbufPool>,
     counters: Arc<Counters>,
 }
 
@@ -136,7 +136,7 @@ impl TxQueue {
     pub(crate) fn tx_burst(&mut self, pkts: &mut Burst) -> usize {
         let n = pkts.len();
         let bytes: u64 = pkts.iter().map(|m| u64::from(m.pkt_len())).sum();
-        pkts.free_all(&mut self.cache);
+        with_cache(&self.pool, |cache| pkts.free_all(cache));
         self.counters.add(n as u64, bytes);
         n
     }

@@ -1,0 +1,137 @@
+//! Framework overhead: io forwarding between two null ports on one pinned core, the same
+//! experiment as `dpdk-testpmd --vdev net_null0 --vdev net_null1 --forward-mode=io`.
+
+use clap::Parser;
+use mempool::{MbufPool, MbufPoolConfig};
+use pmd::lcore::{available_cores, launch_each, CoreList, StopFlag};
+use pmd::port::{Burst, Port, PortConfig, RxQueue, TxQueue};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Forward packets between two null ports (rx burst from port 0, tx burst to port 1, and the
+/// other way), 32-packet bursts, no touching of packet data; print forwarded packets per
+/// second. A stand-in for testpmd's io forwarding over net_null, to compare framework costs.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Seconds to run.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Core to forward on (default: the last usable core, leaving core 0 as the main core).
+    #[arg(long)]
+    core: Option<usize>,
+    /// Packets per burst.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=512))]
+    burst: u16,
+    /// Frame size the null ports hand out.
+    #[arg(long, default_value_t = 64)]
+    size: u16,
+    /// Print one JSON object: {"pps": .., "duration_s": ..}.
+    #[arg(long)]
+    json: bool,
+}
+
+type Queues = (RxQueue, TxQueue, RxQueue, TxQueue);
+
+fn main() -> ExitCode {
+    pmd::log::init("warn");
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("null_fwd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let core = args
+        .core
+        .unwrap_or_else(|| *available_cores().last().unwrap_or(&0));
+    let cores: CoreList = core.to_string().parse()?;
+    let pool = MbufPool::new(MbufPoolConfig::new("null_fwd", 8192))?;
+    let cfg = PortConfig {
+        rx_ring_size: 1024,
+        tx_ring_size: 1024,
+        ..Default::default()
+    };
+    let spec = format!("null:size={}", args.size).parse()?;
+    let mut p0 = Port::open(0, &spec)?;
+    let mut p1 = Port::open(1, &spec)?;
+    p0.configure(&cfg, &pool)?;
+    p1.configure(&cfg, &pool)?;
+    let queues: Queues = (
+        p0.rx_queue(0)?,
+        p0.tx_queue(0)?,
+        p1.rx_queue(0)?,
+        p1.tx_queue(0)?,
+    );
+    p0.start()?;
+    p1.start()?;
+    let stop = StopFlag::new();
+    stop.on_signals()?;
+    let burst = usize::from(args.burst);
+    let t0 = Instant::now();
+    let deadline = Duration::from_secs_f64(args.duration);
+    let forwarded = launch_each(
+        &cores,
+        &stop,
+        vec![queues],
+        |lcore, (mut rx0, mut tx0, mut rx1, mut tx1): Queues| {
+            let mut b = Burst::with_capacity(burst);
+            let mut fwd = 0u64;
+            while !lcore.stop.is_set() {
+                for _ in 0..1024 {
+                    fwd += forward(&mut rx0, &mut tx1, &mut b, &pool);
+                    fwd += forward(&mut rx1, &mut tx0, &mut b, &pool);
+                }
+            }
+            pmd::port::lcache::flush();
+            fwd
+        },
+        |stop| {
+            while !stop.is_set() && t0.elapsed() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        },
+    )?;
+    let secs = t0.elapsed().as_secs_f64();
+    let pps = forwarded[0] as f64 / secs;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"pps": pps.round(), "duration_s": secs})
+        );
+    } else {
+        println!(
+            "forwarded {} packets in {secs:.2} s on core {core}: {:.2} Mpps",
+            forwarded[0],
+            pps / 1e6
+        );
+    }
+    drop((p0, p1));
+    if pool.in_use() != 0 {
+        return Err(format!("{} mbufs not returned to the pool", pool.in_use()).into());
+    }
+    Ok(())
+}
+
+#[inline]
+fn forward(
+    rx: &mut RxQueue,
+    tx: &mut TxQueue,
+    b: &mut Burst,
+    pool: &std::sync::Arc<MbufPool>,
+) -> u64 {
+    let n = rx.rx_burst(b);
+    if n == 0 {
+        return 0;
+    }
+    let sent = tx.tx_burst(b);
+    // What the device did not take is dropped (testpmd frees it too).
+    if !b.is_empty() {
+        pmd::port::lcache::with_cache(pool, |cache| b.free_all(cache));
+    }
+    sent as u64
+}
