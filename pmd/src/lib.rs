@@ -23,8 +23,8 @@ pub mod emu;
 pub mod hw;
 pub mod lcore;
 pub mod log;
-#[cfg(feature = "emu")]
 pub mod mana;
+pub mod net;
 pub mod null;
 pub mod port;
 pub mod ring;

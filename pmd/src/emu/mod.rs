@@ -2,4 +2,5 @@
 //! the drivers use on hardware, plus the wires its frames travel on.
 #![deny(unsafe_code)]
 
+pub mod mana;
 pub mod wire;

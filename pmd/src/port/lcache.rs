@@ -36,6 +36,19 @@ pub fn with_cache<R>(pool: &Arc<MbufPool>, f: impl FnOnce(&mut MbufCache) -> R) 
     })
 }
 
+/// Allocates one reset mbuf through this thread's cache (what an application should use on
+/// a polling core, so buffers the queues free on this core are reused at once).
+#[inline]
+pub fn alloc(pool: &Arc<MbufPool>) -> Option<mempool::Mbuf> {
+    with_cache(pool, |c| c.alloc())
+}
+
+/// Frees an mbuf through this thread's cache.
+#[inline]
+pub fn free(pool: &Arc<MbufPool>, m: mempool::Mbuf) {
+    with_cache(pool, |c| m.free_to(c));
+}
+
 /// Returns everything this thread's caches hold to their pools and forgets the caches (so the
 /// pools can be dropped). Call it when a polling loop ends on a thread that lives on.
 pub fn flush() {

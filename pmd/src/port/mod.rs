@@ -146,6 +146,15 @@ pub(crate) trait PortDriver: Send {
     fn xstats(&self) -> Vec<(String, u64)> {
         Vec::new()
     }
+    /// Frames the device dropped for lack of posted RX buffers.
+    fn imissed(&self) -> u64 {
+        0
+    }
+    /// The device model behind the port, if it is one.
+    #[cfg(feature = "emu")]
+    fn model(&self) -> Option<crate::emu::mana::ModelHandle> {
+        None
+    }
 }
 
 /// What every queue of one configuration shares with the port.
@@ -158,11 +167,15 @@ pub(crate) struct QueueSetup {
 /// The driver-specific part of an RX queue.
 pub(crate) enum RxImpl {
     Null(crate::null::RxQueue),
+    #[cfg(feature = "emu")]
+    Mana(Box<crate::mana::RxQueue>),
 }
 
 /// The driver-specific part of a TX queue.
 pub(crate) enum TxImpl {
     Null(crate::null::TxQueue),
+    #[cfg(feature = "emu")]
+    Mana(Box<crate::mana::TxQueue>),
 }
 
 /// An RX queue handle, owned by one polling core.
@@ -190,6 +203,8 @@ impl RxQueue {
         }
         match &mut self.imp {
             RxImpl::Null(q) => q.rx_burst(out),
+            #[cfg(feature = "emu")]
+            RxImpl::Mana(q) => q.rx_burst(out),
         }
     }
 
@@ -221,14 +236,18 @@ impl std::fmt::Debug for TxQueue {
 impl TxQueue {
     /// Hands packets from the front of `pkts` to the device and returns how many it took;
     /// those leave `pkts`, the rest stay there, in order, for the caller to retry or free.
-    /// Never allocates, locks or logs. A port that is not started takes nothing.
+    /// Also processes the device's completions (frees sent packets), so an empty burst is a
+    /// way to reclaim. Never allocates, locks or logs. A port that is not started takes
+    /// nothing.
     #[inline]
     pub fn tx_burst(&mut self, pkts: &mut Burst) -> usize {
-        if !self.running.load(Ordering::Acquire) || pkts.is_empty() {
+        if !self.running.load(Ordering::Acquire) {
             return 0;
         }
         match &mut self.imp {
             TxImpl::Null(q) => q.tx_burst(pkts),
+            #[cfg(feature = "emu")]
+            TxImpl::Mana(q) => q.tx_burst(pkts),
         }
     }
 
@@ -279,8 +298,11 @@ impl Port {
                 })
             }
             PortKind::Mana { .. } | PortKind::Mlx5 { .. } => return Err(hardware_unavailable(spec)),
+            #[cfg(feature = "emu")]
+            PortKind::EmuMana { .. } => Box::new(crate::mana::ManaDriver::open_emu(spec, id)?),
+            #[cfg(not(feature = "emu"))]
             PortKind::EmuMana { .. } => {
-                return Err(PortError::NoDevice { spec: spec.to_string(), why: "the MANA device model is not wired in yet".into() })
+                return Err(PortError::NoDevice { spec: spec.to_string(), why: "this build has no device model (feature `emu`)".into() })
             }
         };
         tracing::info!(target: "pmd::port", port = id, spec = %spec, mac = %driver.mac(), "port opened");
@@ -484,6 +506,12 @@ impl Port {
         }
     }
 
+    /// The device model behind this port (an `emu-*` port), to step it or inject faults.
+    #[cfg(feature = "emu")]
+    pub fn model(&self) -> Option<crate::emu::mana::ModelHandle> {
+        self.driver.model()
+    }
+
     /// Statistics: per queue and summed, plus the driver's extended counters.
     pub fn stats(&self) -> Stats {
         let rx: Vec<QueueStats> = self.rx_counters.iter().map(|c| c.snapshot()).collect();
@@ -492,7 +520,7 @@ impl Port {
             ipackets: rx.iter().map(|q| q.packets).sum(),
             ibytes: rx.iter().map(|q| q.bytes).sum(),
             ierrors: rx.iter().map(|q| q.errors).sum(),
-            imissed: rx.iter().map(|q| q.missed).sum(),
+            imissed: rx.iter().map(|q| q.missed).sum::<u64>() + self.driver.imissed(),
             rx_nombuf: rx.iter().map(|q| q.nombuf).sum(),
             opackets: tx.iter().map(|q| q.packets).sum(),
             obytes: tx.iter().map(|q| q.bytes).sum(),

@@ -99,6 +99,21 @@ impl DevMem {
         }
     }
 
+    /// A device's view of a registered mempool chunk (what `ibv_reg_mr` gives the NIC): the
+    /// device model reads TX frames from it and writes RX frames into it.
+    ///
+    /// The view must live no longer than the chunk's registration: mempool drops a
+    /// registration's guard before it unmaps the chunk ([`mempool::Registration::with_guard`]),
+    /// so a caller keeps this value only in a table that the guard's drop clears, exactly like
+    /// a NIC whose memory region is deregistered before the memory is freed.
+    pub fn for_registered_chunk(chunk: &mempool::ChunkInfo) -> Self {
+        // SAFETY: `chunk` describes `len` bytes of a live pool region (mapped read/write for
+        // the pool's lifetime). The registration protocol above bounds this view's life by the
+        // mapping's; the pool's own code reaches the bytes only through mbuf handles the
+        // driver gives up while the device owns them (posted RX buffers, in-flight TX frames).
+        unsafe { Self::from_raw(chunk.as_ptr(), chunk.len) }
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len

@@ -1,0 +1,459 @@
+//! The MANA device model: a software NIC that implements the MANA [`Provider`] contract.
+//!
+//! It allocates queue memory the way the `manadv_set_context_attr` allocator contract asks
+//! (page-aligned, zero-filled, sizes rounded as rdma-core rounds them, §1.3), hands out the
+//! same raw queue descriptions `manadv_init_obj` would, and runs an [`Engine`] that plays the
+//! hardware's side. The engine runs on its own thread (busy-polling with back-off, so it can
+//! share a 2-core machine with the application) or, for tests, step by step.
+//!
+//! One deliberate difference from hardware: each queue gets its own doorbell page. On a
+//! real NIC a doorbell write is an event that carries the queue id; a model that watches
+//! memory would lose one of two doorbells written to a shared page in quick succession.
+//! The driver code is unchanged by this (it writes `db_page + offset` with the id, as always).
+#![deny(unsafe_code)]
+
+pub mod engine;
+
+pub use engine::{Engine, Faults, ModelStats};
+
+use crate::devices::MacAddr;
+use crate::emu::wire;
+use crate::hw::mana::wqe::{wqe_bytes, SHORT_OOB_BYTES};
+use crate::hw::mana::{CQE_BYTES, MAX_TX_SGES, MIN_QUEUE_BYTES, RSS_TABLE_ENTRIES};
+use crate::mana::{Provider, RawRxQueue, RawTxQueue, SetupError};
+use crate::port::{Link, PortError, PortKind, PortSpec, RssConfig};
+use crate::sys::DevMem;
+use engine::{Cq, Mr, Rq, Sq};
+use mempool::{ChunkInfo, Registration};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Descriptor limit of the model (newer kernels take the adapter's limit; rdma-core v44
+/// capped user queues at 256, §1.11).
+pub const MODEL_MAX_DESC: u32 = 4096;
+/// Queue limit of the model.
+pub const MODEL_MAX_QUEUES: u16 = 16;
+
+/// Queue memory as the allocator contract sizes it: rounded up to a power of two and to a
+/// multiple of 4096 (§1.3).
+pub fn queue_bytes(n: usize) -> usize {
+    n.next_power_of_two().max(MIN_QUEUE_BYTES)
+}
+
+struct Shared {
+    engine: Mutex<Engine>,
+    stop: AtomicBool,
+    paused: AtomicBool,
+    /// Who holds the vPort ("the kernel"), if anyone: queue creation then fails like EBUSY.
+    held_by: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Engine> {
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A handle on a running model: step it, inject faults, read its counters.
+#[derive(Clone)]
+pub struct ModelHandle(Arc<Shared>);
+
+impl std::fmt::Debug for ModelHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ModelHandle({})", self.0.lock().wire.describe())
+    }
+}
+
+impl ModelHandle {
+    /// Stops the engine thread from running steps (it keeps sleeping); drive with [`step`].
+    ///
+    /// [`step`]: ModelHandle::step
+    pub fn pause(&self) {
+        self.0.paused.store(true, Ordering::SeqCst);
+        // Wait out a step in progress.
+        drop(self.0.lock());
+    }
+
+    /// Lets the engine thread run again.
+    pub fn resume(&self) {
+        self.0.paused.store(false, Ordering::SeqCst);
+    }
+
+    /// One engine pass; returns the work done.
+    pub fn step(&self) -> usize {
+        self.0.lock().step()
+    }
+
+    /// Steps until a pass does nothing (at most `max` passes); returns the total work.
+    pub fn run_until_idle(&self, max: usize) -> usize {
+        let mut total = 0;
+        for _ in 0..max {
+            let w = self.step();
+            if w == 0 {
+                break;
+            }
+            total += w;
+        }
+        total
+    }
+
+    /// Sets the faults.
+    pub fn set_faults(&self, f: Faults) {
+        self.0.lock().faults = f;
+    }
+
+    /// Device-side counters.
+    pub fn stats(&self) -> ModelStats {
+        self.0.lock().stats
+    }
+
+    /// Makes the "kernel" hold the port (queue creation fails as with EBUSY), or frees it.
+    pub fn set_held_by(&self, netdev: Option<&str>) {
+        *self.0.held_by.lock().unwrap_or_else(|p| p.into_inner()) = netdev.map(str::to_string);
+    }
+}
+
+/// The MANA device model as a [`Provider`].
+pub struct EmuProvider {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    mac: MacAddr,
+    next_id: u32,
+    next_lkey: u32,
+    vp_offset: u16,
+}
+
+impl EmuProvider {
+    /// Opens the model for an `emu-mana` spec: connects its wire and starts the engine thread.
+    ///
+    /// # Errors
+    /// The wire cannot be opened.
+    pub fn open(spec: &PortSpec, port_id: u16) -> Result<Self, PortError> {
+        let PortKind::EmuMana { wire: w, mac } = &spec.kind else {
+            return Err(PortError::NoDevice {
+                spec: spec.to_string(),
+                why: "not an emu-mana spec".into(),
+            });
+        };
+        let wire = wire::open(w).map_err(|e| PortError::Setup {
+            what: format!("{spec}: opening the wire"),
+            source: Box::new(e),
+        })?;
+        let mac = mac.unwrap_or(MacAddr([
+            0x02,
+            0x15,
+            0x5d,
+            0x00,
+            (port_id >> 8) as u8,
+            port_id as u8,
+        ]));
+        Ok(Self::with_wire(wire, mac, port_id))
+    }
+
+    /// A model on an already opened wire.
+    pub fn with_wire(wire: Box<dyn wire::Wire>, mac: MacAddr, port_id: u16) -> Self {
+        let shared = Arc::new(Shared {
+            engine: Mutex::new(Engine::new(wire)),
+            stop: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
+            held_by: Mutex::new(None),
+        });
+        let t = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name(format!("emu-mana-{port_id}"))
+            .spawn(move || engine_loop(&t))
+            .expect("spawning the model's engine thread");
+        Self {
+            shared,
+            thread: Some(thread),
+            mac,
+            // Distinct, 24-bit ids per port, so a driver mixing them up is caught.
+            next_id: 0x10_0000 + (u32::from(port_id) << 12),
+            next_lkey: 0x100 + (u32::from(port_id) << 16),
+            vp_offset: port_id % 256,
+        }
+    }
+
+    /// A handle to step the model and inject faults.
+    pub fn handle(&self) -> ModelHandle {
+        ModelHandle(Arc::clone(&self.shared))
+    }
+
+    fn id(&mut self) -> u32 {
+        self.next_id = (self.next_id + 1) & 0x00ff_ffff;
+        self.next_id
+    }
+
+    fn check_limits(n: u16, nb_desc: u32) -> Result<(), SetupError> {
+        if n > MODEL_MAX_QUEUES {
+            return Err(SetupError::Limit {
+                what: "queues",
+                requested: u32::from(n),
+                max: u32::from(MODEL_MAX_QUEUES),
+            });
+        }
+        if nb_desc > MODEL_MAX_DESC {
+            return Err(SetupError::Limit {
+                what: "descriptors per queue",
+                requested: nb_desc,
+                max: MODEL_MAX_DESC,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_held(&self) -> Result<(), SetupError> {
+        if let Some(netdev) = self
+            .shared
+            .held_by
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Err(SetupError::PortBusy {
+                holder: format!("kernel netdev {netdev}"),
+                hint: format!(
+                    "raw-packet queue creation failed with EBUSY while {netdev} is up: bring it down \
+                     (ip link set {netdev} down; on Azure also its hv_netvsc master) and retry"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn alloc(bytes: usize, object: &'static str) -> Result<Arc<DevMem>, SetupError> {
+        DevMem::anon(bytes)
+            .map(Arc::new)
+            .map_err(|source| SetupError::Verbs {
+                call: "queue buffer allocator",
+                object,
+                source,
+            })
+    }
+
+    fn new_cq(&mut self, nb_desc: u32) -> Result<(Arc<DevMem>, usize, u32), SetupError> {
+        let mem = Self::alloc(queue_bytes(nb_desc as usize * CQE_BYTES), "CQ")?;
+        let id = self.id();
+        let mut e = self.shared.lock();
+        e.cqs.push(Cq {
+            mem: Arc::clone(&mem),
+            count: nb_desc,
+            id,
+            written: 0,
+            delayed: Default::default(),
+        });
+        Ok((mem, e.cqs.len() - 1, id))
+    }
+}
+
+impl Provider for EmuProvider {
+    fn mac(&self) -> MacAddr {
+        self.mac
+    }
+
+    fn link(&self) -> Link {
+        let down = self.shared.lock().faults.link_down;
+        // MANA reports no carrier state; DPDK presents it as always up, 100G (§1.11).
+        Link {
+            up: !down,
+            speed_mbps: 100_000,
+            full_duplex: true,
+        }
+    }
+
+    fn max_queues(&self) -> u16 {
+        MODEL_MAX_QUEUES
+    }
+
+    fn max_desc(&self) -> u32 {
+        MODEL_MAX_DESC
+    }
+
+    fn reg_mr(&mut self, chunk: &ChunkInfo) -> Result<Registration, SetupError> {
+        let lkey = self.next_lkey;
+        self.next_lkey += 1;
+        self.shared.lock().mrs.push(Mr {
+            lkey,
+            addr: chunk.addr,
+            len: chunk.len,
+            mem: DevMem::for_registered_chunk(chunk),
+        });
+        tracing::debug!(target: "pmd::emu", lkey, addr = chunk.addr, len = chunk.len, "memory region registered");
+        Ok(Registration::with_guard(
+            lkey,
+            MrGuard {
+                shared: Arc::downgrade(&self.shared),
+                lkey,
+            },
+        ))
+    }
+
+    fn create_tx_queues(&mut self, n: u16, nb_desc: u32) -> Result<Vec<RawTxQueue>, SetupError> {
+        Self::check_limits(n, nb_desc)?;
+        self.check_held()?;
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let (cq, cq_idx, cq_id) = self.new_cq(nb_desc)?;
+            // rdma-core sizes the SQ for max_send_wr WQEs of max_send_sge SGEs, computed with
+            // the small OOB (§1.3).
+            let sq = Self::alloc(
+                queue_bytes(nb_desc as usize * wqe_bytes(SHORT_OOB_BYTES, MAX_TX_SGES)),
+                "SQ",
+            )?;
+            let db = Self::alloc(crate::hw::mana::doorbell::PAGE_BYTES, "doorbell page")?;
+            let sq_id = self.id();
+            self.shared.lock().sqs.push(Sq {
+                mem: Arc::clone(&sq),
+                id: sq_id,
+                cq: cq_idx,
+                db: Arc::clone(&db),
+                vp_offset: self.vp_offset,
+                consumed: 0,
+            });
+            out.push(RawTxQueue {
+                sq,
+                sq_id,
+                tx_vp_offset: self.vp_offset,
+                db_page: db,
+                cq,
+                cq_count: nb_desc,
+                cq_id,
+            });
+        }
+        Ok(out)
+    }
+
+    fn create_rx_queues(
+        &mut self,
+        n: u16,
+        nb_desc: u32,
+        rss: &RssConfig,
+    ) -> Result<Vec<RawRxQueue>, SetupError> {
+        Self::check_limits(n, nb_desc)?;
+        if n == 0 || usize::from(n) > RSS_TABLE_ENTRIES {
+            return Err(SetupError::Limit {
+                what: "rx queues in the indirection table",
+                requested: u32::from(n),
+                max: RSS_TABLE_ENTRIES as u32,
+            });
+        }
+        let mut out = Vec::new();
+        let mut first = None;
+        for _ in 0..n {
+            let (cq, cq_idx, cq_id) = self.new_cq(nb_desc)?;
+            let rq = Self::alloc(
+                queue_bytes(nb_desc as usize * wqe_bytes(SHORT_OOB_BYTES, 1)),
+                "RQ",
+            )?;
+            let db = Self::alloc(crate::hw::mana::doorbell::PAGE_BYTES, "doorbell page")?;
+            let rq_id = self.id();
+            let mut e = self.shared.lock();
+            e.rqs.push(Rq {
+                mem: Arc::clone(&rq),
+                id: rq_id,
+                cq: cq_idx,
+                db: Arc::clone(&db),
+                consumed: 0,
+            });
+            first.get_or_insert(e.rqs.len() - 1);
+            out.push(RawRxQueue {
+                rq,
+                rq_id,
+                db_page: db,
+                cq,
+                cq_count: nb_desc,
+                cq_id,
+            });
+        }
+        let base = first.unwrap_or(0);
+        let mut e = self.shared.lock();
+        e.rss.key = rss.key;
+        e.rss.enabled = n > 1;
+        for (k, entry) in e.rss.table.iter_mut().enumerate() {
+            *entry = (base + k % usize::from(n)) as u16;
+        }
+        Ok(out)
+    }
+
+    fn destroy_queues(&mut self) {
+        let mut e = self.shared.lock();
+        e.sqs.clear();
+        e.rqs.clear();
+        e.cqs.clear();
+        e.rss.enabled = false;
+    }
+
+    fn xstats(&self) -> Vec<(String, u64)> {
+        let s = self.shared.lock().stats;
+        vec![
+            ("dev_tx_frames".into(), s.tx_frames),
+            ("dev_tx_bytes".into(), s.tx_bytes),
+            ("dev_tx_errors".into(), s.tx_errors),
+            ("dev_tx_wire_drops".into(), s.tx_wire_drops),
+            ("dev_rx_frames".into(), s.rx_frames),
+            ("dev_rx_bytes".into(), s.rx_bytes),
+            ("dev_rx_no_wqe".into(), s.rx_no_wqe),
+            ("dev_rx_truncated".into(), s.rx_truncated),
+            ("dev_rx_fault_drops".into(), s.rx_fault_drops),
+            ("dev_bad_doorbells".into(), s.bad_doorbells),
+        ]
+    }
+
+    fn model(&self) -> Option<ModelHandle> {
+        Some(self.handle())
+    }
+
+    fn rx_missed(&self) -> u64 {
+        self.shared.lock().stats.rx_no_wqe
+    }
+}
+
+impl Drop for EmuProvider {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Deregisters a memory region when the pool drops its registration (before unmapping).
+struct MrGuard {
+    shared: std::sync::Weak<Shared>,
+    lkey: u32,
+}
+
+impl Drop for MrGuard {
+    fn drop(&mut self) {
+        if let Some(s) = self.shared.upgrade() {
+            s.lock().mrs.retain(|m| m.lkey != self.lkey);
+        }
+    }
+}
+
+/// The engine thread: busy-polls while there is work, backs off (spin, yield, then sleeps
+/// growing to 200 µs) when idle so it can share a small machine.
+fn engine_loop(s: &Shared) {
+    let mut idle = 0u32;
+    while !s.stop.load(Ordering::Relaxed) {
+        let work = if s.paused.load(Ordering::Relaxed) {
+            0
+        } else {
+            s.lock().step()
+        };
+        if work > 0 {
+            idle = 0;
+            continue;
+        }
+        idle = idle.saturating_add(1);
+        if idle < 64 {
+            std::hint::spin_loop();
+        } else if idle < 128 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(u64::from((idle - 127).min(200))));
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! MANA RX queue: posts one-SGE receive WQEs ahead of time, polls its CQ by owner bits,
+//! delivers mbufs with length, RSS hash, checksum and VLAN results, refills in bulk and rings
+//! the RQ doorbell once per burst.
+#![deny(unsafe_code)]
+
+use super::{DriverXstats, RawRxQueue};
+use crate::hw::mana::cqe::{Cqe, CqeType, RX_PPI_COUNT};
+use crate::hw::mana::doorbell;
+use crate::hw::mana::wqe::{Sge, WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
+use crate::hw::mana::{BU_BYTES, CQE_BYTES};
+use crate::port::counters::Counters;
+use crate::port::lcache::with_cache;
+use crate::port::{Burst, PortConfig, RxOffloads};
+use crate::ring::{CompletionQueue, Polled, WorkQueue};
+use crate::sys::mem::fence_before_doorbell;
+use crate::sys::DevMem;
+use mempool::{ChunkKeys, CksumStatus, Mbuf, MbufPool, OffloadFlags};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Mbufs allocated per refill step.
+const REFILL_BULK: usize = 32;
+/// An RX WQE with one SGE: header, 8-byte OOB (left zero), SGE = 32 bytes, 1 BU (§5).
+const RX_WQE_BYTES: usize = BU_BYTES;
+
+/// A MANA RX queue, owned by one core.
+pub struct RxQueue {
+    wq: WorkQueue,
+    cq: CompletionQueue,
+    db: Arc<DevMem>,
+    rq_id: u32,
+    desc: Box<[Option<Mbuf>]>,
+    /// Posted descriptors (free-running).
+    desc_head: u32,
+    /// Consumed descriptors (free-running).
+    desc_tail: u32,
+    mask: u32,
+    pool: Arc<MbufPool>,
+    keys: ChunkKeys,
+    counters: Arc<Counters>,
+    xstats: Arc<DriverXstats>,
+    port_id: u16,
+    data_room: u32,
+    vlan_strip: bool,
+    /// A CQE whose packets were not all delivered (the caller's burst was full), and the
+    /// index of the next packet in it.
+    backlog: Option<([u8; CQE_BYTES], usize)>,
+    scratch: Vec<Option<Mbuf>>,
+}
+
+impl std::fmt::Debug for RxQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "mana::RxQueue(rq {:#x}, {} posted)",
+            self.rq_id,
+            self.posted()
+        )
+    }
+}
+
+impl RxQueue {
+    pub(crate) fn new(
+        raw: RawRxQueue,
+        cfg: &PortConfig,
+        port_id: u16,
+        pool: Arc<MbufPool>,
+        keys: ChunkKeys,
+        counters: Arc<Counters>,
+        xstats: Arc<DriverXstats>,
+    ) -> Self {
+        let n = u32::from(cfg.rx_ring_size);
+        assert!(
+            n.is_power_of_two() && raw.cq_count >= n && raw.rq.len() >= n as usize * RX_WQE_BYTES
+        );
+        tracing::debug!(target: "pmd::mana::init", rq_id = raw.rq_id, cq_id = raw.cq_id, nb_desc = n, "rx queue");
+        let data_room = u32::from(pool.data_room());
+        Self {
+            wq: WorkQueue::new(raw.rq),
+            cq: CompletionQueue::new(raw.cq, raw.cq_count),
+            db: raw.db_page,
+            rq_id: raw.rq_id,
+            desc: (0..n).map(|_| None).collect(),
+            desc_head: 0,
+            desc_tail: 0,
+            mask: n - 1,
+            pool,
+            keys,
+            counters,
+            xstats,
+            port_id,
+            data_room,
+            vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
+            backlog: None,
+            scratch: (0..REFILL_BULK).map(|_| None).collect(),
+        }
+    }
+
+    /// Receive buffers posted to the device and not yet consumed.
+    pub fn posted(&self) -> u32 {
+        self.desc_head.wrapping_sub(self.desc_tail)
+    }
+
+    /// Posts buffers on every free descriptor; `Err(missing)` if the pool ran dry.
+    pub(crate) fn fill(&mut self) -> Result<(), u32> {
+        let want = self.mask + 1 - self.posted();
+        let missing = self.refill(want);
+        if missing == 0 {
+            Ok(())
+        } else {
+            Err(missing)
+        }
+    }
+
+    /// Posts up to `n` new buffers, rings the doorbell once if any were posted, and returns
+    /// how many could not be posted for lack of mbufs.
+    fn refill(&mut self, n: u32) -> u32 {
+        let mut left = n.min(self.mask + 1 - self.posted());
+        let mut posted = false;
+        let mut wqe = [0u8; RX_WQE_BYTES];
+        if let Some(mut h) = WqeHeader::new_checked(&mut wqe[..WQE_HEADER_BYTES]) {
+            h.init(SHORT_OOB_BYTES, 1);
+        }
+        while left > 0 {
+            let k = (left as usize).min(REFILL_BULK);
+            let pool = &self.pool;
+            let slots = &mut self.scratch[..k];
+            if !with_cache(pool, |cache| pool.alloc_mbufs(cache, slots)) {
+                break;
+            }
+            for m in self.scratch[..k].iter_mut().filter_map(Option::take) {
+                let addr = m.data_addr();
+                // Every pool chunk was registered at configure time.
+                let key = self.keys.key_of(m.raw().index()).unwrap_or(0);
+                if let Some(mut s) =
+                    Sge::new_checked(&mut wqe[WQE_HEADER_BYTES + SHORT_OOB_BYTES..])
+                {
+                    s.set(addr as u64, key, self.data_room);
+                }
+                // The descriptor ring and the RQ have the same number of 1-BU slots, so a
+                // free descriptor always has ring room.
+                let _ = self.wq.post(&wqe);
+                self.desc[(self.desc_head & self.mask) as usize] = Some(m);
+                self.desc_head = self.desc_head.wrapping_add(1);
+            }
+            posted = true;
+            left -= k as u32;
+        }
+        if posted {
+            fence_before_doorbell();
+            self.db.store_u64(
+                doorbell::RQ_OFFSET,
+                doorbell::rq(self.rq_id, self.wq.doorbell_position()),
+                Ordering::Relaxed,
+            );
+        }
+        left
+    }
+
+    /// Takes the next posted buffer (the device fills RQ WQEs strictly in order).
+    #[inline]
+    fn take_desc(&mut self) -> Option<Mbuf> {
+        if self.desc_tail == self.desc_head {
+            return None;
+        }
+        let m = self.desc[(self.desc_tail & self.mask) as usize].take();
+        self.desc_tail = self.desc_tail.wrapping_add(1);
+        self.wq.complete(1);
+        m
+    }
+
+    /// See [`crate::port::RxQueue::rx_burst`].
+    #[inline]
+    pub(crate) fn rx_burst(&mut self, out: &mut Burst) -> usize {
+        let mut delivered = 0usize;
+        let mut bytes = 0u64;
+        let mut errors = 0u64;
+        'cqes: while out.spare() > 0 {
+            let (cqe, first) = match self.backlog.take() {
+                Some(b) => b,
+                None => match self.cq.poll() {
+                    Polled::Entry(off) => {
+                        let mut b = [0u8; CQE_BYTES];
+                        self.cq.read(off, &mut b);
+                        (b, 0)
+                    }
+                    Polled::Empty => break,
+                    Polled::Overflow => {
+                        DriverXstats::bump(&self.xstats.cq_overflows);
+                        break;
+                    }
+                },
+            };
+            let Some(c) = Cqe::new_checked(&cqe[..]) else {
+                break;
+            };
+            match c.cqe_type() {
+                CqeType::RxOkay | CqeType::RxCoalesced4 => {
+                    for k in first..RX_PPI_COUNT {
+                        let len = c.rx_pkt_len(k);
+                        if len == 0 {
+                            break;
+                        }
+                        if out.spare() == 0 {
+                            self.backlog = Some((cqe, k));
+                            break 'cqes;
+                        }
+                        let Some(mut m) = self.take_desc() else { break };
+                        if m.set_data_len(usize::from(len)).is_err() {
+                            errors += 1;
+                            free_one(&self.pool, m);
+                            continue;
+                        }
+                        self.annotate(&mut m, &c, k);
+                        bytes += u64::from(m.pkt_len());
+                        let _ = out.push(m);
+                        delivered += 1;
+                    }
+                }
+                t => {
+                    errors += 1;
+                    DriverXstats::bump(&self.xstats.rx_cqe_errors);
+                    if t == CqeType::RxTruncated {
+                        DriverXstats::bump(&self.xstats.rx_cqe_truncated);
+                    }
+                    if let Some(m) = self.take_desc() {
+                        free_one(&self.pool, m);
+                    }
+                }
+            }
+        }
+        self.counters.add(delivered as u64, bytes);
+        self.counters.add_errors(errors);
+        let want = self.mask + 1 - self.posted();
+        if want >= REFILL_BULK as u32 || (want > 0 && self.posted() < REFILL_BULK as u32) {
+            let missing = self.refill(want);
+            if missing > 0 {
+                self.counters.add_nombuf(u64::from(missing));
+            }
+        }
+        delivered
+    }
+
+    /// Fills in what the completion says about packet `k`.
+    #[inline]
+    fn annotate(&self, m: &mut Mbuf, c: &Cqe<&[u8]>, k: usize) {
+        let mut fl = OffloadFlags::empty();
+        let cs = c.rx_csum();
+        fl.set_rx_ip_cksum(if cs.ip_bad {
+            CksumStatus::Bad
+        } else if cs.ip_ok {
+            CksumStatus::Good
+        } else {
+            CksumStatus::Unknown
+        });
+        fl.set_rx_l4_cksum(if cs.tcp_bad || cs.udp_bad {
+            CksumStatus::Bad
+        } else if cs.tcp_ok || cs.udp_ok {
+            CksumStatus::Good
+        } else {
+            CksumStatus::Unknown
+        });
+        // The hash type is read as a bit mask (Linux's reading; §11 item 2): any type means
+        // the hash is valid.
+        if c.rx_hash_type() != 0 {
+            fl.insert(OffloadFlags::RX_RSS_HASH);
+            m.set_rss_hash(c.rx_pkt_hash(k));
+        }
+        if let Some(vid) = c.rx_vlan() {
+            fl.insert(OffloadFlags::RX_VLAN);
+            m.set_vlan_tci(vid);
+            if self.vlan_strip {
+                fl.insert(OffloadFlags::RX_VLAN_STRIPPED);
+            } else {
+                reinsert_vlan(m, vid);
+            }
+        }
+        m.set_ol_flags(fl);
+        m.set_port(self.port_id);
+    }
+}
+
+/// Puts a stripped 802.1Q tag back into the frame (VLAN strip not requested).
+fn reinsert_vlan(m: &mut Mbuf, vid: u16) {
+    if m.len() < 12 {
+        return;
+    }
+    if m.prepend(4).is_ok() {
+        let d = m.data_mut();
+        d.copy_within(4..16, 0);
+        d[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
+        d[14..16].copy_from_slice(&vid.to_be_bytes());
+    }
+}
+
+/// Frees `m` through this core's cache (error path).
+fn free_one(pool: &Arc<MbufPool>, m: Mbuf) {
+    with_cache(pool, |cache| m.free_to(cache));
+}
+
+impl Drop for RxQueue {
+    fn drop(&mut self) {
+        let desc = &mut self.desc;
+        with_cache(&self.pool, |cache| {
+            for m in desc.iter_mut().filter_map(Option::take) {
+                m.free_to(cache);
+            }
+        });
+    }
+}

@@ -1,0 +1,321 @@
+//! MANA TX queue: builds GDMA WQEs straight into the circular SQ, rings one doorbell per
+//! burst, and frees exactly the mbufs whose WQEs completed, in order.
+//!
+//! Every WQE asks for a completion (the suppress bit stays clear): the spec leaves open how
+//! the device reports errors inside a run of suppressed WQEs (§8.2, §11 item 16), and one CQE
+//! per WQE makes the completion of descriptor `tail` unambiguous. The CQ has at least as
+//! many entries as the descriptor ring, so it cannot overflow.
+#![deny(unsafe_code)]
+
+use super::{DriverXstats, RawTxQueue};
+use crate::hw::mana::cqe::CqeType;
+use crate::hw::mana::doorbell;
+use crate::hw::mana::wqe::{Sge, TxOob, TxOobFields, WqeHeader, SGE_BYTES, WQE_HEADER_BYTES};
+use crate::hw::mana::{MAX_SQ_WQE_BYTES, MAX_TX_SGES};
+use crate::net::csum;
+use crate::port::counters::Counters;
+use crate::port::lcache::with_cache;
+use crate::port::Burst;
+use crate::ring::{CompletionQueue, Polled, WorkQueue};
+use crate::sys::mem::fence_before_doorbell;
+use crate::sys::DevMem;
+use mempool::{ChunkKeys, Mbuf, MbufPool, OffloadFlags};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A MANA TX queue, owned by one core.
+pub struct TxQueue {
+    wq: WorkQueue,
+    cq: CompletionQueue,
+    db: Arc<DevMem>,
+    sq_id: u32,
+    cq_id: u32,
+    vp_offset: u16,
+    /// In-flight packets, indexed by descriptor counter & mask.
+    desc: Box<[Option<Mbuf>]>,
+    desc_bu: Box<[u8]>,
+    desc_head: u32,
+    desc_tail: u32,
+    mask: u32,
+    pool: Arc<MbufPool>,
+    keys: ChunkKeys,
+    counters: Arc<Counters>,
+    xstats: Arc<DriverXstats>,
+    /// Completed packets waiting to be freed in one go.
+    done: Vec<Mbuf>,
+    /// Per packet of the current burst: posted (`true`) or dropped as unsendable.
+    posted_flags: Vec<bool>,
+    wqe: [u8; MAX_SQ_WQE_BYTES],
+}
+
+impl std::fmt::Debug for TxQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "mana::TxQueue(sq {:#x}, {} in flight)",
+            self.sq_id,
+            self.in_flight()
+        )
+    }
+}
+
+impl TxQueue {
+    pub(crate) fn new(
+        raw: RawTxQueue,
+        nb_desc: u16,
+        pool: Arc<MbufPool>,
+        keys: ChunkKeys,
+        counters: Arc<Counters>,
+        xstats: Arc<DriverXstats>,
+    ) -> Self {
+        let n = u32::from(nb_desc);
+        assert!(
+            n.is_power_of_two() && raw.cq_count >= n,
+            "tx ring {n} needs a CQ of at least {n} entries"
+        );
+        tracing::debug!(target: "pmd::mana::init", sq_id = raw.sq_id, cq_id = raw.cq_id, sq_bytes = raw.sq.len(), nb_desc, "tx queue");
+        Self {
+            wq: WorkQueue::new(raw.sq),
+            cq: CompletionQueue::new(raw.cq, raw.cq_count),
+            db: raw.db_page,
+            sq_id: raw.sq_id,
+            cq_id: raw.cq_id,
+            vp_offset: raw.tx_vp_offset,
+            desc: (0..n).map(|_| None).collect(),
+            desc_bu: vec![0; n as usize].into_boxed_slice(),
+            desc_head: 0,
+            desc_tail: 0,
+            mask: n - 1,
+            pool,
+            keys,
+            counters,
+            xstats,
+            done: Vec::with_capacity(n as usize),
+            posted_flags: Vec::with_capacity(n as usize),
+            wqe: [0; MAX_SQ_WQE_BYTES],
+        }
+    }
+
+    /// Packets handed to the device and not yet completed.
+    pub fn in_flight(&self) -> u32 {
+        self.desc_head.wrapping_sub(self.desc_tail)
+    }
+
+    /// Processes completions: frees completed packets, counts errors. Returns how many.
+    pub fn reclaim(&mut self) -> u32 {
+        let mut n = 0u32;
+        let (mut ok_pkts, mut ok_bytes, mut errs) = (0u64, 0u64, 0u64);
+        while self.desc_tail != self.desc_head {
+            let off = match self.cq.poll() {
+                Polled::Entry(off) => off,
+                Polled::Empty => break,
+                Polled::Overflow => {
+                    DriverXstats::bump(&self.xstats.cq_overflows);
+                    break;
+                }
+            };
+            // Dword 0 holds cqe_type [5:0] (§7.3).
+            let t = CqeType::from((self.cq.mem().load_u32(off, Ordering::Relaxed) & 0x3f) as u8);
+            let slot = (self.desc_tail & self.mask) as usize;
+            let m = self.desc[slot].take();
+            self.wq.complete(u32::from(self.desc_bu[slot]));
+            self.desc_tail = self.desc_tail.wrapping_add(1);
+            if let Some(m) = m {
+                if t == CqeType::TxOkay {
+                    ok_pkts += 1;
+                    ok_bytes += u64::from(m.pkt_len());
+                } else {
+                    errs += 1;
+                    DriverXstats::bump(&self.xstats.tx_cqe_errors);
+                }
+                self.done.push(m);
+            }
+            n += 1;
+        }
+        if !self.done.is_empty() {
+            let done = &mut self.done;
+            with_cache(&self.pool, |cache| {
+                for m in done.drain(..) {
+                    m.free_to(cache);
+                }
+            });
+        }
+        self.counters.add(ok_pkts, ok_bytes);
+        self.counters.add_errors(errs);
+        n
+    }
+
+    /// See [`crate::port::TxQueue::tx_burst`].
+    #[inline]
+    pub(crate) fn tx_burst(&mut self, pkts: &mut Burst) -> usize {
+        self.reclaim();
+        let room = (self.mask + 1 - self.in_flight()) as usize;
+        self.posted_flags.clear();
+        let mut np = 0u32;
+        for i in 0..pkts.len().min(room) {
+            match self.build_wqe(&mut pkts.as_mut_slice()[i]) {
+                Build::Wqe(bytes) => {
+                    let Some(bu) = self.wq.post(&self.wqe[..bytes]) else {
+                        break;
+                    };
+                    let slot = (self.desc_head.wrapping_add(np) & self.mask) as usize;
+                    self.desc_bu[slot] = bu as u8;
+                    self.posted_flags.push(true);
+                    np += 1;
+                }
+                // Unsendable: taken (and freed, counted) so it cannot block the queue.
+                Build::Drop => self.posted_flags.push(false),
+            }
+        }
+        let taken = self.posted_flags.len();
+        let posted = np > 0;
+        // Move the taken packets into the descriptor ring, in order.
+        let mut errs = 0;
+        let mut next = self.desc_head;
+        for (m, &ok) in pkts.drain_front(taken).zip(&self.posted_flags) {
+            if ok {
+                let slot = (next & self.mask) as usize;
+                self.desc[slot] = Some(m);
+                next = next.wrapping_add(1);
+            } else {
+                errs += 1;
+                self.done.push(m);
+            }
+        }
+        self.desc_head = next;
+        if errs > 0 {
+            self.counters.add_errors(errs);
+            let done = &mut self.done;
+            with_cache(&self.pool, |cache| {
+                done.drain(..).for_each(|m| m.free_to(cache))
+            });
+        }
+        if posted {
+            // All WQE bytes must be visible to the device before it sees the new producer.
+            fence_before_doorbell();
+            self.db.store_u64(
+                doorbell::SQ_OFFSET,
+                doorbell::sq(self.sq_id, self.wq.doorbell_position()),
+                Ordering::Relaxed,
+            );
+        }
+        taken
+    }
+
+    /// Writes the WQE for `m` into `self.wqe`; its length in bytes.
+    #[inline]
+    fn build_wqe(&mut self, m: &mut Mbuf) -> Build {
+        let nseg = usize::from(m.nb_segs());
+        if nseg > MAX_TX_SGES {
+            DriverXstats::bump(&self.xstats.tx_too_many_segs);
+            return Build::Drop;
+        }
+        let flags = m.ol_flags();
+        let mut f = TxOobFields {
+            vcq_num: self.cq_id,
+            sq_id: self.sq_id,
+            vp_offset: self.vp_offset,
+            ..Default::default()
+        };
+        if flags.intersects(
+            OffloadFlags::TX_IP_CKSUM
+                | OffloadFlags::TX_TCP_CKSUM
+                | OffloadFlags::TX_UDP_CKSUM
+                | OffloadFlags::TX_IPV4
+                | OffloadFlags::TX_IPV6,
+        ) {
+            f.outer_ipv4 = flags.contains(OffloadFlags::TX_IPV4);
+            f.outer_ipv6 = flags.contains(OffloadFlags::TX_IPV6);
+            f.ip_csum = flags.contains(OffloadFlags::TX_IP_CKSUM);
+            let l4 = flags.intersects(OffloadFlags::TX_TCP_CKSUM | OffloadFlags::TX_UDP_CKSUM);
+            if l4 {
+                let tcp = flags.contains(OffloadFlags::TX_TCP_CKSUM);
+                let o = m.tx_offload();
+                let l3 = usize::from(o.l2_len);
+                let l4_off = l3 + usize::from(o.l3_len);
+                if !write_pseudo_header(m.data_mut(), l3, l4_off, tcp, f.outer_ipv6) {
+                    DriverXstats::bump(&self.xstats.tx_no_mkey);
+                    return Build::Drop;
+                }
+                f.tcp_csum = tcp;
+                f.udp_csum = !tcp;
+                f.trans_off = l4_off as u16;
+            }
+        }
+        if flags.contains(OffloadFlags::TX_VLAN) {
+            let tci = m.vlan_tci();
+            f.vlan = Some(((tci >> 13) as u8, tci & 0x1000 != 0, tci & 0x0fff));
+        }
+        let oob = f.oob_bytes();
+        let sge_off = WQE_HEADER_BYTES + oob;
+        let bytes = crate::hw::mana::wqe::wqe_bytes(oob, nseg);
+        let w = &mut self.wqe[..bytes];
+        if let Some(mut h) = WqeHeader::new_checked(&mut w[..WQE_HEADER_BYTES]) {
+            h.init(oob, nseg as u8);
+        }
+        if let Some(mut o) = TxOob::new_checked(&mut w[WQE_HEADER_BYTES..sge_off]) {
+            o.write(&f);
+        }
+        for (i, seg) in m.segments().enumerate() {
+            let addr = seg.as_ptr() as usize;
+            let Some(key) = self.keys.key_for_addr(addr) else {
+                DriverXstats::bump(&self.xstats.tx_no_mkey);
+                return Build::Drop;
+            };
+            let at = sge_off + i * SGE_BYTES;
+            if let Some(mut s) = Sge::new_checked(&mut w[at..at + SGE_BYTES]) {
+                s.set(addr as u64, key, seg.len() as u32);
+            }
+        }
+        Build::Wqe(bytes)
+    }
+}
+
+enum Build {
+    Wqe(usize),
+    Drop,
+}
+
+/// Stores the pseudo-header sum in the L4 checksum field (DPDK's convention for MANA, §4.3).
+/// `false` if the headers are not where the offsets say.
+fn write_pseudo_header(data: &mut [u8], l3: usize, l4: usize, tcp: bool, ipv6: bool) -> bool {
+    let field = l4 + if tcp { 16 } else { 6 };
+    if field + 2 > data.len() || l4 < l3 {
+        return false;
+    }
+    let sum = if ipv6 {
+        if l3 + 40 > data.len() {
+            return false;
+        }
+        let mut src = [0u8; 16];
+        let mut dst = [0u8; 16];
+        src.copy_from_slice(&data[l3 + 8..l3 + 24]);
+        dst.copy_from_slice(&data[l3 + 24..l3 + 40]);
+        let plen = u32::from(u16::from_be_bytes([data[l3 + 4], data[l3 + 5]]));
+        csum::ipv6_pseudo(src, dst, data[l3 + 6], plen)
+    } else {
+        if l3 + 20 > data.len() {
+            return false;
+        }
+        let total = u16::from_be_bytes([data[l3 + 2], data[l3 + 3]]);
+        let l4_len = total.saturating_sub((l4 - l3) as u16);
+        let src = [data[l3 + 12], data[l3 + 13], data[l3 + 14], data[l3 + 15]];
+        let dst = [data[l3 + 16], data[l3 + 17], data[l3 + 18], data[l3 + 19]];
+        csum::ipv4_pseudo(src, dst, data[l3 + 9], l4_len)
+    };
+    data[field..field + 2].copy_from_slice(&sum.to_be_bytes());
+    true
+}
+
+impl Drop for TxQueue {
+    fn drop(&mut self) {
+        // Completions that arrived are accounted; what is still in flight is freed unsent.
+        self.reclaim();
+        let desc = &mut self.desc;
+        with_cache(&self.pool, |cache| {
+            for m in desc.iter_mut().filter_map(Option::take) {
+                m.free_to(cache);
+            }
+        });
+    }
+}

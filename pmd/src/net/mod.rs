@@ -1,0 +1,6 @@
+//! Packet arithmetic shared by the drivers and the device model: Internet checksums and the
+//! Toeplitz RSS hash.
+#![deny(unsafe_code)]
+
+pub mod csum;
+pub mod toeplitz;
