@@ -1,0 +1,163 @@
+//! Regions on hugepages and on the 4 KiB fallback. Every test passes on machines with and
+//! without hugepages: the expectation is computed from what sysfs says is free, and the page
+//! size the kernel actually used is read back from /proc/self/smaps.
+
+use std::path::Path;
+
+use mempool::region::hugepages_free;
+use mempool::{Error, PagePolicy, PageSize, Region, RegionOptions};
+
+/// KernelPageSize of the mapping that starts at `addr`, from /proc/self/smaps.
+fn kernel_page_size(addr: usize) -> Option<usize> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut in_mapping = false;
+    for line in smaps.lines() {
+        // A mapping starts with "start-end perms ..."; its fields follow as "Name: value".
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((start, end)) = first.split_once('-') {
+            if let (Ok(start), Ok(_)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            ) {
+                in_mapping = start == addr;
+                continue;
+            }
+        }
+        if in_mapping {
+            if let Some(rest) = line.strip_prefix("KernelPageSize:") {
+                let kb: usize = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+                return Some(kb * 1024);
+            }
+        }
+    }
+    None
+}
+
+fn assert_zeroed_and_writable(r: &Region) {
+    for off in (0..r.len()).step_by(4096) {
+        // SAFETY: `off` is inside the mapping, which lives as long as `r`; nothing else uses it.
+        unsafe {
+            assert_eq!(r.as_ptr().add(off).read(), 0, "byte {off} not zero");
+            r.as_ptr().add(off).write(0xa5);
+            assert_eq!(r.as_ptr().add(off).read(), 0xa5);
+        }
+    }
+}
+
+#[test]
+fn auto_policy_uses_2m_hugepages_when_free_else_falls_back() {
+    let free_before = hugepages_free(PageSize::Huge2M).unwrap_or(0);
+    let r = Region::new(3 << 20, &RegionOptions::default()).unwrap();
+    let expected = if free_before >= 2 {
+        PageSize::Huge2M
+    } else {
+        PageSize::Normal4K
+    };
+    // Another test may have taken pages in between; only a 4 KiB result with many free
+    // pages, or a hugepage result with none, would be wrong.
+    if free_before >= 16 {
+        assert_eq!(r.page_size(), PageSize::Huge2M);
+    } else if free_before == 0 {
+        assert_eq!(r.page_size(), PageSize::Normal4K);
+    } else {
+        eprintln!(
+            "only {free_before} free hugepages: got {:?}, expected {expected:?}",
+            r.page_size()
+        );
+    }
+    assert_eq!(r.len() % r.page_size().bytes(), 0);
+    assert!(r.len() >= 3 << 20);
+    assert_eq!(
+        kernel_page_size(r.addr()),
+        Some(r.page_size().bytes()),
+        "smaps disagrees"
+    );
+    assert_zeroed_and_writable(&r);
+}
+
+#[test]
+fn normal_policy_reports_normal4k_even_where_hugepages_exist() {
+    let r = Region::new(1 << 20, &RegionOptions::with_policy(PagePolicy::Normal)).unwrap();
+    assert_eq!(r.page_size(), PageSize::Normal4K);
+    assert_eq!(kernel_page_size(r.addr()), Some(4096));
+    assert!(
+        r.is_locked(),
+        "mlock of 1 MiB should succeed (root, or the default 8 MiB limit)"
+    );
+    assert_zeroed_and_writable(&r);
+}
+
+#[test]
+fn require_2m_maps_hugepages_or_explains_how_to_get_them() {
+    let free = hugepages_free(PageSize::Huge2M).unwrap_or(0);
+    match Region::new(
+        2 << 20,
+        &RegionOptions::with_policy(PagePolicy::Require(PageSize::Huge2M)),
+    ) {
+        Ok(r) => {
+            assert_eq!(r.page_size(), PageSize::Huge2M);
+            assert_eq!(kernel_page_size(r.addr()), Some(2 << 20));
+        }
+        Err(e @ Error::HugepagesUnavailable { .. }) => {
+            assert!(free < 4, "{free} free hugepages but: {e}");
+            let msg = e.to_string();
+            assert!(msg.contains("hugepages-2048kB/nr_hugepages"), "{msg}");
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+#[test]
+fn shared_region_on_hugetlbfs_is_seen_by_a_second_mapping() {
+    let dir = Path::new("/dev/hugepages");
+    let mounted = std::fs::read_to_string("/proc/mounts")
+        .map(|m| {
+            m.lines().any(|l| {
+                l.split_whitespace().nth(1) == Some("/dev/hugepages") && l.contains("hugetlbfs")
+            })
+        })
+        .unwrap_or(false);
+    if !mounted || hugepages_free(PageSize::Huge2M).unwrap_or(0) < 4 {
+        eprintln!(
+            "skipping: no hugetlbfs mount with free 2 MiB pages at {}",
+            dir.display()
+        );
+        return;
+    }
+    let path = dir.join(format!("mempool-test-{}", std::process::id()));
+    let opts = RegionOptions::default().shared_file(&path);
+    let r = Region::new(1 << 20, &opts).unwrap();
+    assert_eq!(r.page_size(), PageSize::Huge2M);
+    assert_eq!(r.len(), 2 << 20);
+    let other = Region::attach_shared(&path, &RegionOptions::default()).unwrap();
+    assert_eq!(other.page_size(), PageSize::Huge2M);
+    // SAFETY: offset 12345 is inside both mappings of the same file, alive until the end.
+    unsafe {
+        r.as_ptr().add(12345).write(0x42);
+        assert_eq!(other.as_ptr().add(12345).read(), 0x42);
+    }
+    drop(other);
+    drop(r);
+    assert!(!path.exists(), "the creator removes its hugetlbfs file");
+}
+
+#[test]
+fn require_hugepages_with_a_tmpfs_file_is_refused() {
+    let path = std::env::temp_dir().join(format!("mempool-tmpfs-{}", std::process::id()));
+    let opts = RegionOptions::with_policy(PagePolicy::Require(PageSize::Huge2M)).shared_file(&path);
+    // /tmp may be tmpfs or a disk filesystem: either way it is not hugetlbfs.
+    let err = Region::new(4096, &opts).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::SharedFilePageSize {
+                actual: PageSize::Normal4K,
+                required: PageSize::Huge2M,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("mount -t hugetlbfs"), "{err}");
+    assert!(!path.exists(), "a refused shared file is removed again");
+}
