@@ -54,7 +54,7 @@ impl Bits32 {
     }
 
     /// The field's value mask, right-aligned (e.g. `0x3f` for a 6-bit field).
-    #[inline]
+    #[inline(always)]
     pub const fn max(&self) -> u32 {
         u32::MAX >> (31 - (self.hi - self.lo))
     }
@@ -64,7 +64,21 @@ impl Bits32 {
         self.offset + 4
     }
 
-    #[inline]
+    /// `word` with the field set to `value` (bits above the width dropped): for building a
+    /// whole dword from several fields before one store.
+    #[inline(always)]
+    pub const fn insert(&self, word: u32, value: u32) -> u32 {
+        let mask = self.max() << self.lo;
+        (word & !mask) | ((value << self.lo) & mask)
+    }
+
+    /// The field's value inside `word` (a dword already read in this field's byte order).
+    #[inline(always)]
+    pub const fn extract(&self, word: u32) -> u32 {
+        (word >> self.lo) & self.max()
+    }
+
+    #[inline(always)]
     fn word(&self, buf: &[u8]) -> u32 {
         let b: [u8; 4] = [
             buf[self.offset],
@@ -82,7 +96,7 @@ impl Bits32 {
     ///
     /// # Panics
     /// If `buf` is shorter than [`Bits32::end`]; views check that once at construction.
-    #[inline]
+    #[inline(always)]
     pub fn get(&self, buf: &[u8]) -> u32 {
         (self.word(buf) >> self.lo) & self.max()
     }
@@ -92,7 +106,7 @@ impl Bits32 {
     ///
     /// # Panics
     /// If `buf` is shorter than [`Bits32::end`]; views check that once at construction.
-    #[inline]
+    #[inline(always)]
     pub fn set(&self, buf: &mut [u8], value: u32) {
         let mask = self.max() << self.lo;
         let w = (self.word(buf) & !mask) | ((value << self.lo) & mask);
@@ -105,19 +119,19 @@ impl Bits32 {
 }
 
 /// Reads a little-endian `u32` at `offset`.
-#[inline]
+#[inline(always)]
 pub fn le32(buf: &[u8], offset: usize) -> u32 {
     Bits32::le(offset, 31, 0).get(buf)
 }
 
 /// Writes a little-endian `u32` at `offset`.
-#[inline]
+#[inline(always)]
 pub fn set_le32(buf: &mut [u8], offset: usize, v: u32) {
     buf[offset..offset + 4].copy_from_slice(&v.to_le_bytes());
 }
 
 /// Reads a little-endian `u64` at `offset`.
-#[inline]
+#[inline(always)]
 pub fn le64(buf: &[u8], offset: usize) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&buf[offset..offset + 8]);
@@ -125,7 +139,7 @@ pub fn le64(buf: &[u8], offset: usize) -> u64 {
 }
 
 /// Writes a little-endian `u64` at `offset`.
-#[inline]
+#[inline(always)]
 pub fn set_le64(buf: &mut [u8], offset: usize, v: u64) {
     buf[offset..offset + 8].copy_from_slice(&v.to_le_bytes());
 }

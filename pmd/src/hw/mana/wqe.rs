@@ -99,12 +99,15 @@ impl<T: AsRef<[u8]>> WqeHeader<T> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> WqeHeader<T> {
     /// Writes a raw-Ethernet header: `num_sge` entries after an inline OOB of `oob_bytes`
     /// (8 or 24); every other field 0 (§3.1 "raw-Ethernet use").
+    #[inline]
     pub fn init(&mut self, oob_bytes: usize, num_sge: u8) {
+        let dw1 = hdr::INLINE_OOB_SIZE_DIV4.insert(
+            hdr::NUM_SGE.insert(0, u32::from(num_sge)),
+            (oob_bytes / 4) as u32,
+        );
         let b = self.0.as_mut();
         set_le32(b, 0, 0);
-        set_le32(b, 4, 0);
-        hdr::NUM_SGE.set(b, u32::from(num_sge));
-        hdr::INLINE_OOB_SIZE_DIV4.set(b, (oob_bytes / 4) as u32);
+        set_le32(b, 4, dw1);
     }
     /// Sets `last_vbytes`.
     pub fn set_last_vbytes(&mut self, v: u8) {
@@ -145,6 +148,7 @@ impl<T: AsRef<[u8]>> Sge<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Sge<T> {
     /// Writes all three fields.
+    #[inline]
     pub fn set(&mut self, address: u64, mem_key: u32, size: u32) {
         let b = self.0.as_mut();
         set_le64(b, 0, address);
@@ -374,38 +378,43 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> TxOob<T> {
     ///
     /// # Panics
     /// If the view is shorter than `f.oob_bytes()`.
+    #[inline]
     pub fn write(&mut self, f: &TxOobFields) {
         let long = f.oob_bytes() == LONG_OOB_BYTES;
-        let b = self.0.as_mut();
-        let n = if long {
-            LONG_OOB_BYTES
-        } else {
-            SHORT_OOB_BYTES
-        };
-        b[..n].fill(0);
-        txo::PACKET_FORMAT.set(b, u32::from(long));
-        txo::IS_OUTER_IPV4.set(b, u32::from(f.outer_ipv4));
-        txo::IS_OUTER_IPV6.set(b, u32::from(f.outer_ipv6));
-        txo::COMP_IPHDR_CSUM.set(b, u32::from(f.ip_csum));
-        txo::COMP_TCP_CSUM.set(b, u32::from(f.tcp_csum));
-        txo::COMP_UDP_CSUM.set(b, u32::from(f.udp_csum));
-        txo::SUPPRESS_TXCQE_GEN.set(b, u32::from(f.suppress_cqe));
-        txo::VCQ_NUM.set(b, f.vcq_num);
-        txo::TRANS_OFF.set(b, u32::from(f.trans_off));
-        txo::VSQ_FRAME.set(b, vsq_frame(f.sq_id));
+        // Whole dwords are assembled in registers, then stored once each.
+        let mut dw0 = txo::PACKET_FORMAT.insert(0, u32::from(long));
+        dw0 = txo::IS_OUTER_IPV4.insert(dw0, u32::from(f.outer_ipv4));
+        dw0 = txo::IS_OUTER_IPV6.insert(dw0, u32::from(f.outer_ipv6));
+        dw0 = txo::COMP_IPHDR_CSUM.insert(dw0, u32::from(f.ip_csum));
+        dw0 = txo::COMP_TCP_CSUM.insert(dw0, u32::from(f.tcp_csum));
+        dw0 = txo::COMP_UDP_CSUM.insert(dw0, u32::from(f.udp_csum));
+        dw0 = txo::SUPPRESS_TXCQE_GEN.insert(dw0, u32::from(f.suppress_cqe));
+        dw0 = txo::VCQ_NUM.insert(dw0, f.vcq_num);
+        let mut dw1 = txo::TRANS_OFF.insert(0, u32::from(f.trans_off));
+        dw1 = txo::VSQ_FRAME.insert(dw1, vsq_frame(f.sq_id));
         if f.vp_offset <= 0xff {
-            txo::SHORT_VP_OFFSET.set(b, u32::from(f.vp_offset));
+            dw1 = txo::SHORT_VP_OFFSET.insert(dw1, u32::from(f.vp_offset));
         }
+        let b = self.0.as_mut();
+        set_le32(b, 0, dw0);
+        set_le32(b, 4, dw1);
         if long {
+            let mut dw2 = 0;
             if let Some((pcp, dei, vid)) = f.vlan {
-                txo::INJECT_VLAN_PRI_TAG.set(b, 1);
-                txo::PCP.set(b, u32::from(pcp));
-                txo::DEI.set(b, u32::from(dei));
-                txo::VLAN_ID.set(b, u32::from(vid));
+                dw2 = txo::INJECT_VLAN_PRI_TAG.insert(dw2, 1);
+                dw2 = txo::PCP.insert(dw2, u32::from(pcp));
+                dw2 = txo::DEI.insert(dw2, u32::from(dei));
+                dw2 = txo::VLAN_ID.insert(dw2, u32::from(vid));
             }
-            if f.vp_offset > 0xff {
-                txo::LONG_VP_OFFSET.set(b, u32::from(f.vp_offset));
-            }
+            let dw3 = if f.vp_offset > 0xff {
+                txo::LONG_VP_OFFSET.insert(0, u32::from(f.vp_offset))
+            } else {
+                0
+            };
+            set_le32(b, 8, dw2);
+            set_le32(b, 12, dw3);
+            set_le32(b, 16, 0);
+            set_le32(b, 20, 0);
         }
     }
 }

@@ -1,0 +1,91 @@
+//! Cost per packet of the MANA datapath (driver side) on the device model in step mode:
+//! `tx_burst` (WQE building, SQ doorbell, completion processing) and `rx_burst` (CQE polling,
+//! mbuf delivery, refill, RQ doorbell). Only the driver calls are timed; the model's steps
+//! run between them, untimed.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use mempool::{MbufPool, MbufPoolConfig};
+use pmd::port::{lcache, Burst, Port, PortConfig};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+const BURST: usize = 32;
+
+fn bench(c: &mut Criterion) {
+    let pool = MbufPool::new(MbufPoolConfig::new("bench", 4096)).unwrap();
+    let name = format!("bench-{}", std::process::id());
+    let mut a = Port::open(0, &format!("emu-mana:wire=loop:{name}").parse().unwrap()).unwrap();
+    let mut b = Port::open(1, &format!("emu-mana:wire=loop:{name}").parse().unwrap()).unwrap();
+    let (ma, mb) = (a.model().unwrap(), b.model().unwrap());
+    ma.pause();
+    mb.pause();
+    let cfg = PortConfig {
+        rx_ring_size: 256,
+        tx_ring_size: 256,
+        ..Default::default()
+    };
+    a.configure(&cfg, &pool).unwrap();
+    b.configure(&cfg, &pool).unwrap();
+    let mut tx = a.tx_queue(0).unwrap();
+    let mut rx = b.rx_queue(0).unwrap();
+    a.start().unwrap();
+    b.start().unwrap();
+    let frame = [0x5au8; 64];
+
+    let mut g = c.benchmark_group("mana_emu");
+    g.throughput(Throughput::Elements(BURST as u64));
+    g.bench_function("tx_burst_32x64B", |bencher| {
+        bencher.iter_custom(|iters| {
+            let mut spent = Duration::ZERO;
+            let mut out = Burst::with_capacity(BURST);
+            let mut inb = Burst::with_capacity(BURST);
+            for _ in 0..iters {
+                while out.spare() > 0 {
+                    let mut m = lcache::alloc(&pool).unwrap();
+                    m.extend_from_slice(&frame).unwrap();
+                    out.push(m).unwrap();
+                }
+                let t = Instant::now();
+                black_box(tx.tx_burst(&mut out));
+                spent += t.elapsed();
+                ma.step();
+                mb.step();
+                rx.rx_burst(&mut inb);
+                lcache::with_cache(&pool, |cache| {
+                    inb.free_all(cache);
+                    out.free_all(cache);
+                });
+            }
+            spent
+        })
+    });
+    g.bench_function("rx_burst_32x64B", |bencher| {
+        bencher.iter_custom(|iters| {
+            let mut spent = Duration::ZERO;
+            let mut out = Burst::with_capacity(BURST);
+            let mut inb = Burst::with_capacity(BURST);
+            for _ in 0..iters {
+                while out.spare() > 0 {
+                    let mut m = lcache::alloc(&pool).unwrap();
+                    m.extend_from_slice(&frame).unwrap();
+                    out.push(m).unwrap();
+                }
+                tx.tx_burst(&mut out);
+                ma.step();
+                mb.step();
+                let t = Instant::now();
+                black_box(rx.rx_burst(&mut inb));
+                spent += t.elapsed();
+                lcache::with_cache(&pool, |cache| {
+                    inb.free_all(cache);
+                    out.free_all(cache);
+                });
+            }
+            spent
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
