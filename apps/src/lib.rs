@@ -1,6 +1,9 @@
 //! Shared code of the command-line tools (`pmd-devices`, and later `l2fwd`, `pktgen`).
 #![deny(unsafe_code)]
 
+pub mod common;
+pub mod pktgen;
+
 use pmd::devices::DeviceInfo;
 use serde_json::{json, Value};
 

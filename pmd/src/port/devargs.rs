@@ -7,7 +7,7 @@
 //! |---|---|
 //! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based) |
 //! | `mlx5` | `dev=IBDEV`, `port=N` |
-//! | `emu-mana`, `emu-mlx5` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC` |
+//! | `emu-mana`, `emu-mlx5` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture) |
 //! | `null` | `size=BYTES` (frame size, 14..=9600, default 64), `mac=MAC` |
 //!
 //! Every kind also takes `rxq=N` and `txq=N` (queue counts, 1..=64), which override the
@@ -32,6 +32,8 @@ pub struct PortSpec {
     pub rxq: Option<u16>,
     /// `txq=`: TX queue count for this port, if given.
     pub txq: Option<u16>,
+    /// `pcap=FILE` (device-model kinds): record every frame the port sends and receives.
+    pub pcap: Option<String>,
 }
 
 /// The device part of a [`PortSpec`].
@@ -154,7 +156,7 @@ fn accepted_keys(kind: &str) -> &'static [&'static str] {
     match kind {
         "mana" => &["mac", "dev", "port", "rxq", "txq"],
         "mlx5" => &["dev", "port", "rxq", "txq"],
-        "emu-mana" | "emu-mlx5" => &["wire", "mac", "rxq", "txq"],
+        "emu-mana" | "emu-mlx5" => &["wire", "mac", "pcap", "rxq", "txq"],
         _ => &["size", "mac", "rxq", "txq"],
     }
 }
@@ -299,10 +301,12 @@ impl FromStr for PortSpec {
                 mac,
             },
         };
+        let pcap = get("pcap").map(str::to_string);
         Ok(PortSpec {
             kind,
             rxq: queues("rxq")?,
             txq: queues("txq")?,
+            pcap,
         })
     }
 }
@@ -349,6 +353,7 @@ impl fmt::Display for PortSpec {
                 "null"
             }
         };
+        parts.extend(self.pcap.as_ref().map(|p| format!("pcap={p}")));
         parts.extend(self.rxq.map(|q| format!("rxq={q}")));
         parts.extend(self.txq.map(|q| format!("txq={q}")));
         if parts.is_empty() {
@@ -422,6 +427,9 @@ mod tests {
                 mac: None
             }
         );
+        let c = p("emu-mana:wire=shm:x,pcap=/tmp/cap.pcap").unwrap();
+        assert_eq!(c.pcap.as_deref(), Some("/tmp/cap.pcap"));
+        assert_eq!(c.to_string(), "emu-mana:wire=shm:x,pcap=/tmp/cap.pcap");
         let q = p("emu-mana:wire=loop:a,rxq=4,txq=2").unwrap();
         assert_eq!((q.rxq, q.txq), (Some(4), Some(2)));
         assert_eq!(
@@ -500,7 +508,12 @@ mod tests {
             (wire, mac.clone()).prop_map(|(wire, mac)| PortKind::EmuMlx5 { wire, mac }),
             (14u16..=9600, mac).prop_map(|(size, mac)| PortKind::Null { size, mac }),
         ];
-        (kind, q.clone(), q).prop_map(|(kind, rxq, txq)| PortSpec { kind, rxq, txq })
+        (kind, q.clone(), q).prop_map(|(kind, rxq, txq)| PortSpec {
+            kind,
+            rxq,
+            txq,
+            pcap: None,
+        })
     }
 
     proptest! {

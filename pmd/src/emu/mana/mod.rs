@@ -137,10 +137,20 @@ impl EmuProvider {
                 why: "not an emu-mana spec".into(),
             });
         };
-        let wire = wire::open(w).map_err(|e| PortError::Setup {
+        let mut wire = wire::open(w).map_err(|e| PortError::Setup {
             what: format!("{spec}: opening the wire"),
             source: Box::new(e),
         })?;
+        if let Some(path) = &spec.pcap {
+            wire = Box::new(
+                wire::PcapTap::new(wire, std::path::Path::new(path)).map_err(|e| {
+                    PortError::Setup {
+                        what: format!("{spec}: opening the capture"),
+                        source: Box::new(e),
+                    }
+                })?,
+            );
+        }
         let mac = mac.unwrap_or(MacAddr([
             0x02,
             0x15,

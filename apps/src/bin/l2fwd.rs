@@ -1,0 +1,301 @@
+//! l2fwd: forwards every frame that arrives on a port to its paired port (0<->1, 2<->3, ...),
+//! optionally rewriting the MAC addresses, like DPDK's examples/l2fwd.
+
+use apps::common::{make_pool, open_ports, si, Counter, Idle};
+use clap::Parser;
+use pmd::lcore::{launch_each, CoreList, StopFlag};
+use pmd::port::{lcache, Burst, PortConfig, PortSpec, RxQueue, TxQueue};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Layer-2 forwarder: what arrives on port 0 leaves on port 1 and vice versa (then 2<->3 ...).
+///
+/// Ports are devargs strings: `emu-mana:wire=shm:NAME` (device model on a shared-memory cable),
+/// `emu-mana:wire=afpacket:IFACE`, `null`, `mana:mac=..` (hardware). With MAC updating (the
+/// default, as in DPDK's l2fwd) the destination MAC becomes 02:00:00:00:00:<egress port> and
+/// the source MAC the egress port's MAC; `--no-mac-updating` forwards frames untouched.
+/// Stops on SIGINT/SIGTERM or after `--duration`, and prints a summary (`--json` for machines).
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+struct Args {
+    /// A port, as a devargs string; give an even number of them (pairs 0-1, 2-3, ...).
+    #[arg(long = "port", required = true, value_name = "SPEC")]
+    ports: Vec<PortSpec>,
+    /// Cores to poll on, e.g. `1` or `1-3,5`. RX queues are spread over them round-robin.
+    #[arg(long, default_value = "0", value_name = "LIST")]
+    lcores: CoreList,
+    /// Packets per burst.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=512))]
+    burst: u16,
+    /// RX queues per port.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    rxq: u16,
+    /// Descriptors per queue (a power of two).
+    #[arg(long, default_value_t = 512)]
+    ring_size: u16,
+    /// Rewrite MAC addresses (default).
+    #[arg(long, overrides_with = "no_mac_updating")]
+    mac_updating: bool,
+    /// Forward frames untouched (io forwarding).
+    #[arg(long)]
+    no_mac_updating: bool,
+    /// Seconds between live statistics lines on stderr (0: none).
+    #[arg(long, default_value_t = 1.0)]
+    stats_interval: f64,
+    /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Never yield the CPU when idle (for dedicated cores).
+    #[arg(long)]
+    busy_poll: bool,
+    /// Print the final report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Per port counters of one core.
+#[derive(Default)]
+struct PortCounters {
+    rx: Counter,
+    tx: Counter,
+    dropped: Counter,
+}
+
+struct Work {
+    rxqs: Vec<(usize, RxQueue)>,
+    /// This core's TX queue on every port.
+    txqs: Vec<TxQueue>,
+}
+
+fn main() -> ExitCode {
+    pmd::log::init("warn");
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("l2fwd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let np = args.ports.len();
+    if np < 2 || !np.is_multiple_of(2) {
+        return Err(format!("{np} port(s) given: l2fwd forwards between pairs, give an even number (--port A --port B)"));
+    }
+    args.lcores.validate().map_err(|e| e.to_string())?;
+    if let Some(d) = args.duration {
+        if !(d > 0.0 && d.is_finite()) {
+            return Err(format!(
+                "--duration {d}: expected a positive number of seconds"
+            ));
+        }
+    }
+    let cores = args.lcores.cores().len();
+    let mac_updating = !args.no_mac_updating;
+    let pool = make_pool("l2fwd", np, args.rxq, cores as u16, args.ring_size, cores)
+        .map_err(|e| e.to_string())?;
+    let cfg = PortConfig {
+        rx_queues: args.rxq,
+        tx_queues: cores as u16,
+        rx_ring_size: args.ring_size,
+        tx_ring_size: args.ring_size,
+        ..Default::default()
+    };
+    let mut ports = open_ports(&args.ports, &cfg, &pool)?;
+    let macs: Vec<[u8; 6]> = ports.iter().map(|p| p.mac().0).collect();
+
+    // Hand out queues: RX queues round-robin over cores; every core its own TX queue per port.
+    let mut work: Vec<Work> = (0..cores)
+        .map(|_| Work {
+            rxqs: Vec::new(),
+            txqs: Vec::new(),
+        })
+        .collect();
+    let mut next = 0;
+    for (p, port) in ports.iter_mut().enumerate() {
+        let nrx = port.config().map_or(1, |c| c.rx_queues);
+        for q in 0..nrx {
+            work[next % cores]
+                .rxqs
+                .push((p, port.rx_queue(q).map_err(|e| e.to_string())?));
+            next += 1;
+        }
+    }
+    for (c, w) in work.iter_mut().enumerate() {
+        for port in ports.iter_mut() {
+            w.txqs
+                .push(port.tx_queue(c as u16).map_err(|e| e.to_string())?);
+        }
+    }
+    for port in &mut ports {
+        port.start().map_err(|e| e.to_string())?;
+    }
+    let counters: Arc<Vec<Vec<PortCounters>>> = Arc::new(
+        (0..cores)
+            .map(|_| (0..np).map(|_| PortCounters::default()).collect())
+            .collect(),
+    );
+    let stop = StopFlag::new();
+    stop.on_signals().map_err(|e| e.to_string())?;
+    if !args.json {
+        eprintln!(
+            "l2fwd: {np} ports, lcores {}, burst {}, mac updating {}",
+            args.lcores,
+            args.burst,
+            if mac_updating { "on" } else { "off" }
+        );
+    }
+
+    let t0 = Instant::now();
+    let stopped_at = std::cell::Cell::new(None);
+    let burst = usize::from(args.burst);
+    let busy = args.busy_poll;
+    let c2 = Arc::clone(&counters);
+    launch_each(
+        &args.lcores,
+        &stop,
+        work,
+        |lcore, mut w: Work| {
+            let mine = &c2[lcore.index];
+            let mut b = Burst::with_capacity(burst);
+            let mut idle = Idle::new(busy);
+            while !lcore.stop.is_set() {
+                let mut moved = false;
+                let mut saturated = false;
+                for (src, rx) in &mut w.rxqs {
+                    let n = rx.rx_burst(&mut b);
+                    if n == 0 {
+                        continue;
+                    }
+                    moved = true;
+                    saturated |= n == burst;
+                    mine[*src].rx.add(n as u64);
+                    let dst = *src ^ 1;
+                    if mac_updating {
+                        for m in b.iter_mut() {
+                            let d = m.data_mut();
+                            if d.len() >= 12 {
+                                d[..6].copy_from_slice(&[2, 0, 0, 0, 0, dst as u8]);
+                                d[6..12].copy_from_slice(&macs[dst]);
+                            }
+                        }
+                    }
+                    let sent = w.txqs[dst].tx_burst(&mut b);
+                    mine[dst].tx.add(sent as u64);
+                    if !b.is_empty() {
+                        mine[dst].dropped.add(b.len() as u64);
+                        lcache::with_cache(&pool, |c| b.free_all(c));
+                    }
+                }
+                idle.after_burst(moved, saturated);
+            }
+            // Let in-flight packets complete so every buffer goes back to the pool.
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(200) {
+                for tx in &mut w.txqs {
+                    tx.tx_burst(&mut b);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            drop(w);
+            lcache::flush();
+        },
+        |stop| {
+            main_loop(args, &counters, np, t0, stop);
+            stopped_at.set(Some(t0.elapsed()));
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let secs = stopped_at
+        .get()
+        .unwrap_or_else(|| t0.elapsed())
+        .as_secs_f64();
+    for p in &mut ports {
+        p.stop();
+    }
+    drop(ports);
+    let in_use = pool.in_use();
+    report(args, &counters, np, secs, in_use);
+    if in_use != 0 {
+        return Err(format!("{in_use} mbufs were not returned to the pool"));
+    }
+    Ok(())
+}
+
+fn totals(counters: &[Vec<PortCounters>], np: usize) -> Vec<(u64, u64, u64)> {
+    (0..np)
+        .map(|p| {
+            counters.iter().fold((0, 0, 0), |(r, t, d), c| {
+                (r + c[p].rx.get(), t + c[p].tx.get(), d + c[p].dropped.get())
+            })
+        })
+        .collect()
+}
+
+fn main_loop(
+    args: &Args,
+    counters: &Arc<Vec<Vec<PortCounters>>>,
+    np: usize,
+    t0: Instant,
+    stop: &StopFlag,
+) {
+    let deadline = args.duration.map(Duration::from_secs_f64);
+    let interval = (args.stats_interval > 0.0 && !args.json)
+        .then(|| Duration::from_secs_f64(args.stats_interval));
+    let mut last = totals(counters, np);
+    let mut last_t = Instant::now();
+    while !stop.is_set() && deadline.is_none_or(|d| t0.elapsed() < d) {
+        std::thread::sleep(Duration::from_millis(20));
+        if let Some(iv) = interval {
+            if last_t.elapsed() >= iv {
+                let now = totals(counters, np);
+                let dt = last_t.elapsed().as_secs_f64();
+                let mut line = format!("[{:6.1}s]", t0.elapsed().as_secs_f64());
+                for (p, (n, l)) in now.iter().zip(&last).enumerate() {
+                    line += &format!(
+                        "  p{p} rx {}pps tx {}pps drop {}",
+                        si((n.0 - l.0) as f64 / dt),
+                        si((n.1 - l.1) as f64 / dt),
+                        n.2
+                    );
+                }
+                eprintln!("{line}");
+                last = now;
+                last_t = Instant::now();
+            }
+        }
+    }
+}
+
+fn report(args: &Args, counters: &[Vec<PortCounters>], np: usize, secs: f64, in_use: u32) {
+    let t = totals(counters, np);
+    let rx: u64 = t.iter().map(|x| x.0).sum();
+    let tx: u64 = t.iter().map(|x| x.1).sum();
+    let dropped: u64 = t.iter().map(|x| x.2).sum();
+    if args.json {
+        let ports: Vec<_> = t
+            .iter()
+            .enumerate()
+            .map(|(p, (r, x, d))| serde_json::json!({"port": p, "rx_packets": r, "tx_packets": x, "dropped": d}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "rx_packets": rx, "tx_packets": tx, "dropped": dropped, "duration_s": secs,
+                "pps": tx as f64 / secs, "ports": ports, "pool_in_use": in_use,
+            })
+        );
+    } else {
+        println!(
+            "l2fwd summary: {secs:.2} s, rx {rx}, tx {tx}, dropped {dropped}, {}pps forwarded",
+            si(tx as f64 / secs)
+        );
+        for (p, (r, x, d)) in t.iter().enumerate() {
+            println!("  port {p}: rx {r} tx {x} dropped {d}");
+        }
+        println!("  mbufs still in use at exit: {in_use}");
+    }
+}

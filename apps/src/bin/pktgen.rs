@@ -1,0 +1,595 @@
+//! pktgen: a traffic generator with sequence numbers, loss and latency measurement.
+
+use apps::common::{make_pool, open_ports, si, Counter, Idle};
+use apps::pktgen::{
+    load_pcap, read_stamp, FrameGen, FrameSpec, IpRange, PortRange, SeqTracker, MIN_SIZE,
+};
+use clap::Parser;
+use hdrhistogram::Histogram;
+use pmd::lcore::{launch_each, CoreList, StopFlag};
+use pmd::port::{lcache, Burst, PortConfig, PortSpec, RxQueue, TxQueue};
+use pmd::MacAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Traffic generator: sends UDP/IPv4 frames (or replays a pcap) on the first port, at a
+/// precise rate, and receives them back on the last port (the same one if only one is given),
+/// counting loss (sequence gaps), duplicates, reordering and latency.
+///
+/// Every generated frame carries a sequence number and a TX timestamp in its first 16 payload
+/// bytes. Replayed pcap frames are sent byte-exact (no stamps: only counts are compared).
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+struct Args {
+    /// A port as a devargs string (one or two): TX on the first, RX on the last.
+    #[arg(long = "port", required = true, value_name = "SPEC")]
+    ports: Vec<PortSpec>,
+    /// Cores: one (TX and RX on it) or two (TX on the first, RX on the second).
+    #[arg(long, default_value = "0", value_name = "LIST")]
+    lcores: CoreList,
+    /// Packets per second.
+    #[arg(long, group = "speed", value_name = "PPS")]
+    rate: Option<f64>,
+    /// Bit rate in Gbit/s of frame bytes (converted to packets per second for --size).
+    #[arg(long, group = "speed", value_name = "G")]
+    rate_gbps: Option<f64>,
+    /// As fast as possible (the default when no rate is given).
+    #[arg(long, group = "speed")]
+    max: bool,
+    /// Frame size in bytes, without FCS (60..=2048).
+    #[arg(long, default_value_t = 60)]
+    size: u16,
+    /// Number of flows: the 5-tuple fields cycle through their ranges with the flow index.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    flows: u32,
+    /// Source IPv4 address or range A.B.C.D[-E.F.G.H].
+    #[arg(long, default_value = "169.254.1.1")]
+    src_ip: IpRange,
+    /// Destination IPv4 address or range.
+    #[arg(long, default_value = "169.254.1.2")]
+    dst_ip: IpRange,
+    /// Source UDP port or range P[-Q].
+    #[arg(long, default_value = "1024")]
+    src_port: PortRange,
+    /// Destination UDP port or range.
+    #[arg(long, default_value = "9000")]
+    dst_port: PortRange,
+    /// Tag frames with this 802.1Q VLAN id.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(0..4095))]
+    vlan: Option<u16>,
+    /// Destination MAC of generated frames.
+    #[arg(long, default_value = "02:00:00:00:00:00")]
+    dst_mac: MacAddr,
+    /// Send exactly this many frames, then wait for them to come back and stop.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Send for this many seconds (default 10 unless --count is given).
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Replay the frames of this pcap file (looping) instead of generating UDP frames.
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<PathBuf>,
+    /// Only receive (and count) for --duration seconds.
+    #[arg(long)]
+    rx_only: bool,
+    /// Packets per burst.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=512))]
+    burst: u16,
+    /// Descriptors per queue.
+    #[arg(long, default_value_t = 1024)]
+    ring_size: u16,
+    /// Seconds between live statistics lines on stderr (0: none).
+    #[arg(long, default_value_t = 1.0)]
+    stats_interval: f64,
+    /// After sending, wait at most this long for frames still on their way.
+    #[arg(long, default_value_t = 2.0)]
+    drain_timeout: f64,
+    /// Never yield the CPU when idle.
+    #[arg(long)]
+    busy_poll: bool,
+    /// Print the final report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Counters the main core reads while workers run.
+#[derive(Default)]
+struct Shared {
+    tx_packets: Counter,
+    tx_bytes: Counter,
+    rx_packets: Counter,
+    rx_bytes: Counter,
+    gaps: AtomicU64,
+    p50: AtomicU64,
+    p99: AtomicU64,
+    tx_done: AtomicBool,
+    tx_start_ns: AtomicU64,
+    tx_end_ns: AtomicU64,
+}
+
+enum Frames {
+    Gen(FrameGen),
+    Pcap(Vec<Vec<u8>>),
+}
+
+struct TxSide {
+    q: TxQueue,
+    frames: Frames,
+    pending: Burst,
+    rate: Option<f64>,
+    count: Option<u64>,
+    duration: Option<Duration>,
+    sent: u64,
+    made: u64,
+    start: Option<Instant>,
+    done: bool,
+}
+
+struct RxSide {
+    q: RxQueue,
+    tracker: SeqTracker,
+    hist: Histogram<u64>,
+    stamped: bool,
+    last_publish: Instant,
+    burst: Burst,
+}
+
+enum Role {
+    Tx(TxSide),
+    Rx(RxSide),
+    Both(TxSide, RxSide),
+}
+
+enum Outcome {
+    Tx,
+    Rx(Box<RxSide>),
+}
+
+fn main() -> ExitCode {
+    pmd::log::init("warn");
+    let args = Args::parse();
+    match run(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("pktgen: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn rate_pps(args: &Args, frame_len: usize) -> Result<Option<f64>, String> {
+    let check = |v: f64, what: &str| {
+        if v > 0.0 && v.is_finite() {
+            Ok(v)
+        } else {
+            Err(format!("{what} {v}: expected a positive number"))
+        }
+    };
+    Ok(match (args.rate, args.rate_gbps) {
+        (Some(r), _) => Some(check(r, "--rate")?),
+        (_, Some(g)) => Some(check(g, "--rate-gbps")? * 1e9 / (frame_len as f64 * 8.0)),
+        _ => None,
+    })
+}
+
+fn run(args: &Args) -> Result<ExitCode, String> {
+    let np = args.ports.len();
+    if np > 2 {
+        return Err(format!(
+            "{np} ports given: pktgen sends on one port and receives on the same or a second one"
+        ));
+    }
+    let ncores = args.lcores.cores().len();
+    if ncores > 2 {
+        return Err(format!(
+            "--lcores {}: pktgen uses one core (TX and RX) or two (TX, RX)",
+            args.lcores
+        ));
+    }
+    args.lcores.validate().map_err(|e| e.to_string())?;
+    if !(60..=2048).contains(&args.size) {
+        return Err(format!(
+            "--size {}: expected {MIN_SIZE}..=2048 bytes",
+            args.size
+        ));
+    }
+    if args.rx_only && (args.pcap.is_some() || args.count.is_some()) {
+        return Err("--rx-only sends nothing: it takes neither --pcap nor --count".into());
+    }
+    let duration = match (args.duration, args.count) {
+        (Some(d), _) if !(d > 0.0 && d.is_finite()) => {
+            return Err(format!(
+                "--duration {d}: expected a positive number of seconds"
+            ))
+        }
+        (Some(d), _) => Some(Duration::from_secs_f64(d)),
+        (None, Some(_)) => None,
+        (None, None) => Some(Duration::from_secs(10)),
+    };
+    let pool = make_pool("pktgen", np, 1, 1, args.ring_size, ncores).map_err(|e| e.to_string())?;
+    let frames = match &args.pcap {
+        Some(p) => Frames::Pcap(load_pcap(p, usize::from(pool.data_room()))?),
+        None => Frames::Gen(FrameGen::new(&FrameSpec {
+            size: args.size,
+            flows: args.flows,
+            src_ip: args.src_ip,
+            dst_ip: args.dst_ip,
+            src_port: args.src_port,
+            dst_port: args.dst_port,
+            vlan: args.vlan,
+            src_mac: [0x02, 0, 0, 0, 0xaa, 0x01],
+            dst_mac: args.dst_mac.0,
+        })?),
+    };
+    let frame_len = match &frames {
+        Frames::Gen(g) => g.len(),
+        Frames::Pcap(f) => f.iter().map(Vec::len).sum::<usize>() / f.len(),
+    };
+    let rate = rate_pps(args, frame_len)?;
+    let cfg = PortConfig {
+        rx_ring_size: args.ring_size,
+        tx_ring_size: args.ring_size,
+        ..Default::default()
+    };
+    let mut ports = open_ports(&args.ports, &cfg, &pool)?;
+    let txq = ports[0].tx_queue(0).map_err(|e| e.to_string())?;
+    let rxq = ports[np - 1].rx_queue(0).map_err(|e| e.to_string())?;
+    for p in &mut ports {
+        p.start().map_err(|e| e.to_string())?;
+    }
+    let burst = usize::from(args.burst);
+    let tx = TxSide {
+        q: txq,
+        frames,
+        pending: Burst::with_capacity(burst),
+        rate,
+        count: args.count,
+        duration,
+        sent: 0,
+        made: 0,
+        start: None,
+        done: args.rx_only,
+    };
+    let rx = RxSide {
+        q: rxq,
+        tracker: SeqTracker::default(),
+        hist: Histogram::new_with_bounds(1, 3_600_000_000_000, 3).map_err(|e| e.to_string())?,
+        stamped: args.pcap.is_none(),
+        last_publish: Instant::now(),
+        burst: Burst::with_capacity(burst),
+    };
+    let roles = if ncores == 2 {
+        vec![Role::Tx(tx), Role::Rx(rx)]
+    } else {
+        vec![Role::Both(tx, rx)]
+    };
+    let shared = Arc::new(Shared::default());
+    if args.rx_only {
+        shared.tx_done.store(true, Ordering::Release);
+    }
+    let stop = StopFlag::new();
+    stop.on_signals().map_err(|e| e.to_string())?;
+    let epoch = Instant::now();
+    if !args.json {
+        eprintln!(
+            "pktgen: {} on {}, rx on port {}, {} frames of {frame_len} B, {} flows",
+            match rate {
+                Some(r) => format!("{}pps", si(r)),
+                None => "max rate".into(),
+            },
+            args.ports[0],
+            np - 1,
+            if args.pcap.is_some() { "pcap" } else { "UDP" },
+            args.flows
+        );
+    }
+    let sh = Arc::clone(&shared);
+    let busy = args.busy_poll;
+    let results = launch_each(
+        &args.lcores,
+        &stop,
+        roles,
+        |lcore, role| {
+            let mut idle = Idle::new(busy);
+            let out = match role {
+                Role::Tx(mut t) => {
+                    while !lcore.stop.is_set() {
+                        let w = t.poll(&pool, &sh, epoch);
+                        idle.after(w);
+                    }
+                    t.finish(&pool);
+                    Outcome::Tx
+                }
+                Role::Rx(mut r) => {
+                    while !lcore.stop.is_set() {
+                        let w = r.poll(&pool, &sh, epoch);
+                        idle.after(w);
+                    }
+                    Outcome::Rx(Box::new(r))
+                }
+                Role::Both(mut t, mut r) => {
+                    while !lcore.stop.is_set() {
+                        let a = t.poll(&pool, &sh, epoch);
+                        let b = r.poll(&pool, &sh, epoch);
+                        idle.after(a || b);
+                    }
+                    t.finish(&pool);
+                    Outcome::Rx(Box::new(r))
+                }
+            };
+            lcache::flush();
+            out
+        },
+        |stop| main_loop(args, &shared, stop, epoch),
+    )
+    .map_err(|e| e.to_string())?;
+    let rx = results.into_iter().find_map(|o| match o {
+        Outcome::Rx(r) => Some(r),
+        Outcome::Tx => None,
+    });
+    let Some(mut rx) = rx else {
+        return Err("no receive side ran".into());
+    };
+    // One last look at frames that arrived after the workers stopped polling.
+    rx.poll(&pool, &shared, epoch);
+    for p in &mut ports {
+        p.stop();
+    }
+    let hist = rx.hist.clone();
+    let tracker = rx.tracker.clone();
+    drop(rx);
+    drop(ports);
+    lcache::flush();
+    let in_use = pool.in_use();
+    report(args, &shared, &tracker, &hist, epoch, in_use);
+    if in_use != 0 {
+        return Err(format!("{in_use} mbufs were not returned to the pool"));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+impl TxSide {
+    /// Sends what is due; returns whether it did anything.
+    fn poll(&mut self, pool: &Arc<mempool::MbufPool>, sh: &Shared, epoch: Instant) -> bool {
+        if self.done {
+            self.q.tx_burst(&mut self.pending);
+            return false;
+        }
+        let now = Instant::now();
+        let start = *self.start.get_or_insert_with(|| {
+            sh.tx_start_ns
+                .store((now - epoch).as_nanos() as u64, Ordering::Release);
+            now
+        });
+        let elapsed = now - start;
+        let out_of_time = self.duration.is_some_and(|d| elapsed >= d);
+        let out_of_count = self.count.is_some_and(|c| self.made >= c) && self.pending.is_empty();
+        if out_of_time || out_of_count {
+            self.done = true;
+            // Frames built but never accepted are freed and were never counted as sent.
+            lcache::with_cache(pool, |c| self.pending.free_all(c));
+            sh.tx_end_ns.store(
+                (start - epoch + elapsed).as_nanos() as u64,
+                Ordering::Release,
+            );
+            sh.tx_done.store(true, Ordering::Release);
+            return false;
+        }
+        let due = match self.rate {
+            Some(r) => (elapsed.as_secs_f64() * r) as u64 + 1,
+            None => u64::MAX,
+        };
+        let mut want = due
+            .saturating_sub(self.sent + self.pending.len() as u64)
+            .min(self.pending.spare() as u64);
+        if let Some(c) = self.count {
+            want = want.min(c - self.made);
+        }
+        if want > 0 {
+            let ts = epoch.elapsed().as_nanos() as u64;
+            for _ in 0..want {
+                let Some(mut m) = lcache::alloc(pool) else {
+                    break;
+                };
+                let ok = match &self.frames {
+                    Frames::Gen(g) => m
+                        .append(g.len())
+                        .map(|buf| g.write(self.made, ts, buf))
+                        .is_ok(),
+                    Frames::Pcap(f) => m
+                        .extend_from_slice(&f[(self.made % f.len() as u64) as usize])
+                        .is_ok(),
+                };
+                if !ok {
+                    lcache::free(pool, m);
+                    break;
+                }
+                self.made += 1;
+                let _ = self.pending.push(m);
+            }
+        }
+        if self.pending.is_empty() {
+            return false;
+        }
+        let bytes: u64 = self.pending.iter().map(|m| u64::from(m.pkt_len())).sum();
+        let before = self.pending.len();
+        let n = self.q.tx_burst(&mut self.pending);
+        let left: u64 = self.pending.iter().map(|m| u64::from(m.pkt_len())).sum();
+        debug_assert_eq!(before - n, self.pending.len());
+        self.sent += n as u64;
+        sh.tx_packets.add(n as u64);
+        sh.tx_bytes.add(bytes - left);
+        n > 0
+    }
+
+    /// Lets in-flight frames complete so their buffers return.
+    fn finish(&mut self, pool: &Arc<mempool::MbufPool>) {
+        lcache::with_cache(pool, |c| self.pending.free_all(c));
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(100) {
+            self.q.tx_burst(&mut self.pending);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl RxSide {
+    fn poll(&mut self, pool: &Arc<mempool::MbufPool>, sh: &Shared, epoch: Instant) -> bool {
+        let n = self.q.rx_burst(&mut self.burst);
+        if n > 0 {
+            let now = epoch.elapsed().as_nanos() as u64;
+            let mut bytes = 0u64;
+            for m in self.burst.iter() {
+                bytes += u64::from(m.pkt_len());
+                if self.stamped {
+                    if let Some((seq, ts)) = read_stamp(m.data()) {
+                        self.tracker.record(seq);
+                        if ts <= now {
+                            let _ = self.hist.record((now - ts).max(1));
+                        }
+                    }
+                } else {
+                    self.tracker.unique += 1;
+                }
+            }
+            lcache::with_cache(pool, |c| self.burst.free_all(c));
+            sh.rx_packets.add(n as u64);
+            sh.rx_bytes.add(bytes);
+        }
+        if self.last_publish.elapsed() > Duration::from_millis(100) {
+            self.last_publish = Instant::now();
+            sh.gaps.store(self.tracker.gaps, Ordering::Relaxed);
+            sh.p50
+                .store(self.hist.value_at_quantile(0.5), Ordering::Relaxed);
+            sh.p99
+                .store(self.hist.value_at_quantile(0.99), Ordering::Relaxed);
+        }
+        n > 0
+    }
+}
+
+fn main_loop(args: &Args, sh: &Shared, stop: &StopFlag, epoch: Instant) {
+    let interval = (args.stats_interval > 0.0 && !args.json)
+        .then(|| Duration::from_secs_f64(args.stats_interval));
+    let rx_only_until = args
+        .rx_only
+        .then(|| Duration::from_secs_f64(args.duration.unwrap_or(10.0)));
+    let drain_timeout = Duration::from_secs_f64(args.drain_timeout.max(0.0));
+    let mut last = (sh.tx_packets.get(), sh.rx_packets.get(), Instant::now());
+    let mut drain: Option<(Instant, u64, Instant)> = None;
+    loop {
+        std::thread::sleep(Duration::from_millis(10));
+        if stop.is_set() {
+            break;
+        }
+        if let Some(until) = rx_only_until {
+            if epoch.elapsed() >= until {
+                break;
+            }
+        } else if sh.tx_done.load(Ordering::Acquire) {
+            // Sending is over: wait for what is still on the wire, but not for ever.
+            let rx = sh.rx_packets.get();
+            let now = Instant::now();
+            let (since, seen, progress) = drain.get_or_insert((now, rx, now));
+            if rx != *seen {
+                *seen = rx;
+                *progress = now;
+            }
+            let all_back = rx >= sh.tx_packets.get();
+            if all_back
+                || now - *since >= drain_timeout
+                || now - *progress >= Duration::from_millis(500)
+            {
+                break;
+            }
+        }
+        if let Some(iv) = interval {
+            if last.2.elapsed() >= iv {
+                let (tx, rx) = (sh.tx_packets.get(), sh.rx_packets.get());
+                let dt = last.2.elapsed().as_secs_f64();
+                eprintln!(
+                    "[{:6.1}s] tx {}pps  rx {}pps  sent {tx}  received {rx}  gaps {}  latency p50 {:.1} us p99 {:.1} us",
+                    epoch.elapsed().as_secs_f64(),
+                    si((tx - last.0) as f64 / dt),
+                    si((rx - last.1) as f64 / dt),
+                    sh.gaps.load(Ordering::Relaxed),
+                    sh.p50.load(Ordering::Relaxed) as f64 / 1e3,
+                    sh.p99.load(Ordering::Relaxed) as f64 / 1e3,
+                );
+                last = (tx, rx, Instant::now());
+            }
+        }
+    }
+}
+
+fn report(
+    args: &Args,
+    sh: &Shared,
+    tracker: &SeqTracker,
+    hist: &Histogram<u64>,
+    epoch: Instant,
+    in_use: u32,
+) {
+    let tx_packets = sh.tx_packets.get();
+    let tx_bytes = sh.tx_bytes.get();
+    let rx_packets = sh.rx_packets.get();
+    let rx_bytes = sh.rx_bytes.get();
+    let start = sh.tx_start_ns.load(Ordering::Acquire);
+    let end = match sh.tx_end_ns.load(Ordering::Acquire) {
+        0 => epoch.elapsed().as_nanos() as u64,
+        e => e,
+    };
+    let secs = if args.rx_only {
+        epoch.elapsed().as_secs_f64()
+    } else {
+        (end.saturating_sub(start)) as f64 / 1e9
+    }
+    .max(1e-9);
+    let lost = tx_packets.saturating_sub(tracker.unique);
+    let (min, p50, p99, max) = if hist.is_empty() {
+        (0, 0, 0, 0)
+    } else {
+        (
+            hist.min(),
+            hist.value_at_quantile(0.5),
+            hist.value_at_quantile(0.99),
+            hist.max(),
+        )
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "tx_packets": tx_packets, "tx_bytes": tx_bytes, "rx_packets": rx_packets, "rx_bytes": rx_bytes,
+                "lost": lost, "duplicates": tracker.duplicates, "reordered": tracker.reordered,
+                "duration_s": secs, "tx_pps": tx_packets as f64 / secs, "rx_pps": rx_packets as f64 / secs,
+                "tx_gbps": tx_bytes as f64 * 8.0 / secs / 1e9,
+                "latency_ns": {"min": min, "p50": p50, "p99": p99, "max": max},
+                "pool_in_use": in_use,
+            })
+        );
+    } else {
+        println!(
+            "pktgen summary: sent {tx_packets} ({tx_bytes} B) in {secs:.2} s = {}pps, {:.3} Gbit/s",
+            si(tx_packets as f64 / secs),
+            tx_bytes as f64 * 8.0 / secs / 1e9
+        );
+        println!(
+            "  received {rx_packets} ({rx_bytes} B), lost {lost}, duplicates {}, reordered {}",
+            tracker.duplicates, tracker.reordered
+        );
+        if !hist.is_empty() {
+            println!(
+                "  latency: min {:.1} us  p50 {:.1} us  p99 {:.1} us  max {:.1} us",
+                min as f64 / 1e3,
+                p50 as f64 / 1e3,
+                p99 as f64 / 1e3,
+                max as f64 / 1e3
+            );
+        }
+        println!("  mbufs still in use at exit: {in_use}");
+    }
+}

@@ -1,0 +1,134 @@
+//! What the tools share: pool and port set-up, idle back-off, counters, formatting.
+#![deny(unsafe_code)]
+
+use mempool::{MbufPool, MbufPoolConfig};
+use pmd::port::{Port, PortConfig, PortSpec};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A counter with one writer (a polling core) and any number of readers.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n` (single writer: a relaxed load and store, no locked instruction).
+    #[inline]
+    pub fn add(&self, n: u64) {
+        if n != 0 {
+            self.0
+                .store(self.0.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+        }
+    }
+    /// The current value.
+    #[inline]
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Creates the mbuf pool for `ports` ports with the given ring sizes and cores.
+///
+/// # Errors
+/// The pool's error (size, memory).
+pub fn make_pool(
+    name: &str,
+    ports: usize,
+    rxq: u16,
+    txq: u16,
+    ring: u16,
+    cores: usize,
+) -> Result<Arc<MbufPool>, mempool::Error> {
+    // Every RX descriptor holds a buffer, every TX descriptor may; plus per-core caches and
+    // bursts in flight.
+    let per_port = u32::from(rxq) * u32::from(ring) + u32::from(txq) * u32::from(ring);
+    let n = (ports as u32 * per_port + cores as u32 * (512 + 1024) + 4096).next_power_of_two() - 1;
+    MbufPool::new(MbufPoolConfig::new(name, n))
+}
+
+/// Opens and configures `specs` as ports 0.., each with `rxq` RX (unless the spec says
+/// otherwise) and `txq` TX queues.
+///
+/// # Errors
+/// A message naming the port and what went wrong.
+pub fn open_ports(
+    specs: &[PortSpec],
+    base: &PortConfig,
+    pool: &Arc<MbufPool>,
+) -> Result<Vec<Port>, String> {
+    let mut ports = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let mut port = Port::open(i as u16, spec).map_err(|e| format!("port {i} ({spec}): {e}"))?;
+        let cfg = PortConfig {
+            rx_queues: spec.rxq.unwrap_or(base.rx_queues),
+            tx_queues: spec.txq.unwrap_or(base.tx_queues).max(base.tx_queues),
+            ..base.clone()
+        };
+        port.configure(&cfg, pool)
+            .map_err(|e| format!("port {i} ({spec}): {e}"))?;
+        ports.push(port);
+    }
+    Ok(ports)
+}
+
+/// Back-off for a polling loop that found nothing to do, so that on a small machine the
+/// device model's engine threads and other processes get the CPU. Busy mode never yields.
+#[derive(Debug, Clone)]
+pub struct Idle {
+    busy: bool,
+    empty: u32,
+}
+
+impl Idle {
+    /// `busy`: spin forever (benchmarks on dedicated cores).
+    pub fn new(busy: bool) -> Self {
+        Self { busy, empty: 0 }
+    }
+
+    /// Call after each loop iteration with whether it moved any packet.
+    #[inline]
+    pub fn after(&mut self, did_work: bool) {
+        self.after_burst(did_work, true);
+    }
+
+    /// Like [`Idle::after`], also told whether the iteration was saturated (full bursts). An
+    /// iteration that moved packets but not full bursts means the core keeps up with room to
+    /// spare: it yields once, so threads sharing the core (the device model's engines on a
+    /// small machine) get to run before the rings fill.
+    #[inline]
+    pub fn after_burst(&mut self, did_work: bool, saturated: bool) {
+        if self.busy {
+            return;
+        }
+        if did_work {
+            self.empty = 0;
+            if !saturated {
+                std::thread::yield_now();
+            }
+            return;
+        }
+        self.empty = self.empty.saturating_add(1);
+        if self.empty < 256 {
+            std::hint::spin_loop();
+        } else if self.empty < 512 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(u64::from(
+                (self.empty - 511).min(100),
+            )));
+        }
+    }
+}
+
+/// `1234567.0` -> `"1.23 M"`.
+pub fn si(v: f64) -> String {
+    if v >= 1e9 {
+        format!("{:.2} G", v / 1e9)
+    } else if v >= 1e6 {
+        format!("{:.2} M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.2} k", v / 1e3)
+    } else {
+        format!("{v:.0} ")
+    }
+}

@@ -1,0 +1,457 @@
+//! pktgen's building blocks: address ranges, frame templates with sequence/timestamp stamps,
+//! pcap loading, and the receive-side sequence tracker.
+#![deny(unsafe_code)]
+
+use pmd::net::csum;
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::str::FromStr;
+
+/// Bytes of the stamp at the start of the UDP payload: sequence number (u64, big-endian) and
+/// TX timestamp in ns on the sender's monotonic clock (u64, big-endian).
+pub const STAMP_BYTES: usize = 16;
+/// Ethernet + IPv4 + UDP headers.
+pub const HEADERS: usize = 14 + 20 + 8;
+/// Smallest frame: headers and stamp, padded to Ethernet's 60-byte minimum (without FCS).
+pub const MIN_SIZE: u16 = 60;
+
+/// An inclusive range `A[-B]` of IPv4 addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpRange {
+    /// First address.
+    pub start: u32,
+    /// Number of addresses.
+    pub len: u32,
+}
+
+impl FromStr for IpRange {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("'{s}' is not an IPv4 address or range (A.B.C.D or A.B.C.D-E.F.G.H)");
+        let (a, b) = s.split_once('-').unwrap_or((s, s));
+        let a: Ipv4Addr = a.trim().parse().map_err(|_| bad())?;
+        let b: Ipv4Addr = b.trim().parse().map_err(|_| bad())?;
+        let (a, b) = (u32::from(a), u32::from(b));
+        if b < a {
+            return Err(format!("'{s}': the range ends before it starts"));
+        }
+        Ok(Self {
+            start: a,
+            len: b - a + 1,
+        })
+    }
+}
+
+impl fmt::Display for IpRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let a = Ipv4Addr::from(self.start);
+        if self.len == 1 {
+            write!(f, "{a}")
+        } else {
+            write!(f, "{a}-{}", Ipv4Addr::from(self.start + self.len - 1))
+        }
+    }
+}
+
+/// An inclusive range `P[-Q]` of UDP ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortRange {
+    /// First port.
+    pub start: u16,
+    /// Number of ports.
+    pub len: u32,
+}
+
+impl FromStr for PortRange {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("'{s}' is not a UDP port or range (P or P-Q, 0..65535)");
+        let (a, b) = s.split_once('-').unwrap_or((s, s));
+        let a: u16 = a.trim().parse().map_err(|_| bad())?;
+        let b: u16 = b.trim().parse().map_err(|_| bad())?;
+        if b < a {
+            return Err(format!("'{s}': the range ends before it starts"));
+        }
+        Ok(Self {
+            start: a,
+            len: u32::from(b - a) + 1,
+        })
+    }
+}
+
+/// What frames to build.
+#[derive(Debug, Clone)]
+pub struct FrameSpec {
+    /// Frame length in bytes (without FCS).
+    pub size: u16,
+    /// Number of flows (distinct 5-tuples, cycled).
+    pub flows: u32,
+    /// Source addresses.
+    pub src_ip: IpRange,
+    /// Destination addresses.
+    pub dst_ip: IpRange,
+    /// Source ports.
+    pub src_port: PortRange,
+    /// Destination ports.
+    pub dst_port: PortRange,
+    /// 802.1Q VLAN id to tag frames with.
+    pub vlan: Option<u16>,
+    /// Source MAC.
+    pub src_mac: [u8; 6],
+    /// Destination MAC.
+    pub dst_mac: [u8; 6],
+}
+
+/// Prebuilt frames, one per flow, with valid IPv4 and UDP checksums for an all-zero stamp.
+#[derive(Debug, Clone)]
+pub struct FrameGen {
+    templates: Vec<Vec<u8>>,
+    /// Offset of the stamp in each frame.
+    stamp_at: usize,
+    /// Offset of the UDP checksum.
+    udp_csum_at: usize,
+}
+
+impl FrameGen {
+    /// Builds the templates.
+    ///
+    /// # Errors
+    /// A size too small for the headers and stamp.
+    pub fn new(spec: &FrameSpec) -> Result<Self, String> {
+        let vlan_bytes = if spec.vlan.is_some() { 4 } else { 0 };
+        let min = (HEADERS + vlan_bytes + STAMP_BYTES).max(usize::from(MIN_SIZE));
+        if usize::from(spec.size) < min {
+            return Err(format!(
+                "--size {}: frames need at least {min} bytes (headers and the sequence/time stamp)",
+                spec.size
+            ));
+        }
+        let payload = usize::from(spec.size) - HEADERS - vlan_bytes;
+        let mut templates = Vec::with_capacity(spec.flows as usize);
+        for f in 0..spec.flows {
+            let src = Ipv4Addr::from(spec.src_ip.start + f % spec.src_ip.len).octets();
+            let dst = Ipv4Addr::from(spec.dst_ip.start + f % spec.dst_ip.len).octets();
+            let sport = spec.src_port.start + (f % spec.src_port.len) as u16;
+            let dport = spec.dst_port.start + (f % spec.dst_port.len) as u16;
+            let eth = etherparse::PacketBuilder::ethernet2(spec.src_mac, spec.dst_mac);
+            let mut out = Vec::with_capacity(usize::from(spec.size));
+            let zeros = vec![0u8; payload];
+            let r = match spec.vlan {
+                Some(vid) => eth
+                    .single_vlan(
+                        etherparse::VlanId::try_new(vid)
+                            .map_err(|e| format!("--vlan {vid}: {e}"))?,
+                    )
+                    .ipv4(src, dst, 64)
+                    .udp(sport, dport)
+                    .write(&mut out, &zeros),
+                None => eth
+                    .ipv4(src, dst, 64)
+                    .udp(sport, dport)
+                    .write(&mut out, &zeros),
+            };
+            r.map_err(|e| format!("building frame: {e}"))?;
+            templates.push(out);
+        }
+        Ok(Self {
+            templates,
+            stamp_at: HEADERS + vlan_bytes,
+            udp_csum_at: 14 + vlan_bytes + 20 + 6,
+        })
+    }
+
+    /// The frame of flow `seq % flows`, stamped with `seq` and `ts_ns`, into `out`; its
+    /// length. The UDP checksum is updated incrementally (RFC 1624) for the stamp.
+    #[inline]
+    pub fn write(&self, seq: u64, ts_ns: u64, out: &mut [u8]) -> usize {
+        let t = &self.templates[(seq % self.templates.len() as u64) as usize];
+        let n = t.len().min(out.len());
+        out[..n].copy_from_slice(&t[..n]);
+        let mut stamp = [0u8; STAMP_BYTES];
+        stamp[..8].copy_from_slice(&seq.to_be_bytes());
+        stamp[8..].copy_from_slice(&ts_ns.to_be_bytes());
+        out[self.stamp_at..self.stamp_at + STAMP_BYTES].copy_from_slice(&stamp);
+        let old = u16::from_be_bytes([t[self.udp_csum_at], t[self.udp_csum_at + 1]]);
+        if old != 0 {
+            // The template summed zeros where the stamp now is: add the stamp's words.
+            let mut c = !csum::fold(csum::add(u32::from(!old), &stamp));
+            if c == 0 {
+                c = 0xffff;
+            }
+            out[self.udp_csum_at..self.udp_csum_at + 2].copy_from_slice(&c.to_be_bytes());
+        }
+        n
+    }
+
+    /// Frame length.
+    pub fn len(&self) -> usize {
+        self.templates[0].len()
+    }
+
+    /// Whether there are no templates (never: at least one flow).
+    pub fn is_empty(&self) -> bool {
+        self.templates.is_empty()
+    }
+}
+
+/// Reads the stamp of one of our frames: `(seq, ts_ns)`, or `None` for any other frame.
+#[inline]
+pub fn read_stamp(frame: &[u8]) -> Option<(u64, u64)> {
+    if frame.len() < 14 {
+        return None;
+    }
+    let mut l3 = 14;
+    let mut et = u16::from_be_bytes([frame[12], frame[13]]);
+    if et == 0x8100 && frame.len() >= 18 {
+        l3 = 18;
+        et = u16::from_be_bytes([frame[16], frame[17]]);
+    }
+    if et != 0x0800 || frame.len() < l3 + 20 || frame[l3] != 0x45 || frame[l3 + 9] != 17 {
+        return None;
+    }
+    let at = l3 + 20 + 8;
+    if frame.len() < at + STAMP_BYTES {
+        return None;
+    }
+    let seq = u64::from_be_bytes(frame[at..at + 8].try_into().ok()?);
+    let ts = u64::from_be_bytes(frame[at + 8..at + 16].try_into().ok()?);
+    Some((seq, ts))
+}
+
+/// Loads every packet of a pcap file (Ethernet link type).
+///
+/// # Errors
+/// A message naming the file and the problem: unreadable, not a pcap, truncated, a link type
+/// other than Ethernet, an empty capture, or a frame larger than `max_len`.
+pub fn load_pcap(path: &Path, max_len: usize) -> Result<Vec<Vec<u8>>, String> {
+    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut r = pcap_file::pcap::PcapReader::new(&data[..])
+        .map_err(|e| format!("{}: not a pcap file ({e})", path.display()))?;
+    if r.header().datalink != pcap_file::DataLink::ETHERNET {
+        return Err(format!(
+            "{}: link type {:?}, only Ethernet captures can be replayed",
+            path.display(),
+            r.header().datalink
+        ));
+    }
+    let mut frames = Vec::new();
+    while let Some(p) = r.next_packet() {
+        let p = p.map_err(|e| {
+            format!(
+                "{}: packet {} is malformed or truncated ({e})",
+                path.display(),
+                frames.len() + 1
+            )
+        })?;
+        if p.data.len() < p.orig_len as usize {
+            return Err(format!(
+                "{}: packet {} was captured cut to {} of {} bytes; it cannot be replayed as it was",
+                path.display(),
+                frames.len() + 1,
+                p.data.len(),
+                p.orig_len
+            ));
+        }
+        if p.data.len() > max_len {
+            return Err(format!(
+                "{}: packet {} has {} bytes, more than the {max_len} an mbuf holds",
+                path.display(),
+                frames.len() + 1,
+                p.data.len()
+            ));
+        }
+        frames.push(p.data.into_owned());
+    }
+    if frames.is_empty() {
+        return Err(format!("{}: the capture holds no packets", path.display()));
+    }
+    Ok(frames)
+}
+
+/// Sequence numbers seen on the receive side: received, duplicates, reordering and gaps,
+/// over a sliding window of the last [`SeqTracker::WINDOW`] numbers.
+#[derive(Debug, Clone)]
+pub struct SeqTracker {
+    next: u64,
+    bits: Vec<u64>,
+    /// Distinct frames received.
+    pub unique: u64,
+    /// Frames received again.
+    pub duplicates: u64,
+    /// Frames that arrived after a later one.
+    pub reordered: u64,
+    /// Sequence numbers skipped so far (lost unless they turn up late).
+    pub gaps: u64,
+}
+
+impl Default for SeqTracker {
+    fn default() -> Self {
+        Self {
+            next: 0,
+            bits: vec![0; (Self::WINDOW / 64) as usize],
+            unique: 0,
+            duplicates: 0,
+            reordered: 0,
+            gaps: 0,
+        }
+    }
+}
+
+impl SeqTracker {
+    /// How far back a late frame is still told apart from a duplicate.
+    pub const WINDOW: u64 = 1 << 20;
+
+    #[inline]
+    fn bit(&mut self, s: u64) -> (&mut u64, u64) {
+        let i = (s % Self::WINDOW) as usize;
+        (&mut self.bits[i / 64], 1u64 << (i % 64))
+    }
+
+    /// Records sequence number `s`.
+    #[inline]
+    pub fn record(&mut self, s: u64) {
+        if s >= self.next {
+            let gap = s - self.next;
+            if gap >= Self::WINDOW {
+                self.bits.iter_mut().for_each(|w| *w = 0);
+            } else {
+                for missing in self.next..s {
+                    let (w, m) = self.bit(missing);
+                    *w &= !m;
+                }
+            }
+            self.gaps += gap;
+            let (w, m) = self.bit(s);
+            *w |= m;
+            self.next = s + 1;
+            self.unique += 1;
+        } else if self.next - s >= Self::WINDOW {
+            self.reordered += 1;
+            self.gaps = self.gaps.saturating_sub(1);
+            self.unique += 1;
+        } else {
+            let (w, m) = self.bit(s);
+            if *w & m != 0 {
+                self.duplicates += 1;
+            } else {
+                *w |= m;
+                self.reordered += 1;
+                self.gaps = self.gaps.saturating_sub(1);
+                self.unique += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(size: u16, flows: u32, vlan: Option<u16>) -> FrameSpec {
+        FrameSpec {
+            size,
+            flows,
+            src_ip: "169.254.1.1-169.254.1.4".parse().unwrap(),
+            dst_ip: "169.254.2.1".parse().unwrap(),
+            src_port: "1000-1001".parse().unwrap(),
+            dst_port: "9000".parse().unwrap(),
+            vlan,
+            src_mac: [2, 0, 0, 0, 0, 1],
+            dst_mac: [2, 0, 0, 0, 0, 2],
+        }
+    }
+
+    #[test]
+    fn frames_carry_stamps_with_valid_checksums() {
+        for vlan in [None, Some(100)] {
+            let g = FrameGen::new(&spec(128, 8, vlan)).unwrap();
+            let mut buf = [0u8; 2048];
+            for seq in [0u64, 1, 7, 0xdead_beef_1234, u64::MAX] {
+                let n = g.write(seq, seq ^ 0x5555, &mut buf);
+                assert_eq!(n, 128);
+                assert_eq!(read_stamp(&buf[..n]), Some((seq, seq ^ 0x5555)));
+                let p = etherparse::SlicedPacket::from_ethernet(&buf[..n]).unwrap();
+                let Some(etherparse::NetSlice::Ipv4(ip)) = p.net else {
+                    panic!()
+                };
+                let h = ip.header().to_header();
+                assert_eq!(h.header_checksum, h.calc_header_checksum());
+                let Some(etherparse::TransportSlice::Udp(u)) = p.transport else {
+                    panic!()
+                };
+                assert_eq!(
+                    u.checksum(),
+                    u.to_header().calc_checksum_ipv4(&h, u.payload()).unwrap(),
+                    "seq {seq}"
+                );
+                // Flow fields cycle with the sequence number.
+                let f = (seq % 8) as u32;
+                assert_eq!(
+                    u32::from(Ipv4Addr::from(h.source)),
+                    u32::from(Ipv4Addr::new(169, 254, 1, 1)) + f % 4
+                );
+                assert_eq!(u.source_port(), 1000 + (f % 2) as u16);
+            }
+        }
+    }
+
+    #[test]
+    fn sizes_and_ranges_are_checked() {
+        assert!(FrameGen::new(&spec(50, 1, None))
+            .unwrap_err()
+            .contains("at least 60 bytes"));
+        assert!(FrameGen::new(&spec(60, 1, Some(5)))
+            .unwrap_err()
+            .contains("at least 62 bytes"));
+        assert!(FrameGen::new(&spec(62, 1, Some(5))).is_ok());
+        assert!("10.0.0.5-10.0.0.1"
+            .parse::<IpRange>()
+            .unwrap_err()
+            .contains("ends before"));
+        assert!("10.0.0"
+            .parse::<IpRange>()
+            .unwrap_err()
+            .contains("not an IPv4"));
+        assert!("70000".parse::<PortRange>().is_err());
+        assert_eq!("10.0.0.1-10.0.0.3".parse::<IpRange>().unwrap().len, 3);
+    }
+
+    #[test]
+    fn tracker_counts_gaps_duplicates_and_reordering() {
+        let mut t = SeqTracker::default();
+        for s in [0, 1, 2, 5, 3, 3, 6, 4] {
+            t.record(s);
+        }
+        assert_eq!(t.unique, 7);
+        assert_eq!(t.duplicates, 1);
+        assert_eq!(t.reordered, 2);
+        assert_eq!(t.gaps, 0, "3 and 4 arrived late, nothing lost");
+        t.record(10);
+        assert_eq!(t.gaps, 3);
+        // A far jump clears the window.
+        t.record(10 + SeqTracker::WINDOW * 2);
+        assert_eq!(t.unique, 9);
+    }
+
+    #[test]
+    fn pcap_errors_are_clear() {
+        let d = std::env::temp_dir().join(format!("pktgen-pcap-{}", std::process::id()));
+        std::fs::write(&d, b"definitely not a pcap").unwrap();
+        assert!(load_pcap(&d, 2048).unwrap_err().contains("not a pcap file"));
+        // A valid header followed by a cut record.
+        let mut w = pcap_file::pcap::PcapWriter::new(Vec::new()).unwrap();
+        w.write_packet(&pcap_file::pcap::PcapPacket::new(
+            std::time::Duration::ZERO,
+            60,
+            &[0u8; 60],
+        ))
+        .unwrap();
+        let mut bytes = w.into_writer();
+        bytes.truncate(bytes.len() - 10);
+        std::fs::write(&d, &bytes).unwrap();
+        let e = load_pcap(&d, 2048).unwrap_err();
+        assert!(e.contains("malformed or truncated"), "{e}");
+        let _ = std::fs::remove_file(&d);
+    }
+}

@@ -1,0 +1,337 @@
+//! The tools end to end, as separate processes on the device model:
+//!
+//!   pktgen port 0 --shm A--> l2fwd port 0 -> l2fwd port 1 --shm B--> pktgen port 1
+
+use std::io::Read;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin(name: &str) -> Command {
+    let path = match name {
+        "l2fwd" => env!("CARGO_BIN_EXE_l2fwd"),
+        "pktgen" => env!("CARGO_BIN_EXE_pktgen"),
+        _ => unreachable!(),
+    };
+    let mut c = Command::new(path);
+    c.env("PMD_LOG", "error");
+    c
+}
+
+fn json(out: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(out);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON in: {text}"));
+    serde_json::from_str(line).unwrap()
+}
+
+struct Topology {
+    dir: tempfile::TempDir,
+    a: String,
+    b: String,
+}
+
+impl Topology {
+    fn new(tag: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let id = format!("{tag}{}", std::process::id());
+        Self {
+            dir,
+            a: format!("emu-mana:wire=shm:{id}a"),
+            b: format!("emu-mana:wire=shm:{id}b"),
+        }
+    }
+
+    fn l2fwd(&self, extra: &[&str]) -> Child {
+        bin("l2fwd")
+            .args([
+                "--port",
+                &self.a,
+                "--port",
+                &self.b,
+                "--lcores",
+                "1",
+                "--json",
+                "--ring-size",
+                "1024",
+            ])
+            .args(extra)
+            .env("PMD_SHM_DIR", self.dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    fn pktgen(&self, extra: &[&str]) -> Output {
+        bin("pktgen")
+            .args([
+                "--port", &self.a, "--port", &self.b, "--lcores", "0", "--json",
+            ])
+            .args(extra)
+            .env("PMD_SHM_DIR", self.dir.path())
+            .output()
+            .unwrap()
+    }
+}
+
+fn stop(mut child: Child) -> Output {
+    // SIGINT, as a user pressing Ctrl-C.
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let t0 = Instant::now();
+    loop {
+        if let Some(_status) = child.try_wait().unwrap() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "l2fwd did not stop on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn demo_topology_loses_nothing_and_every_count_agrees() {
+    let t = Topology::new("e2e");
+    let l2 = t.l2fwd(&[]);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = t.pktgen(&[
+        "--count", "20000", "--rate", "20000", "--flows", "16", "--size", "128",
+    ]);
+    assert!(
+        out.status.success(),
+        "pktgen failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = json(&out.stdout);
+    assert_eq!(p["tx_packets"], 20000);
+    assert_eq!(p["rx_packets"], 20000, "{p}");
+    assert_eq!(p["lost"], 0);
+    assert_eq!(p["duplicates"], 0);
+    assert_eq!(p["pool_in_use"], 0);
+    assert!(p["latency_ns"]["p50"].as_u64().unwrap() > 0);
+    let l = stop(l2);
+    assert!(
+        l.status.success(),
+        "l2fwd failed: {}",
+        String::from_utf8_lossy(&l.stderr)
+    );
+    let l = json(&l.stdout);
+    assert_eq!(l["rx_packets"], 20000, "{l}");
+    assert_eq!(l["tx_packets"], 20000);
+    assert_eq!(l["dropped"], 0);
+    assert_eq!(l["ports"][0]["rx_packets"], 20000);
+    assert_eq!(l["ports"][1]["tx_packets"], 20000);
+    assert_eq!(l["pool_in_use"], 0);
+}
+
+#[test]
+fn l2fwd_killed_midway_pktgen_reports_loss_and_exits() {
+    let t = Topology::new("kill");
+    let mut l2 = t.l2fwd(&[]);
+    std::thread::sleep(Duration::from_millis(300));
+    let killer = {
+        let pid = l2.id();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1500));
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        })
+    };
+    let t0 = Instant::now();
+    let out = t.pktgen(&["--rate", "10000", "--duration", "4", "--drain-timeout", "1"]);
+    killer.join().unwrap();
+    let _ = l2.wait();
+    let mut err = String::new();
+    if let Some(mut e) = l2.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(
+        out.status.success(),
+        "pktgen must exit cleanly: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(t0.elapsed() < Duration::from_secs(15), "nothing hangs");
+    let p = json(&out.stdout);
+    let tx = p["tx_packets"].as_u64().unwrap();
+    let rx = p["rx_packets"].as_u64().unwrap();
+    let lost = p["lost"].as_u64().unwrap();
+    assert!(tx >= 35_000, "{p}");
+    assert!(rx > 0 && rx < tx, "{p}");
+    assert_eq!(lost, tx - rx, "{p}");
+    assert_eq!(p["pool_in_use"], 0);
+}
+
+#[test]
+fn pcap_replay_is_byte_exact_at_the_far_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.pcap");
+    let capture = dir.path().join("out.pcap");
+    let mut frames = Vec::new();
+    for i in 0..50u32 {
+        let mut f = vec![0u8; 60 + (i as usize * 37) % 900];
+        f[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x09]);
+        f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x08]);
+        f[12..14].copy_from_slice(&[0x88, 0xb5]);
+        for (k, b) in f[14..].iter_mut().enumerate() {
+            *b = (k as u32 * 7 + i) as u8;
+        }
+        frames.push(f);
+    }
+    let mut w = pcap_file::pcap::PcapWriter::new(std::fs::File::create(&input).unwrap()).unwrap();
+    for f in &frames {
+        w.write_packet(&pcap_file::pcap::PcapPacket::new(
+            Duration::ZERO,
+            f.len() as u32,
+            f,
+        ))
+        .unwrap();
+    }
+    drop(w);
+    let cable = format!("emu-mana:wire=loop:replay{}", std::process::id());
+    let out = bin("pktgen")
+        .args([
+            "--port",
+            &cable,
+            "--port",
+            &format!("{cable},pcap={}", capture.display()),
+        ])
+        .args([
+            "--lcores",
+            "0",
+            "--json",
+            "--pcap",
+            input.to_str().unwrap(),
+            "--count",
+            "100",
+            "--rate",
+            "5000",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = json(&out.stdout);
+    assert_eq!(p["tx_packets"], 100);
+    assert_eq!(p["rx_packets"], 100);
+    let data = std::fs::read(&capture).unwrap();
+    let mut r = pcap_file::pcap::PcapReader::new(&data[..]).unwrap();
+    let mut got = Vec::new();
+    while let Some(pkt) = r.next_packet() {
+        got.push(pkt.unwrap().data.into_owned());
+    }
+    let want: Vec<Vec<u8>> = frames.iter().chain(frames.iter()).cloned().collect();
+    assert_eq!(
+        got, want,
+        "the capture on the far side equals the replayed file twice over, in order"
+    );
+}
+
+#[test]
+fn bad_command_lines_fail_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.pcap");
+    std::fs::write(&junk, b"not a capture at all").unwrap();
+    let junk = junk.to_str().unwrap().to_string();
+    let cases: Vec<(&str, Vec<&str>, &str)> = vec![
+        ("l2fwd", vec!["--port", "null"], "give an even number"),
+        (
+            "l2fwd",
+            vec!["--port", "null", "--port", "nope"],
+            "unknown port kind 'nope'",
+        ),
+        (
+            "l2fwd",
+            vec!["--port", "null", "--port", "null", "--lcores", "777"],
+            "core 777 does not exist",
+        ),
+        (
+            "l2fwd",
+            vec!["--port", "null", "--port", "null", "--lcores", "0-"],
+            "bad core list",
+        ),
+        (
+            "l2fwd",
+            vec!["--port", "null", "--port", "null", "--duration=-1"],
+            "--duration",
+        ),
+        (
+            "l2fwd",
+            vec!["--port", "emu-mana:wire=tcp:x", "--port", "null"],
+            "bad value 'tcp:x' for 'wire'",
+        ),
+        (
+            "l2fwd",
+            vec!["--port", "null", "--port", "null", "--frobnicate"],
+            "unexpected argument",
+        ),
+        (
+            "pktgen",
+            vec!["--port", "null", "--size", "20"],
+            "--size 20",
+        ),
+        ("pktgen", vec!["--port", "null", "--rate", "0"], "--rate 0"),
+        (
+            "pktgen",
+            vec!["--port", "null", "--rate", "5", "--max"],
+            "cannot be used with",
+        ),
+        (
+            "pktgen",
+            vec!["--port", "null", "--rx-only", "--count", "5"],
+            "--rx-only",
+        ),
+        (
+            "pktgen",
+            vec!["--port", "null", "--pcap", &junk],
+            "not a pcap file",
+        ),
+        (
+            "pktgen",
+            vec!["--port", "null", "--src-ip", "1.2.3"],
+            "not an IPv4 address",
+        ),
+        (
+            "pktgen",
+            vec!["--port", "null", "--port", "null", "--port", "null"],
+            "3 ports given",
+        ),
+        (
+            "pktgen",
+            vec!["--port", "mana:dev=mana_0"],
+            "no MANA RDMA device",
+        ),
+    ];
+    for (tool, args, needle) in cases {
+        let out = bin(tool).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{tool} {args:?} should fail");
+        assert!(
+            err.contains(needle),
+            "{tool} {args:?}: stderr lacks {needle:?}:\n{err}"
+        );
+    }
+}
+
+#[test]
+fn help_explains_the_tools() {
+    for tool in ["l2fwd", "pktgen"] {
+        let out = bin(tool).arg("--help").output().unwrap();
+        assert!(out.status.success());
+        let h = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            h.contains("--port <SPEC>") && h.contains("--lcores") && h.contains("--json"),
+            "{h}"
+        );
+    }
+}
