@@ -55,7 +55,8 @@ if (($(free_pages) < 128)) && [[ -w $hp/nr_hugepages ]]; then
     say "reserved 2 MiB hugepages: $(free_pages) free"
 fi
 if ! grep -qs ' /dev/hugepages hugetlbfs ' /proc/mounts && [[ $(id -u) -eq 0 ]]; then
-    mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages 2>/dev/null || true
+    mkdir -p /dev/hugepages
+    mount -t hugetlbfs nodev /dev/hugepages 2>/dev/null || say "could not mount hugetlbfs (DPDK runs --in-memory anyway)"
 fi
 eal_mem=(--in-memory)
 ours_env=()

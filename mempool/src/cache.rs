@@ -4,12 +4,16 @@
 //! array copy with no atomic read-modify-write, no lock and no allocation.
 //!
 //! - `get_bulk(n)`: served from the top of the cache when it holds `n`; otherwise refilled from
-//!   the ring with enough objects to serve `n` and leave `size` behind (one bulk dequeue), and
-//!   if the ring cannot supply that many, nothing is taken (all-or-nothing). A request larger
-//!   than the cache goes to the ring directly.
+//!   the ring with enough objects to serve `n` and leave `size` behind (rounded up to whole
+//!   packs of 16, so up to 15 more), and if the cache and the ring together cannot supply `n`,
+//!   nothing is taken (all-or-nothing). A request larger than the cache goes to the ring
+//!   directly.
 //! - `put_bulk(n)`: appended to the cache while it stays at or below the flush threshold
-//!   (1.5 x size, as in DPDK); above it, the excess over `size` is flushed to the ring in one go.
-//!   Never fails.
+//!   (1.5 x size, as in DPDK); above it, the excess over `size` is flushed to the ring in whole
+//!   packs. Never fails.
+//! - The published length: after each operation the cache stores its length in a slot the pool
+//!   can read (a plain store, not a read-modify-write), so [`Mempool::available`] counts what
+//!   sits in caches.
 //! - Dropping the cache flushes everything it holds back to the ring.
 #![deny(unsafe_code)]
 

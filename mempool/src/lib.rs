@@ -19,9 +19,15 @@
 //!   single `tracing::warn!` per process when it falls back to 4 KiB pages.
 //!   `PMD_NO_HUGEPAGES=1` forces the fallback.
 //! - [`Mempool`]: `capacity()` fixed-size objects named by `u32` index; address = base +
-//!   index x size. Free indices live in a `crossbeam_queue::ArrayQueue`. Bulk gets are
+//!   index x size. Free indices live in `crossbeam_queue::ArrayQueue`s: whole packs of 16
+//!   indices travel as one element (one compare-and-swap), remainders one by one. Bulk gets are
 //!   all-or-nothing; bulk puts never fail; an empty pool answers `false`/`None`, never blocks.
-//! - [`PoolCache`]: DPDK's per-lcore cache. Each thread owns one (`Send`, not `Sync`).
+//! - [`PoolCache`]: DPDK's per-lcore cache. Each thread owns one (`Send`, not `Sync`); a bulk
+//!   get or put is an inline copy of `u32`s, refilled from / flushed to the ring in whole packs
+//!   (flush threshold 1.5 x size, as in DPDK). Dropping it returns what it holds.
+//! - Mbufs ([`mbuf`]): [`Mbuf`] is an owned, one-pointer handle (no reference counting; its
+//!   header points back to the pool, and a pool dropped while mbufs are out is kept alive for
+//!   them); [`RawMbuf`] is a `Copy` index for DPDK-style raw bursts.
 //! - Memory registration: every chunk (at most `max_chunk_bytes`, because a NIC caps one
 //!   registration) is announced to a hook that returns its key (lkey); the key of any object is a
 //!   shift and an array load ([`Mempool::chunk_key`], [`MbufPool::chunk_key`]), and of any address

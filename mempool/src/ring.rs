@@ -74,7 +74,8 @@ impl Ring {
     }
 
     /// Pops a pack, checking emptiness first: `ArrayQueue::pop` on an empty queue issues a
-    /// SeqCst fence, a plain emptiness check is two loads.
+    /// SeqCst fence, while an emptiness check is two plain loads. Packs are often absent when
+    /// traffic is in small bulks, so the check pays for itself here.
     #[inline]
     fn pop_pack(&self) -> Option<Pack> {
         if self.packs.is_empty() {
@@ -84,14 +85,11 @@ impl Ring {
         }
     }
 
-    /// Pops a single index (see `pop_pack`).
+    /// Pops a single index. Usually there are some, so no emptiness check first (it measured
+    /// slower: one more shared cache line to read).
     #[inline]
     fn pop_single(&self) -> Option<u32> {
-        if self.singles.is_empty() {
-            None
-        } else {
-            self.singles.pop()
-        }
+        self.singles.pop()
     }
 
     /// Puts one object back.

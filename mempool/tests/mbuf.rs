@@ -160,7 +160,7 @@ fn mbufs_move_between_threads_and_free_there() {
                 assert_eq!(m.rss_hash(), expect);
                 assert!(m.ol_flags().contains(OffloadFlags::RX_RSS_HASH));
                 expect += 1;
-                if expect % 2 == 0 {
+                if expect & 1 == 0 {
                     m.free_to(&mut cache);
                 } else {
                     drop(m);

@@ -180,6 +180,48 @@ fn threads_with_their_own_caches_return_every_object() {
 }
 
 #[test]
+fn threads_racing_on_the_ring_near_exhaustion_lose_nothing() {
+    // No caches, and bulks large enough that gets often fail half-way and roll back.
+    const THREADS: usize = 3;
+    let p = pool(300, 64, 0);
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let p = Arc::clone(&p);
+            std::thread::spawn(move || {
+                let mut buf = [0u32; 120];
+                let mut rng = 0x2545_f491_u32.wrapping_mul(t as u32 + 7);
+                let (mut ok, mut failed) = (0u32, 0u32);
+                for _ in 0..20_000 {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 17;
+                    rng ^= rng << 5;
+                    let n = (rng % 120) as usize + 1;
+                    if p.get_bulk(&mut buf[..n]) {
+                        ok += 1;
+                        let unique: HashSet<_> = buf[..n].iter().collect();
+                        assert_eq!(unique.len(), n);
+                        p.put_bulk(&buf[..n]);
+                    } else {
+                        failed += 1;
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    for h in handles {
+        let (ok, _failed) = h.join().unwrap();
+        assert!(ok > 0);
+    }
+    all_free(&p);
+    let mut everything = vec![0u32; 300];
+    assert!(p.get_bulk(&mut everything));
+    everything.sort_unstable();
+    assert_eq!(everything, (0..300).collect::<Vec<_>>());
+    p.put_bulk(&everything);
+}
+
+#[test]
 fn chunks_are_capped_and_keys_found_by_index_and_address() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::<ChunkInfo>::new()));
     let seen2 = Arc::clone(&seen);
