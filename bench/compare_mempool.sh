@@ -5,7 +5,7 @@
 #
 # The DPDK harness is the C file that prints the cached single-core rows of DPDK's
 # mempool_perf_autotest as JSON lines. Its path comes from the first argument, else
-# $DPDK_HARNESS, else ../shared/bench/dpdk_mempool_perf.c next to the repository.
+# $DPDK_HARNESS, else bench/dpdk_mempool_perf.c (our harness over DPDK's public rte_mempool API).
 #
 # The script installs what it needs when missing (libdpdk-dev, dpdk-dev, pkg-config; as root,
 # idempotent), reserves 2 MiB hugepages and mounts hugetlbfs when it can, builds the harness
@@ -13,13 +13,13 @@
 # core 0, about 1 s per row), joins the rows on (n_get_bulk, n_put_bulk, n_keep) and prints
 # ours/DPDK per row. Exit status 1 when a row is below 1.0.
 #
-# Environment: RUNS=N runs both sides N times, alternating, and keeps each side's best rate
-# per row (default 1). KEEP_TMP=1 keeps the temporary directory.
+# Environment: RUNS=N runs both sides N times, alternating, and compares each side's median
+# rate per row (default 3). KEEP_TMP=1 keeps the temporary directory.
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-harness=${1:-${DPDK_HARNESS:-$repo_root/../shared/bench/dpdk_mempool_perf.c}}
-runs=${RUNS:-1}
+harness=${1:-${DPDK_HARNESS:-$repo_root/bench/dpdk_mempool_perf.c}}
+runs=${RUNS:-3}
 
 say() { printf 'compare_mempool: %s\n' "$*" >&2; }
 die() { say "$*"; exit 2; }
@@ -89,24 +89,24 @@ done
 
 # --- join --------------------------------------------------------------------------------
 python3 - "$tmp/dpdk.jsonl" "$tmp/ours.jsonl" "$runs" <<'PY'
-import json, sys
+import json, statistics, sys
 
-def best(path):
+def median(path):
     rows = {}
     for line in open(path):
         r = json.loads(line)
         if r["cache"] != 512 or r["cores"] != 1:
             continue
         key = (r["n_get_bulk"], r["n_put_bulk"], r["n_keep"])
-        rows[key] = max(rows.get(key, 0), r["rate_persec"])
-    return rows
+        rows.setdefault(key, []).append(r["rate_persec"])
+    return {k: round(statistics.median(v)) for k, v in rows.items()}
 
-dpdk, ours, runs = best(sys.argv[1]), best(sys.argv[2]), int(sys.argv[3])
+dpdk, ours, runs = median(sys.argv[1]), median(sys.argv[2]), int(sys.argv[3])
 keys = sorted(set(dpdk) & set(ours), key=lambda k: (k[2], k[0], k[1]))
 missing = sorted(set(dpdk) ^ set(ours))
 if not keys:
     sys.exit("compare_mempool: no rows in common")
-note = f", best of {runs} runs" if runs > 1 else ""
+note = f", median of {runs} runs" if runs > 1 else ""
 print(f"cache 512, 1 core, objects per second{note}")
 print(f"{'n_get_bulk':>10} {'n_put_bulk':>10} {'n_keep':>6} {'DPDK':>15} {'ours':>15} {'ours/DPDK':>9}")
 low = []
