@@ -528,3 +528,67 @@ fn engine_thread_runs_the_cable_unattended() {
     drop((tx, rx, a, b));
     assert_eq!(pool.in_use(), 0);
 }
+
+#[test]
+fn tso_splits_a_large_tcp_packet_into_valid_segments() {
+    let mut p = pair(small_cfg(), 512);
+    let payload: Vec<u8> = (0..5000u32).map(|i| (i * 13 % 251) as u8).collect();
+    let mut pkt = Vec::new();
+    etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4([169, 254, 1, 1], [169, 254, 1, 2], 64)
+        .tcp(40000, 80, 1_000_000, 65535)
+        .psh()
+        .ack(7)
+        .write(&mut pkt, &payload)
+        .unwrap();
+    // Three mbufs: headers + 1946 bytes, 2048, the rest.
+    let mut head = mbuf_with(&p.pool, &pkt[..2000]);
+    head.chain(mbuf_with(&p.pool, &pkt[2000..4048])).unwrap();
+    head.chain(mbuf_with(&p.pool, &pkt[4048..])).unwrap();
+    head.set_ol_flags(OffloadFlags::TX_IPV4 | OffloadFlags::TX_TCP_SEG);
+    head.set_tx_offload(TxOffload {
+        l2_len: 14,
+        l3_len: 20,
+        l4_len: 20,
+        tso_segsz: 1000,
+    });
+    let mut burst = Burst::with_capacity(1);
+    burst.push(head).unwrap();
+    assert_eq!(p.tx.tx_burst(&mut burst), 1);
+    step_both(&p);
+    let mut frames = Vec::new();
+    drop(drain(&mut p.rx[0], &mut frames));
+    frames.reverse();
+    assert_eq!(frames.len(), 5, "5000 bytes at MSS 1000");
+    let mut joined = Vec::new();
+    for (k, f) in frames.iter().enumerate() {
+        let s = etherparse::SlicedPacket::from_ethernet(f).unwrap();
+        let Some(etherparse::NetSlice::Ipv4(ip)) = s.net else {
+            panic!("ipv4")
+        };
+        let h = ip.header().to_header();
+        assert_eq!(
+            h.header_checksum,
+            h.calc_header_checksum(),
+            "segment {k} ip checksum"
+        );
+        assert_eq!(usize::from(h.total_len), f.len() - 14);
+        let Some(etherparse::TransportSlice::Tcp(t)) = s.transport else {
+            panic!("tcp")
+        };
+        assert_eq!(
+            t.checksum(),
+            t.to_header().calc_checksum_ipv4(&h, t.payload()).unwrap(),
+            "segment {k} tcp checksum"
+        );
+        assert_eq!(t.sequence_number(), 1_000_000 + 1000 * k as u32);
+        assert_eq!(t.psh(), k == 4, "PSH only on the last segment");
+        assert!(t.ack());
+        joined.extend_from_slice(t.payload());
+    }
+    assert_eq!(joined, payload);
+    p.tx.tx_burst(&mut Burst::with_capacity(1));
+    let s = p.a.stats();
+    assert_eq!((s.opackets, s.oerrors), (1, 0));
+    assert_eq!(p.ma.stats().tx_frames, 5);
+}

@@ -159,6 +159,12 @@ pub struct DriverXstats {
     pub tx_too_many_segs: AtomicU64,
     /// Packets dropped at TX because a segment was outside any registered memory.
     pub tx_no_mkey: AtomicU64,
+    /// Packets dropped at TX because their checksum-offload headers were not where the
+    /// mbuf's lengths said.
+    pub tx_bad_offload: AtomicU64,
+    /// Packets dropped at TX because their TSO request was unusable (MSS 0 or above 16383,
+    /// headers over 255 bytes or not in the first segment).
+    pub tx_bad_tso: AtomicU64,
 }
 
 impl DriverXstats {
@@ -246,6 +252,7 @@ impl PortDriver for ManaDriver {
             tx_offloads: TxOffloads::IPV4_CKSUM
                 | TxOffloads::UDP_CKSUM
                 | TxOffloads::TCP_CKSUM
+                | TxOffloads::TCP_TSO
                 | TxOffloads::VLAN_INSERT
                 | TxOffloads::MULTI_SEGS,
             max_burst: max_desc,

@@ -205,11 +205,6 @@ impl TxQueue {
     /// Writes the WQE for `m` into `self.wqe`; its length in bytes.
     #[inline]
     fn build_wqe(&mut self, m: &mut Mbuf) -> Build {
-        let nseg = usize::from(m.nb_segs());
-        if nseg > MAX_TX_SGES {
-            DriverXstats::bump(&self.xstats.tx_too_many_segs);
-            return Build::Drop;
-        }
         let flags = m.ol_flags();
         let mut f = TxOobFields {
             vcq_num: self.cq_id,
@@ -217,7 +212,31 @@ impl TxQueue {
             vp_offset: self.vp_offset,
             ..Default::default()
         };
-        if flags.intersects(
+        // TCP segmentation (Linux's LSO rules, §4.4): headers alone in SGE 0, their length in
+        // `last_vbytes`, the MSS in `client_data_unit`, IP and TCP checksums requested.
+        let mut lso: Option<(usize, u16)> = None;
+        if flags.contains(OffloadFlags::TX_TCP_SEG) {
+            let o = m.tx_offload();
+            let v6 = flags.contains(OffloadFlags::TX_IPV6);
+            let l3 = usize::from(o.l2_len);
+            let l4 = l3 + usize::from(o.l3_len);
+            let hdr = l4 + usize::from(o.l4_len);
+            let ok = o.l4_len >= 20
+                && o.tso_segsz > 0
+                && o.tso_segsz <= 0x3fff
+                && hdr <= 0xff
+                && prepare_lso(m.data_mut(), l3, l4, hdr, v6);
+            if !ok {
+                DriverXstats::bump(&self.xstats.tx_bad_tso);
+                return Build::Drop;
+            }
+            f.outer_ipv4 = !v6;
+            f.outer_ipv6 = v6;
+            f.ip_csum = !v6;
+            f.tcp_csum = true;
+            f.trans_off = l4 as u16;
+            lso = Some((hdr, o.tso_segsz));
+        } else if flags.intersects(
             OffloadFlags::TX_IP_CKSUM
                 | OffloadFlags::TX_TCP_CKSUM
                 | OffloadFlags::TX_UDP_CKSUM
@@ -233,8 +252,8 @@ impl TxQueue {
                 let o = m.tx_offload();
                 let l3 = usize::from(o.l2_len);
                 let l4_off = l3 + usize::from(o.l3_len);
-                if !write_pseudo_header(m.data_mut(), l3, l4_off, tcp, f.outer_ipv6) {
-                    DriverXstats::bump(&self.xstats.tx_no_mkey);
+                if !write_pseudo_header(m.data_mut(), l3, l4_off, tcp, f.outer_ipv6, None) {
+                    DriverXstats::bump(&self.xstats.tx_bad_offload);
                     return Build::Drop;
                 }
                 f.tcp_csum = tcp;
@@ -246,25 +265,46 @@ impl TxQueue {
             let tci = m.vlan_tci();
             f.vlan = Some(((tci >> 13) as u8, tci & 0x1000 != 0, tci & 0x0fff));
         }
+        // With LSO the first segment is split after the headers.
+        let split = lso.map_or(0, |(hdr, _)| hdr);
+        let first_len = m.len();
+        let nsge = usize::from(m.nb_segs()) + usize::from(split > 0 && first_len > split);
+        if nsge > MAX_TX_SGES {
+            DriverXstats::bump(&self.xstats.tx_too_many_segs);
+            return Build::Drop;
+        }
         let oob = f.oob_bytes();
         let sge_off = WQE_HEADER_BYTES + oob;
-        let bytes = crate::hw::mana::wqe::wqe_bytes(oob, nseg);
+        let bytes = crate::hw::mana::wqe::wqe_bytes(oob, nsge);
         let w = &mut self.wqe[..bytes];
         if let Some(mut h) = WqeHeader::new_checked(&mut w[..WQE_HEADER_BYTES]) {
-            h.init(oob, nseg as u8);
+            h.init(oob, nsge as u8);
+            if let Some((hdr, mss)) = lso {
+                h.set_client_oob_in_sgl(true);
+                h.set_last_vbytes(hdr as u8);
+                h.set_client_data_unit(mss);
+            }
         }
         if let Some(mut o) = TxOob::new_checked(&mut w[WQE_HEADER_BYTES..sge_off]) {
             o.write(&f);
         }
+        let mut at = sge_off;
         for (i, seg) in m.segments().enumerate() {
             let addr = seg.as_ptr() as usize;
             let Some(key) = self.keys.key_for_addr(addr) else {
                 DriverXstats::bump(&self.xstats.tx_no_mkey);
                 return Build::Drop;
             };
-            let at = sge_off + i * SGE_BYTES;
-            if let Some(mut s) = Sge::new_checked(&mut w[at..at + SGE_BYTES]) {
-                s.set(addr as u64, key, seg.len() as u32);
+            let pieces: [(usize, usize); 2] = if i == 0 && split > 0 && seg.len() > split {
+                [(addr, split), (addr + split, seg.len() - split)]
+            } else {
+                [(addr, seg.len()), (0, 0)]
+            };
+            for (a, n) in pieces.into_iter().filter(|p| p.1 > 0) {
+                if let Some(mut s) = Sge::new_checked(&mut w[at..at + SGE_BYTES]) {
+                    s.set(a as u64, key, n as u32);
+                }
+                at += SGE_BYTES;
             }
         }
         Build::Wqe(bytes)
@@ -276,9 +316,33 @@ enum Build {
     Drop,
 }
 
-/// Stores the pseudo-header sum in the L4 checksum field (DPDK's convention for MANA, §4.3).
-/// `false` if the headers are not where the offsets say.
-fn write_pseudo_header(data: &mut [u8], l3: usize, l4: usize, tcp: bool, ipv6: bool) -> bool {
+/// Zeroes the IPv4 total length and header checksum (IPv6: payload length) and stores the
+/// pseudo-header sum computed with length 0 in the TCP checksum (Linux's LSO convention,
+/// §4.4). `false` if the headers do not fit the first segment.
+fn prepare_lso(data: &mut [u8], l3: usize, l4: usize, hdr: usize, ipv6: bool) -> bool {
+    if data.len() < hdr {
+        return false;
+    }
+    if ipv6 {
+        data[l3 + 4..l3 + 6].copy_from_slice(&[0, 0]);
+    } else {
+        data[l3 + 2..l3 + 4].copy_from_slice(&[0, 0]);
+        data[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
+    }
+    write_pseudo_header(data, l3, l4, true, ipv6, Some(0))
+}
+
+/// Stores the pseudo-header sum in the L4 checksum field (DPDK's convention for MANA, §4.3),
+/// with the L4 length from the IP header, or `l4_len` when given. `false` if the headers are
+/// not where the offsets say.
+fn write_pseudo_header(
+    data: &mut [u8],
+    l3: usize,
+    l4: usize,
+    tcp: bool,
+    ipv6: bool,
+    l4_len: Option<u16>,
+) -> bool {
     let field = l4 + if tcp { 16 } else { 6 };
     if field + 2 > data.len() || l4 < l3 {
         return false;
@@ -291,14 +355,17 @@ fn write_pseudo_header(data: &mut [u8], l3: usize, l4: usize, tcp: bool, ipv6: b
         let mut dst = [0u8; 16];
         src.copy_from_slice(&data[l3 + 8..l3 + 24]);
         dst.copy_from_slice(&data[l3 + 24..l3 + 40]);
-        let plen = u32::from(u16::from_be_bytes([data[l3 + 4], data[l3 + 5]]));
+        let plen = l4_len.map_or_else(
+            || u32::from(u16::from_be_bytes([data[l3 + 4], data[l3 + 5]])),
+            u32::from,
+        );
         csum::ipv6_pseudo(src, dst, data[l3 + 6], plen)
     } else {
         if l3 + 20 > data.len() {
             return false;
         }
         let total = u16::from_be_bytes([data[l3 + 2], data[l3 + 3]]);
-        let l4_len = total.saturating_sub((l4 - l3) as u16);
+        let l4_len = l4_len.unwrap_or_else(|| total.saturating_sub((l4 - l3) as u16));
         let src = [data[l3 + 12], data[l3 + 13], data[l3 + 14], data[l3 + 15]];
         let dst = [data[l3 + 16], data[l3 + 17], data[l3 + 18], data[l3 + 19]];
         csum::ipv4_pseudo(src, dst, data[l3 + 9], l4_len)

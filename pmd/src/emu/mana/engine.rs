@@ -118,10 +118,14 @@ pub struct Engine {
     pub(crate) faults: Faults,
     pub(crate) stats: ModelStats,
     frame: Vec<u8>,
+    seg: Vec<u8>,
     steps: u64,
     tx_seen: u64,
     rx_seen: u64,
 }
+
+/// Largest packet a TSO WQE may describe (the IPv4 total length limit plus headers).
+pub const LSO_MAX_BYTES: usize = 65536 + 256;
 
 /// Frames or WQEs handled per queue per step, so one busy queue cannot starve the others.
 const BUDGET: usize = 64;
@@ -141,7 +145,8 @@ impl Engine {
             wire,
             faults: Faults::default(),
             stats: ModelStats::default(),
-            frame: vec![0; MAX_FRAME + 4],
+            frame: vec![0; LSO_MAX_BYTES + 4],
+            seg: Vec::with_capacity(MAX_FRAME + 4),
             steps: 0,
             tx_seen: 0,
             rx_seen: 0,
@@ -253,10 +258,16 @@ impl Engine {
                 done += 1;
                 continue;
             }
+            let lso = (h.client_oob_in_sgl() && h.client_data_unit() > 0).then(|| {
+                (
+                    usize::from(h.last_vbytes()),
+                    usize::from(h.client_data_unit()),
+                )
+            });
             read_ring(&sq.mem, sq.consumed, &mut wqe[..bytes]);
             let pos = self.sqs[i].consumed;
             self.sqs[i].consumed = pos.wrapping_add(bytes as u32);
-            self.transmit(i, &wqe[..bytes], oob, nsge, pos);
+            self.transmit(i, &wqe[..bytes], oob, nsge, pos, lso);
             done += 1;
         }
         done
@@ -272,7 +283,15 @@ impl Engine {
         self.complete(cq, body, sq_id, true);
     }
 
-    fn transmit(&mut self, i: usize, wqe: &[u8], oob_bytes: usize, nsge: usize, pos: u32) {
+    fn transmit(
+        &mut self,
+        i: usize,
+        wqe: &[u8],
+        oob_bytes: usize,
+        nsge: usize,
+        pos: u32,
+        lso: Option<(usize, usize)>,
+    ) {
         let (cq, sq_id, vp) = (self.sqs[i].cq, self.sqs[i].id, self.sqs[i].vp_offset);
         let Some(o) = TxOob::new_checked(&wqe[WQE_HEADER_BYTES..WQE_HEADER_BYTES + oob_bytes])
         else {
@@ -334,16 +353,68 @@ impl Engine {
                 pos,
             );
         }
+        match lso {
+            None => self.send_frame(&mut frame, len, &o),
+            Some((hdr, mss)) => {
+                // TCP segmentation (§4.4): headers (`last_vbytes`) + at most MSS payload bytes
+                // per frame, IPv4 id / TCP seq advanced, FIN and PSH only on the last frame.
+                if hdr < 14 + 20 + 20 || 4 + hdr > len || mss == 0 {
+                    self.frame = frame;
+                    return self.tx_error(
+                        cq,
+                        sq_id,
+                        CqeType::TxHdrProcessingError,
+                        VENDOR_ERR_BAD_WQE,
+                        pos,
+                    );
+                }
+                let mut seg = std::mem::take(&mut self.seg);
+                let payload = len - 4 - hdr;
+                let count = payload.div_ceil(mss).max(1);
+                for k in 0..count {
+                    let chunk = mss.min(payload - k * mss);
+                    seg.clear();
+                    seg.extend_from_slice(&[0; 4]);
+                    seg.extend_from_slice(&frame[4..4 + hdr]);
+                    seg.extend_from_slice(&frame[4 + hdr + k * mss..4 + hdr + k * mss + chunk]);
+                    fix_segment(
+                        &mut seg[4..],
+                        hdr,
+                        usize::from(o.trans_off()),
+                        k,
+                        count,
+                        mss,
+                    );
+                    let n = seg.len();
+                    self.send_frame(&mut seg, n, &o);
+                }
+                self.seg = seg;
+            }
+        }
+        self.frame = frame;
+        if !o.suppress_txcqe_gen() {
+            let mut body = [0u8; CQE_BYTES];
+            if let Some(mut c) = Cqe::new_checked(&mut body[..]) {
+                c.set_header(CqeType::TxOkay, CLIENT_TYPE_COMPLETION, 0);
+                c.set_tx(0, 0, (pos / BU_BYTES as u32) & 0x07ff_ffff);
+            }
+            self.complete(cq, body, sq_id, true);
+        }
+    }
+
+    /// Puts `buf[4..len]` on the wire after the OOB's VLAN insertion (into the 4 bytes of
+    /// headroom) and checksum requests.
+    fn send_frame(&mut self, buf: &mut [u8], len: usize, o: &TxOob<&[u8]>) {
         let mut start = 4usize;
         if o.inject_vlan_pri_tag() && len - start >= 12 {
             let (pcp, dei, vid) = o.vlan();
-            frame.copy_within(start..start + 12, start - 4);
+            buf.copy_within(start..start + 12, start - 4);
             start -= 4;
             let tci = (u16::from(pcp) << 13) | (u16::from(dei) << 12) | vid;
-            frame[start + 12..start + 14].copy_from_slice(&0x8100u16.to_be_bytes());
-            frame[start + 14..start + 16].copy_from_slice(&tci.to_be_bytes());
+            buf[start + 12..start + 14].copy_from_slice(&0x8100u16.to_be_bytes());
+            buf[start + 14..start + 16].copy_from_slice(&tci.to_be_bytes());
         }
-        let out = &mut frame[start..len];
+        let out = &mut buf[start..len];
         apply_tx_checksums(
             out,
             o.comp_iphdr_csum(),
@@ -357,15 +428,6 @@ impl Engine {
             self.stats.tx_bytes += out.len() as u64;
         } else {
             self.stats.tx_wire_drops += 1;
-        }
-        self.frame = frame;
-        if !o.suppress_txcqe_gen() {
-            let mut body = [0u8; CQE_BYTES];
-            if let Some(mut c) = Cqe::new_checked(&mut body[..]) {
-                c.set_header(CqeType::TxOkay, CLIENT_TYPE_COMPLETION, 0);
-                c.set_tx(0, 0, (pos / BU_BYTES as u32) & 0x07ff_ffff);
-            }
-            self.complete(cq, body, sq_id, true);
         }
     }
 
@@ -493,6 +555,46 @@ impl Engine {
         c.set_rx_wqe_offset(pos);
         self.complete(cq, body, id, false);
     }
+}
+
+/// Turns segment `k` of `count` (headers of `hdr` bytes, TCP at `l4`) into a frame of its
+/// own: IPv4 total length and id (or IPv6 payload length), TCP sequence number and flags, and
+/// the TCP pseudo-header sum for the device to finish.
+fn fix_segment(f: &mut [u8], hdr: usize, l4: usize, k: usize, count: usize, mss: usize) {
+    let l3 = if f[12..14] == [0x81, 0x00] { 18 } else { 14 };
+    let l4 = if l4 > l3 { l4 } else { l3 + 20 };
+    if l4 + 20 > hdr || hdr > f.len() {
+        return;
+    }
+    let l4_len = (f.len() - l4) as u16;
+    let pseudo = if f[l3] >> 4 == 4 {
+        let tot = (f.len() - l3) as u16;
+        f[l3 + 2..l3 + 4].copy_from_slice(&tot.to_be_bytes());
+        let id = u16::from_be_bytes([f[l3 + 4], f[l3 + 5]]).wrapping_add(k as u16);
+        f[l3 + 4..l3 + 6].copy_from_slice(&id.to_be_bytes());
+        f[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
+        let src = [f[l3 + 12], f[l3 + 13], f[l3 + 14], f[l3 + 15]];
+        let dst = [f[l3 + 16], f[l3 + 17], f[l3 + 18], f[l3 + 19]];
+        csum::ipv4_pseudo(src, dst, 6, l4_len)
+    } else {
+        let plen = (f.len() - l3 - 40) as u16;
+        f[l3 + 4..l3 + 6].copy_from_slice(&plen.to_be_bytes());
+        let mut src = [0u8; 16];
+        let mut dst = [0u8; 16];
+        src.copy_from_slice(&f[l3 + 8..l3 + 24]);
+        dst.copy_from_slice(&f[l3 + 24..l3 + 40]);
+        csum::ipv6_pseudo(src, dst, 6, u32::from(l4_len))
+    };
+    let seq = u32::from_be_bytes([f[l4 + 4], f[l4 + 5], f[l4 + 6], f[l4 + 7]])
+        .wrapping_add((k * mss) as u32);
+    f[l4 + 4..l4 + 8].copy_from_slice(&seq.to_be_bytes());
+    if k + 1 < count {
+        f[l4 + 13] &= !(0x01 | 0x08); // FIN, PSH: last segment only
+    }
+    if k > 0 {
+        f[l4 + 13] &= !0x80; // CWR: first segment only
+    }
+    f[l4 + 16..l4 + 18].copy_from_slice(&pseudo.to_be_bytes());
 }
 
 /// Writes a CQE: body first, then (after a release fence) the info dword with the owner
