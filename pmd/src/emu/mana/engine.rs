@@ -38,6 +38,9 @@ pub struct Faults {
     pub link_down: bool,
     /// Completions are held back for this many engine steps (slow completions).
     pub completion_delay_steps: u32,
+    /// RX CQE coalescing (newer kernels enable it for RSS QPs): up to four packets per
+    /// RX_COALESCED_4 CQE.
+    pub rx_coalesce: bool,
 }
 
 /// Device-side counters.
@@ -63,6 +66,8 @@ pub struct ModelStats {
     pub rx_fault_drops: u64,
     /// Doorbells whose queue id did not match the queue.
     pub bad_doorbells: u64,
+    /// RX CQEs written (fewer than frames when coalescing).
+    pub rx_cqes: u64,
 }
 
 pub(crate) struct Sq {
@@ -119,6 +124,7 @@ pub struct Engine {
     pub(crate) stats: ModelStats,
     frame: Vec<u8>,
     seg: Vec<u8>,
+    coalescing: Option<Coalescing>,
     steps: u64,
     tx_seen: u64,
     rx_seen: u64,
@@ -147,6 +153,7 @@ impl Engine {
             stats: ModelStats::default(),
             frame: vec![0; LSO_MAX_BYTES + 4],
             seg: Vec::with_capacity(MAX_FRAME + 4),
+            coalescing: None,
             steps: 0,
             tx_seen: 0,
             rx_seen: 0,
@@ -179,6 +186,9 @@ impl Engine {
     }
 
     fn complete(&mut self, cq: usize, body: [u8; CQE_BYTES], wq: u32, is_sq: bool) {
+        if !is_sq {
+            self.stats.rx_cqes += 1;
+        }
         let delay = u64::from(self.faults.completion_delay_steps);
         let cq = &mut self.cqs[cq];
         if delay > 0 || !cq.delayed.is_empty() {
@@ -456,6 +466,8 @@ impl Engine {
             }
             self.frame = frame;
         }
+        // Coalescing never holds a packet past the end of a pass.
+        self.flush_coalesced();
         n
     }
 
@@ -544,6 +556,36 @@ impl Engine {
             c.set_rx_pkt(0, frame.len() as u16, info.hash);
             self.stats.rx_frames += 1;
             self.stats.rx_bytes += frame.len() as u64;
+            if self.faults.rx_coalesce {
+                // Up to 4 packets of one RQ share a CQE when their flags dword is the same
+                // (§7.4 "Coalescing"); each still consumed its own WQE, in order.
+                c.set_header(CqeType::RxCoalesced4, CLIENT_TYPE_COMPLETION, 0);
+                c.set_rx_wqe_offset(pos);
+                let raw = c.into_inner();
+                let flags = [raw[4], raw[5], raw[6], raw[7]];
+                if let Some(pend) = &mut self.coalescing {
+                    if pend.rq == rq_idx && pend.flags == flags && pend.k < 4 {
+                        if let Some(mut pc) = Cqe::new_checked(&mut pend.body[..]) {
+                            pc.set_rx_pkt(pend.k, frame.len() as u16, info.hash);
+                        }
+                        pend.k += 1;
+                        if pend.k == 4 {
+                            self.flush_coalesced();
+                        }
+                        return;
+                    }
+                }
+                self.flush_coalesced();
+                self.coalescing = Some(Coalescing {
+                    rq: rq_idx,
+                    cq,
+                    wq_id: id,
+                    flags,
+                    body,
+                    k: 1,
+                });
+                return;
+            }
         } else {
             c.set_header(
                 CqeType::RxTruncated,
@@ -553,8 +595,26 @@ impl Engine {
             self.stats.rx_truncated += 1;
         }
         c.set_rx_wqe_offset(pos);
+        self.flush_coalesced();
         self.complete(cq, body, id, false);
     }
+
+    /// Writes the coalesced CQE being filled, if any.
+    fn flush_coalesced(&mut self) {
+        if let Some(p) = self.coalescing.take() {
+            self.complete(p.cq, p.body, p.wq_id, false);
+        }
+    }
+}
+
+/// An RX_COALESCED_4 CQE being filled.
+struct Coalescing {
+    rq: usize,
+    cq: usize,
+    wq_id: u32,
+    flags: [u8; 4],
+    body: [u8; CQE_BYTES],
+    k: usize,
 }
 
 /// Turns segment `k` of `count` (headers of `hdr` bytes, TCP at `l4`) into a frame of its
