@@ -79,9 +79,7 @@ impl Topology {
 
 fn stop(mut child: Child) -> Output {
     // SIGINT, as a user pressing Ctrl-C.
-    let _ = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status();
+    pmd::sys::net::send_signal(child.id(), pmd::sys::net::SIGINT).unwrap();
     let t0 = Instant::now();
     loop {
         if let Some(_status) = child.try_wait().unwrap() {
@@ -140,15 +138,20 @@ fn l2fwd_killed_midway_pktgen_reports_loss_and_exits() {
         let pid = l2.id();
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(1500));
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
+            let _ = pmd::sys::net::send_signal(pid, pmd::sys::net::SIGKILL);
         })
     };
     let t0 = Instant::now();
     let out = t.pktgen(&["--rate", "10000", "--duration", "4", "--drain-timeout", "1"]);
     killer.join().unwrap();
-    let _ = l2.wait();
+    let t1 = Instant::now();
+    while l2.try_wait().unwrap().is_none() {
+        assert!(
+            t1.elapsed() < Duration::from_secs(10),
+            "l2fwd survived SIGKILL?"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let mut err = String::new();
     if let Some(mut e) = l2.stderr.take() {
         let _ = e.read_to_string(&mut err);

@@ -20,6 +20,28 @@ pub fn process_alive(pid: u32) -> bool {
     r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Sends signal `sig` (e.g. `libc::SIGINT`) to process `pid`: for tools and tests that stop a
+/// child the way a user would, without depending on a `kill` program being installed.
+///
+/// # Errors
+/// The OS error (no such process, not permitted, invalid signal).
+pub fn send_signal(pid: u32, sig: i32) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    if pid <= 0 {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    // SAFETY: kill(2) has no memory-safety preconditions; `pid` is a single positive process id
+    // (never 0 or negative, which would address process groups).
+    if unsafe { libc::kill(pid, sig) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The signal numbers [`send_signal`] takes.
+pub use libc::{SIGINT, SIGKILL, SIGTERM};
+
 /// This process's id.
 pub fn pid() -> u32 {
     std::process::id()
