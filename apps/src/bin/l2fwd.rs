@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 ///
 /// Ports are devargs strings: `emu-mana:wire=shm:NAME` (device model on a shared-memory cable),
 /// `emu-mana:wire=afpacket:IFACE`, `null`, `mana:mac=..` (hardware). With MAC updating (the
-/// default, as in DPDK's l2fwd) the destination MAC becomes 02:00:00:00:00:<egress port> and
+/// default, as in DPDK's l2fwd) the destination MAC becomes `02:00:00:00:00:<egress port>` and
 /// the source MAC the egress port's MAC; `--no-mac-updating` forwards frames untouched.
 /// Stops on SIGINT/SIGTERM or after `--duration`, and prints a summary (`--json` for machines).
 #[derive(Parser, Debug)]
