@@ -1,1 +1,1 @@
-//! Small programs that show the pmd API; see the `src/bin` folder.
+//! Small programs that show the pmd API: see `src/bin/` (`cargo run -p examples --bin loopback`).
