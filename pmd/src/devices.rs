@@ -311,7 +311,7 @@ pub const MODEL_PORTS: &[(&str, &str)] = &[
         "emu-mana",
         "MANA device model (software NIC playing the hardware's side of the queues)",
     ),
-    ("emu-mlx5", "mlx5 device model"),
+    ("emu-mlx5", "mlx5 device model (not built yet)"),
     ("null", "no-device port for measuring framework overhead"),
 ];
 

@@ -95,9 +95,34 @@ pub enum SetupError {
     },
 }
 
+/// The queue-buffer allocator contract of `manadv_set_context_attr(ctx,
+/// MANADV_CTX_ATTR_BUF_ALLOCATORS, ..)` (spec §1.3): CQ, SQ and RQ rings live in memory the
+/// application provides, page-aligned and zero-filled (a zero owner field means "empty"), and
+/// mapped until the queue is destroyed.
+pub trait QueueAllocator: Send + Sync {
+    /// `size` bytes of page-aligned, zeroed memory.
+    ///
+    /// # Errors
+    /// The memory could not be had.
+    fn alloc(&self, size: usize) -> std::io::Result<Arc<DevMem>>;
+}
+
+/// Queue memory from anonymous page mappings (page-aligned and zeroed by the kernel).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PageAllocator;
+
+impl QueueAllocator for PageAllocator {
+    fn alloc(&self, size: usize) -> std::io::Result<Arc<DevMem>> {
+        DevMem::anon(size).map(Arc::new)
+    }
+}
+
 /// What the MANA datapath needs from below: rdma-core on hardware, the device model otherwise.
 /// The calls mirror the bring-up checklist of the spec (§1.13).
 pub trait Provider: Send {
+    /// Sets the queue-buffer allocator (`manadv_set_context_attr`); must come before any
+    /// queue is created.
+    fn set_allocator(&mut self, alloc: Arc<dyn QueueAllocator>);
     /// The port's MAC address.
     fn mac(&self) -> MacAddr;
     /// Link state.
@@ -186,7 +211,9 @@ pub(crate) struct ManaDriver {
 pub const MIN_DESC: u16 = 64;
 
 impl ManaDriver {
-    pub(crate) fn new(provider: Box<dyn Provider>) -> Self {
+    pub(crate) fn new(mut provider: Box<dyn Provider>) -> Self {
+        // The raw path needs external queue buffers before the first CQ exists (§1.3).
+        provider.set_allocator(Arc::new(PageAllocator));
         Self {
             provider,
             registered: None,

@@ -20,7 +20,7 @@ use crate::devices::MacAddr;
 use crate::emu::wire;
 use crate::hw::mana::wqe::{wqe_bytes, SHORT_OOB_BYTES};
 use crate::hw::mana::{CQE_BYTES, MAX_TX_SGES, MIN_QUEUE_BYTES, RSS_TABLE_ENTRIES};
-use crate::mana::{Provider, RawRxQueue, RawTxQueue, SetupError};
+use crate::mana::{Provider, QueueAllocator, RawRxQueue, RawTxQueue, SetupError};
 use crate::port::{Link, PortError, PortKind, PortSpec, RssConfig};
 use crate::sys::DevMem;
 use engine::{Cq, Mr, Rq, Sq};
@@ -123,6 +123,7 @@ pub struct EmuProvider {
     next_id: u32,
     next_lkey: u32,
     vp_offset: u16,
+    allocator: Option<Arc<dyn QueueAllocator>>,
 }
 
 impl EmuProvider {
@@ -183,6 +184,7 @@ impl EmuProvider {
             next_id: 0x10_0000 + (u32::from(port_id) << 12),
             next_lkey: 0x100 + (u32::from(port_id) << 16),
             vp_offset: port_id % 256,
+            allocator: None,
         }
     }
 
@@ -233,18 +235,50 @@ impl EmuProvider {
         Ok(())
     }
 
-    fn alloc(bytes: usize, object: &'static str) -> Result<Arc<DevMem>, SetupError> {
-        DevMem::anon(bytes)
-            .map(Arc::new)
-            .map_err(|source| SetupError::Verbs {
-                call: "queue buffer allocator",
-                object,
-                source,
-            })
+    /// Queue memory through the application's allocator, checked the way the kernel and the
+    /// device need it: page-aligned, large enough, zero-filled (§1.3).
+    fn alloc(&self, bytes: usize, object: &'static str) -> Result<Arc<DevMem>, SetupError> {
+        let einval = |why: String| SetupError::Verbs {
+            call: "ibv_create_cq/qp/wq",
+            object,
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
+        };
+        let Some(a) = &self.allocator else {
+            return Err(einval(
+                "no queue-buffer allocator set (manadv_set_context_attr must come before creating \
+                 raw-path queues; rdma-core v44 fails with EINVAL)"
+                    .into(),
+            ));
+        };
+        let mem = a.alloc(bytes).map_err(|source| SetupError::Verbs {
+            call: "queue buffer allocator",
+            object,
+            source,
+        })?;
+        if !mem.addr().is_multiple_of(4096) || mem.len() < bytes {
+            return Err(einval(format!(
+                "allocator returned {} bytes at {:#x}: need {bytes} page-aligned bytes",
+                mem.len(),
+                mem.addr()
+            )));
+        }
+        let mut chunk = [0u8; 4096];
+        let mut off = 0;
+        while off < bytes {
+            let n = chunk.len().min(bytes - off);
+            mem.read(off, &mut chunk[..n]);
+            if chunk[..n].iter().any(|&b| b != 0) {
+                return Err(einval(format!(
+                    "allocator returned memory that is not zero-filled (from byte {off}): stale owner bits would read as completions"
+                )));
+            }
+            off += n;
+        }
+        Ok(mem)
     }
 
     fn new_cq(&mut self, nb_desc: u32) -> Result<(Arc<DevMem>, usize, u32), SetupError> {
-        let mem = Self::alloc(queue_bytes(nb_desc as usize * CQE_BYTES), "CQ")?;
+        let mem = self.alloc(queue_bytes(nb_desc as usize * CQE_BYTES), "CQ")?;
         let id = self.id();
         let mut e = self.shared.lock();
         e.cqs.push(Cq {
@@ -259,6 +293,10 @@ impl EmuProvider {
 }
 
 impl Provider for EmuProvider {
+    fn set_allocator(&mut self, alloc: Arc<dyn QueueAllocator>) {
+        self.allocator = Some(alloc);
+    }
+
     fn mac(&self) -> MacAddr {
         self.mac
     }
@@ -308,11 +346,17 @@ impl Provider for EmuProvider {
             let (cq, cq_idx, cq_id) = self.new_cq(nb_desc)?;
             // rdma-core sizes the SQ for max_send_wr WQEs of max_send_sge SGEs, computed with
             // the small OOB (§1.3).
-            let sq = Self::alloc(
+            let sq = self.alloc(
                 queue_bytes(nb_desc as usize * wqe_bytes(SHORT_OOB_BYTES, MAX_TX_SGES)),
                 "SQ",
             )?;
-            let db = Self::alloc(crate::hw::mana::doorbell::PAGE_BYTES, "doorbell page")?;
+            let db = DevMem::anon(crate::hw::mana::doorbell::PAGE_BYTES)
+                .map(Arc::new)
+                .map_err(|source| SetupError::Verbs {
+                    call: "mmap",
+                    object: "doorbell page",
+                    source,
+                })?;
             let sq_id = self.id();
             self.shared.lock().sqs.push(Sq {
                 mem: Arc::clone(&sq),
@@ -353,11 +397,17 @@ impl Provider for EmuProvider {
         let mut first = None;
         for _ in 0..n {
             let (cq, cq_idx, cq_id) = self.new_cq(nb_desc)?;
-            let rq = Self::alloc(
+            let rq = self.alloc(
                 queue_bytes(nb_desc as usize * wqe_bytes(SHORT_OOB_BYTES, 1)),
                 "RQ",
             )?;
-            let db = Self::alloc(crate::hw::mana::doorbell::PAGE_BYTES, "doorbell page")?;
+            let db = DevMem::anon(crate::hw::mana::doorbell::PAGE_BYTES)
+                .map(Arc::new)
+                .map_err(|source| SetupError::Verbs {
+                    call: "mmap",
+                    object: "doorbell page",
+                    source,
+                })?;
             let rq_id = self.id();
             let mut e = self.shared.lock();
             e.rqs.push(Rq {
@@ -465,5 +515,46 @@ fn engine_loop(s: &Shared) {
         } else {
             std::thread::sleep(Duration::from_micros(u64::from((idle - 127).min(200))));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mana::PageAllocator;
+
+    /// An allocator that hands out memory full of stale bytes.
+    struct Dirty;
+
+    impl QueueAllocator for Dirty {
+        fn alloc(&self, size: usize) -> std::io::Result<Arc<DevMem>> {
+            let m = DevMem::anon(size)?;
+            m.fill(0, size, 0xff);
+            Ok(Arc::new(m))
+        }
+    }
+
+    #[test]
+    fn queue_memory_follows_the_allocator_contract() {
+        let mut p = EmuProvider::with_wire(Box::new(wire::NoWire), MacAddr::default(), 0);
+        let e = p.create_tx_queues(1, 64).unwrap_err().to_string();
+        assert!(
+            e.contains("manadv_set_context_attr must come before"),
+            "{e}"
+        );
+        p.set_allocator(Arc::new(Dirty));
+        let e = p.create_tx_queues(1, 64).unwrap_err().to_string();
+        assert!(e.contains("not zero-filled"), "{e}");
+        p.set_allocator(Arc::new(PageAllocator));
+        let q = &p.create_tx_queues(1, 64).unwrap()[0];
+        // rdma-core's sizes (§1.3): SQ = 64 WQEs x roundup32(16*30 + 16) = 512 B -> 32 KiB;
+        // CQ = 64 x 64 B = 4 KiB; both page-aligned.
+        assert_eq!((q.sq.len(), q.cq.len(), q.cq_count), (32768, 4096, 64));
+        assert_eq!(q.sq.addr() % 4096, 0);
+        let r = &p.create_rx_queues(1, 256, &RssConfig::default()).unwrap()[0];
+        // RQ = 256 x 32 B = 8 KiB; CQ = 256 x 64 B = 16 KiB.
+        assert_eq!((r.rq.len(), r.cq.len()), (8192, 16384));
+        assert_ne!(q.sq_id, r.rq_id);
+        assert!(q.sq_id < 1 << 24 && r.cq_id < 1 << 24);
     }
 }
