@@ -22,7 +22,7 @@ for _ in $(seq "$runs"); do
     # testpmd prints per-port Tx-pps every second; a sample is the sum over both ports. The
     # first samples (ports starting) are dropped by taking only non-zero ones after the first.
     out=$(timeout -s INT $((secs + 2)) dpdk-testpmd -l 0-1 -n 1 --no-pci --vdev net_null0 --vdev net_null1 \
-            --file-prefix="pmdcmp$$" --log-level=lib.eal:error -- \
+            --in-memory --log-level=lib.eal:error -- \
             --forward-mode=io --auto-start --stats-period 1 --burst 32 2>&1 || true)
     dpdk+=("$(printf '%s\n' "$out" | python3 -c '
 import re, statistics, sys

@@ -24,12 +24,12 @@ cores=$(nproc)
 l2core=$((cores > 1 ? cores - 1 : 0))
 
 "$bin/l2fwd" --port "emu-mana:wire=shm:$name-a" --port "emu-mana:wire=shm:$name-b" \
-    --lcores "$l2core" --stats-interval 2 &
+    --lcores "$l2core" --stats-interval 2 --ring-size 2048 &
 l2fwd=$!
 trap 'kill -TERM $l2fwd 2>/dev/null || true' EXIT
 sleep 0.5
 "$bin/pktgen" --port "emu-mana:wire=shm:$name-a" --port "emu-mana:wire=shm:$name-b" \
-    --lcores 0 --rate "$rate" --duration "$secs" --flows 64 --size 128
+    --lcores 0 --rate "$rate" --duration "$secs" --flows 64 --size 128 --ring-size 2048
 kill -INT "$l2fwd"
 wait "$l2fwd"
 trap - EXIT

@@ -264,16 +264,51 @@ mod hdr {
 const SHM_SLOTS: u32 = 1024;
 const SHM_SLOT_BYTES: u32 = LOOP_SLOT_BYTES;
 
-/// Directory for shared-memory wire files: `PMD_SHM_DIR`, else `/dev/shm`.
-pub fn shm_dir() -> PathBuf {
-    std::env::var_os("PMD_SHM_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/dev/shm"))
+/// Size of a wire file: header and two rings, rounded up to 2 MiB so that the file can live on
+/// hugetlbfs (whose files are whole huge pages).
+fn shm_file_bytes(slots: u32, slot_bytes: u32) -> usize {
+    (hdr::RINGS + 2 * ring_bytes(slots, slot_bytes)).div_ceil(2 << 20) * (2 << 20)
 }
 
-/// Path of the file behind shared-memory wire `name`.
+/// Directory for shared-memory wire files: `PMD_SHM_DIR` if set; else `/dev/hugepages` when it
+/// is a hugetlbfs mount with room for a wire and headroom (2 MiB pages: fewer TLB misses per
+/// frame); else `/dev/shm`. Both ends must agree: they find each other by path.
+pub fn shm_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("PMD_SHM_DIR") {
+        return PathBuf::from(d);
+    }
+    let hugetlbfs = std::fs::read_to_string("/proc/mounts").is_ok_and(|m| {
+        m.lines().any(|l| {
+            let mut f = l.split_whitespace();
+            f.nth(1) == Some("/dev/hugepages") && f.next() == Some("hugetlbfs")
+        })
+    });
+    let free = std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    let need = shm_file_bytes(SHM_SLOTS, SHM_SLOT_BYTES) / (2 << 20);
+    if hugetlbfs && free >= need + 128 && std::env::var_os("PMD_NO_HUGEPAGES").is_none() {
+        PathBuf::from("/dev/hugepages")
+    } else {
+        PathBuf::from("/dev/shm")
+    }
+}
+
+/// Path of the file behind shared-memory wire `name`. An existing file (the other end's) is
+/// found in either directory, so both ends meet even if hugepage availability changed between
+/// their starts; a new one goes where [`shm_dir`] says.
 pub fn shm_path(name: &str) -> PathBuf {
-    shm_dir().join(format!("pmd-wire-{name}"))
+    let file = format!("pmd-wire-{name}");
+    if std::env::var_os("PMD_SHM_DIR").is_none() {
+        for dir in ["/dev/hugepages", "/dev/shm"] {
+            let p = Path::new(dir).join(&file);
+            if p.exists() {
+                return p;
+            }
+        }
+    }
+    shm_dir().join(file)
 }
 
 /// A shared-memory cable end.
@@ -306,7 +341,7 @@ impl Shm {
             path: path.into(),
             source,
         };
-        let bytes = hdr::RINGS + 2 * ring_bytes(SHM_SLOTS, SHM_SLOT_BYTES);
+        let bytes = shm_file_bytes(SHM_SLOTS, SHM_SLOT_BYTES);
         let me = u64::from(pid());
         for _attempt in 0..4 {
             // Creator: O_EXCL decides who is end A.
@@ -405,7 +440,7 @@ impl Shm {
                             ours_major: SHM_MAJOR,
                         });
                     }
-                    let bytes = hdr::RINGS + 2 * ring_bytes(slots, slot_bytes);
+                    let bytes = shm_file_bytes(slots, slot_bytes);
                     return DevMem::shared_file(path, bytes, false).map_err(io_err);
                 } else if sig != 0 {
                     return Err(WireError::NotAWire { path: path.into() });
