@@ -1,11 +1,48 @@
 //! Poll-mode drivers for Azure MANA and NVIDIA mlx5 NICs over rdma-core direct verbs.
 //!
+//! The driver owns the datapath: it writes work-queue entries into queue memory, rings
+//! doorbells and parses completions itself. The same datapath code runs on a real NIC and on
+//! the device model ([`emu`]), which plays the NIC's side of the very same queue memory.
+//!
 //! ```text
 //! apps (l2fwd, pktgen, pmd-devices)
-//!   pmd::devices   discovery: RDMA devices, providers, ports, netdevs (sysfs)
-//!   pmd::sys       the only FFI: verbs (rdma-sys) + manadv / mlx5dv (bindgen)
-//!   pmd::log       tracing set-up (PMD_LOG)
-//! mempool          hugepage regions, object pool, Mbuf
+//!   port      generic API: Port, RxQueue/TxQueue (one match per burst), PortSpec devargs,
+//!             PortConfig, Caps, Stats, per-core mbuf caches (lcache)
+//!   lcore     pinned worker threads, main core, stop on SIGINT/SIGTERM
+//!   mana      MANA driver: TX/RX datapath over the raw queues manadv_init_obj describes
+//!   null      no-device port (framework overhead)
+//!   emu       device model: MANA engine, wires (loop, shm, afpacket, pcap)
+//!   ring      shared queue mechanics: BU work queue with wrap, owner-bit completion queue
+//!   hw        hardware formats as byte views (MANA GDMA), pinned by golden vectors
+//!   net       checksums, Toeplitz hash
+//!   devices   discovery: RDMA devices, providers, ports, netdevs (sysfs)
+//!   sys       the only FFI and raw memory access: verbs, manadv/mlx5dv, DevMem, signals
+//! mempool     hugepage regions, object pool with per-core caches, Mbuf
+//! ```
+//!
+//! Two device-model ports on an in-process cable, one frame across:
+//!
+//! ```
+//! use pmd::port::{lcache, Burst, Port, PortConfig};
+//! let pool = mempool::MbufPool::new(mempool::MbufPoolConfig::new("doc-lib", 1024))?;
+//! let cfg = PortConfig { rx_ring_size: 64, tx_ring_size: 64, ..Default::default() };
+//! let mut a = Port::open(0, &"emu-mana:wire=loop:doc-lib".parse()?)?;
+//! let mut b = Port::open(1, &"emu-mana:wire=loop:doc-lib".parse()?)?;
+//! a.configure(&cfg, &pool)?;
+//! b.configure(&cfg, &pool)?;
+//! let (mut tx, mut rx) = (a.tx_queue(0)?, b.rx_queue(0)?);
+//! a.start()?;
+//! b.start()?;
+//! let mut m = lcache::alloc(&pool).unwrap();
+//! m.extend_from_slice(&[0xff; 60])?;
+//! let mut out = Burst::with_capacity(1);
+//! out.push(m).unwrap();
+//! assert_eq!(tx.tx_burst(&mut out), 1);
+//! let mut got = Burst::with_capacity(8);
+//! let t0 = std::time::Instant::now();
+//! while rx.rx_burst(&mut got) == 0 && t0.elapsed().as_secs() < 5 {}
+//! assert_eq!(got.as_slice()[0].data(), &[0xff; 60][..]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! List the devices of this machine (real ones, if any) and the always-present device model:
