@@ -54,6 +54,18 @@
 //! ```
 #![deny(unsafe_code)]
 
+/// Datapath trace: a `tracing::trace!` that exists only with the `dp-trace` feature, so the
+/// burst functions log nothing (and cost nothing) in normal builds (DPDK's `DP_LOG`).
+#[macro_export]
+macro_rules! dp_trace {
+    ($($arg:tt)*) => {
+        #[cfg(feature = "dp-trace")]
+        {
+            tracing::trace!(target: "pmd::dp", $($arg)*);
+        }
+    };
+}
+
 pub mod devices;
 #[cfg(feature = "emu")]
 pub mod emu;

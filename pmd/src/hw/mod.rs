@@ -11,4 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bits;
+pub mod hexdump;
 pub mod mana;
+
+pub use hexdump::hexdump;

@@ -218,6 +218,7 @@ impl RxQueue {
                     }
                 }
                 t => {
+                    crate::dp_trace!(rq = self.rq_id, cqe = ?t, "rx error completion\n{}", crate::hw::hexdump(&cqe));
                     errors += 1;
                     DriverXstats::bump(&self.xstats.rx_cqe_errors);
                     if t == CqeType::RxTruncated {

@@ -125,6 +125,7 @@ impl TxQueue {
                     ok_pkts += 1;
                     ok_bytes += u64::from(m.pkt_len());
                 } else {
+                    crate::dp_trace!(sq = self.sq_id, cqe = ?t, "tx error completion");
                     errs += 1;
                     DriverXstats::bump(&self.xstats.tx_cqe_errors);
                 }

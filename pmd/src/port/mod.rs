@@ -380,7 +380,22 @@ impl Port {
                 .map(|_| Arc::new(Counters::default()))
                 .collect(),
         };
-        let (rx, tx) = self.driver.configure(cfg, pool, &setup)?;
+        let (rx, tx) = self
+            .driver
+            .configure(cfg, pool, &setup)
+            .map_err(|e| match e {
+                // Name the port, not only the step that failed.
+                PortError::Busy { spec, holder, hint } => PortError::Busy {
+                    spec: format!("{} ({spec})", self.spec),
+                    holder,
+                    hint,
+                },
+                PortError::Setup { what, source } => PortError::Setup {
+                    what: format!("{}: {what}", self.spec),
+                    source,
+                },
+                other => other,
+            })?;
         debug_assert_eq!(
             (rx.len(), tx.len()),
             (usize::from(cfg.rx_queues), usize::from(cfg.tx_queues))

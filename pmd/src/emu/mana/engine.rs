@@ -285,6 +285,7 @@ impl Engine {
 
     fn tx_error(&mut self, cq: usize, sq_id: u32, t: CqeType, vendor_err: u32, pos: u32) {
         self.stats.tx_errors += 1;
+        tracing::debug!(target: "pmd::emu", sq_id, ?t, vendor_err, pos, "TX WQE completed with an error");
         let mut body = [0u8; CQE_BYTES];
         if let Some(mut c) = Cqe::new_checked(&mut body[..]) {
             c.set_header(t, CLIENT_TYPE_COMPLETION, vendor_err);
