@@ -78,5 +78,6 @@ pub mod null;
 pub mod port;
 pub mod ring;
 pub mod sys;
+pub mod takeover;
 
 pub use devices::MacAddr;

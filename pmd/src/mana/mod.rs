@@ -67,6 +67,8 @@ pub enum SetupError {
     /// Raw-packet QP creation failed with EBUSY / ENODEV: someone else holds the vPort.
     #[error("{holder} holds the port")]
     PortBusy {
+        /// The kernel netdev that holds the port, when known (what a take-over brings down).
+        netdev: Option<String>,
         /// Who (e.g. "kernel netdev eth1").
         holder: String,
         /// What to do.
@@ -202,6 +204,10 @@ impl DriverXstats {
 /// The MANA port driver over a provider.
 pub(crate) struct ManaDriver {
     provider: Box<dyn Provider>,
+    /// Take the port over from the kernel netdev when it holds it (`takeover=1`).
+    takeover: bool,
+    /// The netdevs taken over, given back when the driver goes (after its queues).
+    taken: Option<crate::takeover::NetdevGuard>,
     /// The pool registered with the provider, its keys, and the guards (via the pool).
     registered: Option<(Arc<MbufPool>, ChunkKeys)>,
     xstats: Arc<DriverXstats>,
@@ -216,6 +222,8 @@ impl ManaDriver {
         provider.set_allocator(Arc::new(PageAllocator));
         Self {
             provider,
+            takeover: false,
+            taken: None,
             registered: None,
             xstats: Arc::new(DriverXstats::default()),
         }
@@ -224,7 +232,9 @@ impl ManaDriver {
     #[cfg(feature = "emu")]
     pub(crate) fn open_emu(spec: &PortSpec, port_id: u16) -> Result<Self, PortError> {
         let provider = crate::emu::mana::EmuProvider::open(spec, port_id)?;
-        Ok(Self::new(Box::new(provider)))
+        let mut d = Self::new(Box::new(provider));
+        d.takeover = spec.takeover;
+        Ok(d)
     }
 
     fn keys_for(&mut self, pool: &Arc<MbufPool>) -> Result<ChunkKeys, PortError> {
@@ -251,7 +261,7 @@ impl ManaDriver {
 
 fn setup_err(spec_what: &str, e: SetupError) -> PortError {
     match e {
-        SetupError::PortBusy { holder, hint } => PortError::Busy {
+        SetupError::PortBusy { holder, hint, .. } => PortError::Busy {
             spec: spec_what.to_string(),
             holder,
             hint,
@@ -303,10 +313,28 @@ impl PortDriver for ManaDriver {
     ) -> Result<(Vec<RxImpl>, Vec<TxImpl>), PortError> {
         self.provider.destroy_queues();
         let keys = self.keys_for(pool)?;
-        let raw_tx = self
+        // The raw TX QP is where the kernel's hold on the vPort shows (§2.1).
+        let raw_tx = match self
             .provider
             .create_tx_queues(cfg.tx_queues, u32::from(cfg.tx_ring_size))
-            .map_err(|e| setup_err("creating tx queues", e))?;
+        {
+            Err(SetupError::PortBusy {
+                netdev: Some(netdev),
+                ..
+            }) if self.takeover && self.taken.is_none() => {
+                let guard = crate::takeover::NetdevGuard::take_over(&netdev).map_err(|e| {
+                    PortError::Setup {
+                        what: "taking the port over".into(),
+                        source: Box::new(e),
+                    }
+                })?;
+                self.taken = Some(guard);
+                self.provider
+                    .create_tx_queues(cfg.tx_queues, u32::from(cfg.tx_ring_size))
+            }
+            other => other,
+        }
+        .map_err(|e| setup_err("creating tx queues", e))?;
         let raw_rx = self
             .provider
             .create_rx_queues(cfg.rx_queues, u32::from(cfg.rx_ring_size), &cfg.rss)

@@ -5,9 +5,9 @@
 //!
 //! | kind | keys |
 //! |---|---|
-//! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based) |
+//! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based), `takeover=0\|1` |
 //! | `mlx5` | `dev=IBDEV`, `port=N` |
-//! | `emu-mana`, `emu-mlx5` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture) |
+//! | `emu-mana`, `emu-mlx5` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture), `netdev=IFNAME` (the modelled kernel netdev), `takeover=0\|1` |
 //! | `null` | `size=BYTES` (frame size, 14..=9600, default 64), `mac=MAC` |
 //!
 //! Every kind also takes `rxq=N` and `txq=N` (queue counts, 1..=64), which override the
@@ -34,6 +34,12 @@ pub struct PortSpec {
     pub txq: Option<u16>,
     /// `pcap=FILE` (device-model kinds): record every frame the port sends and receives.
     pub pcap: Option<String>,
+    /// `netdev=IFNAME` (device-model kinds): a Linux interface that plays the kernel's netdev
+    /// of the modelled port: while it is up, it holds the port (as on MANA).
+    pub netdev: Option<String>,
+    /// `takeover=1` (mana, device-model kinds): when the kernel's netdev holds the port, bring
+    /// it down and give it back when the port closes.
+    pub takeover: bool,
 }
 
 /// The device part of a [`PortSpec`].
@@ -154,9 +160,9 @@ const WIRE_EXPECTED: &str = "loop:NAME, shm:NAME, afpacket:IFACE or none";
 
 fn accepted_keys(kind: &str) -> &'static [&'static str] {
     match kind {
-        "mana" => &["mac", "dev", "port", "rxq", "txq"],
+        "mana" => &["mac", "dev", "port", "takeover", "rxq", "txq"],
         "mlx5" => &["dev", "port", "rxq", "txq"],
-        "emu-mana" | "emu-mlx5" => &["wire", "mac", "pcap", "rxq", "txq"],
+        "emu-mana" | "emu-mlx5" => &["wire", "mac", "pcap", "netdev", "takeover", "rxq", "txq"],
         _ => &["size", "mac", "rxq", "txq"],
     }
 }
@@ -302,11 +308,37 @@ impl FromStr for PortSpec {
             },
         };
         let pcap = get("pcap").map(str::to_string);
+        let netdev = get("netdev")
+            .map(|v| {
+                if v.len() < 16 && !v.contains(['/', '\0', ' ']) {
+                    Ok(v.to_string())
+                } else {
+                    Err(DevargsError::BadValue {
+                        key: "netdev",
+                        value: v.into(),
+                        expected: "a Linux interface name (at most 15 bytes)",
+                    })
+                }
+            })
+            .transpose()?;
+        let takeover = match get("takeover") {
+            None | Some("0" | "no" | "false") => false,
+            Some("1" | "yes" | "true") => true,
+            Some(v) => {
+                return Err(DevargsError::BadValue {
+                    key: "takeover",
+                    value: v.into(),
+                    expected: "1 or 0 (yes/no)",
+                })
+            }
+        };
         Ok(PortSpec {
             kind,
             rxq: queues("rxq")?,
             txq: queues("txq")?,
             pcap,
+            netdev,
+            takeover,
         })
     }
 }
@@ -354,6 +386,10 @@ impl fmt::Display for PortSpec {
             }
         };
         parts.extend(self.pcap.as_ref().map(|p| format!("pcap={p}")));
+        parts.extend(self.netdev.as_ref().map(|n| format!("netdev={n}")));
+        if self.takeover {
+            parts.push("takeover=1".into());
+        }
         parts.extend(self.rxq.map(|q| format!("rxq={q}")));
         parts.extend(self.txq.map(|q| format!("txq={q}")));
         if parts.is_empty() {
@@ -430,6 +466,14 @@ mod tests {
         let c = p("emu-mana:wire=shm:x,pcap=/tmp/cap.pcap").unwrap();
         assert_eq!(c.pcap.as_deref(), Some("/tmp/cap.pcap"));
         assert_eq!(c.to_string(), "emu-mana:wire=shm:x,pcap=/tmp/cap.pcap");
+        let t = p("emu-mana:wire=none,netdev=eth1,takeover=yes").unwrap();
+        assert_eq!((t.netdev.as_deref(), t.takeover), (Some("eth1"), true));
+        assert_eq!(t.to_string(), "emu-mana:wire=none,netdev=eth1,takeover=1");
+        assert!(p("mana:takeover=maybe")
+            .unwrap_err()
+            .to_string()
+            .contains("1 or 0"));
+        assert!(p("null:takeover=1").is_err());
         let q = p("emu-mana:wire=loop:a,rxq=4,txq=2").unwrap();
         assert_eq!((q.rxq, q.txq), (Some(4), Some(2)));
         assert_eq!(
@@ -508,11 +552,19 @@ mod tests {
             (wire, mac.clone()).prop_map(|(wire, mac)| PortKind::EmuMlx5 { wire, mac }),
             (14u16..=9600, mac).prop_map(|(size, mac)| PortKind::Null { size, mac }),
         ];
-        (kind, q.clone(), q).prop_map(|(kind, rxq, txq)| PortSpec {
-            kind,
-            rxq,
-            txq,
-            pcap: None,
+        (kind, q.clone(), q, any::<bool>()).prop_map(|(kind, rxq, txq, t)| {
+            // takeover and netdev only where the kind takes them.
+            let emu = matches!(kind, PortKind::EmuMana { .. } | PortKind::EmuMlx5 { .. });
+            let takeover = t && (emu || matches!(kind, PortKind::Mana { .. }));
+            let netdev = (t && emu).then(|| "veth9".to_string());
+            PortSpec {
+                kind,
+                rxq,
+                txq,
+                pcap: None,
+                netdev,
+                takeover,
+            }
         })
     }
 

@@ -42,6 +42,73 @@ pub fn send_signal(pid: u32, sig: i32) -> io::Result<()> {
 /// The signal numbers [`send_signal`] takes.
 pub use libc::{SIGINT, SIGKILL, SIGTERM};
 
+/// `IFF_UP`: the interface is administratively up.
+pub const IFF_UP: u32 = libc::IFF_UP as u32;
+
+fn ifreq_for(name: &str) -> io::Result<libc::ifreq> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("'{name}' is not an interface name"),
+        ));
+    }
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    Ok(req)
+}
+
+fn ioctl_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2) call with constant arguments; the result is checked.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// The interface flags of network interface `name` (SIOCGIFFLAGS), in this process's network
+/// namespace.
+///
+/// # Errors
+/// No such interface, or the ioctl failed.
+pub fn if_flags(name: &str) -> io::Result<u32> {
+    let mut req = ifreq_for(name)?;
+    let sock = ioctl_socket()?;
+    // SAFETY: SIOCGIFFLAGS reads the NUL-terminated name in `req` and writes the flags into it;
+    // `req` is a valid, exclusively borrowed ifreq for the duration of the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: after a successful SIOCGIFFLAGS the union holds `ifru_flags`.
+    Ok(u32::from(unsafe { req.ifr_ifru.ifru_flags } as u16))
+}
+
+/// Brings interface `name` administratively up or down (SIOCSIFFLAGS; needs CAP_NET_ADMIN).
+///
+/// # Errors
+/// No such interface, not permitted, or the driver refused (on MANA, `up` fails with EBUSY
+/// while a raw-packet QP holds the port).
+pub fn set_if_up(name: &str, up: bool) -> io::Result<()> {
+    let flags = if_flags(name)?;
+    let new = if up { flags | IFF_UP } else { flags & !IFF_UP };
+    if new == flags {
+        return Ok(());
+    }
+    let mut req = ifreq_for(name)?;
+    req.ifr_ifru.ifru_flags = new as u16 as libc::c_short;
+    let sock = ioctl_socket()?;
+    // SAFETY: SIOCSIFFLAGS reads the name and flags from `req`, a valid ifreq for the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// This process's id.
 pub fn pid() -> u32 {
     std::process::id()
@@ -196,6 +263,14 @@ mod tests {
         assert!(process_alive(pid()));
         assert!(!process_alive(0));
         assert!(!process_alive(u32::MAX));
+    }
+
+    #[test]
+    fn loopback_flags_and_bad_names() {
+        assert_ne!(if_flags("lo").unwrap() & IFF_UP, 0);
+        assert!(if_flags("nosuchif0").is_err());
+        assert!(if_flags("").is_err());
+        assert!(if_flags("a-name-longer-than-ifnamsiz").is_err());
     }
 
     #[test]

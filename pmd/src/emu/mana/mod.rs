@@ -124,6 +124,21 @@ pub struct EmuProvider {
     next_lkey: u32,
     vp_offset: u16,
     allocator: Option<Arc<dyn QueueAllocator>>,
+    /// The Linux interface playing this port's kernel netdev (`netdev=`), if any.
+    netdev: Option<String>,
+}
+
+/// The error the kernel gives while its netdev holds the vPort, with what to do about it.
+fn busy(netdev: &str) -> SetupError {
+    SetupError::PortBusy {
+        netdev: Some(netdev.to_string()),
+        holder: format!("kernel netdev {netdev}"),
+        hint: format!(
+            "raw-packet queue creation failed with EBUSY while {netdev} is up: bring it down \
+             (ip link set {netdev} down; on Azure also its hv_netvsc master), or add takeover=1 \
+             to the port spec to have it brought down now and up again when the port closes"
+        ),
+    }
 }
 
 impl EmuProvider {
@@ -152,6 +167,7 @@ impl EmuProvider {
                 })?,
             );
         }
+        let netdev = spec.netdev.clone();
         let mac = mac.unwrap_or(MacAddr([
             0x02,
             0x15,
@@ -160,7 +176,9 @@ impl EmuProvider {
             (port_id >> 8) as u8,
             port_id as u8,
         ]));
-        Ok(Self::with_wire(wire, mac, port_id))
+        let mut p = Self::with_wire(wire, mac, port_id);
+        p.netdev = netdev;
+        Ok(p)
     }
 
     /// A model on an already opened wire.
@@ -185,6 +203,7 @@ impl EmuProvider {
             next_lkey: 0x100 + (u32::from(port_id) << 16),
             vp_offset: port_id % 256,
             allocator: None,
+            netdev: None,
         }
     }
 
@@ -224,13 +243,17 @@ impl EmuProvider {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
         {
-            return Err(SetupError::PortBusy {
-                holder: format!("kernel netdev {netdev}"),
-                hint: format!(
-                    "raw-packet queue creation failed with EBUSY while {netdev} is up: bring it down \
-                     (ip link set {netdev} down; on Azure also its hv_netvsc master) and retry"
-                ),
-            });
+            return Err(busy(&netdev));
+        }
+        if let Some(netdev) = &self.netdev {
+            let flags = crate::sys::net::if_flags(netdev).map_err(|source| SetupError::Verbs {
+                call: "SIOCGIFFLAGS",
+                object: "the port's netdev",
+                source,
+            })?;
+            if flags & crate::sys::net::IFF_UP != 0 {
+                return Err(busy(netdev));
+            }
         }
         Ok(())
     }
