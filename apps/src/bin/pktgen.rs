@@ -298,7 +298,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
                 Role::Tx(mut t) => {
                     while !lcore.stop.is_set() {
                         let w = t.poll(&pool, &sh, epoch);
-                        idle.after(w);
+                        pace(&t, w, busy, &mut idle);
                     }
                     t.finish(&pool);
                     Outcome::Tx
@@ -314,7 +314,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
                     while !lcore.stop.is_set() {
                         let a = t.poll(&pool, &sh, epoch);
                         let b = r.poll(&pool, &sh, epoch);
-                        idle.after(a || b);
+                        pace(&t, a || b, busy, &mut idle);
                     }
                     t.finish(&pool);
                     Outcome::Rx(Box::new(r))
@@ -351,7 +351,37 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Between sends at a set rate, give the CPU away instead of spinning on the clock: sleep
+/// when the next frame is due in more than 200 µs, yield when it is due in more than 20 µs
+/// (the device model's engine threads may share this core).
+#[inline]
+fn pace(t: &TxSide, did_work: bool, busy: bool, idle: &mut Idle) {
+    if !busy {
+        if let Some(wait) = t.next_due_in() {
+            if wait > Duration::from_micros(200) {
+                std::thread::sleep(wait - Duration::from_micros(100));
+                return;
+            }
+            if wait > Duration::from_micros(20) {
+                std::thread::yield_now();
+                return;
+            }
+        }
+    }
+    idle.after(did_work);
+}
+
 impl TxSide {
+    /// How long until the next frame is due, when sending at a set rate with nothing pending.
+    fn next_due_in(&self) -> Option<Duration> {
+        let (rate, start) = (self.rate?, self.start?);
+        if self.done || !self.pending.is_empty() {
+            return None;
+        }
+        let due_at = start + Duration::from_secs_f64((self.sent + 1) as f64 / rate);
+        due_at.checked_duration_since(Instant::now())
+    }
+
     /// Sends what is due; returns whether it did anything.
     fn poll(&mut self, pool: &Arc<mempool::MbufPool>, sh: &Shared, epoch: Instant) -> bool {
         if self.done {
