@@ -31,6 +31,13 @@ fn bench(c: &mut Criterion) {
     a.start().unwrap();
     b.start().unwrap();
     let frame = [0x5au8; 64];
+    let fill = |out: &mut Burst| {
+        while out.spare() > 0 {
+            let mut m = lcache::alloc(&pool).unwrap();
+            m.extend_from_slice(&frame).unwrap();
+            out.push(m).unwrap();
+        }
+    };
 
     let mut g = c.benchmark_group("mana_emu");
     g.throughput(Throughput::Elements(BURST as u64));
@@ -40,11 +47,7 @@ fn bench(c: &mut Criterion) {
             let mut out = Burst::with_capacity(BURST);
             let mut inb = Burst::with_capacity(BURST);
             for _ in 0..iters {
-                while out.spare() > 0 {
-                    let mut m = lcache::alloc(&pool).unwrap();
-                    m.extend_from_slice(&frame).unwrap();
-                    out.push(m).unwrap();
-                }
+                fill(&mut out);
                 let t = Instant::now();
                 black_box(tx.tx_burst(&mut out));
                 spent += t.elapsed();
@@ -65,11 +68,7 @@ fn bench(c: &mut Criterion) {
             let mut out = Burst::with_capacity(BURST);
             let mut inb = Burst::with_capacity(BURST);
             for _ in 0..iters {
-                while out.spare() > 0 {
-                    let mut m = lcache::alloc(&pool).unwrap();
-                    m.extend_from_slice(&frame).unwrap();
-                    out.push(m).unwrap();
-                }
+                fill(&mut out);
                 tx.tx_burst(&mut out);
                 ma.step();
                 mb.step();

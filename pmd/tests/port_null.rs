@@ -134,19 +134,13 @@ fn bad_configs_are_refused_with_the_limits() {
 #[test]
 fn pool_exhaustion_counts_nombuf_and_recovers() {
     let pool = pool(64);
-    let mut port = null_port(0, "null");
-    port.configure(
-        &PortConfig {
-            rx_ring_size: 16,
-            tx_ring_size: 16,
-            ..Default::default()
-        },
-        &pool,
-    )
-    .unwrap();
-    let mut rx = port.rx_queue(0).unwrap();
-    let mut tx = port.tx_queue(0).unwrap();
-    port.start().unwrap();
+    let cfg = PortConfig {
+        rx_ring_size: 16,
+        tx_ring_size: 16,
+        ..Default::default()
+    };
+    let (port, mut rx, mut tx) =
+        Port::open_started(0, &"null".parse().unwrap(), &cfg, &pool).unwrap();
     let mut held = Vec::new();
     loop {
         let mut b = Burst::with_capacity(16);
@@ -177,18 +171,12 @@ fn hardware_kinds_explain_what_to_do_without_hardware() {
 #[test]
 fn queues_move_to_other_threads() {
     let pool = pool(1024);
-    let mut port = null_port(0, "null");
-    port.configure(
-        &PortConfig {
-            rx_ring_size: 64,
-            ..Default::default()
-        },
-        &pool,
-    )
-    .unwrap();
-    let mut rx = port.rx_queue(0).unwrap();
-    let mut tx = port.tx_queue(0).unwrap();
-    port.start().unwrap();
+    let cfg = PortConfig {
+        rx_ring_size: 64,
+        ..Default::default()
+    };
+    let (port, mut rx, mut tx) =
+        Port::open_started(0, &"null".parse().unwrap(), &cfg, &pool).unwrap();
     let moved = std::thread::spawn(move || {
         let mut b = Burst::with_capacity(32);
         let mut n = 0;

@@ -25,19 +25,13 @@ fn frames_cross_between_processes_and_back() {
 
     std::env::set_var("PMD_SHM_DIR", dir.path());
     let pool = MbufPool::new(MbufPoolConfig::new("it", 1024)).unwrap();
-    let mut port = Port::open(0, &spec.parse().unwrap()).unwrap();
-    port.configure(
-        &PortConfig {
-            rx_ring_size: 256,
-            tx_ring_size: 256,
-            ..Default::default()
-        },
-        &pool,
-    )
-    .unwrap();
-    let mut rx = port.rx_queue(0).unwrap();
-    let mut tx = port.tx_queue(0).unwrap();
-    port.start().unwrap();
+    let cfg = PortConfig {
+        rx_ring_size: 256,
+        tx_ring_size: 256,
+        ..Default::default()
+    };
+    let (port, mut rx, mut tx) =
+        Port::open_started(0, &spec.parse().unwrap(), &cfg, &pool).unwrap();
 
     let mut sent = 0u32;
     let mut seen = vec![false; 500];

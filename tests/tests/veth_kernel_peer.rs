@@ -95,19 +95,12 @@ fn kernel_stack_is_a_real_peer_both_ways() {
     )
     .parse()
     .unwrap();
-    let mut port = Port::open(0, &spec).unwrap();
-    port.configure(
-        &PortConfig {
-            rx_ring_size: 256,
-            tx_ring_size: 256,
-            ..Default::default()
-        },
-        &pool,
-    )
-    .unwrap();
-    let mut rx = port.rx_queue(0).unwrap();
-    let mut tx = port.tx_queue(0).unwrap();
-    port.start().unwrap();
+    let cfg = PortConfig {
+        rx_ring_size: 256,
+        tx_ring_size: 256,
+        ..Default::default()
+    };
+    let (port, mut rx, mut tx) = Port::open_started(0, &spec, &cfg, &pool).unwrap();
 
     // 1. A ping from the namespace arrives at our RX.
     let ping = Command::new("ip")

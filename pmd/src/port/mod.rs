@@ -320,6 +320,25 @@ impl Port {
         })
     }
 
+    /// The common case in one call: opens `spec`, configures it with `cfg`, takes the handles
+    /// of RX queue 0 and TX queue 0, and starts the port.
+    ///
+    /// # Errors
+    /// Any error of [`Port::open`], [`Port::configure`] or [`Port::start`].
+    pub fn open_started(
+        id: u16,
+        spec: &PortSpec,
+        cfg: &PortConfig,
+        pool: &Arc<MbufPool>,
+    ) -> Result<(Self, RxQueue, TxQueue), PortError> {
+        let mut port = Self::open(id, spec)?;
+        port.configure(cfg, pool)?;
+        let rx = port.rx_queue(0)?;
+        let tx = port.tx_queue(0)?;
+        port.start()?;
+        Ok((port, rx, tx))
+    }
+
     /// Port id.
     pub fn id(&self) -> u16 {
         self.id

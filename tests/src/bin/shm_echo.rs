@@ -15,19 +15,13 @@ fn main() {
     let count: u64 = count.parse().expect("COUNT");
     let secs: f64 = secs.parse().expect("SECONDS");
     let pool = MbufPool::new(MbufPoolConfig::new("echo", 1024)).expect("pool");
-    let mut port = Port::open(1, &spec.parse().expect("spec")).expect("open");
-    port.configure(
-        &PortConfig {
-            rx_ring_size: 256,
-            tx_ring_size: 256,
-            ..Default::default()
-        },
-        &pool,
-    )
-    .expect("configure");
-    let mut rx = port.rx_queue(0).unwrap();
-    let mut tx = port.tx_queue(0).unwrap();
-    port.start().unwrap();
+    let cfg = PortConfig {
+        rx_ring_size: 256,
+        tx_ring_size: 256,
+        ..Default::default()
+    };
+    let (port, mut rx, mut tx) =
+        Port::open_started(1, &spec.parse().expect("spec"), &cfg, &pool).expect("open");
     println!("ready");
     let mut b = Burst::with_capacity(32);
     let mut echoed = 0u64;

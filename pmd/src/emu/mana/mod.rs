@@ -128,6 +128,17 @@ pub struct EmuProvider {
     netdev: Option<String>,
 }
 
+/// A doorbell page (one per queue in the model; see the module docs).
+fn doorbell_page() -> Result<Arc<DevMem>, SetupError> {
+    DevMem::anon(crate::hw::mana::doorbell::PAGE_BYTES)
+        .map(Arc::new)
+        .map_err(|source| SetupError::Verbs {
+            call: "mmap",
+            object: "doorbell page",
+            source,
+        })
+}
+
 /// The error the kernel gives while its netdev holds the vPort, with what to do about it.
 fn busy(netdev: &str) -> SetupError {
     SetupError::PortBusy {
@@ -373,13 +384,7 @@ impl Provider for EmuProvider {
                 queue_bytes(nb_desc as usize * wqe_bytes(SHORT_OOB_BYTES, MAX_TX_SGES)),
                 "SQ",
             )?;
-            let db = DevMem::anon(crate::hw::mana::doorbell::PAGE_BYTES)
-                .map(Arc::new)
-                .map_err(|source| SetupError::Verbs {
-                    call: "mmap",
-                    object: "doorbell page",
-                    source,
-                })?;
+            let db = doorbell_page()?;
             let sq_id = self.id();
             self.shared.lock().sqs.push(Sq {
                 mem: Arc::clone(&sq),
@@ -424,13 +429,7 @@ impl Provider for EmuProvider {
                 queue_bytes(nb_desc as usize * wqe_bytes(SHORT_OOB_BYTES, 1)),
                 "RQ",
             )?;
-            let db = DevMem::anon(crate::hw::mana::doorbell::PAGE_BYTES)
-                .map(Arc::new)
-                .map_err(|source| SetupError::Verbs {
-                    call: "mmap",
-                    object: "doorbell page",
-                    source,
-                })?;
+            let db = doorbell_page()?;
             let rq_id = self.id();
             let mut e = self.shared.lock();
             e.rqs.push(Rq {
