@@ -11,7 +11,7 @@ use crate::hw::mana::{BU_BYTES, CQE_BYTES};
 use crate::port::counters::Counters;
 use crate::port::lcache::with_cache;
 use crate::port::{Burst, PortConfig, RxOffloads};
-use crate::ring::{CompletionQueue, Polled, WorkQueue};
+use crate::ring::{CompletionQueue, DescRing, Polled, WorkQueue};
 use crate::sys::mem::fence_before_doorbell;
 use crate::sys::DevMem;
 use mempool::{ChunkKeys, CksumStatus, Mbuf, MbufPool, OffloadFlags};
@@ -29,12 +29,8 @@ pub struct RxQueue {
     cq: CompletionQueue,
     db: Arc<DevMem>,
     rq_id: u32,
-    desc: Box<[Option<Mbuf>]>,
-    /// Posted descriptors (free-running).
-    desc_head: u32,
-    /// Consumed descriptors (free-running).
-    desc_tail: u32,
-    mask: u32,
+    /// Posted buffers, in posting order.
+    desc: DescRing<Mbuf>,
     pool: Arc<MbufPool>,
     keys: ChunkKeys,
     counters: Arc<Counters>,
@@ -80,10 +76,7 @@ impl RxQueue {
             cq: CompletionQueue::new(raw.cq, raw.cq_count),
             db: raw.db_page,
             rq_id: raw.rq_id,
-            desc: (0..n).map(|_| None).collect(),
-            desc_head: 0,
-            desc_tail: 0,
-            mask: n - 1,
+            desc: DescRing::new(n),
             pool,
             keys,
             counters,
@@ -98,12 +91,12 @@ impl RxQueue {
 
     /// Receive buffers posted to the device and not yet consumed.
     pub fn posted(&self) -> u32 {
-        self.desc_head.wrapping_sub(self.desc_tail)
+        self.desc.len()
     }
 
     /// Posts buffers on every free descriptor; `Err(missing)` if the pool ran dry.
     pub(crate) fn fill(&mut self) -> Result<(), u32> {
-        let want = self.mask + 1 - self.posted();
+        let want = self.desc.free();
         let missing = self.refill(want);
         if missing == 0 {
             Ok(())
@@ -115,7 +108,7 @@ impl RxQueue {
     /// Posts up to `n` new buffers, rings the doorbell once if any were posted, and returns
     /// how many could not be posted for lack of mbufs.
     fn refill(&mut self, n: u32) -> u32 {
-        let mut left = n.min(self.mask + 1 - self.posted());
+        let mut left = n.min(self.desc.free());
         let mut posted = false;
         let mut wqe = [0u8; RX_WQE_BYTES];
         if let Some(mut h) = WqeHeader::new_checked(&mut wqe[..WQE_HEADER_BYTES]) {
@@ -137,11 +130,11 @@ impl RxQueue {
                 {
                     s.set(addr as u64, key, self.data_room);
                 }
-                // The descriptor ring and the RQ have the same number of 1-BU slots, so a
-                // free descriptor always has ring room.
-                let _ = self.wq.post(&wqe);
-                self.desc[(self.desc_head & self.mask) as usize] = Some(m);
-                self.desc_head = self.desc_head.wrapping_add(1);
+                // The descriptor ring and the RQ have the same number of 1-BU slots and
+                // `left` is within the free descriptors, so both have room.
+                let posted_wqe = self.wq.post(&wqe).is_some();
+                debug_assert!(posted_wqe);
+                let _ = self.desc.push(m);
             }
             posted = true;
             left -= k as u32;
@@ -160,13 +153,9 @@ impl RxQueue {
     /// Takes the next posted buffer (the device fills RQ WQEs strictly in order).
     #[inline]
     fn take_desc(&mut self) -> Option<Mbuf> {
-        if self.desc_tail == self.desc_head {
-            return None;
-        }
-        let m = self.desc[(self.desc_tail & self.mask) as usize].take();
-        self.desc_tail = self.desc_tail.wrapping_add(1);
+        let m = self.desc.pop()?;
         self.wq.complete(1);
-        m
+        Some(m)
     }
 
     /// See [`crate::port::RxQueue::rx_burst`].
@@ -232,7 +221,7 @@ impl RxQueue {
         }
         self.counters.add(delivered as u64, bytes);
         self.counters.add_errors(errors);
-        let want = self.mask + 1 - self.posted();
+        let want = self.desc.free();
         if want >= REFILL_BULK as u32 || (want > 0 && self.posted() < REFILL_BULK as u32) {
             let missing = self.refill(want);
             if missing > 0 {
@@ -303,9 +292,7 @@ impl Drop for RxQueue {
     fn drop(&mut self) {
         let desc = &mut self.desc;
         with_cache(&self.pool, |cache| {
-            for m in desc.iter_mut().filter_map(Option::take) {
-                m.free_to(cache);
-            }
+            desc.drain().for_each(|m| m.free_to(cache))
         });
     }
 }

@@ -16,7 +16,7 @@ use crate::net::csum;
 use crate::port::counters::Counters;
 use crate::port::lcache::with_cache;
 use crate::port::Burst;
-use crate::ring::{CompletionQueue, Polled, WorkQueue};
+use crate::ring::{CompletionQueue, DescRing, Polled, WorkQueue};
 use crate::sys::mem::fence_before_doorbell;
 use crate::sys::DevMem;
 use mempool::{ChunkKeys, Mbuf, MbufPool, OffloadFlags};
@@ -31,20 +31,17 @@ pub struct TxQueue {
     sq_id: u32,
     cq_id: u32,
     vp_offset: u16,
-    /// In-flight packets, indexed by descriptor counter & mask.
-    desc: Box<[Option<Mbuf>]>,
-    desc_bu: Box<[u8]>,
-    desc_head: u32,
-    desc_tail: u32,
-    mask: u32,
+    /// In-flight packets and the size of their WQE in BUs, in posting order.
+    desc: DescRing<(Mbuf, u8)>,
     pool: Arc<MbufPool>,
     keys: ChunkKeys,
     counters: Arc<Counters>,
     xstats: Arc<DriverXstats>,
     /// Completed packets waiting to be freed in one go.
     done: Vec<Mbuf>,
-    /// Per packet of the current burst: posted (`true`) or dropped as unsendable.
-    posted_flags: Vec<bool>,
+    /// Per packet of the current burst: the WQE size it was posted with, or `None` when it
+    /// was dropped as unsendable.
+    posted: Vec<Option<u8>>,
     wqe: [u8; MAX_SQ_WQE_BYTES],
 }
 
@@ -81,31 +78,27 @@ impl TxQueue {
             sq_id: raw.sq_id,
             cq_id: raw.cq_id,
             vp_offset: raw.tx_vp_offset,
-            desc: (0..n).map(|_| None).collect(),
-            desc_bu: vec![0; n as usize].into_boxed_slice(),
-            desc_head: 0,
-            desc_tail: 0,
-            mask: n - 1,
+            desc: DescRing::new(n),
             pool,
             keys,
             counters,
             xstats,
             done: Vec::with_capacity(n as usize),
-            posted_flags: Vec::with_capacity(n as usize),
+            posted: Vec::with_capacity(n as usize),
             wqe: [0; MAX_SQ_WQE_BYTES],
         }
     }
 
     /// Packets handed to the device and not yet completed.
     pub fn in_flight(&self) -> u32 {
-        self.desc_head.wrapping_sub(self.desc_tail)
+        self.desc.len()
     }
 
     /// Processes completions: frees completed packets, counts errors. Returns how many.
     pub fn reclaim(&mut self) -> u32 {
         let mut n = 0u32;
         let (mut ok_pkts, mut ok_bytes, mut errs) = (0u64, 0u64, 0u64);
-        while self.desc_tail != self.desc_head {
+        while !self.desc.is_empty() {
             let off = match self.cq.poll() {
                 Polled::Entry(off) => off,
                 Polled::Empty => break,
@@ -116,11 +109,8 @@ impl TxQueue {
             };
             // Dword 0 holds cqe_type [5:0] (§7.3).
             let t = CqeType::from((self.cq.mem().load_u32(off, Ordering::Relaxed) & 0x3f) as u8);
-            let slot = (self.desc_tail & self.mask) as usize;
-            let m = self.desc[slot].take();
-            self.wq.complete(u32::from(self.desc_bu[slot]));
-            self.desc_tail = self.desc_tail.wrapping_add(1);
-            if let Some(m) = m {
+            if let Some((m, bu)) = self.desc.pop() {
+                self.wq.complete(u32::from(bu));
                 if t == CqeType::TxOkay {
                     ok_pkts += 1;
                     ok_bytes += u64::from(m.pkt_len());
@@ -150,40 +140,37 @@ impl TxQueue {
     #[inline]
     pub(crate) fn tx_burst(&mut self, pkts: &mut Burst) -> usize {
         self.reclaim();
-        let room = (self.mask + 1 - self.in_flight()) as usize;
-        self.posted_flags.clear();
-        let mut np = 0u32;
+        let room = self.desc.free() as usize;
+        self.posted.clear();
         for i in 0..pkts.len().min(room) {
             match self.build_wqe(&mut pkts.as_mut_slice()[i]) {
                 Build::Wqe(bytes) => {
                     let Some(bu) = self.wq.post(&self.wqe[..bytes]) else {
                         break;
                     };
-                    let slot = (self.desc_head.wrapping_add(np) & self.mask) as usize;
-                    self.desc_bu[slot] = bu as u8;
-                    self.posted_flags.push(true);
-                    np += 1;
+                    self.posted.push(Some(bu as u8));
                 }
                 // Unsendable: taken (and freed, counted) so it cannot block the queue.
-                Build::Drop => self.posted_flags.push(false),
+                Build::Drop => self.posted.push(None),
             }
         }
-        let taken = self.posted_flags.len();
-        let posted = np > 0;
+        let taken = self.posted.len();
+        let mut posted = false;
         // Move the taken packets into the descriptor ring, in order.
         let mut errs = 0;
-        let mut next = self.desc_head;
-        for (m, &ok) in pkts.drain_front(taken).zip(&self.posted_flags) {
-            if ok {
-                let slot = (next & self.mask) as usize;
-                self.desc[slot] = Some(m);
-                next = next.wrapping_add(1);
-            } else {
-                errs += 1;
-                self.done.push(m);
+        for (m, bu) in pkts.drain_front(taken).zip(&self.posted) {
+            match bu {
+                // At most `room` packets were taken, so the ring has space for each.
+                Some(bu) => {
+                    posted = true;
+                    let _ = self.desc.push((m, *bu));
+                }
+                None => {
+                    errs += 1;
+                    self.done.push(m);
+                }
             }
         }
-        self.desc_head = next;
         if errs > 0 {
             self.counters.add_errors(errs);
             let done = &mut self.done;
@@ -381,9 +368,7 @@ impl Drop for TxQueue {
         self.reclaim();
         let desc = &mut self.desc;
         with_cache(&self.pool, |cache| {
-            for m in desc.iter_mut().filter_map(Option::take) {
-                m.free_to(cache);
-            }
+            desc.drain().for_each(|(m, _)| m.free_to(cache))
         });
     }
 }

@@ -98,6 +98,88 @@ impl WorkQueue {
     }
 }
 
+/// The software side of a queue: what each posted WQE carries (its mbuf, and for TX its size),
+/// in posting order. The device completes WQEs strictly in order (spec §8.1), so the oldest
+/// entry always belongs to the next completion.
+#[derive(Debug)]
+pub struct DescRing<T> {
+    slots: Box<[Option<T>]>,
+    /// Pushed entries (free-running).
+    head: u32,
+    /// Popped entries (free-running).
+    tail: u32,
+    mask: u32,
+}
+
+impl<T> DescRing<T> {
+    /// A ring of `n` entries.
+    ///
+    /// # Panics
+    /// If `n` is not a power of two.
+    pub fn new(n: u32) -> Self {
+        assert!(n.is_power_of_two(), "descriptor ring of {n} entries");
+        Self {
+            slots: (0..n).map(|_| None).collect(),
+            head: 0,
+            tail: 0,
+            mask: n - 1,
+        }
+    }
+
+    /// Entries in the ring.
+    pub fn capacity(&self) -> u32 {
+        self.mask + 1
+    }
+
+    /// Entries held.
+    #[inline]
+    pub fn len(&self) -> u32 {
+        self.head.wrapping_sub(self.tail)
+    }
+
+    /// Whether it holds nothing.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.head == self.tail
+    }
+
+    /// Room left.
+    #[inline]
+    pub fn free(&self) -> u32 {
+        self.capacity() - self.len()
+    }
+
+    /// Appends `v`; gives it back when full.
+    ///
+    /// # Errors
+    /// `v`, when the ring is full.
+    #[inline]
+    pub fn push(&mut self, v: T) -> Result<(), T> {
+        if self.free() == 0 {
+            return Err(v);
+        }
+        self.slots[(self.head & self.mask) as usize] = Some(v);
+        self.head = self.head.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Removes the oldest entry.
+    #[inline]
+    pub fn pop(&mut self) -> Option<T> {
+        if self.is_empty() {
+            return None;
+        }
+        let v = self.slots[(self.tail & self.mask) as usize].take();
+        self.tail = self.tail.wrapping_add(1);
+        v
+    }
+
+    /// Removes every entry, oldest first.
+    pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        std::iter::from_fn(move || self.pop())
+    }
+}
+
 /// What one poll of a completion queue found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Polled {
@@ -223,6 +305,21 @@ mod tests {
                 prop_assert_eq!(wq.free_bu() + in_flight.iter().sum::<u32>(), 128);
             }
         }
+    }
+
+    #[test]
+    fn desc_ring_is_a_bounded_fifo_across_counter_wrap() {
+        let mut r = DescRing::new(4);
+        r.head = u32::MAX - 1;
+        r.tail = u32::MAX - 1;
+        for i in 0..4 {
+            r.push(i).unwrap();
+        }
+        assert_eq!(r.push(9), Err(9));
+        assert_eq!((r.pop(), r.pop()), (Some(0), Some(1)));
+        r.push(4).unwrap();
+        assert_eq!(r.drain().collect::<Vec<_>>(), [2, 3, 4]);
+        assert!(r.is_empty() && r.pop().is_none());
     }
 
     #[test]
