@@ -4,8 +4,9 @@
 //! run between them, untimed.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use mempool::lcache;
 use mempool::{MbufPool, MbufPoolConfig};
-use pmd::port::{lcache, Burst, Port, PortConfig};
+use pmd::port::{Burst, Port, PortConfig};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

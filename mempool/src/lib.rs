@@ -6,6 +6,8 @@
 //! ```text
 //! Mbuf / RawMbuf / SharedMbuf   packet handles (mbuf)          header + headroom + data room
 //!         |
+//! lcache::{alloc, free, ..}     this thread's MbufCache per pool, found on demand (lcache)
+//!         |
 //! MbufPool + MbufCache          mbuf init, bulk alloc/free, lkey lookup (mbuf)
 //!         |
 //! PoolCache (per core)          plain array, no atomics on the fast path (cache)
@@ -25,6 +27,9 @@
 //! - [`PoolCache`]: DPDK's per-lcore cache. Each thread owns one (`Send`, not `Sync`); a bulk
 //!   get or put is an inline copy of `u32`s, refilled from / flushed to the ring in whole packs
 //!   (flush threshold 1.5 x size, as in DPDK). Dropping it returns what it holds.
+//! - [`lcache`]: one [`MbufCache`] per pool per thread, kept in thread-local storage, so a
+//!   polling core that receives on one port and sends on another frees into the cache it
+//!   allocates from; flushed when the thread ends or on [`lcache::flush`].
 //! - Mbufs ([`mbuf`]): [`Mbuf`] is an owned, one-pointer handle (no reference counting; its
 //!   header points back to the pool, and a pool dropped while mbufs are out is kept alive for
 //!   them); [`RawMbuf`] is a `Copy` index for DPDK-style raw bursts.
@@ -93,6 +98,7 @@ mod audit;
 mod cache;
 pub mod chunk;
 mod error;
+pub mod lcache;
 pub mod mbuf;
 mod offload;
 mod pool;

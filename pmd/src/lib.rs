@@ -7,7 +7,7 @@
 //! ```text
 //! apps (l2fwd, pktgen, pmd-devices)
 //!   port      generic API: Port, RxQueue/TxQueue (one match per burst), PortSpec devargs,
-//!             PortConfig, Caps, Stats, per-core mbuf caches (lcache)
+//!             PortConfig, Caps, Stats
 //!   lcore     pinned worker threads, main core, stop on SIGINT/SIGTERM
 //!   mana      MANA driver: TX/RX datapath over the raw queues manadv_init_obj describes
 //!   null      no-device port (framework overhead)
@@ -17,13 +17,15 @@
 //!   net       checksums, Toeplitz hash
 //!   devices   discovery: RDMA devices, providers, ports, netdevs (sysfs)
 //!   sys       the only FFI and raw memory access: verbs, manadv/mlx5dv, DevMem, signals
-//! mempool     hugepage regions, object pool with per-core caches, Mbuf
+//! mempool     hugepage regions, object pool with per-core caches, Mbuf, per-thread mbuf
+//!             caches (lcache)
 //! ```
 //!
 //! Two device-model ports on an in-process cable, one frame across:
 //!
 //! ```
-//! use pmd::port::{lcache, Burst, Port, PortConfig};
+//! use mempool::lcache;
+//! use pmd::port::{Burst, Port, PortConfig};
 //! let pool = mempool::MbufPool::new(mempool::MbufPoolConfig::new("doc-lib", 1024))?;
 //! let cfg = PortConfig { rx_ring_size: 64, tx_ring_size: 64, ..Default::default() };
 //! let mut a = Port::open(0, &"emu-mana:wire=loop:doc-lib".parse()?)?;

@@ -78,7 +78,7 @@ fn udp_frame(seq: u32, src_port: u16, len: usize) -> Vec<u8> {
 }
 
 fn mbuf_with(pool: &Arc<MbufPool>, bytes: &[u8]) -> Mbuf {
-    let mut m = pmd::port::lcache::alloc(pool).unwrap();
+    let mut m = mempool::lcache::alloc(pool).unwrap();
     m.extend_from_slice(bytes).unwrap();
     m
 }
@@ -374,7 +374,7 @@ fn rx_pool_exhaustion_counts_nombuf_and_recovers() {
     for round in 0..6 {
         let mut burst = Burst::with_capacity(16);
         for i in 0..16 {
-            match pmd::port::lcache::alloc(&p.pool) {
+            match mempool::lcache::alloc(&p.pool) {
                 Some(mut m) => {
                     m.extend_from_slice(&udp_frame(round * 16 + i, 1, 64))
                         .unwrap();

@@ -43,7 +43,7 @@ fn frames_cross_between_processes_and_back() {
         if sent < 500 && sent - got < 64 {
             let mut b = Burst::with_capacity(16);
             while b.spare() > 0 && sent + (b.len() as u32) < 500 {
-                let mut m = pmd::port::lcache::alloc(&pool).unwrap();
+                let mut m = mempool::lcache::alloc(&pool).unwrap();
                 let seq = sent + b.len() as u32;
                 let mut f = vec![0u8; 64];
                 f[..6].copy_from_slice(&[0xff; 6]);
@@ -60,7 +60,7 @@ fn frames_cross_between_processes_and_back() {
             assert!(!seen[seq], "duplicate {seq}");
             seen[seq] = true;
             got += 1;
-            pmd::port::lcache::free(&pool, m);
+            mempool::lcache::free(&pool, m);
         }
     }
     assert_eq!(got, 500, "every frame came back");
@@ -74,7 +74,7 @@ fn frames_cross_between_processes_and_back() {
         "the echo process ends with all its buffers back"
     );
     drop((rx, tx));
-    pmd::port::lcache::flush();
+    mempool::lcache::flush();
     drop(port);
     assert_eq!(pool.in_use(), 0);
 }

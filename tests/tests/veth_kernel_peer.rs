@@ -140,7 +140,7 @@ fn kernel_stack_is_a_real_peer_both_ways() {
                         }
                     }
                 }
-                pmd::port::lcache::free(&pool, m);
+                mempool::lcache::free(&pool, m);
             }
         }
         let _ = ping.kill();
@@ -191,7 +191,7 @@ fn kernel_stack_is_a_real_peer_both_ways() {
     while !got_reply && t0.elapsed() < Duration::from_secs(5) {
         if last_send.is_none_or(|t: Instant| t.elapsed() > Duration::from_millis(500)) {
             let mut out = Burst::with_capacity(1);
-            let mut m = pmd::port::lcache::alloc(&pool).unwrap();
+            let mut m = mempool::lcache::alloc(&pool).unwrap();
             m.extend_from_slice(&frame).unwrap();
             out.push(m).unwrap();
             assert_eq!(tx.tx_burst(&mut out), 1);
@@ -212,7 +212,7 @@ fn kernel_stack_is_a_real_peer_both_ways() {
                     }
                 }
             }
-            pmd::port::lcache::free(&pool, m);
+            mempool::lcache::free(&pool, m);
         }
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -222,7 +222,7 @@ fn kernel_stack_is_a_real_peer_both_ways() {
     );
     tx.tx_burst(&mut Burst::with_capacity(1));
     drop((rx, tx));
-    pmd::port::lcache::flush();
+    mempool::lcache::flush();
     drop(port);
     assert_eq!(pool.in_use(), 0);
 }

@@ -3,8 +3,9 @@
 
 use apps::common::{make_pool, open_ports, si, Counter, Idle};
 use clap::Parser;
+use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
-use pmd::port::{lcache, Burst, PortConfig, PortSpec, RxQueue, TxQueue};
+use pmd::port::{Burst, PortConfig, PortSpec, RxQueue, TxQueue};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

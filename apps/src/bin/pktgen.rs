@@ -6,8 +6,9 @@ use apps::pktgen::{
 };
 use clap::Parser;
 use hdrhistogram::Histogram;
+use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
-use pmd::port::{lcache, Burst, PortConfig, PortSpec, RxQueue, TxQueue};
+use pmd::port::{Burst, PortConfig, PortSpec, RxQueue, TxQueue};
 use pmd::MacAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -87,7 +87,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     fwd += forward(&mut rx1, &mut tx0, &mut b, &pool);
                 }
             }
-            pmd::port::lcache::flush();
+            mempool::lcache::flush();
             fwd
         },
         |stop| {
@@ -131,7 +131,7 @@ fn forward(
     let sent = tx.tx_burst(b);
     // What the device did not take is dropped (testpmd frees it too).
     if !b.is_empty() {
-        pmd::port::lcache::with_cache(pool, |cache| b.free_all(cache));
+        mempool::lcache::with_cache(pool, |cache| b.free_all(cache));
     }
     sent as u64
 }

@@ -4,8 +4,9 @@
 //!
 //!     cargo run -p examples --bin loopback
 
+use mempool::lcache;
 use mempool::{MbufPool, MbufPoolConfig};
-use pmd::port::{lcache, Burst, Port, PortConfig};
+use pmd::port::{Burst, Port, PortConfig};
 use std::time::{Duration, Instant};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -9,11 +9,11 @@ use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{Sge, WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
 use crate::hw::mana::{BU_BYTES, CQE_BYTES};
 use crate::port::counters::Counters;
-use crate::port::lcache::with_cache;
 use crate::port::{Burst, PortConfig, RxOffloads};
 use crate::ring::{CompletionQueue, DescRing, Polled, WorkQueue};
 use crate::sys::mem::fence_before_doorbell;
 use crate::sys::DevMem;
+use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, CksumStatus, Mbuf, MbufPool, OffloadFlags};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -385,7 +385,7 @@ mod tests {
             }
             drop(delivered);
             drop(q);
-            crate::port::lcache::flush();
+            mempool::lcache::flush();
             prop_assert_eq!(pool.in_use(), 0);
         }
     }

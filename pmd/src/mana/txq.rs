@@ -14,11 +14,11 @@ use crate::hw::mana::wqe::{Sge, TxOob, TxOobFields, WqeHeader, SGE_BYTES, WQE_HE
 use crate::hw::mana::{MAX_SQ_WQE_BYTES, MAX_TX_SGES};
 use crate::net::csum;
 use crate::port::counters::Counters;
-use crate::port::lcache::with_cache;
 use crate::port::Burst;
 use crate::ring::{CompletionQueue, DescRing, Polled, WorkQueue};
 use crate::sys::mem::fence_before_doorbell;
 use crate::sys::DevMem;
+use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, Mbuf, MbufPool, OffloadFlags};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -5,11 +5,11 @@
 
 use crate::devices::MacAddr;
 use crate::port::counters::Counters;
-use crate::port::lcache::with_cache;
 use crate::port::{
     Burst, Caps, Link, PortConfig, PortDriver, PortError, QueueSetup, RxImpl, RxOffloads, TxImpl,
     TxOffloads,
 };
+use mempool::lcache::with_cache;
 use mempool::{Mbuf, MbufPool};
 use std::sync::Arc;
 

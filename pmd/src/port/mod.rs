@@ -34,7 +34,6 @@ pub mod burst;
 pub mod config;
 pub mod counters;
 pub mod devargs;
-pub mod lcache;
 
 pub use burst::Burst;
 pub use config::{

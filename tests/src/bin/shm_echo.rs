@@ -38,7 +38,7 @@ fn main() {
         std::thread::sleep(Duration::from_micros(100));
     }
     drop((rx, tx));
-    pmd::port::lcache::flush();
+    mempool::lcache::flush();
     drop(port);
     println!("echoed {echoed} in_use {}", pool.in_use());
 }

@@ -1,13 +1,13 @@
 //! Per-core mbuf caches, found by the polling thread (DPDK's per-lcore `rte_mempool_cache`).
 //!
-//! A queue does not own a cache: a core that receives on one port and sends on another must
+//! A port's queue does not own a cache: a core that receives on one port and sends on another must
 //! free into the same cache it allocates from, or every buffer would travel through the
 //! pool's shared ring (measured: two thirds of the time of null-port forwarding). So each
 //! thread keeps one cache per pool it uses, created on first use and flushed back to the pool
 //! when the thread ends (or on [`flush`]).
 #![deny(unsafe_code)]
 
-use mempool::{MbufCache, MbufPool};
+use crate::{Mbuf, MbufCache, MbufPool};
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -39,13 +39,13 @@ pub fn with_cache<R>(pool: &Arc<MbufPool>, f: impl FnOnce(&mut MbufCache) -> R) 
 /// Allocates one reset mbuf through this thread's cache (what an application should use on
 /// a polling core, so buffers the queues free on this core are reused at once).
 #[inline]
-pub fn alloc(pool: &Arc<MbufPool>) -> Option<mempool::Mbuf> {
+pub fn alloc(pool: &Arc<MbufPool>) -> Option<Mbuf> {
     with_cache(pool, |c| c.alloc())
 }
 
 /// Frees an mbuf through this thread's cache.
 #[inline]
-pub fn free(pool: &Arc<MbufPool>, m: mempool::Mbuf) {
+pub fn free(pool: &Arc<MbufPool>, m: Mbuf) {
     with_cache(pool, |c| m.free_to(c));
 }
 
@@ -58,7 +58,7 @@ pub fn flush() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mempool::MbufPoolConfig;
+    use crate::MbufPoolConfig;
 
     #[test]
     fn one_cache_per_pool_per_thread_and_flush_returns_everything() {
