@@ -46,6 +46,10 @@ flags! {
     RX_RSS_HASH = 6;
     /// RX: the header's `timestamp` holds a NIC timestamp.
     RX_TIMESTAMP = 7;
+    /// RX: the packet is tunnelled and the NIC found its outer IPv4 header checksum wrong
+    /// (DPDK's `RTE_MBUF_F_RX_OUTER_IP_CKSUM_BAD`). Independent of the inner checksum flags:
+    /// `RX_IP_CKSUM_*` and `RX_L4_CKSUM_*` describe the inner headers of such a packet.
+    RX_OUTER_IP_CKSUM_BAD = 8;
     /// TX: the packet is IPv4 (needed with the checksum and TSO requests).
     TX_IPV4 = 40;
     /// TX: the packet is IPv6.
@@ -241,6 +245,21 @@ mod tests {
         }
         let both = OffloadFlags::RX_IP_CKSUM_GOOD | OffloadFlags::RX_IP_CKSUM_BAD;
         assert_eq!(both.rx_ip_cksum(), CksumStatus::Unknown);
+    }
+
+    #[test]
+    fn outer_ip_cksum_bad_is_separate_from_the_inner_status() {
+        let mut f = OffloadFlags::RX_OUTER_IP_CKSUM_BAD;
+        assert_eq!(f.rx_ip_cksum(), CksumStatus::Unknown);
+        f.set_rx_ip_cksum(CksumStatus::Good);
+        f.set_rx_l4_cksum(CksumStatus::Bad);
+        assert!(f.contains(OffloadFlags::RX_OUTER_IP_CKSUM_BAD));
+        assert_eq!(f.rx_ip_cksum(), CksumStatus::Good);
+        f.set_rx_ip_cksum(CksumStatus::Unknown);
+        assert_eq!(
+            format!("{f:?}"),
+            "OffloadFlags(RX_L4_CKSUM_BAD | RX_OUTER_IP_CKSUM_BAD)"
+        );
     }
 
     #[test]
