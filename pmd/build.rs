@@ -2,8 +2,11 @@
 //! provider libraries, and runs a small C probe that records the C compiler's view of the
 //! structures we share with rdma-core, so the tests can compare it with the Rust view.
 
+#[cfg(feature = "verbs")]
 use std::env;
+#[cfg(feature = "verbs")]
 use std::path::PathBuf;
+#[cfg(feature = "verbs")]
 use std::process::Command;
 
 const HEADER: &str = "src/sys/dv.h";
@@ -13,6 +16,14 @@ fn main() {
     println!("cargo:rerun-if-changed={HEADER}");
     println!("cargo:rerun-if-changed={PROBE}");
     println!("cargo:rerun-if-changed=build.rs");
+    // rdma-core is needed (headers, libraries) only with feature `verbs`; the device-model
+    // build (`--no-default-features --features emu`) needs none of it.
+    #[cfg(feature = "verbs")]
+    verbs();
+}
+
+#[cfg(feature = "verbs")]
+fn verbs() {
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
 
     // libibverbs' include path (normally /usr/include) and the rdma-core version.
@@ -79,11 +90,13 @@ fn main() {
     run_layout_probe(&out, &clang_args);
 }
 
+#[cfg(feature = "verbs")]
 struct PkgConfig {
     version: String,
     include_dirs: Vec<String>,
 }
 
+#[cfg(feature = "verbs")]
 fn pkg_config_probe(name: &str) -> PkgConfig {
     let run = |arg: &str| -> Option<String> {
         let o = Command::new("pkg-config").args([arg, name]).output().ok()?;
@@ -105,6 +118,7 @@ fn pkg_config_probe(name: &str) -> PkgConfig {
     }
 }
 
+#[cfg(feature = "verbs")]
 /// Compiles and runs `layout_probe.c` for the host, turning what the C compiler says about
 /// sizes and offsets into a Rust table (`layout_expected.rs`).
 fn run_layout_probe(out: &std::path::Path, clang_args: &[String]) {

@@ -14,7 +14,7 @@ pub fn devices_json(devices: &[DeviceInfo], verbs_names: &[String]) -> Value {
         .map(|d| {
             json!({
                 "name": d.name,
-                "provider": d.provider.to_string(),
+                "provider": d.family.to_string(),
                 "vendor_id": d.vendor_id,
                 "device_id": d.device_id,
                 "pci_addr": d.pci_addr,

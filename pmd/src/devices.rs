@@ -21,6 +21,7 @@
 //! net/mana uses; mlx5 has one port per PCI function and its netdev's `dev_port` is 0.
 #![deny(unsafe_code)]
 
+use crate::net::MacAddr;
 use std::fmt;
 use std::fs;
 use std::io;
@@ -33,7 +34,7 @@ pub const PCI_VENDOR_MELLANOX: u16 = 0x15b3;
 
 /// Which user-space driver of ours can run a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Provider {
+pub enum Family {
     /// Azure MANA (rdma-core `libmana`, `manadv`).
     Mana,
     /// NVIDIA ConnectX (rdma-core `libmlx5`, `mlx5dv`).
@@ -42,56 +43,16 @@ pub enum Provider {
     Other(String),
 }
 
-impl fmt::Display for Provider {
+impl fmt::Display for Family {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Provider::Mana => f.write_str("mana"),
-            Provider::Mlx5 => f.write_str("mlx5"),
-            Provider::Other(d) if d.is_empty() => f.write_str("other"),
-            Provider::Other(d) => write!(f, "other ({d})"),
+            Family::Mana => f.write_str("mana"),
+            Family::Mlx5 => f.write_str("mlx5"),
+            Family::Other(d) if d.is_empty() => f.write_str("other"),
+            Family::Other(d) => write!(f, "other ({d})"),
         }
     }
 }
-
-/// A MAC address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct MacAddr(pub [u8; 6]);
-
-impl fmt::Display for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let m = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            m[0], m[1], m[2], m[3], m[4], m[5]
-        )
-    }
-}
-
-impl std::str::FromStr for MacAddr {
-    type Err = MacParseError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || MacParseError(s.to_string());
-        let mut out = [0u8; 6];
-        let mut parts = s.split([':', '-']);
-        for byte in &mut out {
-            let p = parts.next().ok_or_else(bad)?;
-            if p.len() != 2 {
-                return Err(bad());
-            }
-            *byte = u8::from_str_radix(p, 16).map_err(|_| bad())?;
-        }
-        if parts.next().is_some() {
-            return Err(bad());
-        }
-        Ok(MacAddr(out))
-    }
-}
-
-/// A string that is not a MAC address.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("'{0}' is not a MAC address: expected six hex byte pairs like 00:15:5d:01:02:03")]
-pub struct MacParseError(pub String);
 
 /// The kernel network interface that shares an RDMA port.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,7 +85,7 @@ pub struct DeviceInfo {
     /// IB device name, e.g. `mana_0` or `mlx5_0`.
     pub name: String,
     /// Which driver of ours can run it.
-    pub provider: Provider,
+    pub family: Family,
     /// PCI vendor id, when known.
     pub vendor_id: Option<u16>,
     /// PCI device id, when known.
@@ -200,12 +161,12 @@ fn read_device(dir: &Path, name: String) -> Result<DeviceInfo, DeviceError> {
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_default();
-    let provider = match (vendor_id, driver.as_str()) {
-        (Some(PCI_VENDOR_MICROSOFT), _) | (_, "mana") => Provider::Mana,
-        (Some(PCI_VENDOR_MELLANOX), _) | (_, "mlx5_core") => Provider::Mlx5,
-        _ if name.starts_with("mana_") => Provider::Mana,
-        _ if name.starts_with("mlx5_") => Provider::Mlx5,
-        _ => Provider::Other(driver),
+    let family = match (vendor_id, driver.as_str()) {
+        (Some(PCI_VENDOR_MICROSOFT), _) | (_, "mana") => Family::Mana,
+        (Some(PCI_VENDOR_MELLANOX), _) | (_, "mlx5_core") => Family::Mlx5,
+        _ if name.starts_with("mana_") => Family::Mana,
+        _ if name.starts_with("mlx5_") => Family::Mlx5,
+        _ => Family::Other(driver),
     };
     let pci_addr = read_trimmed(&pci.join("uevent")).and_then(|u| {
         u.lines()
@@ -257,7 +218,7 @@ fn read_device(dir: &Path, name: String) -> Result<DeviceInfo, DeviceError> {
     ports.sort_by_key(|p| p.number);
     Ok(DeviceInfo {
         name,
-        provider,
+        family,
         vendor_id,
         device_id,
         pci_addr,
@@ -339,7 +300,7 @@ pub fn report(devices: &[DeviceInfo]) -> String {
                 .as_deref()
                 .map(|a| format!(" pci {a}"))
                 .unwrap_or_default();
-            let _ = writeln!(s, "  {}  provider {}{}{}", d.name, d.provider, ids, pci);
+            let _ = writeln!(s, "  {}  provider {}{}{}", d.name, d.family, ids, pci);
             if d.ports.is_empty() {
                 let _ = writeln!(s, "    (no ports)");
             }

@@ -5,21 +5,26 @@
 //! the device model ([`emu`]), which plays the NIC's side of the very same queue memory.
 //!
 //! ```text
-//! apps (l2fwd, pktgen, pmd-devices)
-//!   port      generic API: Port, RxQueue/TxQueue (one match per burst), PortSpec devargs,
-//!             PortConfig, Caps, Stats
-//!   lcore     pinned worker threads, main core, stop on SIGINT/SIGTERM
-//!   mana      MANA driver: TX/RX datapath over the raw queues manadv_init_obj describes
-//!   null      no-device port (framework overhead)
-//!   emu       device model: MANA engine, wires (loop, shm, afpacket, pcap)
-//!   ring      shared queue mechanics: BU work queue with wrap, owner-bit completion queue
-//!   hw        hardware formats as byte views (MANA GDMA), pinned by golden vectors
-//!   net       checksums, Toeplitz hash
-//!   devices   discovery: RDMA devices, providers, ports, netdevs (sysfs)
-//!   sys       the only FFI and raw memory access: verbs, manadv/mlx5dv, DevMem, signals
-//! mempool     hugepage regions, object pool with per-core caches, Mbuf, per-thread mbuf
-//!             caches (lcache)
+//! apps (l2fwd, pktgen, pmd-devices), examples, bench, tests
+//!   port        Port, RxQueue/TxQueue (one indirect call per burst), PortSpec devargs,
+//!     probe     the composition root: the ONE place that names kinds and pairs a driver
+//!               with a provider
+//!   drivers     mana (own Provider trait + raw queues), null
+//!   providers   emu::mana (device model + wires, feature `emu`); verbs::mana next
+//!   ethdev      the contract: PortDriver, RxBurst/TxBurst, Burst, Counters, Caps,
+//!               PortConfig, PortError; names no driver
+//!   lcore       pinned worker threads, main core, stop on SIGINT/SIGTERM
+//!   takeover    port exclusivity: bring the kernel netdev down and back up
+//!   devices     discovery: RDMA devices, families, ports, netdevs (sysfs)
+//!   ring        queue mechanics shared by every NIC: wrap copy, work queue, owner-bit CQ
+//!   hw          hardware formats as byte views (MANA GDMA), pinned by golden vectors
+//!   net         NIC-independent packet arithmetic: checksums, Toeplitz, MAC addresses
+//!   sys         the only FFI and raw memory: verbs (feature `verbs`), DevMem, barriers
+//! mempool       hugepage regions, object pool, Mbuf, per-thread mbuf caches (lcache)
 //! ```
+//!
+//! Arrows point down only; `tests/layering.rs` reads every module's `use crate::` lines and
+//! fails when one points the wrong way.
 //!
 //! Two device-model ports on an in-process cable, one frame across:
 //!
@@ -71,6 +76,7 @@ macro_rules! dp_trace {
 pub mod devices;
 #[cfg(feature = "emu")]
 pub mod emu;
+pub mod ethdev;
 pub mod hw;
 pub mod lcore;
 pub mod log;
@@ -82,4 +88,4 @@ pub mod ring;
 pub mod sys;
 pub mod takeover;
 
-pub use devices::MacAddr;
+pub use net::MacAddr;

@@ -1,6 +1,7 @@
 //! Device discovery against fake sysfs trees shaped like a MANA VM and an mlx5 host.
 
-use pmd::devices::{self, MacAddr, Provider};
+use pmd::devices::{self, Family};
+use pmd::MacAddr;
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::Path;
@@ -90,7 +91,7 @@ fn mana_vm_ports_map_to_netdevs_by_dev_port() {
     assert_eq!(devs.len(), 1);
     let d = &devs[0];
     assert_eq!(d.name, "mana_0");
-    assert_eq!(d.provider, Provider::Mana);
+    assert_eq!(d.family, Family::Mana);
     assert_eq!((d.vendor_id, d.device_id), (Some(0x1414), Some(0x00ba)));
     assert_eq!(d.pci_addr.as_deref(), Some("7870:00:00.0"));
     assert_eq!(d.ports.len(), 2);
@@ -137,7 +138,7 @@ fn mlx5_and_mana_listed_together_sorted() {
     let names: Vec<_> = devs.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(names, ["mana_0", "mlx5_0"]);
     let m = &devs[1];
-    assert_eq!(m.provider, Provider::Mlx5);
+    assert_eq!(m.family, Family::Mlx5);
     assert_eq!(m.ports[0].state, "DOWN");
     assert_eq!(m.ports[0].netdev.as_ref().unwrap().name, "enp59s0f0np0");
 }
@@ -155,7 +156,7 @@ fn unknown_vendor_is_other_with_driver_name() {
     }
     .create(dir.path());
     let devs = devices::list(dir.path()).unwrap();
-    assert_eq!(devs[0].provider, Provider::Other("i40e".into()));
+    assert_eq!(devs[0].family, Family::Other("i40e".into()));
     assert!(devs[0].ports[0].netdev.is_none());
     assert!(devices::report(&devs).contains("provider other (i40e)"));
 }

@@ -3,19 +3,18 @@
 //! the RQ doorbell once per burst.
 #![deny(unsafe_code)]
 
-use super::{DriverXstats, RawRxQueue};
+use super::cq::CompletionQueue;
+use super::{QueueOwner, RawRxQueue, Xstats};
+use crate::ethdev::{Burst, Counters, PortConfig, RxBurst, RxOffloads};
 use crate::hw::mana::cqe::{Cqe, CqeType, RX_PPI_COUNT};
 use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{Sge, WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
 use crate::hw::mana::{BU_BYTES, CQE_BYTES};
-use crate::port::counters::Counters;
-use crate::port::{Burst, PortConfig, RxOffloads};
-use crate::ring::{CompletionQueue, DescRing, Polled, WorkQueue};
-use crate::sys::mem::fence_before_doorbell;
+use mempool::lcache::with_cache;
+use crate::ring::{DescRing, Polled, WorkQueue};
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, CksumStatus, Mbuf, MbufPool, OffloadFlags};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Mbufs allocated per refill step.
@@ -34,7 +33,9 @@ pub struct RxQueue {
     pool: Arc<MbufPool>,
     keys: ChunkKeys,
     counters: Arc<Counters>,
-    xstats: Arc<DriverXstats>,
+    xstats: Arc<Xstats>,
+    /// Keeps the RQ, CQ and doorbell mapping alive while this handle exists.
+    _owner: QueueOwner,
     port_id: u16,
     data_room: u32,
     vlan_strip: bool,
@@ -56,14 +57,20 @@ impl std::fmt::Debug for RxQueue {
 }
 
 impl RxQueue {
-    pub(crate) fn new(
+    /// An RX queue over `raw` with `cfg.rx_ring_size` descriptors, posting mbufs of `pool`
+    /// whose chunks `keys` registered; call [`RxQueue::fill`] before the first burst. Public
+    /// so a test can run the datapath on queue memory it controls.
+    ///
+    /// # Panics
+    /// If the ring size is not a power of two, or the CQ or RQ is too small for it.
+    pub fn new(
         raw: RawRxQueue,
         cfg: &PortConfig,
         port_id: u16,
         pool: Arc<MbufPool>,
         keys: ChunkKeys,
         counters: Arc<Counters>,
-        xstats: Arc<DriverXstats>,
+        xstats: Arc<Xstats>,
     ) -> Self {
         let n = u32::from(cfg.rx_ring_size);
         assert!(
@@ -72,7 +79,7 @@ impl RxQueue {
         tracing::debug!(target: "pmd::mana::init", rq_id = raw.rq_id, cq_id = raw.cq_id, nb_desc = n, "rx queue");
         let data_room = u32::from(pool.data_room());
         Self {
-            wq: WorkQueue::new(raw.rq),
+            wq: WorkQueue::new(raw.rq, BU_BYTES),
             cq: CompletionQueue::new(raw.cq, raw.cq_count),
             db: raw.db_page,
             rq_id: raw.rq_id,
@@ -81,6 +88,7 @@ impl RxQueue {
             keys,
             counters,
             xstats,
+            _owner: raw.owner,
             port_id,
             data_room,
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
@@ -95,7 +103,10 @@ impl RxQueue {
     }
 
     /// Posts buffers on every free descriptor; `Err(missing)` if the pool ran dry.
-    pub(crate) fn fill(&mut self) -> Result<(), u32> {
+    ///
+    /// # Errors
+    /// How many buffers could not be posted.
+    pub fn fill(&mut self) -> Result<(), u32> {
         let want = self.desc.free();
         let missing = self.refill(want);
         if missing == 0 {
@@ -121,10 +132,17 @@ impl RxQueue {
             if !with_cache(pool, |cache| pool.alloc_mbufs(cache, slots)) {
                 break;
             }
+            let mut unkeyed = 0u32;
             for m in self.scratch[..k].iter_mut().filter_map(Option::take) {
                 let addr = m.data_addr();
-                // Every pool chunk was registered at configure time.
-                let key = self.keys.key_of(m.raw().index()).unwrap_or(0);
+                // Every pool chunk was registered at configure time; a buffer outside them
+                // would be posted with a key the device rejects: count it and drop it.
+                let Some(key) = self.keys.key_of(m.raw().index()) else {
+                    Xstats::bump(&self.xstats.rx_no_mkey);
+                    unkeyed += 1;
+                    free_one(&self.pool, m);
+                    continue;
+                };
                 if let Some(mut s) =
                     Sge::new_checked(&mut wqe[WQE_HEADER_BYTES + SHORT_OOB_BYTES..])
                 {
@@ -136,15 +154,16 @@ impl RxQueue {
                 debug_assert!(posted_wqe);
                 let _ = self.desc.push(m);
             }
-            posted = true;
+            posted |= unkeyed < k as u32;
             left -= k as u32;
+            // Not a pool shortage (the queue cannot use these buffers at all): errors.
+            self.counters.add_errors(u64::from(unkeyed));
         }
         if posted {
-            fence_before_doorbell();
-            self.db.store_u64(
+            // One doorbell per refill, with the absolute producer position (§6.3).
+            self.db.ring_doorbell(
                 doorbell::RQ_OFFSET,
-                doorbell::rq(self.rq_id, self.wq.doorbell_position()),
-                Ordering::Relaxed,
+                doorbell::rq(self.rq_id, self.wq.head_bytes()),
             );
         }
         left
@@ -158,9 +177,9 @@ impl RxQueue {
         Some(m)
     }
 
-    /// See [`crate::port::RxQueue::rx_burst`].
+    /// See [`crate::ethdev::RxBurst::rx_burst`].
     #[inline]
-    pub(crate) fn rx_burst(&mut self, out: &mut Burst) -> usize {
+    pub fn rx_burst(&mut self, out: &mut Burst) -> usize {
         let mut delivered = 0usize;
         let mut bytes = 0u64;
         let mut errors = 0u64;
@@ -175,7 +194,7 @@ impl RxQueue {
                     }
                     Polled::Empty => break,
                     Polled::Overflow => {
-                        DriverXstats::bump(&self.xstats.cq_overflows);
+                        Xstats::bump(&self.xstats.cq_overflows);
                         break;
                     }
                 },
@@ -209,9 +228,9 @@ impl RxQueue {
                 t => {
                     crate::dp_trace!(rq = self.rq_id, cqe = ?t, "rx error completion\n{}", crate::hw::hexdump(&cqe));
                     errors += 1;
-                    DriverXstats::bump(&self.xstats.rx_cqe_errors);
+                    Xstats::bump(&self.xstats.rx_cqe_errors);
                     if t == CqeType::RxTruncated {
-                        DriverXstats::bump(&self.xstats.rx_cqe_truncated);
+                        Xstats::bump(&self.xstats.rx_cqe_truncated);
                     }
                     if let Some(m) = self.take_desc() {
                         free_one(&self.pool, m);
@@ -270,6 +289,13 @@ impl RxQueue {
     }
 }
 
+impl RxBurst for RxQueue {
+    #[inline]
+    fn rx_burst(&mut self, out: &mut Burst) -> usize {
+        RxQueue::rx_burst(self, out)
+    }
+}
+
 /// Puts a stripped 802.1Q tag back into the frame (VLAN strip not requested).
 fn reinsert_vlan(m: &mut Mbuf, vid: u16) {
     if m.len() < 12 {
@@ -302,6 +328,7 @@ mod tests {
     use super::*;
     use crate::hw::mana::cqe::owner_for;
     use crate::mana::RawRxQueue;
+    use std::sync::atomic::Ordering;
     use mempool::{MbufPoolConfig, Registration};
     use proptest::prelude::*;
 
@@ -319,6 +346,7 @@ mod tests {
             cq: Arc::clone(&cq),
             cq_count: N,
             cq_id: 0x4321,
+            owner: Arc::new(()),
         };
         let cfg = PortConfig {
             rx_ring_size: N as u16,

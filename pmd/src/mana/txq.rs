@@ -7,20 +7,19 @@
 //! many entries as the descriptor ring, so it cannot overflow.
 #![deny(unsafe_code)]
 
-use super::{DriverXstats, RawTxQueue};
-use crate::hw::mana::cqe::CqeType;
+use super::cq::CompletionQueue;
+use super::{QueueOwner, RawTxQueue, Xstats};
+use crate::ethdev::{Burst, Counters, TxBurst};
+use crate::hw::mana::cqe::{CqeHeader, CqeType, CQE_HEADER_BYTES};
 use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{Sge, TxOob, TxOobFields, WqeHeader, SGE_BYTES, WQE_HEADER_BYTES};
-use crate::hw::mana::{MAX_SQ_WQE_BYTES, MAX_TX_SGES};
+use crate::hw::mana::{BU_BYTES, MAX_SQ_WQE_BYTES, MAX_TX_SGES};
 use crate::net::csum;
-use crate::port::counters::Counters;
-use crate::port::Burst;
-use crate::ring::{CompletionQueue, DescRing, Polled, WorkQueue};
-use crate::sys::mem::fence_before_doorbell;
+use mempool::lcache::with_cache;
+use crate::ring::{DescRing, Polled, WorkQueue};
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, Mbuf, MbufPool, OffloadFlags};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// A MANA TX queue, owned by one core.
@@ -36,7 +35,9 @@ pub struct TxQueue {
     pool: Arc<MbufPool>,
     keys: ChunkKeys,
     counters: Arc<Counters>,
-    xstats: Arc<DriverXstats>,
+    xstats: Arc<Xstats>,
+    /// Keeps the SQ, CQ and doorbell mapping alive while this handle exists.
+    _owner: QueueOwner,
     /// Completed packets waiting to be freed in one go.
     done: Vec<Mbuf>,
     /// Per packet of the current burst: the WQE size it was posted with, or `None` when it
@@ -57,13 +58,19 @@ impl std::fmt::Debug for TxQueue {
 }
 
 impl TxQueue {
-    pub(crate) fn new(
+    /// A TX queue over `raw` with `nb_desc` descriptors (a power of two, at most the CQ's
+    /// entries), sending mbufs of `pool` whose chunks `keys` registered. Public so a test can
+    /// run the datapath on queue memory it controls.
+    ///
+    /// # Panics
+    /// If `nb_desc` is not a power of two or the CQ is smaller.
+    pub fn new(
         raw: RawTxQueue,
         nb_desc: u16,
         pool: Arc<MbufPool>,
         keys: ChunkKeys,
         counters: Arc<Counters>,
-        xstats: Arc<DriverXstats>,
+        xstats: Arc<Xstats>,
     ) -> Self {
         let n = u32::from(nb_desc);
         assert!(
@@ -72,7 +79,7 @@ impl TxQueue {
         );
         tracing::debug!(target: "pmd::mana::init", sq_id = raw.sq_id, cq_id = raw.cq_id, sq_bytes = raw.sq.len(), nb_desc, "tx queue");
         Self {
-            wq: WorkQueue::new(raw.sq),
+            wq: WorkQueue::new(raw.sq, BU_BYTES),
             cq: CompletionQueue::new(raw.cq, raw.cq_count),
             db: raw.db_page,
             sq_id: raw.sq_id,
@@ -83,6 +90,7 @@ impl TxQueue {
             keys,
             counters,
             xstats,
+            _owner: raw.owner,
             done: Vec::with_capacity(n as usize),
             posted: Vec::with_capacity(n as usize),
             wqe: [0; MAX_SQ_WQE_BYTES],
@@ -103,12 +111,13 @@ impl TxQueue {
                 Polled::Entry(off) => off,
                 Polled::Empty => break,
                 Polled::Overflow => {
-                    DriverXstats::bump(&self.xstats.cq_overflows);
+                    Xstats::bump(&self.xstats.cq_overflows);
                     break;
                 }
             };
-            // Dword 0 holds cqe_type [5:0] (§7.3).
-            let t = CqeType::from((self.cq.mem().load_u32(off, Ordering::Relaxed) & 0x3f) as u8);
+            let mut hdr = [0u8; CQE_HEADER_BYTES];
+            self.cq.read(off, &mut hdr);
+            let t = CqeHeader::new_checked(&hdr[..]).map_or(CqeType::Unknown(0), |h| h.cqe_type());
             if let Some((m, bu)) = self.desc.pop() {
                 self.wq.complete(u32::from(bu));
                 if t == CqeType::TxOkay {
@@ -117,7 +126,7 @@ impl TxQueue {
                 } else {
                     crate::dp_trace!(sq = self.sq_id, cqe = ?t, "tx error completion");
                     errs += 1;
-                    DriverXstats::bump(&self.xstats.tx_cqe_errors);
+                    Xstats::bump(&self.xstats.tx_cqe_errors);
                 }
                 self.done.push(m);
             }
@@ -136,9 +145,9 @@ impl TxQueue {
         n
     }
 
-    /// See [`crate::port::TxQueue::tx_burst`].
+    /// See [`crate::ethdev::TxBurst::tx_burst`].
     #[inline]
-    pub(crate) fn tx_burst(&mut self, pkts: &mut Burst) -> usize {
+    pub fn tx_burst(&mut self, pkts: &mut Burst) -> usize {
         self.reclaim();
         let room = self.desc.free() as usize;
         self.posted.clear();
@@ -179,12 +188,10 @@ impl TxQueue {
             });
         }
         if posted {
-            // All WQE bytes must be visible to the device before it sees the new producer.
-            fence_before_doorbell();
-            self.db.store_u64(
+            // One doorbell per burst, with the absolute producer position (§6.3).
+            self.db.ring_doorbell(
                 doorbell::SQ_OFFSET,
-                doorbell::sq(self.sq_id, self.wq.doorbell_position()),
-                Ordering::Relaxed,
+                doorbell::sq(self.sq_id, self.wq.head_bytes()),
             );
         }
         taken
@@ -215,7 +222,7 @@ impl TxQueue {
                 && hdr <= 0xff
                 && prepare_lso(m.data_mut(), l3, l4, hdr, v6);
             if !ok {
-                DriverXstats::bump(&self.xstats.tx_bad_tso);
+                Xstats::bump(&self.xstats.tx_bad_tso);
                 return Build::Drop;
             }
             f.outer_ipv4 = !v6;
@@ -241,7 +248,7 @@ impl TxQueue {
                 let l3 = usize::from(o.l2_len);
                 let l4_off = l3 + usize::from(o.l3_len);
                 if !write_pseudo_header(m.data_mut(), l3, l4_off, tcp, f.outer_ipv6, None) {
-                    DriverXstats::bump(&self.xstats.tx_bad_offload);
+                    Xstats::bump(&self.xstats.tx_bad_offload);
                     return Build::Drop;
                 }
                 f.tcp_csum = tcp;
@@ -258,7 +265,7 @@ impl TxQueue {
         let first_len = m.len();
         let nsge = usize::from(m.nb_segs()) + usize::from(split > 0 && first_len > split);
         if nsge > MAX_TX_SGES {
-            DriverXstats::bump(&self.xstats.tx_too_many_segs);
+            Xstats::bump(&self.xstats.tx_too_many_segs);
             return Build::Drop;
         }
         let oob = f.oob_bytes();
@@ -280,7 +287,7 @@ impl TxQueue {
         for (i, seg) in m.segments().enumerate() {
             let addr = seg.as_ptr() as usize;
             let Some(key) = self.keys.key_for_addr(addr) else {
-                DriverXstats::bump(&self.xstats.tx_no_mkey);
+                Xstats::bump(&self.xstats.tx_no_mkey);
                 return Build::Drop;
             };
             let pieces: [(usize, usize); 2] = if i == 0 && split > 0 && seg.len() > split {
@@ -296,6 +303,13 @@ impl TxQueue {
             }
         }
         Build::Wqe(bytes)
+    }
+}
+
+impl TxBurst for TxQueue {
+    #[inline]
+    fn tx_burst(&mut self, pkts: &mut Burst) -> usize {
+        TxQueue::tx_burst(self, pkts)
     }
 }
 

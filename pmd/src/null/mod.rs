@@ -3,12 +3,11 @@
 //! queue dispatch, mempool traffic and counters, with no NIC in the way.
 #![deny(unsafe_code)]
 
-use crate::devices::MacAddr;
-use crate::port::counters::Counters;
-use crate::port::{
-    Burst, Caps, Link, PortConfig, PortDriver, PortError, QueueSetup, RxImpl, RxOffloads, TxImpl,
-    TxOffloads,
+use crate::ethdev::{
+    Burst, Caps, Counters, Link, PortConfig, PortDriver, PortError, QueueSetup, Queues, RxBurst,
+    RxOffloads, TxBurst, TxOffloads,
 };
+use crate::net::MacAddr;
 use mempool::lcache::with_cache;
 use mempool::{Mbuf, MbufPool};
 use std::sync::Arc;
@@ -16,20 +15,23 @@ use std::sync::Arc;
 /// Most packets one null RX burst produces (the size of its scratch array).
 pub const MAX_BURST: usize = 512;
 
-pub(crate) struct NullDriver {
+/// The null port's driver.
+#[derive(Debug)]
+pub struct Driver {
     size: u16,
     mac: MacAddr,
 }
 
-impl NullDriver {
-    pub(crate) fn new(size: u16, mac: Option<MacAddr>, port_id: u16) -> Self {
+impl Driver {
+    /// A null device handing out `size`-byte frames, with `mac` (or a default per port).
+    pub fn new(size: u16, mac: Option<MacAddr>, port_id: u16) -> Self {
         // Locally administered default: 02:00:00:00:ff:<port>.
         let mac = mac.unwrap_or(MacAddr([0x02, 0, 0, 0, 0xff, port_id as u8]));
         Self { size, mac }
     }
 }
 
-impl PortDriver for NullDriver {
+impl PortDriver for Driver {
     fn caps(&self) -> Caps {
         Caps {
             max_rx_queues: 64,
@@ -41,6 +43,7 @@ impl PortDriver for NullDriver {
             tx_offloads: TxOffloads::all(),
             max_burst: MAX_BURST as u16,
             mtu_range: (68, 9600),
+            promiscuous: true,
         }
     }
 
@@ -61,7 +64,7 @@ impl PortDriver for NullDriver {
         cfg: &PortConfig,
         pool: &Arc<MbufPool>,
         q: &QueueSetup,
-    ) -> Result<(Vec<RxImpl>, Vec<TxImpl>), PortError> {
+    ) -> Result<Queues, PortError> {
         if usize::from(self.size) > usize::from(pool.data_room()) {
             return Err(PortError::BadConfig {
                 what: "null frame size",
@@ -71,24 +74,24 @@ impl PortDriver for NullDriver {
         }
         let rx = (0..cfg.rx_queues)
             .map(|i| {
-                RxImpl::Null(RxQueue {
+                Box::new(RxQueue {
                     pool: Arc::clone(pool),
                     size: self.size,
                     port: q.port_id,
                     scratch: (0..MAX_BURST).map(|_| None).collect(),
                     counters: Arc::clone(&q.rx_counters[usize::from(i)]),
-                })
+                }) as Box<dyn RxBurst>
             })
             .collect();
         let tx = (0..cfg.tx_queues)
             .map(|i| {
-                TxImpl::Null(TxQueue {
+                Box::new(TxQueue {
                     pool: Arc::clone(pool),
                     counters: Arc::clone(&q.tx_counters[usize::from(i)]),
-                })
+                }) as Box<dyn TxBurst>
             })
             .collect();
-        Ok((rx, tx))
+        Ok(Queues { rx, tx })
     }
 }
 
@@ -101,9 +104,9 @@ pub struct RxQueue {
     counters: Arc<Counters>,
 }
 
-impl RxQueue {
+impl RxBurst for RxQueue {
     #[inline]
-    pub(crate) fn rx_burst(&mut self, out: &mut Burst) -> usize {
+    fn rx_burst(&mut self, out: &mut Burst) -> usize {
         let n = out.spare().min(MAX_BURST);
         let slots = &mut self.scratch[..n];
         let pool = &self.pool;
@@ -131,9 +134,9 @@ pub struct TxQueue {
     counters: Arc<Counters>,
 }
 
-impl TxQueue {
+impl TxBurst for TxQueue {
     #[inline]
-    pub(crate) fn tx_burst(&mut self, pkts: &mut Burst) -> usize {
+    fn tx_burst(&mut self, pkts: &mut Burst) -> usize {
         let n = pkts.len();
         let bytes: u64 = pkts.iter().map(|m| u64::from(m.pkt_len())).sum();
         with_cache(&self.pool, |cache| pkts.free_all(cache));

@@ -14,7 +14,7 @@
 //! application's defaults for that port.
 #![deny(unsafe_code)]
 
-use crate::devices::MacAddr;
+use crate::net::MacAddr;
 use std::fmt;
 use std::str::FromStr;
 

@@ -30,156 +30,25 @@
 //! ```
 #![deny(unsafe_code)]
 
-pub mod burst;
-pub mod config;
-pub mod counters;
 pub mod devargs;
+pub mod probe;
 
-pub use burst::Burst;
-pub use config::{
-    Caps, Link, PortConfig, QueueStats, RssConfig, RssFields, RxOffloads, Stats, TxOffloads,
+pub use crate::ethdev::{
+    Burst, Caps, Link, PortConfig, PortError, PortState, QueueStats, RssConfig, RssFields,
+    RxOffloads, Stats, TxOffloads,
 };
 pub use devargs::{DevargsError, PortKind, PortSpec, WireSpec};
 
-use crate::devices::MacAddr;
-use counters::Counters;
+use crate::ethdev::{check_config, Counters, PortDriver, QueueSetup, RxBurst, TxBurst};
+use crate::net::MacAddr;
 use mempool::MbufPool;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-
-/// Errors of the port slow path.
-#[derive(Debug, thiserror::Error)]
-pub enum PortError {
-    /// No device matches the spec.
-    #[error("{spec}: {why}")]
-    NoDevice {
-        /// The spec as given.
-        spec: String,
-        /// What was looked for and what to do.
-        why: String,
-    },
-    /// The port belongs to someone else (on MANA: the kernel netdev is up).
-    #[error("{spec}: port is busy: {holder} holds it; {hint}")]
-    Busy {
-        /// The spec.
-        spec: String,
-        /// Who holds it (e.g. "netdev eth1").
-        holder: String,
-        /// What to do about it.
-        hint: String,
-    },
-    /// A configuration value outside what the device can do.
-    #[error("{what}: {requested} requested, the port allows {allowed}")]
-    BadConfig {
-        /// Which setting.
-        what: &'static str,
-        /// What was asked.
-        requested: String,
-        /// What is possible.
-        allowed: String,
-    },
-    /// An operation not allowed in the port's state.
-    #[error("cannot {op} a port that is {state:?}")]
-    State {
-        /// The operation.
-        op: &'static str,
-        /// The port's state.
-        state: PortState,
-    },
-    /// A queue index past the configured count.
-    #[error("{dir} queue {queue} does not exist: the port has {count} {dir} queue(s)")]
-    NoSuchQueue {
-        /// "rx" or "tx".
-        dir: &'static str,
-        /// Asked for.
-        queue: u16,
-        /// Configured.
-        count: u16,
-    },
-    /// The handle of this queue was already taken.
-    #[error("{dir} queue {queue} was already taken (each queue has one owner)")]
-    QueueTaken {
-        /// "rx" or "tx".
-        dir: &'static str,
-        /// The queue.
-        queue: u16,
-    },
-    /// A driver's device setup step failed.
-    #[error("{what}: {source}")]
-    Setup {
-        /// The step.
-        what: String,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-}
-
-/// Where a port is in its lifecycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PortState {
-    /// Opened, not configured.
-    Opened,
-    /// Configured (or stopped): queue handles exist, bursts return 0.
-    Configured,
-    /// Started: bursts move packets.
-    Started,
-}
-
-/// The driver side of a port's slow path. Object-safe; called rarely.
-pub(crate) trait PortDriver: Send {
-    fn caps(&self) -> Caps;
-    fn mac(&self) -> MacAddr;
-    fn link(&self) -> Link;
-    /// Builds the queues for `cfg` (already checked against `caps`).
-    fn configure(
-        &mut self,
-        cfg: &PortConfig,
-        pool: &Arc<MbufPool>,
-        q: &QueueSetup,
-    ) -> Result<(Vec<RxImpl>, Vec<TxImpl>), PortError>;
-    fn start(&mut self) -> Result<(), PortError> {
-        Ok(())
-    }
-    fn stop(&mut self) {}
-    fn xstats(&self) -> Vec<(String, u64)> {
-        Vec::new()
-    }
-    /// Frames the device dropped for lack of posted RX buffers.
-    fn imissed(&self) -> u64 {
-        0
-    }
-    /// The device model behind the port, if it is one.
-    #[cfg(feature = "emu")]
-    fn model(&self) -> Option<crate::emu::mana::ModelHandle> {
-        None
-    }
-}
-
-/// What every queue of one configuration shares with the port.
-pub(crate) struct QueueSetup {
-    pub port_id: u16,
-    pub rx_counters: Vec<Arc<Counters>>,
-    pub tx_counters: Vec<Arc<Counters>>,
-}
-
-/// The driver-specific part of an RX queue.
-pub(crate) enum RxImpl {
-    Null(crate::null::RxQueue),
-    #[cfg(feature = "emu")]
-    Mana(Box<crate::mana::RxQueue>),
-}
-
-/// The driver-specific part of a TX queue.
-pub(crate) enum TxImpl {
-    Null(crate::null::TxQueue),
-    #[cfg(feature = "emu")]
-    Mana(Box<crate::mana::TxQueue>),
-}
+use std::time::{Duration, Instant};
 
 /// An RX queue handle, owned by one polling core.
 pub struct RxQueue {
-    imp: RxImpl,
+    imp: Box<dyn RxBurst>,
     running: Arc<AtomicBool>,
     port: u16,
     queue: u16,
@@ -200,11 +69,7 @@ impl RxQueue {
         if !self.running.load(Ordering::Acquire) || out.spare() == 0 {
             return 0;
         }
-        match &mut self.imp {
-            RxImpl::Null(q) => q.rx_burst(out),
-            #[cfg(feature = "emu")]
-            RxImpl::Mana(q) => q.rx_burst(out),
-        }
+        self.imp.rx_burst(out)
     }
 
     /// Port id.
@@ -220,7 +85,7 @@ impl RxQueue {
 
 /// A TX queue handle, owned by one polling core.
 pub struct TxQueue {
-    imp: TxImpl,
+    imp: Box<dyn TxBurst>,
     running: Arc<AtomicBool>,
     port: u16,
     queue: u16,
@@ -243,11 +108,7 @@ impl TxQueue {
         if !self.running.load(Ordering::Acquire) {
             return 0;
         }
-        match &mut self.imp {
-            TxImpl::Null(q) => q.tx_burst(pkts),
-            #[cfg(feature = "emu")]
-            TxImpl::Mana(q) => q.tx_burst(pkts),
-        }
+        self.imp.tx_burst(pkts)
     }
 
     /// Port id.
@@ -264,20 +125,21 @@ impl TxQueue {
 /// A port: one device (real or modelled) with its queues.
 pub struct Port {
     id: u16,
-    spec: PortSpec,
+    name: String,
+    spec: Option<PortSpec>,
     driver: Box<dyn PortDriver>,
     state: PortState,
     config: Option<PortConfig>,
     running: Arc<AtomicBool>,
-    rx: Vec<Option<RxImpl>>,
-    tx: Vec<Option<TxImpl>>,
+    rx: Vec<Option<Box<dyn RxBurst>>>,
+    tx: Vec<Option<Box<dyn TxBurst>>>,
     rx_counters: Vec<Arc<Counters>>,
     tx_counters: Vec<Arc<Counters>>,
 }
 
 impl std::fmt::Debug for Port {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Port({} {} {:?})", self.id, self.spec, self.state)
+        write!(f, "Port({} {} {:?})", self.id, self.name, self.state)
     }
 }
 
@@ -288,26 +150,20 @@ impl Port {
     /// [`PortError::NoDevice`] when nothing matches (with what to do instead), or a driver's
     /// set-up error.
     pub fn open(id: u16, spec: &PortSpec) -> Result<Self, PortError> {
-        let driver: Box<dyn PortDriver> = match &spec.kind {
-            PortKind::Null { size, mac } => Box::new(crate::null::NullDriver::new(*size, *mac, id)),
-            PortKind::EmuMlx5 { .. } => {
-                return Err(PortError::NoDevice {
-                    spec: spec.to_string(),
-                    why: "the mlx5 device model is not built yet; use emu-mana:wire=... for a modelled NIC".into(),
-                })
-            }
-            PortKind::Mana { .. } | PortKind::Mlx5 { .. } => return Err(hardware_unavailable(spec)),
-            #[cfg(feature = "emu")]
-            PortKind::EmuMana { .. } => Box::new(crate::mana::ManaDriver::open_emu(spec, id)?),
-            #[cfg(not(feature = "emu"))]
-            PortKind::EmuMana { .. } => {
-                return Err(PortError::NoDevice { spec: spec.to_string(), why: "this build has no device model (feature `emu`)".into() })
-            }
-        };
-        tracing::info!(target: "pmd::port", port = id, spec = %spec, mac = %driver.mac(), "port opened");
-        Ok(Self {
+        let driver = probe::probe(id, spec)?;
+        let mut port = Self::from_driver(id, spec.to_string(), driver);
+        port.spec = Some(spec.clone());
+        Ok(port)
+    }
+
+    /// A port over a driver built by hand (see [`probe::mana`] for a MANA driver over any
+    /// provider). `name` is what logs and errors call the port.
+    pub fn from_driver(id: u16, name: String, driver: Box<dyn PortDriver>) -> Self {
+        tracing::info!(target: "pmd::port", port = id, name = %name, mac = %driver.mac(), "port opened");
+        Self {
             id,
-            spec: spec.clone(),
+            name,
+            spec: None,
             driver,
             state: PortState::Opened,
             config: None,
@@ -316,7 +172,7 @@ impl Port {
             tx: Vec::new(),
             rx_counters: Vec::new(),
             tx_counters: Vec::new(),
-        })
+        }
     }
 
     /// The common case in one call: opens `spec`, configures it with `cfg`, takes the handles
@@ -343,9 +199,14 @@ impl Port {
         self.id
     }
 
-    /// The spec it was opened from.
-    pub fn spec(&self) -> &PortSpec {
-        &self.spec
+    /// The spec it was opened from (`None` for a port built with [`Port::from_driver`]).
+    pub fn spec(&self) -> Option<&PortSpec> {
+        self.spec.as_ref()
+    }
+
+    /// What logs and errors call the port (its spec, as given).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Lifecycle state.
@@ -389,37 +250,29 @@ impl Port {
         }
         check_config(cfg, &self.driver.caps(), pool)?;
         self.detach_queues();
-        let setup = QueueSetup {
-            port_id: self.id,
-            rx_counters: (0..cfg.rx_queues)
-                .map(|_| Arc::new(Counters::default()))
-                .collect(),
-            tx_counters: (0..cfg.tx_queues)
-                .map(|_| Arc::new(Counters::default()))
-                .collect(),
-        };
-        let (rx, tx) = self
+        let setup = QueueSetup::new(self.id, cfg.rx_queues, cfg.tx_queues);
+        let queues = self
             .driver
             .configure(cfg, pool, &setup)
             .map_err(|e| match e {
                 // Name the port, not only the step that failed.
                 PortError::Busy { spec, holder, hint } => PortError::Busy {
-                    spec: format!("{} ({spec})", self.spec),
+                    spec: format!("{} ({spec})", self.name),
                     holder,
                     hint,
                 },
                 PortError::Setup { what, source } => PortError::Setup {
-                    what: format!("{}: {what}", self.spec),
+                    what: format!("{}: {what}", self.name),
                     source,
                 },
                 other => other,
             })?;
         debug_assert_eq!(
-            (rx.len(), tx.len()),
+            (queues.rx.len(), queues.tx.len()),
             (usize::from(cfg.rx_queues), usize::from(cfg.tx_queues))
         );
-        self.rx = rx.into_iter().map(Some).collect();
-        self.tx = tx.into_iter().map(Some).collect();
+        self.rx = queues.rx.into_iter().map(Some).collect();
+        self.tx = queues.tx.into_iter().map(Some).collect();
         self.rx_counters = setup.rx_counters;
         self.tx_counters = setup.tx_counters;
         self.config = Some(cfg.clone());
@@ -539,10 +392,29 @@ impl Port {
         }
     }
 
-    /// The device model behind this port (an `emu-*` port), to step it or inject faults.
-    #[cfg(feature = "emu")]
-    pub fn model(&self) -> Option<crate::emu::mana::ModelHandle> {
-        self.driver.model()
+    /// Waits until the link is up, polling every millisecond, at most `timeout` (DPDK apps
+    /// do the same before sending). A device-model port reports link down until the far end
+    /// of its wire is attached.
+    ///
+    /// # Errors
+    /// [`PortError::LinkDown`] when the link is still down at the deadline.
+    pub fn wait_link_up(&self, timeout: Duration) -> Result<Link, PortError> {
+        let t0 = Instant::now();
+        loop {
+            let link = self.driver.link();
+            if link.up {
+                return Ok(link);
+            }
+            if t0.elapsed() >= timeout {
+                return Err(PortError::LinkDown {
+                    spec: self.name.clone(),
+                    waited: t0.elapsed(),
+                    hint: "is the far end of the cable (the peer process or interface) there and up?"
+                        .into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Statistics: per queue and summed, plus the driver's extended counters.
@@ -575,106 +447,5 @@ impl Port {
 impl Drop for Port {
     fn drop(&mut self) {
         self.running.store(false, Ordering::Release);
-    }
-}
-
-fn check_config(cfg: &PortConfig, caps: &Caps, pool: &MbufPool) -> Result<(), PortError> {
-    let range = |what, v: u16, lo: u16, hi: u16| {
-        if v < lo || v > hi {
-            Err(PortError::BadConfig {
-                what,
-                requested: v.to_string(),
-                allowed: format!("{lo}..={hi}"),
-            })
-        } else {
-            Ok(())
-        }
-    };
-    range("rx queues", cfg.rx_queues, 1, caps.max_rx_queues)?;
-    range("tx queues", cfg.tx_queues, 1, caps.max_tx_queues)?;
-    range(
-        "rx ring size",
-        cfg.rx_ring_size,
-        caps.min_ring_size,
-        caps.max_ring_size,
-    )?;
-    range(
-        "tx ring size",
-        cfg.tx_ring_size,
-        caps.min_ring_size,
-        caps.max_ring_size,
-    )?;
-    range("mtu", cfg.mtu, caps.mtu_range.0, caps.mtu_range.1)?;
-    if caps.ring_size_pow2 {
-        for (what, v) in [
-            ("rx ring size", cfg.rx_ring_size),
-            ("tx ring size", cfg.tx_ring_size),
-        ] {
-            if !v.is_power_of_two() {
-                return Err(PortError::BadConfig {
-                    what,
-                    requested: v.to_string(),
-                    allowed: "a power of two".into(),
-                });
-            }
-        }
-    }
-    if !caps.rx_offloads.contains(cfg.rx_offloads) {
-        return Err(PortError::BadConfig {
-            what: "rx offloads",
-            requested: format!("{:?}", cfg.rx_offloads),
-            allowed: format!("{:?}", caps.rx_offloads),
-        });
-    }
-    if !caps.tx_offloads.contains(cfg.tx_offloads) {
-        return Err(PortError::BadConfig {
-            what: "tx offloads",
-            requested: format!("{:?}", cfg.tx_offloads),
-            allowed: format!("{:?}", caps.tx_offloads),
-        });
-    }
-    // Every RX descriptor holds a buffer; the pool must be able to fill all rings and leave
-    // room for packets in flight.
-    let need = u32::from(cfg.rx_queues) * u32::from(cfg.rx_ring_size);
-    if pool.capacity() < need {
-        return Err(PortError::BadConfig {
-            what: "mbuf pool size",
-            requested: pool.capacity().to_string(),
-            allowed: format!(
-                "at least {need} mbufs to fill {} rx ring(s) of {}",
-                cfg.rx_queues, cfg.rx_ring_size
-            ),
-        });
-    }
-    Ok(())
-}
-
-fn hardware_unavailable(spec: &PortSpec) -> PortError {
-    let root = std::path::Path::new(crate::devices::DEFAULT_SYSFS_ROOT);
-    let devs = crate::devices::list(root).unwrap_or_default();
-    let (want, name) = match spec.kind {
-        PortKind::Mana { .. } => (crate::devices::Provider::Mana, "MANA"),
-        _ => (crate::devices::Provider::Mlx5, "mlx5"),
-    };
-    let found: Vec<_> = devs
-        .iter()
-        .filter(|d| d.provider == want)
-        .map(|d| d.name.clone())
-        .collect();
-    let why = if found.is_empty() {
-        format!(
-            "no {name} RDMA device on this machine (run pmd-devices to see what there is); \
-             without hardware use the device model, e.g. --port emu-mana:wire=shm:demo0"
-        )
-    } else {
-        format!(
-            "found {} but the hardware datapath over verbs is not available in this build yet; \
-             the device model (emu-mana) runs the same datapath",
-            found.join(", ")
-        )
-    };
-    PortError::NoDevice {
-        spec: spec.to_string(),
-        why,
     }
 }

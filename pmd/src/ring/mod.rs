@@ -1,45 +1,86 @@
-//! Queue mechanics shared by the drivers: a circular work queue of 32-byte basic units with
-//! free-running producer/consumer counters, and a completion queue polled by owner bits.
+//! Queue mechanics shared by every driver and device model, whatever the NIC:
+//!
+//! * [`write_wrapped`] / [`read_wrapped`]: the one copy into and out of a circular ring that
+//!   continues at offset 0 where it passes the end (driver, model and golden tests use it);
+//! * [`WorkQueue`]: a circular work queue in fixed units (MANA's 32-byte basic units, mlx5's
+//!   64-byte WQEBBs) with free-running producer/consumer counters;
+//! * [`DescRing`]: what each posted WQE carries, in posting order;
+//! * [`CompletionQueue`]: a completion queue polled by owner bits, with the owner rule of the
+//!   NIC plugged in ([`OwnerRule`]; MANA's lives in `mana::cq`).
 //!
 //! Counters are free-running `u32`s (`Wrapping` arithmetic): `head - tail` is the number of
 //! units in flight even after the counters wrap, because ring sizes divide 2^32.
 #![deny(unsafe_code)]
 
-use crate::hw::mana::cqe::{check_owner, OwnerCheck};
-use crate::hw::mana::{BU_BYTES, CQE_BYTES};
-use crate::sys::mem::fence_after_owner_check;
+use crate::sys::barrier::udma_from_device_barrier;
 use crate::sys::DevMem;
-use std::sync::atomic::Ordering;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
-/// A GDMA work queue (SQ or RQ) as the driver sees it: it writes WQEs at `head` and the
-/// device frees them, in order, up to `tail`.
+/// Where a copy of `len` bytes at free-running byte position `pos` lands in a ring of `size`
+/// bytes (a power of two): `(start, first)`: `first` bytes at `start`, the rest at offset 0.
+#[inline]
+pub fn wrap(size: usize, pos: u32, len: usize) -> (usize, usize) {
+    debug_assert!(size.is_power_of_two() && len <= size);
+    let start = pos as usize & (size - 1);
+    (start, len.min(size - start))
+}
+
+/// Copies `data` into the ring `mem` (its whole length, a power of two) at free-running byte
+/// position `pos`, continuing at offset 0 past the end (MANA spec §3.4).
+#[inline]
+pub fn write_wrapped(mem: &DevMem, pos: u32, data: &[u8]) {
+    let (start, first) = wrap(mem.len(), pos, data.len());
+    mem.write(start, &data[..first]);
+    if first < data.len() {
+        mem.write(0, &data[first..]);
+    }
+}
+
+/// Copies `out.len()` bytes out of the ring `mem` at free-running byte position `pos`,
+/// wrapping like [`write_wrapped`].
+#[inline]
+pub fn read_wrapped(mem: &DevMem, pos: u32, out: &mut [u8]) {
+    let (start, first) = wrap(mem.len(), pos, out.len());
+    mem.read(start, &mut out[..first]);
+    if first < out.len() {
+        mem.read(0, &mut out[first..]);
+    }
+}
+
+/// A work queue (SQ or RQ) as the driver sees it: it writes WQEs at `head` and the device
+/// frees them, in order, up to `tail`. Positions count units of `unit_bytes`.
 #[derive(Debug)]
 pub struct WorkQueue {
     mem: Arc<DevMem>,
     size_bytes: u32,
-    /// Producer position in BUs (free-running).
-    head_bu: u32,
-    /// Consumer position in BUs (free-running), advanced as completions come back.
-    tail_bu: u32,
+    unit_bytes: u32,
+    /// Producer position in units (free-running).
+    head: u32,
+    /// Consumer position in units (free-running), advanced as completions come back.
+    tail: u32,
 }
 
 impl WorkQueue {
-    /// A queue over `mem` (the whole of it is the ring).
+    /// A queue over `mem` (the whole of it is the ring) in units of `unit_bytes`.
     ///
     /// # Panics
-    /// If the size is not a power of two of at least 32 bytes, or over 2^31.
-    pub fn new(mem: Arc<DevMem>) -> Self {
+    /// If the size is not a power of two of at least one unit, or over 2^31, or the unit is
+    /// not a power of two.
+    pub fn new(mem: Arc<DevMem>, unit_bytes: usize) -> Self {
         let size = mem.len();
         assert!(
-            size.is_power_of_two() && (BU_BYTES..=1 << 31).contains(&size),
-            "bad work queue size {size}"
+            unit_bytes.is_power_of_two()
+                && size.is_power_of_two()
+                && (unit_bytes..=1 << 31).contains(&size),
+            "bad work queue: {size} bytes in units of {unit_bytes}"
         );
         Self {
             mem,
             size_bytes: size as u32,
-            head_bu: 0,
-            tail_bu: 0,
+            unit_bytes: unit_bytes as u32,
+            head: 0,
+            tail: 0,
         }
     }
 
@@ -48,53 +89,48 @@ impl WorkQueue {
         self.size_bytes
     }
 
-    /// Producer position in BUs.
-    pub fn head_bu(&self) -> u32 {
-        self.head_bu
+    /// Producer position in units.
+    pub fn head(&self) -> u32 {
+        self.head
     }
 
-    /// Consumer position in BUs.
-    pub fn tail_bu(&self) -> u32 {
-        self.tail_bu
+    /// Consumer position in units.
+    pub fn tail(&self) -> u32 {
+        self.tail
     }
 
-    /// BUs free for new WQEs.
+    /// Units free for new WQEs.
     #[inline]
-    pub fn free_bu(&self) -> u32 {
-        self.size_bytes / BU_BYTES as u32 - self.head_bu.wrapping_sub(self.tail_bu)
+    pub fn free(&self) -> u32 {
+        self.size_bytes / self.unit_bytes - self.head.wrapping_sub(self.tail)
     }
 
-    /// The value a doorbell carries: the producer position in bytes, mod 2^32 (§6.1).
+    /// The producer position in bytes, mod 2^32 (what a MANA doorbell carries, §6.1).
     #[inline]
-    pub fn doorbell_position(&self) -> u32 {
-        self.head_bu.wrapping_mul(BU_BYTES as u32)
+    pub fn head_bytes(&self) -> u32 {
+        self.head.wrapping_mul(self.unit_bytes)
     }
 
-    /// Copies one WQE (a multiple of 32 bytes) to the producer position, continuing at
-    /// offset 0 where it passes the end (§3.4), and advances `head`. Returns its size in BUs,
-    /// or `None` (nothing written) if the ring lacks room.
+    /// Copies one WQE (a whole number of units) to the producer position, wrapping
+    /// ([`write_wrapped`]), and advances `head`. Returns its size in units, or `None`
+    /// (nothing written) if the ring lacks room.
     #[inline]
     pub fn post(&mut self, wqe: &[u8]) -> Option<u32> {
-        debug_assert!(wqe.len().is_multiple_of(BU_BYTES) && !wqe.is_empty());
-        let bu = (wqe.len() / BU_BYTES) as u32;
-        if bu > self.free_bu() {
+        debug_assert!(wqe.len().is_multiple_of(self.unit_bytes as usize) && !wqe.is_empty());
+        let units = (wqe.len() / self.unit_bytes as usize) as u32;
+        if units > self.free() {
             return None;
         }
-        let pos = (self.doorbell_position() & (self.size_bytes - 1)) as usize;
-        let first = wqe.len().min(self.size_bytes as usize - pos);
-        self.mem.write(pos, &wqe[..first]);
-        if first < wqe.len() {
-            self.mem.write(0, &wqe[first..]);
-        }
-        self.head_bu = self.head_bu.wrapping_add(bu);
-        Some(bu)
+        write_wrapped(&self.mem, self.head_bytes(), wqe);
+        self.head = self.head.wrapping_add(units);
+        Some(units)
     }
 
-    /// Marks `bu` units at the tail as consumed by the device.
+    /// Marks `units` at the tail as consumed by the device.
     #[inline]
-    pub fn complete(&mut self, bu: u32) {
-        debug_assert!(bu <= self.head_bu.wrapping_sub(self.tail_bu));
-        self.tail_bu = self.tail_bu.wrapping_add(bu);
+    pub fn complete(&mut self, units: u32) {
+        debug_assert!(units <= self.head.wrapping_sub(self.tail));
+        self.tail = self.tail.wrapping_add(units);
     }
 }
 
@@ -180,10 +216,32 @@ impl<T> DescRing<T> {
     }
 }
 
+/// What one look at a completion-queue slot found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// A new entry for the consumer's lap.
+    New,
+    /// Nothing new.
+    Empty,
+    /// The device lapped the consumer.
+    Overflow,
+}
+
+/// A NIC's owner-bit rule: how a consumer tells a new completion from an old one.
+pub trait OwnerRule {
+    /// Bytes per entry.
+    const ENTRY_BYTES: usize;
+    /// The consumer's starting position for a ring of `count` entries.
+    fn initial_head(count: u32) -> u32;
+    /// Classifies the entry at byte offset `off` for a consumer at free-running `head`.
+    /// Reads only the owner field (one aligned atomic load), never the body.
+    fn check(mem: &DevMem, off: usize, head: u32, count: u32) -> Slot;
+}
+
 /// What one poll of a completion queue found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Polled {
-    /// A new CQE at this byte offset of the CQ ring; its owner was checked and a read barrier
+    /// A new entry at this byte offset of the ring; its owner was checked and a read barrier
     /// issued, so its body can be read.
     Entry(usize),
     /// Nothing new.
@@ -192,28 +250,30 @@ pub enum Polled {
     Overflow,
 }
 
-/// A MANA completion queue as the consumer sees it (§7.2): `head` starts at `count`.
+/// A completion queue as the consumer sees it, with the owner rule `R`.
 #[derive(Debug)]
-pub struct CompletionQueue {
+pub struct CompletionQueue<R: OwnerRule> {
     mem: Arc<DevMem>,
     count: u32,
     head: u32,
+    rule: PhantomData<R>,
 }
 
-impl CompletionQueue {
-    /// A CQ of `count` 64-byte entries over `mem`.
+impl<R: OwnerRule> CompletionQueue<R> {
+    /// A CQ of `count` entries over `mem`.
     ///
     /// # Panics
     /// If `count` is not a power of two or `mem` is smaller than `count` entries.
     pub fn new(mem: Arc<DevMem>, count: u32) -> Self {
         assert!(
-            count.is_power_of_two() && mem.len() >= count as usize * CQE_BYTES,
+            count.is_power_of_two() && mem.len() >= count as usize * R::ENTRY_BYTES,
             "bad CQ: {count} entries in {mem:?}"
         );
         Self {
             mem,
             count,
-            head: count,
+            head: R::initial_head(count),
+            rule: PhantomData,
         }
     }
 
@@ -222,36 +282,31 @@ impl CompletionQueue {
         self.count
     }
 
-    /// The consumer position (free-running, started at `count`).
+    /// The consumer position (free-running).
     pub fn head(&self) -> u32 {
         self.head
-    }
-
-    /// The memory of the ring (to read a polled entry).
-    pub fn mem(&self) -> &DevMem {
-        &self.mem
     }
 
     /// Looks at the next slot; on a new entry, consumes it (advances `head`).
     #[inline]
     pub fn poll(&mut self) -> Polled {
-        let off = (self.head & (self.count - 1)) as usize * CQE_BYTES;
-        // The info dword (owner bits in [31:29]) is read first, as one aligned load.
-        let info = self.mem.load_u32(off + 60, Ordering::Acquire);
-        match check_owner((info >> 29) as u8, self.head, self.count) {
-            OwnerCheck::New => {
-                fence_after_owner_check();
+        let off = (self.head & (self.count - 1)) as usize * R::ENTRY_BYTES;
+        match R::check(&self.mem, off, self.head, self.count) {
+            Slot::New => {
+                // The owner field was read first; the body must not be read before it.
+                udma_from_device_barrier();
                 self.head = self.head.wrapping_add(1);
                 Polled::Entry(off)
             }
-            OwnerCheck::Empty => Polled::Empty,
-            OwnerCheck::Overflow => Polled::Overflow,
+            Slot::Empty => Polled::Empty,
+            Slot::Overflow => Polled::Overflow,
         }
     }
 
-    /// Copies the 64 bytes of the entry at `off` (from [`Polled::Entry`]).
+    /// Copies the first `out.len()` bytes of the entry at `off` (from [`Polled::Entry`]).
     #[inline]
-    pub fn read(&self, off: usize, out: &mut [u8; CQE_BYTES]) {
+    pub fn read(&self, off: usize, out: &mut [u8]) {
+        debug_assert!(out.len() <= R::ENTRY_BYTES);
         self.mem.read(off, out);
     }
 }
@@ -259,13 +314,12 @@ impl CompletionQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hw::mana::cqe::owner_for;
     use proptest::prelude::*;
 
     #[test]
     fn post_wraps_between_sges_and_refuses_when_full() {
         let mem = Arc::new(DevMem::anon(4096).unwrap());
-        let mut wq = WorkQueue::new(Arc::clone(&mem));
+        let mut wq = WorkQueue::new(Arc::clone(&mem), 32);
         // Fill 127 BUs, complete them, so the next WQE starts at the last slot.
         for _ in 0..127 {
             assert_eq!(wq.post(&[0u8; 32]), Some(1));
@@ -279,8 +333,8 @@ mod tests {
         let mut start = [0u8; 32];
         mem.read(0, &mut start);
         assert_eq!(&start[..], &wqe[32..]);
-        assert_eq!(wq.doorbell_position(), 129 * 32);
-        assert_eq!(wq.free_bu(), 126);
+        assert_eq!(wq.head_bytes(), 129 * 32);
+        assert_eq!(wq.free(), 126);
         for _ in 0..126 {
             assert!(wq.post(&[0u8; 32]).is_some());
         }
@@ -292,9 +346,9 @@ mod tests {
         #[test]
         fn counters_survive_u32_wrap(start in any::<u32>(), ops in proptest::collection::vec(1u32..4, 1..200)) {
             let mem = Arc::new(DevMem::anon(4096).unwrap());
-            let mut wq = WorkQueue::new(mem);
-            wq.head_bu = start;
-            wq.tail_bu = start;
+            let mut wq = WorkQueue::new(mem, 32);
+            wq.head = start;
+            wq.tail = start;
             let mut in_flight = std::collections::VecDeque::new();
             for bu in ops {
                 let wqe = vec![0u8; bu as usize * 32];
@@ -302,7 +356,7 @@ mod tests {
                     Some(n) => in_flight.push_back(n),
                     None => { let n = in_flight.pop_front().unwrap(); wq.complete(n); }
                 }
-                prop_assert_eq!(wq.free_bu() + in_flight.iter().sum::<u32>(), 128);
+                prop_assert_eq!(wq.free() + in_flight.iter().sum::<u32>(), 128);
             }
         }
     }
@@ -322,29 +376,25 @@ mod tests {
         assert!(r.is_empty() && r.pop().is_none());
     }
 
-    #[test]
-    fn cq_poll_follows_owner_generations_over_many_laps() {
-        let count = 4u32;
-        let mem = Arc::new(DevMem::anon(4096).unwrap());
-        let mut cq = CompletionQueue::new(Arc::clone(&mem), count);
-        assert_eq!(cq.poll(), Polled::Empty);
-        for n in 0..(count as u64 * 20) {
-            let slot = (n % u64::from(count)) as usize * 64;
-            mem.store_u32(
-                slot + 60,
-                u32::from(owner_for(n, count)) << 29,
-                Ordering::Release,
-            );
-            assert!(matches!(cq.poll(), Polled::Entry(off) if off == slot));
-            assert_eq!(cq.poll(), Polled::Empty);
+    proptest! {
+        /// Whatever the position and length, a wrapped write reads back the same bytes and
+        /// touches nothing outside the copy.
+        #[test]
+        fn wrapped_write_reads_back_and_touches_nothing_else(size_log in 5u32..10, pos in any::<u32>(), len in 1usize..64) {
+            let size = 1usize << size_log;
+            let len = len.min(size);
+            let ring = DevMem::anon(size).unwrap();
+            let data: Vec<u8> = (0..len).map(|i| i as u8 ^ 0x5a | 1).collect();
+            write_wrapped(&ring, pos, &data);
+            let mut back = vec![0u8; len];
+            read_wrapped(&ring, pos, &mut back);
+            prop_assert_eq!(&back, &data);
+            let mut all = vec![0u8; size];
+            ring.read(0, &mut all);
+            prop_assert_eq!(all.iter().filter(|&&b| b != 0).count(), len);
+            let (start, first) = wrap(size, pos, len);
+            prop_assert!(start < size && first <= len && start + first <= size);
+            prop_assert!(first == len || start + first == size);
         }
-        // The device laps the consumer: write two laps ahead into the next slot.
-        let n = count as u64 * 21;
-        mem.store_u32(
-            ((n % 4) as usize) * 64 + 60,
-            u32::from(owner_for(n + 4, count)) << 29,
-            Ordering::Release,
-        );
-        assert_eq!(cq.poll(), Polled::Overflow);
     }
 }

@@ -7,6 +7,7 @@
 //! check), or an atomic load/store of an aligned word (owner dwords, doorbells, ring indices).
 #![allow(unsafe_code)]
 
+use super::barrier::{mmio_flush_writes, udma_to_device_barrier};
 use std::fs::OpenOptions;
 use std::io;
 use std::path::Path;
@@ -125,11 +126,16 @@ impl DevMem {
     /// registration's guard before it unmaps the chunk ([`mempool::Registration::with_guard`]),
     /// so a caller keeps this value only in a table that the guard's drop clears, exactly like
     /// a NIC whose memory region is deregistered before the memory is freed.
-    pub fn for_registered_chunk(chunk: &mempool::ChunkInfo) -> Self {
-        // SAFETY: `chunk` describes `len` bytes of a live pool region (mapped read/write for
-        // the pool's lifetime). The registration protocol above bounds this view's life by the
-        // mapping's; the pool's own code reaches the bytes only through mbuf handles the
-        // driver gives up while the device owns them (posted RX buffers, in-flight TX frames).
+    ///
+    /// # Safety
+    /// The returned value must be dropped before the chunk is unmapped: keep it only where
+    /// the registration guard's drop removes it (the device model's memory-region table),
+    /// and touch the bytes only while the device owns the buffers in them (posted RX
+    /// buffers, in-flight TX frames).
+    pub unsafe fn for_registered_chunk(chunk: &mempool::ChunkInfo) -> Self {
+        // SAFETY: `chunk` describes `len` bytes of a live pool region, mapped read/write;
+        // the caller bounds this view's life by the registration's, which ends before the
+        // pool unmaps the region.
         unsafe { Self::from_raw(chunk.as_ptr(), chunk.len) }
     }
 
@@ -244,6 +250,29 @@ impl DevMem {
         self.atomic64(off).store(v, order)
     }
 
+    /// Rings a doorbell: [`udma_to_device_barrier`] (everything written to queue memory is
+    /// visible first), a volatile 64-bit store of `value` at `off`, then
+    /// [`mmio_flush_writes`] (the page is mapped write-combining on MANA, spec §6.3). The one
+    /// doorbell routine of every queue, like DPDK's `mana_ring_doorbell`.
+    ///
+    /// # Panics
+    /// If `off` is out of range or not 8-byte aligned.
+    #[inline]
+    pub fn ring_doorbell(&self, off: usize, value: u64) {
+        self.check(off, 8);
+        assert!(
+            (self.ptr as usize + off).is_multiple_of(8),
+            "unaligned doorbell at {off}"
+        );
+        udma_to_device_barrier();
+        // SAFETY: in range and 8-byte aligned (checked); the memory lives as long as `self`.
+        // An aligned 64-bit store is single-copy atomic on x86-64 and aarch64, so a device
+        // (or the model's thread, which reads doorbells with atomic loads) sees the old or
+        // the new value, never a torn one.
+        unsafe { std::ptr::write_volatile(self.ptr.add(off).cast::<u64>(), value) };
+        mmio_flush_writes();
+    }
+
     /// Atomic compare-and-swap of an aligned `u64` (for shared-memory link state).
     ///
     /// # Errors
@@ -259,26 +288,6 @@ const _: () = assert!(
     cfg!(target_endian = "little"),
     "pmd supports little-endian hosts only"
 );
-
-/// Orders all queue-memory writes before the doorbell store that publishes them
-/// (DPDK `rte_wmb()` before ringing, rdma-core `udma_to_device_barrier()`).
-#[inline]
-pub fn fence_before_doorbell() {
-    std::sync::atomic::fence(Ordering::Release);
-}
-
-/// Orders the owner-bit read of a CQE before reading the rest of it
-/// (DPDK `rte_rmb()` after the owner check, rdma-core `udma_from_device_barrier()`).
-#[inline]
-pub fn fence_after_owner_check() {
-    std::sync::atomic::fence(Ordering::Acquire);
-}
-
-/// Device side (model): orders a CQE's body before its owner dword (§10 item 12 of the spec).
-#[inline]
-pub fn fence_before_owner_write() {
-    std::sync::atomic::fence(Ordering::Release);
-}
 
 #[cfg(test)]
 mod tests {

@@ -12,7 +12,7 @@ use crate::hw::mana::wqe::{
 };
 use crate::hw::mana::{BU_BYTES, CQE_BYTES, MAX_SQ_WQE_BYTES, RSS_TABLE_ENTRIES};
 use crate::net::{csum, toeplitz};
-use crate::sys::mem::fence_before_owner_write;
+use crate::sys::barrier::fence_before_owner_write;
 use crate::sys::DevMem;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -1,4 +1,6 @@
 //! The MANA device model: a software NIC that implements the MANA [`Provider`] contract.
+//! It names no port type: a port over it is built by `port::probe`, and tests reach it
+//! through [`crate::emu::testing`].
 //!
 //! It allocates queue memory the way the `manadv_set_context_attr` allocator contract asks
 //! (page-aligned, zero-filled, sizes rounded as rdma-core rounds them, §1.3), hands out the
@@ -16,16 +18,17 @@ pub mod engine;
 
 pub use engine::{Engine, Faults, ModelStats};
 
-use crate::devices::MacAddr;
-use crate::emu::wire;
+use crate::emu::wire::{self, WireSpec};
+use crate::ethdev::{Link, RssConfig};
 use crate::hw::mana::wqe::{wqe_bytes, SHORT_OOB_BYTES};
 use crate::hw::mana::{CQE_BYTES, MAX_TX_SGES, MIN_QUEUE_BYTES, RSS_TABLE_ENTRIES};
-use crate::mana::{Provider, QueueAllocator, RawRxQueue, RawTxQueue, SetupError};
-use crate::port::{Link, PortError, PortKind, PortSpec, RssConfig};
+use crate::mana::{Provider, QueueAllocator, QueueOwner, RawRxQueue, RawTxQueue, SetupError};
+use crate::net::MacAddr;
 use crate::sys::DevMem;
+use std::path::PathBuf;
 use engine::{Cq, Mr, Rq, Sq};
 use mempool::{ChunkInfo, Registration};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -42,12 +45,55 @@ pub fn queue_bytes(n: usize) -> usize {
     n.next_power_of_two().max(MIN_QUEUE_BYTES)
 }
 
+/// What a MANA model port is: its wire and the settings a NIC would have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSpec {
+    /// Where its frames go.
+    pub wire: WireSpec,
+    /// Its MAC address (default: a locally administered one derived from the port id).
+    pub mac: Option<MacAddr>,
+    /// Record every frame sent and received to this pcap file.
+    pub pcap: Option<PathBuf>,
+    /// A Linux interface that plays the port's kernel netdev: while it is up it holds the
+    /// port, as on MANA.
+    pub netdev: Option<String>,
+    /// The vPort offset the model hands out in `RawTxQueue::tx_vp_offset` (default: the port
+    /// id mod 256). Values over 255 exercise the long-OOB vPort field (spec §11 item 6).
+    pub vp_offset: Option<u16>,
+}
+
+impl ModelSpec {
+    /// A model on `wire` with every other setting at its default.
+    pub fn new(wire: WireSpec) -> Self {
+        Self {
+            wire,
+            mac: None,
+            pcap: None,
+            netdev: None,
+            vp_offset: None,
+        }
+    }
+}
+
+/// Errors opening a model.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The wire (or its capture file) could not be opened.
+    #[error("opening the wire: {0}")]
+    Wire(#[from] wire::WireError),
+}
+
 struct Shared {
     engine: Mutex<Engine>,
     stop: AtomicBool,
     paused: AtomicBool,
     /// Who holds the vPort ("the kernel"), if anyone: queue creation then fails like EBUSY.
     held_by: Mutex<Option<String>>,
+    /// The raw queues handed out since the last `destroy_queues`, for tests acting as the NIC.
+    /// (Their owners point back here; `destroy_queues` and the model's drop clear the list.)
+    queues: Mutex<(Vec<RawTxQueue>, Vec<RawRxQueue>)>,
+    /// The MTU the driver set.
+    mtu: AtomicU32,
 }
 
 impl Shared {
@@ -68,12 +114,14 @@ impl std::fmt::Debug for ModelHandle {
 
 impl ModelHandle {
     /// Stops the engine thread from running steps (it keeps sleeping); drive with [`step`].
+    /// When this returns no step of the thread is in progress and none starts until
+    /// [`resume`]: the thread reads the flag under the engine lock.
     ///
     /// [`step`]: ModelHandle::step
+    /// [`resume`]: ModelHandle::resume
     pub fn pause(&self) {
+        let _engine = self.0.lock();
         self.0.paused.store(true, Ordering::SeqCst);
-        // Wait out a step in progress.
-        drop(self.0.lock());
     }
 
     /// Lets the engine thread run again.
@@ -109,14 +157,39 @@ impl ModelHandle {
         self.0.lock().stats
     }
 
+    /// The TX queues the model created (what `manadv_init_obj` handed the driver): ring
+    /// memory, ids, doorbell page, so a test can act as the NIC or as the driver.
+    pub fn tx_queues(&self) -> Vec<RawTxQueue> {
+        lock(&self.0.queues).0.clone()
+    }
+
+    /// The RX queues the model created.
+    pub fn rx_queues(&self) -> Vec<RawRxQueue> {
+        lock(&self.0.queues).1.clone()
+    }
+
+    /// The memory keys of the registered memory regions, with their address ranges.
+    pub fn memory_regions(&self) -> Vec<(u32, usize, usize)> {
+        self.0
+            .lock()
+            .mrs
+            .iter()
+            .map(|m| (m.lkey, m.addr, m.len))
+            .collect()
+    }
+
     /// Makes the "kernel" hold the port (queue creation fails as with EBUSY), or frees it.
     pub fn set_held_by(&self, netdev: Option<&str>) {
-        *self.0.held_by.lock().unwrap_or_else(|p| p.into_inner()) = netdev.map(str::to_string);
+        *lock(&self.0.held_by) = netdev.map(str::to_string);
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The MANA device model as a [`Provider`].
-pub struct EmuProvider {
+pub struct Model {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     mac: MacAddr,
@@ -152,34 +225,17 @@ fn busy(netdev: &str) -> SetupError {
     }
 }
 
-impl EmuProvider {
-    /// Opens the model for an `emu-mana` spec: connects its wire and starts the engine thread.
+impl Model {
+    /// Opens a model: connects its wire (and capture) and starts the engine thread.
     ///
     /// # Errors
-    /// The wire cannot be opened.
-    pub fn open(spec: &PortSpec, port_id: u16) -> Result<Self, PortError> {
-        let PortKind::EmuMana { wire: w, mac } = &spec.kind else {
-            return Err(PortError::NoDevice {
-                spec: spec.to_string(),
-                why: "not an emu-mana spec".into(),
-            });
-        };
-        let mut wire = wire::open(w).map_err(|e| PortError::Setup {
-            what: format!("{spec}: opening the wire"),
-            source: Box::new(e),
-        })?;
+    /// The wire or the capture file cannot be opened.
+    pub fn open(spec: &ModelSpec, port_id: u16) -> Result<Self, OpenError> {
+        let mut w = wire::open(&spec.wire)?;
         if let Some(path) = &spec.pcap {
-            wire = Box::new(
-                wire::PcapTap::new(wire, std::path::Path::new(path)).map_err(|e| {
-                    PortError::Setup {
-                        what: format!("{spec}: opening the capture"),
-                        source: Box::new(e),
-                    }
-                })?,
-            );
+            w = Box::new(wire::PcapTap::new(w, path)?);
         }
-        let netdev = spec.netdev.clone();
-        let mac = mac.unwrap_or(MacAddr([
+        let mac = spec.mac.unwrap_or(MacAddr([
             0x02,
             0x15,
             0x5d,
@@ -187,8 +243,11 @@ impl EmuProvider {
             (port_id >> 8) as u8,
             port_id as u8,
         ]));
-        let mut p = Self::with_wire(wire, mac, port_id);
-        p.netdev = netdev;
+        let mut p = Self::with_wire(w, mac, port_id);
+        p.netdev = spec.netdev.clone();
+        if let Some(v) = spec.vp_offset {
+            p.vp_offset = v;
+        }
         Ok(p)
     }
 
@@ -199,6 +258,8 @@ impl EmuProvider {
             stop: AtomicBool::new(false),
             paused: AtomicBool::new(false),
             held_by: Mutex::new(None),
+            queues: Mutex::new((Vec::new(), Vec::new())),
+            mtu: AtomicU32::new(1500),
         });
         let t = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -221,6 +282,11 @@ impl EmuProvider {
     /// A handle to step the model and inject faults.
     pub fn handle(&self) -> ModelHandle {
         ModelHandle(Arc::clone(&self.shared))
+    }
+
+    /// What a queue handle holds: the model's shared state (as a QP holds its context).
+    fn owner(&self) -> QueueOwner {
+        Arc::clone(&self.shared) as QueueOwner
     }
 
     fn id(&mut self) -> u32 {
@@ -247,13 +313,7 @@ impl EmuProvider {
     }
 
     fn check_held(&self) -> Result<(), SetupError> {
-        if let Some(netdev) = self
-            .shared
-            .held_by
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
+        if let Some(netdev) = lock(&self.shared.held_by).clone() {
             return Err(busy(&netdev));
         }
         if let Some(netdev) = &self.netdev {
@@ -326,7 +386,7 @@ impl EmuProvider {
     }
 }
 
-impl Provider for EmuProvider {
+impl Provider for Model {
     fn set_allocator(&mut self, alloc: Arc<dyn QueueAllocator>) {
         self.allocator = Some(alloc);
     }
@@ -353,14 +413,26 @@ impl Provider for EmuProvider {
         MODEL_MAX_DESC
     }
 
+    fn set_mtu(&mut self, mtu: u16) -> Result<(), SetupError> {
+        self.shared.mtu.store(u32::from(mtu), Ordering::Relaxed);
+        Ok(())
+    }
+
     fn reg_mr(&mut self, chunk: &ChunkInfo) -> Result<Registration, SetupError> {
         let lkey = self.next_lkey;
         self.next_lkey += 1;
+        // The model is the DMA device: it must read and write the application's buffers. The
+        // one unsafe step of the model, kept to this statement.
+        #[allow(unsafe_code)]
+        // SAFETY: the view goes into the engine's MR table only, and the registration guard
+        // returned below (which mempool drops before unmapping the chunk) removes it; the
+        // engine touches the bytes only for posted RX buffers and in-flight TX frames.
+        let mem = unsafe { DevMem::for_registered_chunk(chunk) };
         self.shared.lock().mrs.push(Mr {
             lkey,
             addr: chunk.addr,
             len: chunk.len,
-            mem: DevMem::for_registered_chunk(chunk),
+            mem,
         });
         tracing::debug!(target: "pmd::emu", lkey, addr = chunk.addr, len = chunk.len, "memory region registered");
         Ok(Registration::with_guard(
@@ -402,8 +474,10 @@ impl Provider for EmuProvider {
                 cq,
                 cq_count: nb_desc,
                 cq_id,
+                owner: self.owner(),
             });
         }
+        lock(&self.shared.queues).0.extend(out.iter().cloned());
         Ok(out)
     }
 
@@ -447,8 +521,10 @@ impl Provider for EmuProvider {
                 cq,
                 cq_count: nb_desc,
                 cq_id,
+                owner: self.owner(),
             });
         }
+        lock(&self.shared.queues).1.extend(out.iter().cloned());
         let base = first.unwrap_or(0);
         let mut e = self.shared.lock();
         e.rss.key = rss.key;
@@ -460,6 +536,7 @@ impl Provider for EmuProvider {
     }
 
     fn destroy_queues(&mut self) {
+        *lock(&self.shared.queues) = (Vec::new(), Vec::new());
         let mut e = self.shared.lock();
         e.sqs.clear();
         e.rqs.clear();
@@ -483,17 +560,14 @@ impl Provider for EmuProvider {
         ]
     }
 
-    fn model(&self) -> Option<ModelHandle> {
-        Some(self.handle())
-    }
-
     fn rx_missed(&self) -> u64 {
         self.shared.lock().stats.rx_no_wqe
     }
 }
 
-impl Drop for EmuProvider {
+impl Drop for Model {
     fn drop(&mut self) {
+        *lock(&self.shared.queues) = (Vec::new(), Vec::new());
         self.shared.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -520,10 +594,15 @@ impl Drop for MrGuard {
 fn engine_loop(s: &Shared) {
     let mut idle = 0u32;
     while !s.stop.load(Ordering::Relaxed) {
-        let work = if s.paused.load(Ordering::Relaxed) {
-            0
-        } else {
-            s.lock().step()
+        let work = {
+            // Read under the lock, so `pause()` (which sets it under the lock) is never
+            // followed by a step of this thread.
+            let mut e = s.lock();
+            if s.paused.load(Ordering::Relaxed) {
+                0
+            } else {
+                e.step()
+            }
         };
         if work > 0 {
             idle = 0;
@@ -558,7 +637,7 @@ mod tests {
 
     #[test]
     fn queue_memory_follows_the_allocator_contract() {
-        let mut p = EmuProvider::with_wire(Box::new(wire::NoWire), MacAddr::default(), 0);
+        let mut p = Model::with_wire(Box::new(wire::NoWire), MacAddr::default(), 0);
         let e = p.create_tx_queues(1, 64).unwrap_err().to_string();
         assert!(
             e.contains("manadv_set_context_attr must come before"),

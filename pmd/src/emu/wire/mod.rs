@@ -12,7 +12,7 @@
 
 pub mod ring;
 
-use crate::port::WireSpec;
+pub use crate::port::WireSpec;
 use crate::sys::net::{pid, process_alive, PacketSocket};
 use crate::sys::DevMem;
 use ring::{ring_bytes, FrameRing};

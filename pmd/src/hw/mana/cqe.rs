@@ -143,6 +143,40 @@ pub const fn check_owner(owner: u8, head: u32, count: u32) -> OwnerCheck {
     }
 }
 
+/// Byte offset of the info dword (WQ number, is_sq, owner bits) in a CQE (§7.1): what a
+/// consumer loads first, as one aligned 32-bit read, before its read barrier.
+pub const INFO_OFFSET: usize = 60;
+
+/// Owner bits of an info dword loaded on its own (§7.1: bits `[31:29]` of byte 60).
+pub fn info_owner_bits(info: u32) -> u8 {
+    let mut b = [0u8; CQE_BYTES];
+    b[INFO_OFFSET..].copy_from_slice(&info.to_le_bytes());
+    field::OWNER_BITS.get(&b) as u8
+}
+
+/// The common completion header alone (client data dword 0, §7.3): enough for a consumer
+/// that only needs the type, e.g. a TX completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqeHeader<T: AsRef<[u8]>>(T);
+
+/// Bytes of [`CqeHeader`].
+pub const CQE_HEADER_BYTES: usize = 4;
+
+impl<T: AsRef<[u8]>> CqeHeader<T> {
+    /// A view over at least 4 bytes; `None` if `buf` is shorter.
+    pub fn new_checked(buf: T) -> Option<Self> {
+        (buf.as_ref().len() >= CQE_HEADER_BYTES).then_some(Self(buf))
+    }
+    /// `cqe_type`.
+    pub fn cqe_type(&self) -> CqeType {
+        CqeType::from(field::CQE_TYPE.get(self.0.as_ref()) as u8)
+    }
+    /// `vendor_err` (24 bits).
+    pub fn vendor_err(&self) -> u32 {
+        field::VENDOR_ERR.get(self.0.as_ref())
+    }
+}
+
 /// A 64-byte CQE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cqe<T: AsRef<[u8]>>(T);
@@ -282,7 +316,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Cqe<T> {
         field::WQ_NUM.set(&mut b, wq_num);
         field::IS_SQ.set(&mut b, u32::from(is_sq));
         field::OWNER_BITS.set(&mut b, u32::from(owner));
-        le32(&b, 60)
+        le32(&b, INFO_OFFSET)
     }
     /// Device side: writes the info dword (owner last, §10 item 12).
     pub fn set_info(&mut self, wq_num: u32, is_sq: bool, owner: u8) {

@@ -103,7 +103,8 @@ pub struct PortConfig {
     pub rss: RssConfig,
     /// MTU in bytes (L3 payload of a frame).
     pub mtu: u16,
-    /// Receive frames for any destination MAC.
+    /// Receive frames for any destination MAC (only where [`Caps::promiscuous`] says the
+    /// device can; MANA cannot).
     pub promiscuous: bool,
 }
 
@@ -118,7 +119,7 @@ impl Default for PortConfig {
             tx_offloads: TxOffloads::empty(),
             rss: RssConfig::default(),
             mtu: 1500,
-            promiscuous: true,
+            promiscuous: false,
         }
     }
 }
@@ -145,6 +146,8 @@ pub struct Caps {
     pub max_burst: u16,
     /// Smallest and largest MTU.
     pub mtu_range: (u16, u16),
+    /// Whether the device can receive frames for any destination MAC.
+    pub promiscuous: bool,
 }
 
 /// Link state.

@@ -1,0 +1,281 @@
+//! The contract between applications and drivers: what every driver implements and every
+//! port exposes. It names no driver and no provider.
+//!
+//! * Slow path: [`PortDriver`], object-safe and called rarely (configure, start, stop, link,
+//!   stats). Errors are [`PortError`].
+//! * Fast path: [`RxBurst`] / [`TxBurst`], one per queue, owned by one polling core (`Send`,
+//!   not `Sync`). The port layer makes one indirect call per burst, as DPDK's
+//!   `rte_eth_fp_ops` does; nothing is dispatched per packet.
+//! * Plain data: [`Burst`], [`PortConfig`], [`Caps`], [`Link`], [`Stats`], per-queue
+//!   [`Counters`].
+#![deny(unsafe_code)]
+
+pub mod burst;
+pub mod config;
+pub mod counters;
+
+pub use burst::Burst;
+pub use config::{
+    Caps, Link, PortConfig, QueueStats, RssConfig, RssFields, RxOffloads, Stats, TxOffloads,
+};
+pub use counters::Counters;
+
+use crate::net::MacAddr;
+use mempool::MbufPool;
+use std::sync::Arc;
+
+/// Errors of the port slow path.
+#[derive(Debug, thiserror::Error)]
+pub enum PortError {
+    /// No device matches the spec.
+    #[error("{spec}: {why}")]
+    NoDevice {
+        /// The spec as given.
+        spec: String,
+        /// What was looked for and what to do.
+        why: String,
+    },
+    /// The port belongs to someone else (on MANA: the kernel netdev is up).
+    #[error("{spec}: port is busy: {holder} holds it; {hint}")]
+    Busy {
+        /// The spec.
+        spec: String,
+        /// Who holds it (e.g. "netdev eth1").
+        holder: String,
+        /// What to do about it.
+        hint: String,
+    },
+    /// A configuration value outside what the device can do.
+    #[error("{what}: {requested} requested, the port allows {allowed}")]
+    BadConfig {
+        /// Which setting.
+        what: &'static str,
+        /// What was asked.
+        requested: String,
+        /// What is possible.
+        allowed: String,
+    },
+    /// An operation not allowed in the port's state.
+    #[error("cannot {op} a port that is {state:?}")]
+    State {
+        /// The operation.
+        op: &'static str,
+        /// The port's state.
+        state: PortState,
+    },
+    /// A queue index past the configured count.
+    #[error("{dir} queue {queue} does not exist: the port has {count} {dir} queue(s)")]
+    NoSuchQueue {
+        /// "rx" or "tx".
+        dir: &'static str,
+        /// Asked for.
+        queue: u16,
+        /// Configured.
+        count: u16,
+    },
+    /// The handle of this queue was already taken.
+    #[error("{dir} queue {queue} was already taken (each queue has one owner)")]
+    QueueTaken {
+        /// "rx" or "tx".
+        dir: &'static str,
+        /// The queue.
+        queue: u16,
+    },
+    /// A driver's device setup step failed.
+    #[error("{what}: {source}")]
+    Setup {
+        /// The step.
+        what: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The link did not come up in time.
+    #[error("{spec}: link still down after {waited:?}: {hint}")]
+    LinkDown {
+        /// The port.
+        spec: String,
+        /// How long we waited.
+        waited: std::time::Duration,
+        /// What to check.
+        hint: String,
+    },
+}
+
+/// Where a port is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortState {
+    /// Opened, not configured.
+    Opened,
+    /// Configured (or stopped): queue handles exist, bursts return 0.
+    Configured,
+    /// Started: bursts move packets.
+    Started,
+}
+
+/// The receive half of one queue, as a driver implements it. Owned by one polling core.
+pub trait RxBurst: Send {
+    /// Receives up to `out.spare()` packets into `out` and returns how many arrived; 0 means
+    /// nothing is waiting. Never allocates, locks or logs; errors go to the queue's counters.
+    fn rx_burst(&mut self, out: &mut Burst) -> usize;
+}
+
+/// The transmit half of one queue, as a driver implements it. Owned by one polling core.
+pub trait TxBurst: Send {
+    /// Hands packets from the front of `pkts` to the device and returns how many it took;
+    /// those leave `pkts`, the rest stay, in order. Also reclaims completed packets.
+    fn tx_burst(&mut self, pkts: &mut Burst) -> usize;
+}
+
+/// The queues a driver builds for one configuration, in queue order.
+pub struct Queues {
+    /// RX queues, `cfg.rx_queues` of them.
+    pub rx: Vec<Box<dyn RxBurst>>,
+    /// TX queues, `cfg.tx_queues` of them.
+    pub tx: Vec<Box<dyn TxBurst>>,
+}
+
+/// What every queue of one configuration shares with the port.
+#[derive(Debug)]
+pub struct QueueSetup {
+    /// The port id mbufs are stamped with.
+    pub port_id: u16,
+    /// One counter set per RX queue (written by the queue's core, read by the port).
+    pub rx_counters: Vec<Arc<Counters>>,
+    /// One counter set per TX queue.
+    pub tx_counters: Vec<Arc<Counters>>,
+}
+
+impl QueueSetup {
+    /// Fresh counters for `rx` RX and `tx` TX queues of port `port_id`.
+    pub fn new(port_id: u16, rx: u16, tx: u16) -> Self {
+        let fresh = |n: u16| (0..n).map(|_| Arc::new(Counters::default())).collect();
+        Self {
+            port_id,
+            rx_counters: fresh(rx),
+            tx_counters: fresh(tx),
+        }
+    }
+}
+
+/// The driver side of a port's slow path. Object-safe; called rarely, never from a polling
+/// core's burst loop.
+pub trait PortDriver: Send {
+    /// What the device can do.
+    fn caps(&self) -> Caps;
+    /// The port's MAC address.
+    fn mac(&self) -> MacAddr;
+    /// Link state.
+    fn link(&self) -> Link;
+    /// Builds the queues for `cfg` (already checked against [`PortDriver::caps`]).
+    ///
+    /// # Errors
+    /// Device set-up failures, as [`PortError`].
+    fn configure(
+        &mut self,
+        cfg: &PortConfig,
+        pool: &Arc<MbufPool>,
+        q: &QueueSetup,
+    ) -> Result<Queues, PortError>;
+    /// Starts the datapath.
+    ///
+    /// # Errors
+    /// The device refused.
+    fn start(&mut self) -> Result<(), PortError> {
+        Ok(())
+    }
+    /// Stops the datapath.
+    fn stop(&mut self) {}
+    /// Driver- and device-specific counters by name.
+    fn xstats(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+    /// Frames the device dropped for lack of posted RX buffers.
+    fn imissed(&self) -> u64 {
+        0
+    }
+}
+
+/// Checks `cfg` against `caps` and the pool's size.
+///
+/// # Errors
+/// [`PortError::BadConfig`] naming the first setting out of range.
+pub fn check_config(cfg: &PortConfig, caps: &Caps, pool: &MbufPool) -> Result<(), PortError> {
+    let range = |what, v: u16, lo: u16, hi: u16| {
+        if v < lo || v > hi {
+            Err(PortError::BadConfig {
+                what,
+                requested: v.to_string(),
+                allowed: format!("{lo}..={hi}"),
+            })
+        } else {
+            Ok(())
+        }
+    };
+    range("rx queues", cfg.rx_queues, 1, caps.max_rx_queues)?;
+    range("tx queues", cfg.tx_queues, 1, caps.max_tx_queues)?;
+    range(
+        "rx ring size",
+        cfg.rx_ring_size,
+        caps.min_ring_size,
+        caps.max_ring_size,
+    )?;
+    range(
+        "tx ring size",
+        cfg.tx_ring_size,
+        caps.min_ring_size,
+        caps.max_ring_size,
+    )?;
+    range("mtu", cfg.mtu, caps.mtu_range.0, caps.mtu_range.1)?;
+    if caps.ring_size_pow2 {
+        for (what, v) in [
+            ("rx ring size", cfg.rx_ring_size),
+            ("tx ring size", cfg.tx_ring_size),
+        ] {
+            if !v.is_power_of_two() {
+                return Err(PortError::BadConfig {
+                    what,
+                    requested: v.to_string(),
+                    allowed: "a power of two".into(),
+                });
+            }
+        }
+    }
+    if cfg.promiscuous && !caps.promiscuous {
+        return Err(PortError::BadConfig {
+            what: "promiscuous mode",
+            requested: "on".into(),
+            allowed: "only frames for the port's own MAC, broadcast and multicast (the device \
+                      has no promiscuous mode)"
+                .into(),
+        });
+    }
+    if !caps.rx_offloads.contains(cfg.rx_offloads) {
+        return Err(PortError::BadConfig {
+            what: "rx offloads",
+            requested: format!("{:?}", cfg.rx_offloads),
+            allowed: format!("{:?}", caps.rx_offloads),
+        });
+    }
+    if !caps.tx_offloads.contains(cfg.tx_offloads) {
+        return Err(PortError::BadConfig {
+            what: "tx offloads",
+            requested: format!("{:?}", cfg.tx_offloads),
+            allowed: format!("{:?}", caps.tx_offloads),
+        });
+    }
+    // Every RX descriptor holds a buffer; the pool must be able to fill all rings and leave
+    // room for packets in flight.
+    let need = u32::from(cfg.rx_queues) * u32::from(cfg.rx_ring_size);
+    if pool.capacity() < need {
+        return Err(PortError::BadConfig {
+            what: "mbuf pool size",
+            requested: pool.capacity().to_string(),
+            allowed: format!(
+                "at least {need} mbufs to fill {} rx ring(s) of {}",
+                cfg.rx_queues, cfg.rx_ring_size
+            ),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,194 @@
+//! The MANA provider contract: what the datapath needs from below (rdma-core on hardware,
+//! the device model otherwise), and the raw queues it hands back, as `manadv_init_obj`
+//! describes them. Names no provider implementation.
+#![deny(unsafe_code)]
+
+use crate::ethdev::{Link, RssConfig};
+use crate::net::MacAddr;
+use crate::sys::DevMem;
+use mempool::{ChunkInfo, Registration};
+use std::any::Any;
+use std::sync::Arc;
+
+/// What keeps one queue's device objects alive (on hardware: QP or WQ, CQ, the context and
+/// its doorbell mapping; on the model: the model's queue record). A queue handle holds it, so
+/// a burst still in flight after `stop`, `configure` or `close` never touches a destroyed
+/// queue or an unmapped doorbell page; the objects go when the last handle drops.
+pub type QueueOwner = Arc<dyn Any + Send + Sync>;
+
+/// A TX queue as `manadv_init_obj(QP | CQ)` describes it.
+#[derive(Clone)]
+pub struct RawTxQueue {
+    /// SQ ring memory (`manadv_qp.sq_buf`, `sq_size` bytes).
+    pub sq: Arc<DevMem>,
+    /// Hardware SQ id (`manadv_qp.sq_id`).
+    pub sq_id: u32,
+    /// vPort offset for every TX OOB (`manadv_qp.tx_vp_offset`).
+    pub tx_vp_offset: u16,
+    /// The doorbell page (`manadv_qp.db_page`).
+    pub db_page: Arc<DevMem>,
+    /// CQ ring memory (`manadv_cq.buf`).
+    pub cq: Arc<DevMem>,
+    /// CQEs in the ring (`manadv_cq.count`).
+    pub cq_count: u32,
+    /// Hardware CQ id (`manadv_cq.cq_id`).
+    pub cq_id: u32,
+    /// What keeps the queue's objects alive while the handle exists.
+    pub owner: QueueOwner,
+}
+
+impl std::fmt::Debug for RawTxQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawTxQueue")
+            .field("sq", &self.sq)
+            .field("sq_id", &self.sq_id)
+            .field("tx_vp_offset", &self.tx_vp_offset)
+            .field("cq", &self.cq)
+            .field("cq_count", &self.cq_count)
+            .field("cq_id", &self.cq_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An RX queue as `manadv_init_obj(RWQ | CQ)` describes it.
+#[derive(Clone)]
+pub struct RawRxQueue {
+    /// RQ ring memory (`manadv_rwq.buf`, `size` bytes).
+    pub rq: Arc<DevMem>,
+    /// Hardware RQ id (`manadv_rwq.wq_id`).
+    pub rq_id: u32,
+    /// The doorbell page (`manadv_rwq.db_page`).
+    pub db_page: Arc<DevMem>,
+    /// CQ ring memory.
+    pub cq: Arc<DevMem>,
+    /// CQEs in the ring.
+    pub cq_count: u32,
+    /// Hardware CQ id.
+    pub cq_id: u32,
+    /// What keeps the queue's objects alive while the handle exists.
+    pub owner: QueueOwner,
+}
+
+impl std::fmt::Debug for RawRxQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawRxQueue")
+            .field("rq", &self.rq)
+            .field("rq_id", &self.rq_id)
+            .field("cq", &self.cq)
+            .field("cq_count", &self.cq_count)
+            .field("cq_id", &self.cq_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Errors of a MANA provider's control path.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// Raw-packet QP creation failed with EBUSY / ENODEV: someone else holds the vPort.
+    #[error("{holder} holds the port")]
+    PortBusy {
+        /// The kernel netdev that holds the port, when known (what a take-over brings down).
+        netdev: Option<String>,
+        /// Who (e.g. "kernel netdev eth1").
+        holder: String,
+        /// What to do.
+        hint: String,
+    },
+    /// Queue sizes or counts outside the device's limits.
+    #[error("{what}: {requested} requested, device maximum is {max}")]
+    Limit {
+        /// Which limit.
+        what: &'static str,
+        /// Asked.
+        requested: u32,
+        /// Allowed.
+        max: u32,
+    },
+    /// A verbs call (or its model equivalent) failed.
+    #[error("{call} failed while creating {object}: {source}")]
+    Verbs {
+        /// The call.
+        call: &'static str,
+        /// The object.
+        object: &'static str,
+        /// errno.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The queue-buffer allocator contract of `manadv_set_context_attr(ctx,
+/// MANADV_CTX_ATTR_BUF_ALLOCATORS, ..)` (spec §1.3): CQ, SQ and RQ rings live in memory the
+/// application provides, page-aligned and zero-filled (a zero owner field means "empty"), and
+/// mapped until the queue is destroyed.
+pub trait QueueAllocator: Send + Sync {
+    /// `size` bytes of page-aligned, zeroed memory.
+    ///
+    /// # Errors
+    /// The memory could not be had.
+    fn alloc(&self, size: usize) -> std::io::Result<Arc<DevMem>>;
+}
+
+/// Queue memory from anonymous page mappings (page-aligned and zeroed by the kernel).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PageAllocator;
+
+impl QueueAllocator for PageAllocator {
+    fn alloc(&self, size: usize) -> std::io::Result<Arc<DevMem>> {
+        DevMem::anon(size).map(Arc::new)
+    }
+}
+
+/// What the MANA datapath needs from below: rdma-core on hardware, the device model otherwise.
+/// The calls mirror the bring-up checklist of the spec (§1.13).
+pub trait Provider: Send {
+    /// Sets the queue-buffer allocator (`manadv_set_context_attr`); must come before any
+    /// queue is created.
+    fn set_allocator(&mut self, alloc: Arc<dyn QueueAllocator>);
+    /// The port's MAC address.
+    fn mac(&self) -> MacAddr;
+    /// Link state.
+    fn link(&self) -> Link;
+    /// Most queues of each kind.
+    fn max_queues(&self) -> u16;
+    /// Most descriptors per queue.
+    fn max_desc(&self) -> u32;
+    /// Sets the port's MTU (on MANA through the kernel netdev, `SIOCSIFMTU`, spec §1.1);
+    /// the device drops larger TX frames with TX_MTU_DROP completions.
+    ///
+    /// # Errors
+    /// The device (or the netdev) refused the value.
+    fn set_mtu(&mut self, mtu: u16) -> Result<(), SetupError>;
+    /// Registers one pool chunk for DMA (`ibv_reg_mr`) and returns its key; the registration
+    /// lasts until the returned guard drops.
+    ///
+    /// # Errors
+    /// The registration failed.
+    fn reg_mr(&mut self, chunk: &ChunkInfo) -> Result<Registration, SetupError>;
+    /// Creates `n` TX queues of `nb_desc` WQEs each (CQ + raw-packet QP per queue).
+    ///
+    /// # Errors
+    /// [`SetupError::PortBusy`] when the vPort is held; limits; verbs failures.
+    fn create_tx_queues(&mut self, n: u16, nb_desc: u32) -> Result<Vec<RawTxQueue>, SetupError>;
+    /// Creates `n` RX queues of `nb_desc` WQEs each, spread by RSS.
+    ///
+    /// # Errors
+    /// As `create_tx_queues`.
+    fn create_rx_queues(
+        &mut self,
+        n: u16,
+        nb_desc: u32,
+        rss: &RssConfig,
+    ) -> Result<Vec<RawRxQueue>, SetupError>;
+    /// Destroys all queues (teardown order of §1.10). Objects a queue handle still holds
+    /// ([`QueueOwner`]) go when the handle drops.
+    fn destroy_queues(&mut self);
+    /// Device-side counters, by name.
+    fn xstats(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+    /// Frames the device dropped because no receive WQE was posted.
+    fn rx_missed(&self) -> u64 {
+        0
+    }
+}

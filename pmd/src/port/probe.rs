@@ -1,0 +1,106 @@
+//! The composition root: the one place that names port kinds. It turns a [`PortSpec`] into a
+//! driver over its provider (like ixy's single probe), so neither the port layer, nor the
+//! drivers, nor the providers know each other's kinds.
+//!
+//! A MANA port over any provider, the same way the hardware (verbs) provider is used:
+//!
+//! ```
+//! use pmd::{emu::testing, mana, port::{probe, PortConfig}};
+//! let (model, handle) = testing::mana("none", 0)?;
+//! let mut port = probe::mana(0, "my-model".into(), Box::new(model), mana::Options::default());
+//! let pool = mempool::MbufPool::new(mempool::MbufPoolConfig::new("doc-probe", 1024))?;
+//! port.configure(&PortConfig { rx_ring_size: 64, tx_ring_size: 64, ..Default::default() }, &pool)?;
+//! assert_eq!(handle.tx_queues().len(), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![deny(unsafe_code)]
+
+use super::devargs::{PortKind, PortSpec};
+use super::Port;
+use crate::devices::{self, Family};
+use crate::ethdev::{PortDriver, PortError};
+
+/// Builds the driver (and its provider) for `spec`, as port `id`.
+///
+/// # Errors
+/// [`PortError::NoDevice`] when nothing matches, or the provider's open error.
+pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, PortError> {
+    match &spec.kind {
+        PortKind::Null { size, mac } => Ok(Box::new(crate::null::Driver::new(*size, *mac, id))),
+        #[cfg(feature = "emu")]
+        PortKind::EmuMana { wire, mac } => {
+            let model_spec = crate::emu::mana::ModelSpec {
+                wire: wire.clone(),
+                mac: *mac,
+                pcap: spec.pcap.as_ref().map(std::path::PathBuf::from),
+                netdev: spec.netdev.clone(),
+                vp_offset: None,
+            };
+            let model =
+                crate::emu::mana::Model::open(&model_spec, id).map_err(|e| PortError::Setup {
+                    what: spec.to_string(),
+                    source: Box::new(e),
+                })?;
+            Ok(Box::new(crate::mana::Driver::new(
+                Box::new(model),
+                mana_options(spec),
+            )))
+        }
+        #[cfg(feature = "emu")]
+        PortKind::EmuMlx5 { .. } => Err(PortError::NoDevice {
+            spec: spec.to_string(),
+            why: "the mlx5 device model is not built yet; use emu-mana:wire=... for a modelled \
+                  NIC"
+            .into(),
+        }),
+        PortKind::Mana { .. } | PortKind::Mlx5 { .. } => Err(hardware_unavailable(spec)),
+    }
+}
+
+/// A MANA port over `provider` (the device model, rdma-core, or a test's own), as port `id`
+/// named `name`.
+pub fn mana(
+    id: u16,
+    name: String,
+    provider: Box<dyn crate::mana::Provider>,
+    opts: crate::mana::Options,
+) -> Port {
+    Port::from_driver(id, name, Box::new(crate::mana::Driver::new(provider, opts)))
+}
+
+#[cfg(feature = "emu")]
+fn mana_options(spec: &PortSpec) -> crate::mana::Options {
+    crate::mana::Options {
+        takeover: spec.takeover,
+    }
+}
+
+fn hardware_unavailable(spec: &PortSpec) -> PortError {
+    let root = std::path::Path::new(devices::DEFAULT_SYSFS_ROOT);
+    let devs = devices::list(root).unwrap_or_default();
+    let (want, name) = match spec.kind {
+        PortKind::Mana { .. } => (Family::Mana, "MANA"),
+        _ => (Family::Mlx5, "mlx5"),
+    };
+    let found: Vec<_> = devs
+        .iter()
+        .filter(|d| d.family == want)
+        .map(|d| d.name.clone())
+        .collect();
+    let why = if found.is_empty() {
+        format!(
+            "no {name} RDMA device on this machine (run pmd-devices to see what there is); \
+             without hardware use the device model, e.g. --port emu-mana:wire=shm:demo0"
+        )
+    } else {
+        format!(
+            "found {} but the hardware datapath over verbs is not available in this build yet; \
+             the device model (emu-mana) runs the same datapath",
+            found.join(", ")
+        )
+    };
+    PortError::NoDevice {
+        spec: spec.to_string(),
+        why,
+    }
+}

@@ -1,0 +1,122 @@
+//! Keeps the layer arrows of `pmd` honest (see the crate docs and ARCHITECTURE.md): reads
+//! every module's `crate::` paths and fails when one points up or sideways.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Each top-level module and the modules it may use. Anything else is a wrong-way arrow.
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("sys", &[]),
+    ("log", &[]),
+    ("hw", &[]),
+    ("net", &[]),
+    ("ring", &["sys"]),
+    ("ethdev", &["net"]),
+    ("lcore", &["sys", "log"]),
+    ("devices", &["net", "sys"]),
+    ("takeover", &["devices", "sys"]),
+    // Drivers: the contract below them, shared mechanics, formats; never a provider or port.
+    ("mana", &["ethdev", "ring", "hw", "net", "sys", "takeover"]),
+    ("null", &["ethdev", "net"]),
+    // Providers: implement a driver's provider trait; never name a port type.
+    ("emu", &["mana", "ethdev", "ring", "hw", "net", "sys"]),
+    // The port layer; only the composition root names kinds (see KIND_NAMERS).
+    ("port", &["ethdev", "net", "devices", "log", "mana", "null", "emu"]),
+];
+
+/// Driver and provider modules: only these files of `port` may name them.
+const KINDS: &[&str] = &["mana", "null", "emu", "verbs", "mlx5"];
+const KIND_NAMERS: &[&str] = &["port/probe.rs", "port/devargs.rs"];
+
+/// Crate-root macros, not modules.
+const MACROS: &[&str] = &["dp_trace", "enum_with_unknown"];
+
+fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rs_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Every `crate::NAME` in the code of `text` (comments skipped), with its line number.
+fn crate_refs(text: &str) -> Vec<(usize, String)> {
+    let mut refs = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            let tail = &rest[at + "crate::".len()..];
+            let name: String = tail
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            // `$crate::` inside macros and `super::crate` do not occur; skip `pmd_crate::`.
+            let before = &rest[..at];
+            if !before.ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$') {
+                refs.push((i + 1, name));
+            }
+            rest = tail;
+        }
+    }
+    refs
+}
+
+fn violations(src: &Path) -> Vec<String> {
+    let allowed: BTreeMap<&str, &[&str]> = ALLOWED.iter().copied().collect();
+    let mut files = Vec::new();
+    rs_files(src, &mut files);
+    let mut bad = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(src).unwrap().to_string_lossy().replace('\\', "/");
+        if rel == "lib.rs" {
+            continue;
+        }
+        let top = rel.split('/').next().unwrap().trim_end_matches(".rs");
+        let Some(ok) = allowed.get(top) else {
+            bad.push(format!("{rel}: module `{top}` has no place in the layer table"));
+            continue;
+        };
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (line, name) in crate_refs(&text) {
+            if name == top || MACROS.contains(&name.as_str()) {
+                continue;
+            }
+            if !ok.contains(&name.as_str()) {
+                bad.push(format!("{rel}:{line}: `{top}` uses crate::{name} (allowed: {ok:?})"));
+            } else if top == "port" && KINDS.contains(&name.as_str()) && !KIND_NAMERS.contains(&rel.as_str()) {
+                bad.push(format!(
+                    "{rel}:{line}: names the kind module crate::{name}; only {KIND_NAMERS:?} may"
+                ));
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn every_arrow_points_down() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let bad = violations(&src);
+    assert!(bad.is_empty(), "layering violations:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn the_checker_catches_a_wrong_way_arrow() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::create_dir_all(src.join("ethdev")).unwrap();
+    std::fs::create_dir_all(src.join("port")).unwrap();
+    std::fs::write(src.join("ethdev/mod.rs"), "use crate::net::MacAddr;\n").unwrap();
+    std::fs::write(src.join("hw.rs"), "// use crate::port::Port;\n").unwrap();
+    assert!(violations(src).is_empty());
+    // The contract naming a driver, and the port layer naming a kind outside the probe.
+    std::fs::write(src.join("ethdev/burst.rs"), "use crate::mana::Driver;\n").unwrap();
+    std::fs::write(src.join("port/mod.rs"), "fn f() { crate::emu::testing::mana(); }\n").unwrap();
+    let bad = violations(src);
+    assert_eq!(bad.len(), 2, "{bad:?}");
+    assert!(bad[0].contains("ethdev/burst.rs:1") || bad[1].contains("ethdev/burst.rs:1"));
+}
