@@ -6,7 +6,8 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use mempool::lcache;
 use mempool::{MbufPool, MbufPoolConfig};
-use pmd::port::{Burst, Port, PortConfig};
+use pmd::emu::testing;
+use pmd::port::{probe, Burst, PortConfig};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -15,9 +16,12 @@ const BURST: usize = 32;
 fn bench(c: &mut Criterion) {
     let pool = MbufPool::new(MbufPoolConfig::new("bench", 4096)).unwrap();
     let name = format!("bench-{}", std::process::id());
-    let mut a = Port::open(0, &format!("emu-mana:wire=loop:{name}").parse().unwrap()).unwrap();
-    let mut b = Port::open(1, &format!("emu-mana:wire=loop:{name}").parse().unwrap()).unwrap();
-    let (ma, mb) = (a.model().unwrap(), b.model().unwrap());
+    let wire = format!("loop:{name}");
+    let (model_a, ma) = testing::mana(&wire, 0).unwrap();
+    let (model_b, mb) = testing::mana(&wire, 1).unwrap();
+    let opts = pmd::mana::Options::default();
+    let mut a = probe::mana(0, "a".into(), Box::new(model_a), opts.clone());
+    let mut b = probe::mana(1, "b".into(), Box::new(model_b), opts);
     ma.pause();
     mb.pause();
     let cfg = PortConfig {

@@ -3,7 +3,10 @@
 
 use mempool::{Mbuf, MbufPool, MbufPoolConfig, OffloadFlags, TxOffload};
 use pmd::emu::mana::{Faults, ModelHandle};
-use pmd::port::{Burst, Port, PortConfig, PortError, RxOffloads, RxQueue, TxOffloads, TxQueue};
+use pmd::emu::testing;
+use pmd::port::{
+    probe, Burst, Port, PortConfig, PortError, RxOffloads, RxQueue, TxOffloads, TxQueue,
+};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -19,6 +22,18 @@ struct Pair {
     pool: Arc<MbufPool>,
 }
 
+/// A MANA port over a device model on `wire`, and the model's handle (from the fixture).
+fn model_port(id: u16, wire: &str) -> (Port, ModelHandle) {
+    let (model, handle) = testing::mana(wire, id).unwrap();
+    let port = probe::mana(
+        id,
+        format!("model {id} on {wire}"),
+        Box::new(model),
+        pmd::mana::Options::default(),
+    );
+    (port, handle)
+}
+
 fn pair(cfg_b: PortConfig, pool_size: u32) -> Pair {
     let name = format!(
         "mana-emu-test-{}-{}",
@@ -26,9 +41,8 @@ fn pair(cfg_b: PortConfig, pool_size: u32) -> Pair {
         CABLE.fetch_add(1, Ordering::SeqCst)
     );
     let pool = MbufPool::new(MbufPoolConfig::new("t", pool_size)).unwrap();
-    let mut a = Port::open(0, &format!("emu-mana:wire=loop:{name}").parse().unwrap()).unwrap();
-    let mut b = Port::open(1, &format!("emu-mana:wire=loop:{name}").parse().unwrap()).unwrap();
-    let (ma, mb) = (a.model().unwrap(), b.model().unwrap());
+    let (mut a, ma) = model_port(0, &format!("loop:{name}"));
+    let (mut b, mb) = model_port(1, &format!("loop:{name}"));
     ma.pause();
     mb.pause();
     let cfg_a = PortConfig {
@@ -97,7 +111,7 @@ fn drain(rx: &mut RxQueue, into: &mut Vec<Vec<u8>>) -> Vec<Mbuf> {
         if rx.rx_burst(&mut b) == 0 {
             break;
         }
-        while let Some(m) = b.pop() {
+        for m in b.drain_front(b.len()) {
             into.push(m.data().to_vec());
             kept.push(m);
         }
@@ -122,24 +136,12 @@ fn frames_cross_byte_exact_over_many_ring_laps() {
         step_both(&p);
         let mut frames = Vec::new();
         let kept = drain(&mut p.rx[0], &mut frames);
-        // Delivered in order.
-        got.extend(
-            frames
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev(),
-        );
+        got.extend(frames);
         drop(kept);
     }
-    // Order within a burst was reversed by pop(); compare as multisets plus count.
+    // Every frame, byte-exact, in the order sent.
     assert_eq!(got.len(), sent.len());
-    let mut g = got.clone();
-    let mut s = sent.clone();
-    g.sort();
-    s.sort();
-    assert_eq!(g, s);
+    assert!(got == sent, "frames differ or arrived out of order");
     // A last empty burst reclaims the final completions.
     p.tx.tx_burst(&mut Burst::with_capacity(1));
     let sa = p.a.stats();
@@ -360,9 +362,7 @@ fn full_ring_pushes_back_and_nothing_is_lost() {
         .iter()
         .map(|f| u32::from_be_bytes(f[42..46].try_into().unwrap()))
         .collect();
-    let mut sorted = seqs.clone();
-    sorted.sort();
-    assert_eq!(sorted, (0..100).collect::<Vec<_>>());
+    assert_eq!(seqs, (0..100).collect::<Vec<_>>(), "all 100, in order");
 }
 
 #[test]
@@ -398,7 +398,12 @@ fn rx_pool_exhaustion_counts_nombuf_and_recovers() {
     assert!(s.rx_nombuf > 0, "refills failed and were counted: {s:?}");
     assert!(sent > 0);
     drop(held);
-    // Buffers are back: the queue refills and traffic flows again.
+    // Buffers are back: the next poll refills the ring completely...
+    let mut frames = Vec::new();
+    drop(drain(&mut p.rx[0], &mut frames));
+    assert_eq!(p.b.stats().imissed, p.mb.stats().rx_no_wqe, "device drops are reported");
+    frames.clear();
+    // ... and traffic flows again: every frame of a new burst arrives, in order.
     let mut burst = Burst::with_capacity(8);
     for i in 0..8 {
         burst
@@ -407,14 +412,14 @@ fn rx_pool_exhaustion_counts_nombuf_and_recovers() {
     }
     assert_eq!(p.tx.tx_burst(&mut burst), 8);
     step_both(&p);
-    let mut frames = Vec::new();
-    // The first burst refills; frames that found no WQE were dropped by the device and counted.
-    let kept = drain(&mut p.rx[0], &mut frames);
-    drop(kept);
-    step_both(&p);
-    drain(&mut p.rx[0], &mut frames);
-    let dev = p.mb.stats();
-    assert!(dev.rx_frames > 0);
+    let missed_before = p.mb.stats().rx_no_wqe;
+    drop(drain(&mut p.rx[0], &mut frames));
+    let seqs: Vec<u32> = frames
+        .iter()
+        .map(|f| u32::from_be_bytes(f[42..46].try_into().unwrap()))
+        .collect();
+    assert_eq!(seqs, (1000..1008).collect::<Vec<_>>(), "recovered");
+    assert_eq!(p.mb.stats().rx_no_wqe, missed_before, "no drop after recovery");
     drop(p.tx);
     drop(p.rx);
     drop((p.a, p.b));
@@ -476,8 +481,8 @@ fn link_down_drops_frames_and_reports_down() {
 #[test]
 fn port_held_by_the_kernel_is_reported_with_what_to_do() {
     let pool = MbufPool::new(MbufPoolConfig::new("busy", 256)).unwrap();
-    let mut port = Port::open(0, &"emu-mana:wire=none".parse().unwrap()).unwrap();
-    port.model().unwrap().set_held_by(Some("eth1"));
+    let (mut port, model) = model_port(0, "none");
+    model.set_held_by(Some("eth1"));
     let e = port.configure(&small_cfg(), &pool).unwrap_err();
     assert!(matches!(e, PortError::Busy { .. }));
     let msg = e.to_string();
@@ -485,7 +490,7 @@ fn port_held_by_the_kernel_is_reported_with_what_to_do() {
         msg.contains("kernel netdev eth1 holds it") && msg.contains("ip link set eth1 down"),
         "{msg}"
     );
-    port.model().unwrap().set_held_by(None);
+    model.set_held_by(None);
     port.configure(&small_cfg(), &pool).unwrap();
 }
 
@@ -506,10 +511,12 @@ fn engine_thread_runs_the_cable_unattended() {
     let mut b_out = Burst::with_capacity(32);
     let mut b_in = Burst::with_capacity(32);
     let t0 = std::time::Instant::now();
-    // Paced: never more frames on the way than the receiver has buffers posted.
+    // Paced: never more frames on the way than the receiver is sure to have posted (it
+    // refills whenever fewer than 32 are posted, so at least 32 are, out of 64).
     while received < 10_000 && t0.elapsed() < std::time::Duration::from_secs(20) {
-        if sent < 10_000 && sent - received < 32 {
-            while b_out.spare() > 0 && sent + b_out.len() < 10_000 {
+        let room = 32 - (sent - received);
+        if sent < 10_000 && room > 0 {
+            while b_out.len() < room && sent + b_out.len() < 10_000 {
                 b_out
                     .push(mbuf_with(
                         &pool,

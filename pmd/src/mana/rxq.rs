@@ -255,6 +255,9 @@ impl RxQueue {
     fn annotate(&self, m: &mut Mbuf, c: &Cqe<&[u8]>, k: usize) {
         let mut fl = OffloadFlags::empty();
         let cs = c.rx_csum();
+        if cs.outer_ip_bad {
+            fl.insert(OffloadFlags::RX_OUTER_IP_CKSUM_BAD);
+        }
         fl.set_rx_ip_cksum(if cs.ip_bad {
             CksumStatus::Bad
         } else if cs.ip_ok {

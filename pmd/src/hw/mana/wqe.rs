@@ -419,25 +419,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> TxOob<T> {
     }
 }
 
-/// Reads `n` bytes of a circular ring starting at byte `pos` (taken modulo the ring size)
-/// into `out`, continuing at offset 0 past the end (§3.4).
-pub fn ring_read(ring: &[u8], pos: usize, out: &mut [u8]) {
-    let start = pos % ring.len();
-    let first = out.len().min(ring.len() - start);
-    out[..first].copy_from_slice(&ring[start..start + first]);
-    let rest = out.len() - first;
-    out[first..].copy_from_slice(&ring[..rest]);
-}
-
-/// Writes `data` into a circular ring at byte `pos` (mod ring size), wrapping to offset 0.
-pub fn ring_write(ring: &mut [u8], pos: usize, data: &[u8]) {
-    let start = pos % ring.len();
-    let first = data.len().min(ring.len() - start);
-    ring[start..start + first].copy_from_slice(&data[..first]);
-    let rest = data.len() - first;
-    ring[..rest].copy_from_slice(&data[first..]);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -531,18 +512,6 @@ mod tests {
             if let Some(v) = vlan { prop_assert_eq!(o.vlan(), v); }
             // Bytes past the OOB are untouched.
             prop_assert!(b[n..].iter().all(|&x| x == 0xa5));
-        }
-
-        #[test]
-        fn ring_write_then_read_across_the_end(size_log in 5u32..10, pos in any::<u32>(), len in 1usize..64) {
-            let size = 1usize << size_log;
-            let len = len.min(size);
-            let mut ring = vec![0u8; size];
-            let data: Vec<u8> = (0..len).map(|i| i as u8 ^ 0x5a).collect();
-            ring_write(&mut ring, pos as usize, &data);
-            let mut back = vec![0u8; len];
-            ring_read(&ring, pos as usize, &mut back);
-            prop_assert_eq!(back, data);
         }
     }
 }

@@ -4,12 +4,20 @@
 //! filled field by field and dumped. Only the bytes DPDK wrote are kept here. Each test builds
 //! the same structure with our views and compares, byte for byte.
 
-use super::cqe::{hash_type, Cqe, CqeType, OwnerCheck, RxCsum};
-use super::doorbell;
-use super::wqe::{
-    ring_write, wqe_size_in_bu, Sge, TxOob, TxOobFields, WqeHeader, LONG_OOB_BYTES,
-    SHORT_OOB_BYTES, WQE_HEADER_BYTES,
+//!
+//! The ring wrap is checked through the same `ring::WorkQueue::post` the driver uses (and
+//! read back with the `ring::read_wrapped` the model uses), not through a copy of its own.
+
+use pmd::hw::mana::cqe::{self, hash_type, Cqe, CqeType, OwnerCheck, RxCsum};
+use pmd::hw::mana::doorbell;
+use pmd::hw::mana::wqe::{
+    wqe_size_in_bu, Sge, TxOob, TxOobFields, WqeHeader, LONG_OOB_BYTES, SHORT_OOB_BYTES,
+    WQE_HEADER_BYTES,
 };
+use pmd::hw::mana::BU_BYTES;
+use pmd::ring::{read_wrapped, WorkQueue};
+use pmd::sys::DevMem;
+use std::sync::Arc;
 
 fn hex(s: &str) -> Vec<u8> {
     let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
@@ -112,7 +120,8 @@ fn tx_long_oob_vlan_two_sges_matches_dpdk() {
 
 #[test]
 fn tx_wqe_wrapping_the_ring_matches_dpdk() {
-    let mut ring = vec![0u8; 4096];
+    let mem = Arc::new(DevMem::anon(4096).unwrap());
+    let mut wq = WorkQueue::new(Arc::clone(&mem), BU_BYTES);
     let mut wqe = [0u8; 64];
     WqeHeader::new_checked(&mut wqe[..8])
         .unwrap()
@@ -137,18 +146,29 @@ fn tx_wqe_wrapping_the_ring_matches_dpdk() {
             .unwrap()
             .set(a, k, n);
     }
+    // Bring the producer to BU 127 (the last slot) the way the driver gets there.
     let head_bu: u32 = 127;
-    ring_write(
-        &mut ring,
-        head_bu as usize * 32,
-        &wqe[..WQE_HEADER_BYTES + SHORT_OOB_BYTES + 48],
+    for _ in 0..head_bu {
+        wq.post(&[0u8; BU_BYTES]).unwrap();
+    }
+    wq.complete(head_bu);
+    assert_eq!(
+        wq.post(&wqe[..WQE_HEADER_BYTES + SHORT_OOB_BYTES + 48]),
+        Some(2)
     );
+    let mut ring = vec![0u8; 4096];
+    mem.read(0, &mut ring);
+    // The model's read of the same WQE, across the end, gives back what was posted.
+    let mut back = [0u8; 64];
+    read_wrapped(&mem, head_bu * 32, &mut back);
+    assert_eq!(back, wqe);
     assert_eq!(ring[0xfe0..].to_vec(), hex(TX_WRAP_AT_FE0_BYTES));
     assert_eq!(ring[..32].to_vec(), hex(TX_WRAP_AT_0_BYTES));
     assert!(ring[32..0xfe0].iter().all(|&b| b == 0));
     // New head 129 BUs; the doorbell carries the unmasked byte position 0x1020.
     let new_head = head_bu + wqe_size_in_bu(SHORT_OOB_BYTES, 3);
     assert_eq!(new_head, 129);
+    assert_eq!(wq.head_bytes(), new_head * 32);
     assert_eq!(doorbell::sq(0x01_2345, new_head * 32) >> 32, 0x1020);
 }
 
@@ -288,10 +308,10 @@ fn coalesced_cqe_reads_and_writes_like_dpdk() {
 fn owner_bit_polling_agrees_with_dpdk() {
     let owners = [1u8, 1, 0, 0];
     let mut head = 4u32;
-    while super::cqe::check_owner(owners[(head % 4) as usize], head, 4) == OwnerCheck::New {
+    while cqe::check_owner(owners[(head % 4) as usize], head, 4) == OwnerCheck::New {
         head += 1;
     }
     assert_eq!(head, 6);
-    assert_eq!(super::cqe::check_owner(2, 4, 4), OwnerCheck::Overflow);
-    assert_eq!(super::cqe::check_owner(2, 5, 4), OwnerCheck::Overflow);
+    assert_eq!(cqe::check_owner(2, 4, 4), OwnerCheck::Overflow);
+    assert_eq!(cqe::check_owner(2, 5, 4), OwnerCheck::Overflow);
 }
