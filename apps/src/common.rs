@@ -71,6 +71,28 @@ pub fn open_ports(
     Ok(ports)
 }
 
+/// Waits until every port's link is up, at most `timeout` in all (DPDK apps do the same
+/// before forwarding). A device-model port is down until the far end of its cable is
+/// attached, so this is also how two processes on one cable find each other.
+///
+/// # Errors
+/// The ports still down at the deadline, with what to check.
+pub fn wait_links(ports: &[Port], timeout: Duration) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut down = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if let Err(e) = port.wait_link_up(left) {
+            down.push(format!("port {i}: {e}"));
+        }
+    }
+    if down.is_empty() {
+        Ok(())
+    } else {
+        Err(down.join("\n"))
+    }
+}
+
 /// Back-off for a polling loop that found nothing to do, so that on a small machine the
 /// device model's engine threads and other processes get the CPU. Busy mode never yields.
 #[derive(Debug, Clone)]

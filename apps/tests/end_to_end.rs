@@ -97,8 +97,8 @@ fn stop(mut child: Child) -> Output {
 #[test]
 fn demo_topology_loses_nothing_and_every_count_agrees() {
     let t = Topology::new("e2e");
+    // No sleep: pktgen waits for its links, which come up when l2fwd has opened the cables.
     let l2 = t.l2fwd(&[]);
-    std::thread::sleep(Duration::from_millis(300));
     let out = t.pktgen(&[
         "--count", "20000", "--rate", "20000", "--flows", "16", "--size", "128",
     ]);
@@ -133,7 +133,6 @@ fn demo_topology_loses_nothing_and_every_count_agrees() {
 fn l2fwd_killed_midway_pktgen_reports_loss_and_exits() {
     let t = Topology::new("kill");
     let mut l2 = t.l2fwd(&[]);
-    std::thread::sleep(Duration::from_millis(300));
     let killer = {
         let pid = l2.id();
         std::thread::spawn(move || {

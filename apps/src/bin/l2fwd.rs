@@ -1,7 +1,7 @@
 //! l2fwd: forwards every frame that arrives on a port to its paired port (0<->1, 2<->3, ...),
 //! optionally rewriting the MAC addresses, like DPDK's examples/l2fwd.
 
-use apps::common::{make_pool, open_ports, si, Counter, Idle};
+use apps::common::{make_pool, open_ports, si, wait_links, Counter, Idle};
 use clap::Parser;
 use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
@@ -44,6 +44,10 @@ struct Args {
     /// Seconds between live statistics lines on stderr (0: none).
     #[arg(long, default_value_t = 1.0)]
     stats_interval: f64,
+    /// Seconds to wait for every port's link to come up before forwarding (a device-model
+    /// port is down until the far end of its cable is attached); after that, warn and go on.
+    #[arg(long, default_value_t = 10.0, value_name = "S")]
+    link_timeout: f64,
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long)]
     duration: Option<f64>,
@@ -133,6 +137,10 @@ fn run(args: &Args) -> Result<(), String> {
     }
     for port in &mut ports {
         port.start().map_err(|e| e.to_string())?;
+    }
+    // Forward anyway when a link stays down: it may come up later (a peer started late).
+    if let Err(down) = wait_links(&ports, Duration::from_secs_f64(args.link_timeout)) {
+        eprintln!("l2fwd: warning: forwarding with a link down:\n{down}");
     }
     let counters: Arc<Vec<Vec<PortCounters>>> = Arc::new(
         (0..cores)

@@ -1,6 +1,6 @@
 //! pktgen: a traffic generator with sequence numbers, loss and latency measurement.
 
-use apps::common::{make_pool, open_ports, si, Counter, Idle};
+use apps::common::{make_pool, open_ports, si, wait_links, Counter, Idle};
 use apps::pktgen::{
     load_pcap, read_stamp, FrameGen, FrameSpec, IpRange, PortRange, SeqTracker, MIN_SIZE,
 };
@@ -85,6 +85,10 @@ struct Args {
     /// Seconds between live statistics lines on stderr (0: none).
     #[arg(long, default_value_t = 1.0)]
     stats_interval: f64,
+    /// Seconds to wait for every port's link to come up before sending (a device-model port
+    /// is down until the far end of its cable is attached); then fail, exit status 1.
+    #[arg(long, default_value_t = 10.0, value_name = "S")]
+    link_timeout: f64,
     /// After sending, wait at most this long for frames still on their way.
     #[arg(long, default_value_t = 2.0)]
     drain_timeout: f64,
@@ -241,6 +245,9 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     for p in &mut ports {
         p.start().map_err(|e| e.to_string())?;
     }
+    // Frames sent into a down link are lost: wait for the peer, or say why not.
+    wait_links(&ports, Duration::from_secs_f64(args.link_timeout))
+        .map_err(|down| format!("{down}\n(raise --link-timeout, or start the peer first)"))?;
     let burst = usize::from(args.burst);
     let tx = TxSide {
         q: txq,
