@@ -18,6 +18,7 @@ pub use engine::{Engine, Faults, ModelStats};
 
 use crate::devices::MacAddr;
 use crate::emu::wire;
+use crate::emu::wire::Wire as _;
 use crate::hw::mana::wqe::{wqe_bytes, SHORT_OOB_BYTES};
 use crate::hw::mana::{CQE_BYTES, MAX_TX_SGES, MIN_QUEUE_BYTES, RSS_TABLE_ENTRIES};
 use crate::mana::{Provider, QueueAllocator, RawRxQueue, RawTxQueue, SetupError};
