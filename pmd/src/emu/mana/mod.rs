@@ -18,6 +18,7 @@ pub mod engine;
 
 pub use engine::{Engine, Faults, ModelStats};
 
+use crate::emu::wire::Wire as _;
 use crate::emu::wire::{self, WireSpec};
 use crate::ethdev::{Link, RssConfig};
 use crate::hw::mana::wqe::{wqe_bytes, SHORT_OOB_BYTES};
@@ -28,7 +29,7 @@ use crate::sys::DevMem;
 use std::path::PathBuf;
 use engine::{Cq, Mr, Rq, Sq};
 use mempool::{ChunkInfo, Registration};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -92,8 +93,6 @@ struct Shared {
     /// The raw queues handed out since the last `destroy_queues`, for tests acting as the NIC.
     /// (Their owners point back here; `destroy_queues` and the model's drop clear the list.)
     queues: Mutex<(Vec<RawTxQueue>, Vec<RawRxQueue>)>,
-    /// The MTU the driver set.
-    mtu: AtomicU32,
 }
 
 impl Shared {
@@ -259,7 +258,6 @@ impl Model {
             paused: AtomicBool::new(false),
             held_by: Mutex::new(None),
             queues: Mutex::new((Vec::new(), Vec::new())),
-            mtu: AtomicU32::new(1500),
         });
         let t = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -414,7 +412,7 @@ impl Provider for Model {
     }
 
     fn set_mtu(&mut self, mtu: u16) -> Result<(), SetupError> {
-        self.shared.mtu.store(u32::from(mtu), Ordering::Relaxed);
+        self.shared.lock().mtu = mtu;
         Ok(())
     }
 
@@ -551,6 +549,7 @@ impl Provider for Model {
             ("dev_tx_bytes".into(), s.tx_bytes),
             ("dev_tx_errors".into(), s.tx_errors),
             ("dev_tx_wire_drops".into(), s.tx_wire_drops),
+            ("dev_tx_mtu_drops".into(), s.tx_mtu_drops),
             ("dev_rx_frames".into(), s.rx_frames),
             ("dev_rx_bytes".into(), s.rx_bytes),
             ("dev_rx_no_wqe".into(), s.rx_no_wqe),

@@ -10,6 +10,7 @@
 //! * [`PcapTap`]: wraps any wire and records every frame sent and received to a pcap file.
 #![deny(unsafe_code)]
 
+pub mod faults;
 pub mod ring;
 
 pub use crate::port::WireSpec;

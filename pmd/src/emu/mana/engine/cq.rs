@@ -1,0 +1,55 @@
+//! Writing CQEs: body first, then the owner bits (§10 items 10-12), and holding completions
+//! back for `completion_delay_steps` (slow completions).
+#![deny(unsafe_code)]
+
+use super::{Cq, Engine};
+use crate::hw::mana::cqe::{owner_for, Cqe};
+use crate::hw::mana::CQE_BYTES;
+use crate::sys::barrier::fence_before_owner_write;
+use std::sync::atomic::Ordering;
+
+impl Engine {
+    /// Writes the delayed completions that are due; returns how many.
+    pub(super) fn release_delayed(&mut self) -> usize {
+        let mut n = 0;
+        for cq in &mut self.cqs {
+            while cq.delayed.front().is_some_and(|d| d.0 <= self.steps) {
+                if let Some((_, body, wq, is_sq)) = cq.delayed.pop_front() {
+                    write_cqe_now(cq, &body, wq, is_sq);
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// Completes work queue `wq` on CQ `cq` with `body`: now, or after the configured delay
+    /// (and never ahead of completions already waiting, so a CQ stays in order).
+    pub(super) fn complete(&mut self, cq: usize, body: [u8; CQE_BYTES], wq: u32, is_sq: bool) {
+        if !is_sq {
+            self.stats.rx_cqes += 1;
+        }
+        let delay = u64::from(self.faults.completion_delay_steps);
+        let cq = &mut self.cqs[cq];
+        if delay > 0 || !cq.delayed.is_empty() {
+            cq.delayed.push_back((self.steps + delay, body, wq, is_sq));
+        } else {
+            write_cqe_now(cq, &body, wq, is_sq);
+        }
+    }
+}
+
+/// Writes a CQE: body first, then (after a release fence) the info dword with the owner
+/// bits as one aligned 32-bit store (§10 items 10-12).
+fn write_cqe_now(cq: &mut Cq, body: &[u8; CQE_BYTES], wq: u32, is_sq: bool) {
+    let slot = (cq.written % u64::from(cq.count)) as usize * CQE_BYTES;
+    let owner = owner_for(cq.written, cq.count);
+    cq.mem.write(slot, &body[..60]);
+    fence_before_owner_write();
+    cq.mem.store_u32(
+        slot + 60,
+        Cqe::<[u8; 64]>::info_value(wq, is_sq, owner),
+        Ordering::Release,
+    );
+    cq.written += 1;
+}
