@@ -40,7 +40,7 @@ pub use burst::Burst;
 pub use config::{
     Caps, Link, PortConfig, QueueStats, RssConfig, RssFields, RxOffloads, Stats, TxOffloads,
 };
-pub use devargs::{DevargsError, PortKind, PortSpec, WireSpec};
+pub use devargs::{DevargsError, PortKind, PortSpec};
 
 use crate::devices::MacAddr;
 use counters::Counters;

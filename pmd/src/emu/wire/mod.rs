@@ -9,6 +9,8 @@
 //! * [`AfPacket`]: an existing Linux interface (e.g. one end of a veth pair in a network
 //!   namespace), so the kernel's own stack, ping and tcpdump are real peers.
 //! * [`PcapTap`]: wraps any wire and records every frame sent and received to a pcap file.
+//!
+//! A port spec names its wire as a [`WireSpec`] (`wire=shm:demo0`); [`open`] plugs it in.
 #![deny(unsafe_code)]
 
 mod afpacket;
@@ -17,6 +19,7 @@ mod none;
 mod pcap;
 pub mod ring;
 mod shm;
+mod spec;
 
 pub use afpacket::AfPacket;
 pub use loopback::Loopback;
@@ -25,8 +28,8 @@ pub use pcap::PcapTap;
 pub use shm::{
     shm_dir, shm_path, Shm, SHM_COMPAT, SHM_INCOMPAT_KNOWN, SHM_MAJOR, SHM_MINOR, SHM_SIGNATURE,
 };
+pub use spec::{WireSpec, WireSpecError};
 
-use crate::port::WireSpec;
 use std::path::PathBuf;
 use std::time::Duration;
 
