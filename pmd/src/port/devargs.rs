@@ -14,6 +14,7 @@
 //! application's defaults for that port.
 #![deny(unsafe_code)]
 
+use crate::emu::wire::{WireSpec, WireSpecError};
 use crate::net::MacAddr;
 use std::fmt;
 use std::str::FromStr;
@@ -84,19 +85,6 @@ pub enum PortKind {
     },
 }
 
-/// Where a device model's frames go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WireSpec {
-    /// Nowhere: sent frames are counted and dropped, nothing arrives.
-    None,
-    /// In-process cable: two ports with the same name are its two ends.
-    Loopback(String),
-    /// Shared-memory cable between processes: two ports with the same name are its two ends.
-    Shm(String),
-    /// AF_PACKET socket on an existing Linux interface (e.g. one end of a veth pair).
-    AfPacket(String),
-}
-
 /// A devargs string that does not describe a port.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DevargsError {
@@ -156,8 +144,6 @@ pub enum DevargsError {
 /// The port kinds a spec can name.
 pub const KINDS: &[&str] = &["mana", "mlx5", "emu-mana", "emu-mlx5", "null"];
 
-const WIRE_EXPECTED: &str = "loop:NAME, shm:NAME, afpacket:IFACE or none";
-
 fn accepted_keys(kind: &str) -> &'static [&'static str] {
     match kind {
         "mana" => &["mac", "dev", "port", "takeover", "rxq", "txq"],
@@ -168,25 +154,13 @@ fn accepted_keys(kind: &str) -> &'static [&'static str] {
 }
 
 fn parse_wire(value: &str) -> Result<WireSpec, DevargsError> {
-    let bad = || DevargsError::BadValue {
-        key: "wire",
-        value: value.to_string(),
-        expected: WIRE_EXPECTED,
-    };
-    if value == "none" {
-        return Ok(WireSpec::None);
-    }
-    let (kind, name) = value.split_once(':').ok_or_else(bad)?;
-    if name.is_empty() || name.contains(['/', '\0']) || name.len() > 64 {
-        return Err(bad());
-    }
-    match kind {
-        "loop" => Ok(WireSpec::Loopback(name.to_string())),
-        "shm" => Ok(WireSpec::Shm(name.to_string())),
-        // Linux interface names are at most 15 bytes (IFNAMSIZ - 1).
-        "afpacket" if name.len() <= 15 => Ok(WireSpec::AfPacket(name.to_string())),
-        _ => Err(bad()),
-    }
+    value
+        .parse()
+        .map_err(|e: WireSpecError| DevargsError::BadValue {
+            key: "wire",
+            expected: e.expected(),
+            value: e.value,
+        })
 }
 
 fn parse_num<T: FromStr + PartialOrd + Copy>(
@@ -340,17 +314,6 @@ impl FromStr for PortSpec {
             netdev,
             takeover,
         })
-    }
-}
-
-impl fmt::Display for WireSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            WireSpec::None => f.write_str("none"),
-            WireSpec::Loopback(n) => write!(f, "loop:{n}"),
-            WireSpec::Shm(n) => write!(f, "shm:{n}"),
-            WireSpec::AfPacket(n) => write!(f, "afpacket:{n}"),
-        }
     }
 }
 

@@ -37,7 +37,7 @@ pub use crate::ethdev::{
     Burst, Caps, Link, PortConfig, PortError, PortState, QueueStats, RssConfig, RssFields,
     RxOffloads, Stats, TxOffloads,
 };
-pub use devargs::{DevargsError, PortKind, PortSpec, WireSpec};
+pub use devargs::{DevargsError, PortKind, PortSpec};
 
 use crate::ethdev::{check_config, Counters, PortDriver, QueueSetup, RxBurst, TxBurst};
 use crate::net::MacAddr;

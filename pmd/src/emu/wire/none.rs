@@ -1,0 +1,20 @@
+//! [`NoWire`]: a port with no cable attached.
+#![deny(unsafe_code)]
+
+use super::Wire;
+
+/// A wire to nowhere: sends are dropped, nothing arrives.
+#[derive(Debug)]
+pub struct NoWire;
+
+impl Wire for NoWire {
+    fn send(&mut self, _frame: &[u8]) -> bool {
+        false
+    }
+    fn recv(&mut self, _buf: &mut [u8]) -> Option<usize> {
+        None
+    }
+    fn describe(&self) -> String {
+        "none".into()
+    }
+}
