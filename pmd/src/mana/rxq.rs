@@ -13,7 +13,6 @@ use crate::hw::mana::{BU_BYTES, CQE_BYTES};
 use mempool::lcache::with_cache;
 use crate::ring::{DescRing, Polled, WorkQueue};
 use crate::sys::DevMem;
-use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, CksumStatus, Mbuf, MbufPool, OffloadFlags};
 use std::sync::Arc;
 

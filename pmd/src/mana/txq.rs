@@ -18,7 +18,6 @@ use crate::net::csum;
 use mempool::lcache::with_cache;
 use crate::ring::{DescRing, Polled, WorkQueue};
 use crate::sys::DevMem;
-use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, Mbuf, MbufPool, OffloadFlags};
 use std::sync::Arc;
 

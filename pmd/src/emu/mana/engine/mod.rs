@@ -213,8 +213,6 @@ impl Engine {
     }
 }
 
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
