@@ -21,7 +21,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // Providers: implement a driver's provider trait; never name a port type.
     ("emu", &["mana", "ethdev", "ring", "hw", "net", "sys"]),
     // The port layer; only the composition root names kinds (see KIND_NAMERS).
-    ("port", &["ethdev", "net", "devices", "log", "mana", "null", "emu"]),
+    (
+        "port",
+        &["ethdev", "net", "devices", "log", "mana", "null", "emu"],
+    ),
 ];
 
 /// Driver and provider modules: only these files of `port` may name them.
@@ -71,13 +74,19 @@ fn violations(src: &Path) -> Vec<String> {
     rs_files(src, &mut files);
     let mut bad = Vec::new();
     for f in files {
-        let rel = f.strip_prefix(src).unwrap().to_string_lossy().replace('\\', "/");
+        let rel = f
+            .strip_prefix(src)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
         if rel == "lib.rs" {
             continue;
         }
         let top = rel.split('/').next().unwrap().trim_end_matches(".rs");
         let Some(ok) = allowed.get(top) else {
-            bad.push(format!("{rel}: module `{top}` has no place in the layer table"));
+            bad.push(format!(
+                "{rel}: module `{top}` has no place in the layer table"
+            ));
             continue;
         };
         let text = std::fs::read_to_string(&f).unwrap();
@@ -86,8 +95,13 @@ fn violations(src: &Path) -> Vec<String> {
                 continue;
             }
             if !ok.contains(&name.as_str()) {
-                bad.push(format!("{rel}:{line}: `{top}` uses crate::{name} (allowed: {ok:?})"));
-            } else if top == "port" && KINDS.contains(&name.as_str()) && !KIND_NAMERS.contains(&rel.as_str()) {
+                bad.push(format!(
+                    "{rel}:{line}: `{top}` uses crate::{name} (allowed: {ok:?})"
+                ));
+            } else if top == "port"
+                && KINDS.contains(&name.as_str())
+                && !KIND_NAMERS.contains(&rel.as_str())
+            {
                 bad.push(format!(
                     "{rel}:{line}: names the kind module crate::{name}; only {KIND_NAMERS:?} may"
                 ));
@@ -115,7 +129,11 @@ fn the_checker_catches_a_wrong_way_arrow() {
     assert!(violations(src).is_empty());
     // The contract naming a driver, and the port layer naming a kind outside the probe.
     std::fs::write(src.join("ethdev/burst.rs"), "use crate::mana::Driver;\n").unwrap();
-    std::fs::write(src.join("port/mod.rs"), "fn f() { crate::emu::testing::mana(); }\n").unwrap();
+    std::fs::write(
+        src.join("port/mod.rs"),
+        "fn f() { crate::emu::testing::mana(); }\n",
+    )
+    .unwrap();
     let bad = violations(src);
     assert_eq!(bad.len(), 2, "{bad:?}");
     assert!(bad[0].contains("ethdev/burst.rs:1") || bad[1].contains("ethdev/burst.rs:1"));

@@ -10,9 +10,9 @@ use crate::hw::mana::cqe::{Cqe, CqeType, RX_PPI_COUNT};
 use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{Sge, WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
 use crate::hw::mana::{BU_BYTES, CQE_BYTES};
-use mempool::lcache::with_cache;
 use crate::ring::{DescRing, Polled, WorkQueue};
 use crate::sys::DevMem;
+use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, CksumStatus, Mbuf, MbufPool, OffloadFlags};
 use std::sync::Arc;
 
@@ -330,9 +330,9 @@ mod tests {
     use super::*;
     use crate::hw::mana::cqe::owner_for;
     use crate::mana::RawRxQueue;
-    use std::sync::atomic::Ordering;
     use mempool::{MbufPoolConfig, Registration};
     use proptest::prelude::*;
+    use std::sync::atomic::Ordering;
 
     const N: u32 = 64;
 

@@ -15,9 +15,9 @@ use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{Sge, TxOob, TxOobFields, WqeHeader, SGE_BYTES, WQE_HEADER_BYTES};
 use crate::hw::mana::{BU_BYTES, MAX_SQ_WQE_BYTES, MAX_TX_SGES};
 use crate::net::csum;
-use mempool::lcache::with_cache;
 use crate::ring::{DescRing, Polled, WorkQueue};
 use crate::sys::DevMem;
+use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, Mbuf, MbufPool, OffloadFlags};
 use std::sync::Arc;
 

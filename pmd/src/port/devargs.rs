@@ -14,6 +14,7 @@
 //! application's defaults for that port.
 #![deny(unsafe_code)]
 
+#[cfg(feature = "emu")]
 use crate::emu::wire::{WireSpec, WireSpecError};
 use crate::net::MacAddr;
 use std::fmt;
@@ -63,6 +64,7 @@ pub enum PortKind {
         port: Option<u32>,
     },
     /// The MANA device model.
+    #[cfg(feature = "emu")]
     EmuMana {
         /// Where its frames go.
         wire: WireSpec,
@@ -70,6 +72,7 @@ pub enum PortKind {
         mac: Option<MacAddr>,
     },
     /// The mlx5 device model.
+    #[cfg(feature = "emu")]
     EmuMlx5 {
         /// Where its frames go.
         wire: WireSpec,
@@ -129,6 +132,14 @@ pub enum DevargsError {
         /// What would be accepted.
         expected: &'static str,
     },
+    /// A kind this build leaves out.
+    #[error("'{kind}' ports are not in this build: rebuild pmd with feature `{feature}`")]
+    NotBuilt {
+        /// The port kind.
+        kind: &'static str,
+        /// The cargo feature that brings it.
+        feature: &'static str,
+    },
     /// A key the kind cannot do without.
     #[error("'{kind}' ports need '{key}=': {hint}")]
     MissingKey {
@@ -141,7 +152,8 @@ pub enum DevargsError {
     },
 }
 
-/// The port kinds a spec can name.
+/// The port kinds a spec can name (every kind is known, even one this build leaves out, so
+/// the error can say so).
 pub const KINDS: &[&str] = &["mana", "mlx5", "emu-mana", "emu-mlx5", "null"];
 
 fn accepted_keys(kind: &str) -> &'static [&'static str] {
@@ -153,6 +165,7 @@ fn accepted_keys(kind: &str) -> &'static [&'static str] {
     }
 }
 
+#[cfg(feature = "emu")]
 fn parse_wire(value: &str) -> Result<WireSpec, DevargsError> {
     value
         .parse()
@@ -253,6 +266,7 @@ impl FromStr for PortSpec {
         let port = get("port")
             .map(|v| parse_num("port", v, (1u32, 256), "an IB port number from 1 to 256"))
             .transpose()?;
+        #[cfg(feature = "emu")]
         let wire = || match get("wire") {
             Some(w) => parse_wire(w),
             None => Err(DevargsError::MissingKey {
@@ -264,8 +278,17 @@ impl FromStr for PortSpec {
         let kind = match kind {
             "mana" => PortKind::Mana { mac, dev, port },
             "mlx5" => PortKind::Mlx5 { dev, port },
+            #[cfg(feature = "emu")]
             "emu-mana" => PortKind::EmuMana { wire: wire()?, mac },
+            #[cfg(feature = "emu")]
             "emu-mlx5" => PortKind::EmuMlx5 { wire: wire()?, mac },
+            #[cfg(not(feature = "emu"))]
+            "emu-mana" | "emu-mlx5" => {
+                return Err(DevargsError::NotBuilt {
+                    kind,
+                    feature: "emu",
+                })
+            }
             _ => PortKind::Null {
                 size: get("size")
                     .map(|v| {
@@ -333,6 +356,7 @@ impl fmt::Display for PortSpec {
                 parts.extend(port.map(|p| format!("port={p}")));
                 "mlx5"
             }
+            #[cfg(feature = "emu")]
             PortKind::EmuMana { wire, mac } | PortKind::EmuMlx5 { wire, mac } => {
                 parts.push(format!("wire={wire}"));
                 parts.extend(mac.map(|m| format!("mac={m}")));
@@ -363,7 +387,7 @@ impl fmt::Display for PortSpec {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "emu"))]
 mod tests {
     use super::*;
     use proptest::prelude::*;

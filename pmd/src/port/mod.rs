@@ -409,8 +409,9 @@ impl Port {
                 return Err(PortError::LinkDown {
                     spec: self.name.clone(),
                     waited: t0.elapsed(),
-                    hint: "is the far end of the cable (the peer process or interface) there and up?"
-                        .into(),
+                    hint:
+                        "is the far end of the cable (the peer process or interface) there and up?"
+                            .into(),
                 });
             }
             std::thread::sleep(Duration::from_millis(1));

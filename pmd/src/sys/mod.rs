@@ -21,9 +21,9 @@ pub mod dv {
     include!(concat!(env!("OUT_DIR"), "/dv_bindings.rs"));
 }
 
+pub mod barrier;
 #[cfg(all(test, feature = "verbs"))]
 mod layout;
-pub mod barrier;
 pub mod mem;
 pub mod net;
 

@@ -10,7 +10,6 @@ pub mod cqe;
 pub mod doorbell;
 pub mod wqe;
 
-
 /// GDMA basic unit: WQE sizes and ring positions are counted in 32-byte units (§0.1).
 pub const BU_BYTES: usize = 32;
 /// Largest SQ WQE (kernel `GDMA_MAX_SQE_SIZE`, §1.11).

@@ -4,7 +4,6 @@
 #![deny(unsafe_code)]
 
 use super::{Engine, BUDGET, VENDOR_ERR_INJECTED};
-use crate::ring::read_wrapped;
 use crate::emu::wire::faults::Arrival;
 use crate::hw::mana::cqe::{hash_type, Cqe, CqeType, RxCsum, CLIENT_TYPE_COMPLETION};
 use crate::hw::mana::doorbell::{self, DoorbellKind};
@@ -12,6 +11,7 @@ use crate::hw::mana::wqe::{Sge, WqeHeader, SGE_BYTES, SHORT_OOB_BYTES, WQE_HEADE
 use crate::hw::mana::{BU_BYTES, CQE_BYTES, RSS_TABLE_ENTRIES};
 use crate::net::parse::{self, L3, L4};
 use crate::net::toeplitz;
+use crate::ring::read_wrapped;
 use std::sync::atomic::Ordering;
 
 impl Engine {

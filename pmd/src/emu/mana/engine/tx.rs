@@ -3,10 +3,7 @@
 //! the wire, TX CQEs.
 #![deny(unsafe_code)]
 
-use crate::ring::read_wrapped;
-use super::{
-    Engine, BUDGET, VENDOR_ERR_BAD_MKEY, VENDOR_ERR_BAD_WQE, VENDOR_ERR_INJECTED,
-};
+use super::{Engine, BUDGET, VENDOR_ERR_BAD_MKEY, VENDOR_ERR_BAD_WQE, VENDOR_ERR_INJECTED};
 use crate::emu::wire::Wire;
 use crate::hw::mana::cqe::{Cqe, CqeType, CLIENT_TYPE_COMPLETION};
 use crate::hw::mana::doorbell::{self, DoorbellKind};
@@ -17,6 +14,7 @@ use crate::hw::mana::{BU_BYTES, CQE_BYTES, MAX_SQ_WQE_BYTES};
 use crate::net::csum::{self, TxCsum};
 use crate::net::parse;
 use crate::net::tso::{self, Tso};
+use crate::ring::read_wrapped;
 use std::sync::atomic::Ordering;
 
 impl Engine {
