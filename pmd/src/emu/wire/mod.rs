@@ -51,8 +51,8 @@ pub trait Wire: Send {
     fn peer_alive(&self) -> bool {
         true
     }
-    /// Whether the far end of the cable exists right now: the wire's link state, what the
-    /// model reports as the port's link. A cable ([`Loopback`], [`Shm`]) is attached from
+    /// Whether the far end of the cable exists right now: the wire's link state, which a
+    /// device model can report as its port's link. A cable ([`Loopback`], [`Shm`]) is attached from
     /// the moment its second end opens until one end goes away (closed, or its process
     /// died); [`AfPacket`] follows the interface's carrier; [`NoWire`] is always attached.
     ///
