@@ -44,6 +44,8 @@ pub use libc::{SIGINT, SIGKILL, SIGTERM};
 
 /// `IFF_UP`: the interface is administratively up.
 pub const IFF_UP: u32 = libc::IFF_UP as u32;
+/// `IFF_RUNNING`: the interface is operationally up (it has carrier; RFC 2863 "up").
+pub const IFF_RUNNING: u32 = libc::IFF_RUNNING as u32;
 
 fn ifreq_for(name: &str) -> io::Result<libc::ifreq> {
     let bytes = name.as_bytes();

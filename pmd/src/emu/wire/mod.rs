@@ -52,6 +52,16 @@ pub trait Wire: Send {
     fn peer_alive(&self) -> bool {
         true
     }
+    /// Whether the far end of the cable exists right now: the wire's link state, which a
+    /// device model can report as its port's link. A cable ([`Loopback`], [`Shm`]) is attached from
+    /// the moment its second end opens until one end goes away (closed, or its process
+    /// died); [`AfPacket`] follows the interface's carrier; [`NoWire`] is always attached.
+    ///
+    /// Slow path: it may cost a system call (kill(2) for [`Shm`], an ioctl for [`AfPacket`]),
+    /// so ask it when the link state is wanted, not per frame.
+    fn peer_attached(&self) -> bool {
+        true
+    }
     /// A short description for logs and errors, e.g. `shm:demo0 (end B)`.
     fn describe(&self) -> String;
 }

@@ -14,6 +14,10 @@ impl Wire for NoWire {
     fn recv(&mut self, _buf: &mut [u8]) -> Option<usize> {
         None
     }
+    /// Always: a port with no wire is 'up', but the frames it sends go nowhere.
+    fn peer_attached(&self) -> bool {
+        true
+    }
     fn describe(&self) -> String {
         "none".into()
     }

@@ -92,6 +92,9 @@ impl Wire for PcapTap {
     fn peer_alive(&self) -> bool {
         self.inner.peer_alive()
     }
+    fn peer_attached(&self) -> bool {
+        self.inner.peer_attached()
+    }
     fn describe(&self) -> String {
         format!(
             "{} (capturing to {})",

@@ -457,6 +457,12 @@ impl Wire for Shm {
         let p = self.header().pid(self.end.peer(), Ordering::Acquire);
         p != 0 && process_alive(p as u32)
     }
+    /// The other end's pid slot holds a live process: false from the moment end A creates
+    /// the file until end B claims its slot, and again once the peer closed its end or died.
+    /// (For a cable between processes that is exactly [`Wire::peer_alive`].)
+    fn peer_attached(&self) -> bool {
+        self.peer_alive()
+    }
     fn describe(&self) -> String {
         format!("shm:{} (end {})", self.name, self.end.letter())
     }
@@ -501,6 +507,26 @@ mod tests {
             assert!(!a.peer_alive(), "peer gone");
             drop(a);
             assert!(!p.exists(), "last end removes the file");
+        });
+    }
+
+    #[test]
+    fn shm_peer_attached_once_the_second_end_opens_and_until_it_goes() {
+        with_shm_dir(|d| {
+            let p = d.join("attach");
+            let a = Shm::open_at("attach", &p).unwrap();
+            assert!(!a.peer_attached(), "no end B yet");
+            let b = Shm::open_at("attach", &p).unwrap();
+            assert!(a.peer_attached() && b.peer_attached());
+            drop(b);
+            assert!(!a.peer_attached(), "end B closed");
+            let b = Shm::open_at("attach", &p).unwrap();
+            assert!(a.peer_attached() && b.peer_attached(), "end B again");
+            std::mem::forget(b);
+            // End B's process dies without closing: its pid stays in the slot.
+            a.header()
+                .set_pid(End::B, u64::from(u32::MAX - 1), Ordering::Release);
+            assert!(!a.peer_attached(), "end B's process is gone");
         });
     }
 
