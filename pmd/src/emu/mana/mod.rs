@@ -394,10 +394,13 @@ impl Provider for Model {
     }
 
     fn link(&self) -> Link {
-        let down = self.shared.lock().faults.link_down;
-        // MANA reports no carrier state; DPDK presents it as always up, 100G (§1.11).
+        let e = self.shared.lock();
+        // MANA reports no carrier state; DPDK presents it as always up, 100G (§1.11). The
+        // model adds what a cable would: down until the far end is attached (and after it
+        // goes), or when the link-down fault is set.
+        let up = !e.faults.link_down && e.wire.peer_attached();
         Link {
-            up: !down,
+            up,
             speed_mbps: 100_000,
             full_duplex: true,
         }

@@ -152,6 +152,10 @@ impl Wire for FaultyWire {
         self.inner.peer_alive()
     }
 
+    fn peer_attached(&self) -> bool {
+        self.inner.peer_attached()
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }
