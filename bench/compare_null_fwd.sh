@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
 runs=${2:-3}
-PMD_SETUP_EXTRA="dpdk" ./scripts/setup.sh
+PMD_SETUP_EXTRA="dpdk dpdk-dev" ./scripts/setup.sh
 cargo build --release --quiet -p bench --bin null_fwd
 
 ours=()

@@ -646,3 +646,90 @@ fn coalesced_completions_deliver_every_packet_in_order_across_small_bursts() {
     assert_eq!((s.ipackets, s.ierrors), (10, 0));
     assert_eq!(p.mb.stats().rx_cqes, 3, "10 packets in CQEs of 4, 4 and 2");
 }
+
+#[test]
+fn mtu_is_enforced_by_the_device_and_promiscuous_mode_is_refused() {
+    let mut cfg = small_cfg();
+    cfg.mtu = 1000;
+    let name = format!("mana-mtu-{}", std::process::id());
+    let pool = MbufPool::new(MbufPoolConfig::new("mtu", 512)).unwrap();
+    let (mut a, ma) = model_port(0, &format!("loop:{name}"));
+    let (mut b, mb) = model_port(1, &format!("loop:{name}"));
+    ma.pause();
+    mb.pause();
+    // MANA has no promiscuous mode: asking for it is a clear configuration error.
+    let e = a
+        .configure(
+            &PortConfig {
+                promiscuous: true,
+                ..cfg.clone()
+            },
+            &pool,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            PortError::BadConfig {
+                what: "promiscuous mode",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(!a.caps().promiscuous);
+    a.configure(&cfg, &pool).unwrap();
+    b.configure(&small_cfg(), &pool).unwrap();
+    let mut tx = a.tx_queue(0).unwrap();
+    let mut rx = b.rx_queue(0).unwrap();
+    a.start().unwrap();
+    b.start().unwrap();
+    // 14 + 1000 bytes fit the MTU of 1000; 14 + 1001 do not.
+    let mut burst = Burst::with_capacity(2);
+    burst
+        .push(mbuf_with(&pool, &udp_frame(0, 1, 1014)))
+        .unwrap();
+    burst
+        .push(mbuf_with(&pool, &udp_frame(1, 1, 1015)))
+        .unwrap();
+    assert_eq!(tx.tx_burst(&mut burst), 2);
+    for _ in 0..4 {
+        ma.run_until_idle(100);
+        mb.run_until_idle(100);
+    }
+    tx.tx_burst(&mut Burst::with_capacity(1));
+    let mut frames = Vec::new();
+    drop(drain(&mut rx, &mut frames));
+    assert_eq!(frames.len(), 1);
+    assert_eq!(frames[0].len(), 1014);
+    let s = a.stats();
+    assert_eq!((s.opackets, s.oerrors), (1, 1));
+    assert!(
+        s.xstats.contains(&("dev_tx_mtu_drops".to_string(), 1)),
+        "{s:?}"
+    );
+    drop((tx, rx, a, b));
+    assert_eq!(pool.in_use(), 0);
+}
+
+#[test]
+fn the_model_exposes_the_raw_queues_it_handed_out() {
+    let (mut port, model) = model_port(3, "none");
+    let pool = MbufPool::new(MbufPoolConfig::new("raw", 512)).unwrap();
+    port.configure(
+        &PortConfig {
+            rx_queues: 2,
+            ..small_cfg()
+        },
+        &pool,
+    )
+    .unwrap();
+    let (txq, rxq) = (model.tx_queues(), model.rx_queues());
+    assert_eq!((txq.len(), rxq.len()), (1, 2));
+    assert_eq!(txq[0].tx_vp_offset, 3);
+    assert_ne!(rxq[0].rq_id, rxq[1].rq_id);
+    assert_eq!(txq[0].db_page.len(), 4096);
+    assert!(!model.memory_regions().is_empty());
+    drop(port);
+    assert!(model.tx_queues().is_empty(), "destroyed with the port");
+}
