@@ -7,7 +7,7 @@
 //! check), or an atomic load/store of an aligned word (owner dwords, doorbells, ring indices).
 #![allow(unsafe_code)]
 
-use super::barrier::{mmio_flush_writes, udma_to_device_barrier};
+use super::barrier::udma_to_device_barrier;
 use std::fs::OpenOptions;
 use std::io;
 use std::path::Path;
@@ -251,9 +251,11 @@ impl DevMem {
     }
 
     /// Rings a doorbell: [`udma_to_device_barrier`] (everything written to queue memory is
-    /// visible first), a volatile 64-bit store of `value` at `off`, then
-    /// [`mmio_flush_writes`] (the page is mapped write-combining on MANA, spec §6.3). The one
-    /// doorbell routine of every queue, like DPDK's `mana_ring_doorbell`.
+    /// visible first), then a volatile 64-bit store of `value` at `off`. The one doorbell
+    /// routine of every queue, like DPDK's `mana_ring_doorbell` (which, like this, does not
+    /// flush the write-combining buffer afterwards: the next serialising instruction or the
+    /// buffer filling does; [`super::barrier::mmio_flush_writes`] is there for a caller that
+    /// needs the store out at once).
     ///
     /// # Panics
     /// If `off` is out of range or not 8-byte aligned.
@@ -270,7 +272,6 @@ impl DevMem {
         // (or the model's thread, which reads doorbells with atomic loads) sees the old or
         // the new value, never a torn one.
         unsafe { std::ptr::write_volatile(self.ptr.add(off).cast::<u64>(), value) };
-        mmio_flush_writes();
     }
 
     /// Atomic compare-and-swap of an aligned `u64` (for shared-memory link state).
