@@ -14,7 +14,7 @@ use crate::hw::mana::cqe::{CqeHeader, CqeType, CQE_HEADER_BYTES};
 use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{Sge, TxOob, TxOobFields, WqeHeader, SGE_BYTES, WQE_HEADER_BYTES};
 use crate::hw::mana::{BU_BYTES, MAX_SQ_WQE_BYTES, MAX_TX_SGES};
-use crate::net::csum;
+use crate::net::parse::{pseudo_sum, IpVersion};
 use crate::ring::{DescRing, Polled, WorkQueue};
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
@@ -345,32 +345,24 @@ fn write_pseudo_header(
     l4_len: Option<u16>,
 ) -> bool {
     let field = l4 + if tcp { 16 } else { 6 };
-    if field + 2 > data.len() || l4 < l3 {
+    let fixed = if ipv6 { 40 } else { 20 };
+    if field + 2 > data.len() || l4 < l3 || l3 + fixed > data.len() {
         return false;
     }
-    let sum = if ipv6 {
-        if l3 + 40 > data.len() {
-            return false;
-        }
-        let mut src = [0u8; 16];
-        let mut dst = [0u8; 16];
-        src.copy_from_slice(&data[l3 + 8..l3 + 24]);
-        dst.copy_from_slice(&data[l3 + 24..l3 + 40]);
-        let plen = l4_len.map_or_else(
-            || u32::from(u16::from_be_bytes([data[l3 + 4], data[l3 + 5]])),
-            u32::from,
-        );
-        csum::ipv6_pseudo(src, dst, data[l3 + 6], plen)
+    let be16 = |at: usize| u16::from_be_bytes([data[at], data[at + 1]]);
+    let (version, proto, len) = if ipv6 {
+        // Next header and payload length of the fixed IPv6 header.
+        (
+            IpVersion::V6,
+            data[l3 + 6],
+            l4_len.unwrap_or_else(|| be16(l3 + 4)),
+        )
     } else {
-        if l3 + 20 > data.len() {
-            return false;
-        }
-        let total = u16::from_be_bytes([data[l3 + 2], data[l3 + 3]]);
-        let l4_len = l4_len.unwrap_or_else(|| total.saturating_sub((l4 - l3) as u16));
-        let src = [data[l3 + 12], data[l3 + 13], data[l3 + 14], data[l3 + 15]];
-        let dst = [data[l3 + 16], data[l3 + 17], data[l3 + 18], data[l3 + 19]];
-        csum::ipv4_pseudo(src, dst, data[l3 + 9], l4_len)
+        let total = be16(l3 + 2);
+        let len = l4_len.unwrap_or_else(|| total.saturating_sub((l4 - l3) as u16));
+        (IpVersion::V4, data[l3 + 9], len)
     };
+    let sum = pseudo_sum(data, l3, version, proto, usize::from(len));
     data[field..field + 2].copy_from_slice(&sum.to_be_bytes());
     true
 }
