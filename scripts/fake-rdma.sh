@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Runs a command on the fake rdma-core: a stand-in for libibverbs.so.1, libmana.so.1 and
+# libmlx5.so.1 with the device model behind its queues. See --help.
+set -euo pipefail
+
+usage() {
+    cat <<'HELP'
+usage: scripts/fake-rdma.sh [--help] COMMAND [ARGS...]
+
+Runs COMMAND, unchanged, against the fake rdma-core instead of the real one. The fake
+library is built if needed (cargo build --release -p fake-rdma), installed in a temporary
+directory as libibverbs.so.1, libmana.so.1 and libmlx5.so.1, and found first through
+LD_LIBRARY_PATH. A fake sysfs tree in the same directory describes the devices; both
+libibverbs (SYSFS_PATH) and pmd's discovery (PMD_SYSFS_ROOT) read it. Everything is removed
+when COMMAND exits; its exit status is returned. The fake prints a one-line banner on
+stderr, and refuses to run next to a real libibverbs.
+
+Environment:
+  FAKE_RDMA_PORTS    the world: a ';'-separated list of
+                       DEV/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N]
+                     WIRE is a device-model wire (none, shm:NAME, loop:NAME, afpacket:IF);
+                     netdev=IFNAME names a real interface that plays the port's kernel
+                     netdev: while it is up it holds the port (raw QPs fail with ENODEV).
+                     Default: mana_0 with ports 1 and 2, MACs 02:00:00:00:10:01 and
+                     02:00:00:00:10:02, wires shm:fake-mana_0-1 and shm:fake-mana_0-2
+                     (attach from another process with emu-mana:wire=shm:fake-mana_0-1).
+  FAKE_RDMA_PROFILE  v44 (default) or main: which rdma-core the fake behaves as.
+  FAKE_RDMA_FAIL     injected failures, CALL[#N]:ERRNO[,...]: the N-th call of CALL (every
+                     call without #N) fails with ERRNO (a name like ENOMEM, or a number)
+                     where rdma-core would have asked the kernel.
+  FAKE_RDMA_TRACE    a file to append a JSON line per call to (call, args, ret, errno).
+  FAKE_RDMA_LIB      use this libfake_rdma.so instead of building one.
+
+Example:
+  scripts/fake-rdma.sh target/release/pmd-devices
+HELP
+}
+
+case "${1:-}" in
+-h | --help) usage; exit 0 ;;
+"") usage >&2; exit 2 ;;
+esac
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+lib=${FAKE_RDMA_LIB:-}
+if [ -z "$lib" ]; then
+    (cd "$root" && cargo build --quiet --release -p fake-rdma)
+    lib=$target/release/libfake_rdma.so
+    world=$target/release/fake-rdma-world
+else
+    world=$(dirname "$lib")/fake-rdma-world
+fi
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/fake-rdma.XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+mkdir "$dir/lib"
+cp "$lib" "$dir/lib/libibverbs.so.1"
+ln -s libibverbs.so.1 "$dir/lib/libmana.so.1"
+ln -s libibverbs.so.1 "$dir/lib/libmlx5.so.1"
+"$world" --sysfs "$dir/sys"
+
+status=0
+LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    SYSFS_PATH="$dir/sys" PMD_SYSFS_ROOT="$dir/sys" "$@" || status=$?
+exit "$status"

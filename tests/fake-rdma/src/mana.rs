@@ -1,0 +1,1307 @@
+//! rdma-core's `providers/mana` (v44.0, or main with `FAKE_RDMA_PROFILE=main`), the
+//! libibverbs command helpers it calls, and the `mana_ib` kernel checks behind them.
+//!
+//! Citations: `v44 FILE:LINE` is rdma-core tag v44.0 (`providers/mana/*`, `libibverbs/*`);
+//! `main` is rdma-core 691953d8d502; kernel rules name the function in
+//! `drivers/infiniband/hw/mana` or `drivers/infiniband/core` they copy.
+
+use crate::ffi::*;
+use crate::state::{addr, call_int, call_ptr, die, Kind, Profile, State};
+use crate::verbs::{ctx_of, device_name, Ctx};
+use crate::world;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::ffi::{c_int, c_void};
+use std::mem::size_of;
+use std::ptr::null_mut;
+use std::sync::Mutex;
+
+/// `MAX_SEND_BUFFERS_PER_QUEUE` (v44 providers/mana/mana.h:11).
+const MAX_WR: u32 = 256;
+/// `COMP_ENTRY_SIZE` (v44 mana.h:12).
+const CQE_SIZE: usize = 64;
+/// Toeplitz key length (v44 mana.h:13).
+const TOEPLITZ_KEY_LEN: u8 = 40;
+/// `MAX_TX_WQE_SIZE` / `MAX_RX_WQE_SIZE` (v44 mana.h:21–22).
+const MAX_TX_WQE: u32 = 512;
+const MAX_RX_WQE: u32 = 256;
+/// `MANA_PAGE_SIZE` (v44 mana.h:28).
+const PAGE: usize = 4096;
+/// Kernel: `MAX_TX_WQE_SGL_ENTRIES` = (512 - 16 - 8) / 16 (mana_ib.h), and the adapter's
+/// `max_qp_wr`.
+const KERNEL_MAX_SEND_SGE: u32 = 30;
+const KERNEL_MAX_QP_WR: u32 = 256;
+/// Kernel: `MANA_INDIRECT_TABLE_DEF_SIZE` (64 entries).
+const KERNEL_MAX_IND_TABLE: u32 = 64;
+/// Kernel (uverbs core): `IB_USER_VERBS_MAX_LOG_IND_TBL_SIZE`.
+const UVERBS_MAX_LOG_IND_TABLE: u32 = 13;
+/// GID table length reported for a port.
+pub const GID_TABLE_LEN: c_int = 16;
+
+/// `get_wqe_size(sge) = align(16 * sge + 8 + 8, 32)` (v44 mana.h:46–51).
+fn wqe_size(sge: u32) -> u64 {
+    (16 * u64::from(sge) + 16).div_ceil(32) * 32
+}
+
+/// `align_hw_size(x) = next_pow2(align(x, 4096))`, where v44's `align_next_power2(0)` is 1
+/// (v44 mana.h:30–44).
+fn hw_size(x: u64) -> u64 {
+    let a = x.div_ceil(PAGE as u64) * PAGE as u64;
+    if a == 0 {
+        1
+    } else {
+        a.next_power_of_two()
+    }
+}
+
+/// A protection domain or a parent domain (`struct mana_pd` / `mana_parent_domain`,
+/// v44 mana.h:96–110).
+#[repr(C)]
+pub struct Pd {
+    pd: ibv_pd,
+    /// For a parent domain, the PD it was made from (`mprotection_domain`); NULL for a PD.
+    of: *mut Pd,
+    /// The parent domain's `pd_context`, which MANA reads as the IB port.
+    pd_context: *mut c_void,
+    /// Kernel users (MRs, QPs, WQs) of a PD.
+    users: u32,
+}
+
+/// A memory region.
+#[repr(C)]
+pub struct Mr {
+    mr: ibv_mr,
+    pd: *mut Pd,
+}
+
+/// A completion queue (`struct mana_cq`, v44 mana.h:89–94).
+#[repr(C)]
+pub struct Cq {
+    cq: ibv_cq,
+    /// The requested size (what `manadv_init_obj` reports as `count`).
+    cqe: u32,
+    buf: *mut c_void,
+    buf_size: usize,
+    cqid: u32,
+    /// Kernel users: QPs and WQs created on it.
+    users: u32,
+    /// Installed in the kernel's CQ table by a QP (one queue per CQ).
+    installed: bool,
+    /// Main profile without allocators: memory the provider mapped itself.
+    internal: bool,
+}
+
+/// A receive work queue (`struct mana_wq`, v44 mana.h:80–87).
+#[repr(C)]
+pub struct Wq {
+    wq: ibv_wq,
+    buf: *mut c_void,
+    buf_size: usize,
+    wqe: u32,
+    sge: u32,
+    wqid: u32,
+    /// Kernel users: indirection tables.
+    users: u32,
+    pd: *mut Pd,
+    cq: *mut Cq,
+}
+
+/// A receive indirection table.
+#[repr(C)]
+pub struct Ind {
+    t: ibv_rwq_ind_table,
+    wqs: Vec<*mut Wq>,
+    users: u32,
+}
+
+/// A raw-packet QP: a send queue, or an RSS QP over an indirection table
+/// (`struct mana_qp`, v44 mana.h:68–78).
+#[repr(C)]
+pub struct Qp {
+    qp: ibv_qp,
+    rss: Option<*mut Ind>,
+    send_buf: *mut c_void,
+    send_buf_size: u32,
+    send_wqe_count: u32,
+    sqid: u32,
+    tx_vp_offset: u32,
+    port: u32,
+    pd: *mut Pd,
+    cqs: Vec<*mut Cq>,
+    device: u32,
+}
+
+/// Who has configured each vPort (device index, port): the PD and its raw QPs
+/// (`mana_ib_cfg_vport`: per-PD use count; the first QP configures the vPort).
+static VPORTS: Mutex<BTreeMap<(u32, u32), (usize, u32)>> = Mutex::new(BTreeMap::new());
+
+/// A registered object of the expected kind, or abort (real rdma-core would misread it).
+fn obj<T>(st: &State, p: *mut T, kinds: &[Kind], call: &str) -> &'static mut T {
+    match st.kind_of(p as usize) {
+        Some(k) if kinds.contains(&k) => {
+            // SAFETY: registered objects of these kinds are live boxes of `T` (repr(C) with
+            // the public verbs struct first), freed only after they are unregistered.
+            unsafe { &mut *p }
+        }
+        _ => die(
+            call,
+            &format!(
+                "{:#x} is not a live {} (real rdma-core would crash or corrupt memory)",
+                p as usize,
+                kinds[0].name()
+            ),
+        ),
+    }
+}
+
+fn non_null<T>(p: *mut T, call: &str, what: &str) -> *mut T {
+    if p.is_null() {
+        die(
+            call,
+            &format!("{what} is NULL (real rdma-core dereferences it and crashes)"),
+        );
+    }
+    p
+}
+
+/// The context behind an object's `context` pointer.
+fn ctx_at(st: &State, ctx: *mut ibv_context, call: &str) -> &'static mut Ctx {
+    ctx_of(st, ctx, call)
+}
+
+fn allocators_set(ctx: &Ctx) -> bool {
+    ctx.alloc.alloc.is_some() && ctx.alloc.free.is_some()
+}
+
+/// Calls the user's allocator (v44 mana.c:229, wq.c:75, qp.c:90).
+fn user_alloc(ctx: &Ctx, size: u64) -> Result<*mut c_void, c_int> {
+    let alloc = ctx.alloc.alloc.ok_or(libc::EINVAL)?;
+    // SAFETY: the user registered this allocator for this context with its `data`.
+    let p = unsafe { alloc(size as usize, ctx.alloc.data) };
+    if p.is_null() {
+        Err(libc::ENOMEM)
+    } else {
+        Ok(p)
+    }
+}
+
+/// Gives a buffer back to the user's allocator, with its *current* `data`.
+fn user_free(ctx: &Ctx, p: *mut c_void) {
+    if let Some(free) = ctx.alloc.free {
+        // SAFETY: `p` came from this context's allocator.
+        unsafe { free(p, ctx.alloc.data) };
+    }
+}
+
+/// Kernel pinning of a user queue buffer: the start must be page-aligned
+/// (`mana_ib_create_zero_offset_dma_region`: EINVAL) and the range mapped (`ib_umem_get`:
+/// EFAULT).
+fn kernel_pin(buf: *mut c_void, len: usize) -> Result<(), c_int> {
+    if buf as usize % PAGE != 0 {
+        return Err(libc::EINVAL);
+    }
+    mapped(buf, len)
+}
+
+fn mapped(buf: *mut c_void, len: usize) -> Result<(), c_int> {
+    let start = buf as usize & !(PAGE - 1);
+    let end = (buf as usize + len.max(1)).div_ceil(PAGE) * PAGE;
+    let pages = (end - start) / PAGE;
+    let mut vec = vec![0u8; pages];
+    // SAFETY: mincore only reads the page tables for the range and writes `pages` bytes.
+    let r = unsafe { libc::mincore(start as *mut c_void, end - start, vec.as_mut_ptr()) };
+    if r != 0 {
+        return Err(libc::EFAULT);
+    }
+    Ok(())
+}
+
+/// `CAP_NET_RAW` (linux/capability.h).
+const CAP_NET_RAW: u32 = 13;
+
+/// Kernel (uverbs core `create_qp`): a raw-packet QP needs `CAP_NET_RAW` (EPERM).
+fn has_cap_net_raw() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_NET_RAW) != 0)
+}
+
+/// The device attributes the kernel reports (`mana_ib_query_device`).
+pub fn device_attr(ctx: &Ctx) -> ibv_device_attr {
+    ibv_device_attr {
+        max_mr_size: 1 << 40,
+        page_size_cap: (PAGE as u64) | (2 << 20),
+        vendor_id: 0x1414,
+        vendor_part_id: 0x00ba,
+        max_qp: 64,
+        max_qp_wr: KERNEL_MAX_QP_WR as c_int,
+        max_sge: KERNEL_MAX_SEND_SGE as c_int,
+        max_cq: 64,
+        max_cqe: KERNEL_MAX_QP_WR as c_int,
+        max_mr: 1024,
+        max_pd: 1024,
+        phys_port_cnt: ctx.nports(),
+        ..Default::default()
+    }
+}
+
+// ---- queries -------------------------------------------------------------------------------
+
+/// `vctx->query_port` = libibverbs' `__lib_query_port` (v44 libibverbs/verbs.c:174–195) over
+/// `mana_query_port` → `ibv_cmd_query_port` (v44 mana.c:60–66).
+///
+/// # Safety
+/// `attr` points to `len` writable bytes.
+pub unsafe extern "C" fn query_port_slot(
+    context: *mut ibv_context,
+    port_num: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    call_int(
+        "ibv_query_port",
+        json!({"context": addr(context), "port": port_num, "len": len}),
+        |st| {
+            let ctx = ctx_of(st, context, "ibv_query_port");
+            non_null(attr, "ibv_query_port", "port_attr");
+            st.kernel("ibv_query_port")?;
+            // uverbs core: rdma_is_port_valid → EINVAL.
+            if port_num == 0 || port_num > ctx.nports() {
+                return Err(libc::EINVAL);
+            }
+            let a = ibv_port_attr {
+                state: IBV_PORT_ACTIVE,
+                max_mtu: IBV_MTU_4096,
+                active_mtu: IBV_MTU_4096,
+                gid_tbl_len: GID_TABLE_LEN,
+                max_msg_sz: 0x4000_0000,
+                pkey_tbl_len: 1,
+                phys_state: 5,
+                link_layer: IBV_LINK_LAYER_ETHERNET as u8,
+                ..Default::default()
+            };
+            let n = len.min(size_of::<ibv_port_attr>());
+            // SAFETY: the caller's struct has `len` writable bytes; we write `n <= len`
+            // (the rest was zeroed, as __lib_query_port memsets it first).
+            unsafe {
+                std::ptr::write_bytes(attr.cast::<u8>(), 0, len);
+                std::ptr::copy_nonoverlapping(
+                    (&a as *const ibv_port_attr).cast::<u8>(),
+                    attr.cast::<u8>(),
+                    n,
+                );
+            }
+            Ok(0)
+        },
+    )
+}
+
+/// `mana_query_device_ex` → `ibv_cmd_query_device_any` (v44 mana.c:41–58,
+/// libibverbs/cmd_device.c:521–600): EINVAL for an input comp_mask or a size below
+/// `ibv_device_attr`; the attr is zeroed, then filled.
+///
+/// # Safety
+/// `attr` points to `attr_size` writable bytes.
+pub unsafe extern "C" fn query_device_ex(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    call_int(
+        "ibv_query_device_ex",
+        json!({"context": addr(context), "attr_size": attr_size}),
+        |st| {
+            let ctx = ctx_of(st, context, "ibv_query_device_ex");
+            // SAFETY: `input` is NULL or the caller's input struct.
+            if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
+                return Err(libc::EINVAL);
+            }
+            if attr_size < size_of::<ibv_device_attr>() {
+                return Err(libc::EINVAL);
+            }
+            non_null(attr, "ibv_query_device_ex", "attr");
+            st.kernel("ibv_query_device_ex")?;
+            let mut ex = ibv_device_attr_ex {
+                orig_attr: device_attr(ctx),
+                max_wq_type_rq: 64,
+                phys_port_cnt_ex: u32::from(ctx.nports()),
+                ..Default::default()
+            };
+            ex.rss_caps.supported_qpts = 1 << IBV_QPT_RAW_PACKET;
+            ex.rss_caps.max_rwq_indirection_tables = 64;
+            ex.rss_caps.max_rwq_indirection_table_size = KERNEL_MAX_IND_TABLE;
+            ex.rss_caps.rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ as u8;
+            ex.rss_caps.rx_hash_fields_mask = u64::from(
+                IBV_RX_HASH_SRC_IPV4
+                    | IBV_RX_HASH_DST_IPV4
+                    | IBV_RX_HASH_SRC_IPV6
+                    | IBV_RX_HASH_DST_IPV6
+                    | IBV_RX_HASH_SRC_PORT_TCP
+                    | IBV_RX_HASH_DST_PORT_TCP
+                    | IBV_RX_HASH_SRC_PORT_UDP
+                    | IBV_RX_HASH_DST_PORT_UDP,
+            );
+            let n = attr_size.min(size_of::<ibv_device_attr_ex>());
+            // SAFETY: `attr` has `attr_size` writable bytes; `n <= attr_size`.
+            unsafe {
+                std::ptr::write_bytes(attr.cast::<u8>(), 0, attr_size);
+                std::ptr::copy_nonoverlapping(
+                    (&ex as *const ibv_device_attr_ex).cast::<u8>(),
+                    attr.cast::<u8>(),
+                    n,
+                );
+            }
+            Ok(0)
+        },
+    )
+}
+
+// ---- PDs and MRs ---------------------------------------------------------------------------
+
+export!("IBVERBS_1.1" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    call_ptr("ibv_alloc_pd", json!({"context": addr(context)}), |st| {
+        let _ = ctx_of(st, context, "ibv_alloc_pd");
+        // mana_alloc_pd: kernel error → errno (v44 mana.c:68–89); libibverbs sets
+        // pd->context (v44 verbs.c:290–301).
+        st.kernel("ibv_alloc_pd")?;
+        let handle = st.next_id();
+        let p = Box::into_raw(Box::new(Pd {
+            pd: ibv_pd { context, handle },
+            of: null_mut(),
+            pd_context: null_mut(),
+            users: 0,
+        }));
+        st.register(p as usize, Kind::Pd, context as usize);
+        Ok(p.cast::<ibv_pd>())
+    })
+});
+
+/// `mana_alloc_parent_domain` (v44 mana.c:91–125): NULL pd → EINVAL
+/// (`ibv_check_alloc_parent_domain`, driver.h:727–737); a comp_mask other than
+/// `PD_CONTEXT` → EINVAL (main: EOPNOTSUPP). User space only.
+///
+/// # Safety
+/// `attr` is the caller's init attr.
+pub unsafe extern "C" fn alloc_parent_domain(
+    context: *mut ibv_context,
+    attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    call_ptr(
+        "ibv_alloc_parent_domain",
+        json!({"context": addr(context)}),
+        |st| {
+            let _ = ctx_of(st, context, "ibv_alloc_parent_domain");
+            // SAFETY: the caller passes its init attr.
+            let a = unsafe { &*non_null(attr, "ibv_alloc_parent_domain", "attr") };
+            if a.pd.is_null() {
+                return Err(libc::EINVAL);
+            }
+            if a.comp_mask & !IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT != 0 {
+                return Err(match st.cfg.profile {
+                    Profile::V44 => libc::EINVAL,
+                    Profile::Main => libc::EOPNOTSUPP,
+                });
+            }
+            st.kernel("ibv_alloc_parent_domain")?;
+            let of = obj(
+                st,
+                a.pd.cast::<Pd>(),
+                &[Kind::Pd],
+                "ibv_alloc_parent_domain",
+            );
+            let pd_context = if a.comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT != 0 {
+                a.pd_context
+            } else {
+                null_mut()
+            };
+            // ibv_initialize_parent_domain copies context and handle (driver.h:744–749).
+            let p = Box::into_raw(Box::new(Pd {
+                pd: of.pd,
+                of,
+                pd_context,
+                users: 0,
+            }));
+            st.register(p as usize, Kind::ParentDomain, context as usize);
+            Ok(p.cast::<ibv_pd>())
+        },
+    )
+}
+
+/// The kernel PD behind a PD or parent domain.
+fn real_pd(p: &mut Pd) -> &'static mut Pd {
+    let raw: *mut Pd = if p.of.is_null() { p } else { p.of };
+    // SAFETY: `p` is live, and a parent domain's `of` is a PD (the fake does not check that
+    // it outlives the parent, as rdma-core does not).
+    unsafe { &mut *raw }
+}
+
+export!("IBVERBS_1.1" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    call_int("ibv_dealloc_pd", json!({"pd": addr(pd)}), |st| {
+        let p = obj(st, pd.cast::<Pd>(), &[Kind::Pd, Kind::ParentDomain], "ibv_dealloc_pd");
+        if st.kind_of(pd as usize) == Some(Kind::ParentDomain) {
+            // A parent domain is freed in user space, 0 (v44 mana.c:127–150).
+            st.unregister(pd as usize);
+            // SAFETY: unregistered above; freed once.
+            drop(unsafe { Box::from_raw(p as *mut Pd) });
+            return Ok(0);
+        }
+        // uverbs_free_pd: EBUSY while an MR, QP or WQ uses it.
+        if p.users > 0 {
+            return Err(libc::EBUSY);
+        }
+        st.kernel("ibv_dealloc_pd")?;
+        st.unregister(pd as usize);
+        // SAFETY: as above.
+        drop(unsafe { Box::from_raw(p as *mut Pd) });
+        Ok(0)
+    })
+});
+
+fn reg_mr(
+    st: &mut State,
+    pd: *mut ibv_pd,
+    a: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> Result<*mut ibv_mr, c_int> {
+    let p = obj(
+        st,
+        pd.cast::<Pd>(),
+        &[Kind::Pd, Kind::ParentDomain],
+        "ibv_reg_mr",
+    );
+    let context = p.pd.context;
+    st.kernel("ibv_reg_mr")?;
+    // mana_ib_reg_user_mr: access ⊄ VALID_MR_FLAGS → EINVAL.
+    let valid = IBV_ACCESS_LOCAL_WRITE
+        | IBV_ACCESS_REMOTE_WRITE
+        | IBV_ACCESS_REMOTE_READ
+        | IBV_ACCESS_REMOTE_ATOMIC
+        | IBV_ACCESS_MW_BIND
+        | IBV_ACCESS_ZERO_BASED;
+    if access & !valid != 0 || length == 0 {
+        return Err(libc::EINVAL);
+    }
+    // ib_umem_get: the range must be mapped (EFAULT).
+    mapped(a, length)?;
+    let real = real_pd(p);
+    real.users += 1;
+    let key = 0x300 + st.next_id();
+    // libibverbs sets context, pd, addr, length (v44 verbs.c:324–328); the command sets
+    // handle, lkey, rkey (cmd.c:130–135).
+    let m = Box::into_raw(Box::new(Mr {
+        mr: ibv_mr {
+            context,
+            pd,
+            addr: a,
+            length,
+            handle: key,
+            lkey: key,
+            rkey: key,
+        },
+        pd: real,
+    }));
+    let _ = iova;
+    st.register(m as usize, Kind::Mr, context as usize);
+    Ok(m.cast::<ibv_mr>())
+}
+
+export!("IBVERBS_1.1" fn ibv_reg_mr(pd: *mut ibv_pd, a: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
+    call_ptr("ibv_reg_mr", json!({"pd": addr(pd), "addr": addr(a), "length": length, "access": access}), |st| {
+        reg_mr(st, pd, a, length, a as u64, access as u32)
+    })
+});
+
+export!("IBVERBS_1.7" fn ibv_reg_mr_iova(pd: *mut ibv_pd, a: *mut c_void, length: usize, iova: u64, access: c_int) -> *mut ibv_mr {
+    call_ptr("ibv_reg_mr_iova", json!({"pd": addr(pd), "addr": addr(a), "length": length, "iova": iova, "access": access}), |st| {
+        reg_mr(st, pd, a, length, iova, access as u32)
+    })
+});
+
+export!("IBVERBS_1.8" fn ibv_reg_mr_iova2(pd: *mut ibv_pd, a: *mut c_void, length: usize, iova: u64, access: u32) -> *mut ibv_mr {
+    call_ptr("ibv_reg_mr_iova2", json!({"pd": addr(pd), "addr": addr(a), "length": length, "iova": iova, "access": access}), |st| {
+        reg_mr(st, pd, a, length, iova, access)
+    })
+});
+
+export!("IBVERBS_1.1" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    call_int("ibv_dereg_mr", json!({"mr": addr(mr)}), |st| {
+        let m = obj(st, mr.cast::<Mr>(), &[Kind::Mr], "ibv_dereg_mr");
+        st.kernel("ibv_dereg_mr")?;
+        // SAFETY: `m.pd` is the live PD counted at registration.
+        unsafe { (*m.pd).users -= 1 };
+        st.unregister(mr as usize);
+        // SAFETY: unregistered above; freed once.
+        drop(unsafe { Box::from_raw(m as *mut Mr) });
+        Ok(0)
+    })
+});
+
+// ---- CQs -----------------------------------------------------------------------------------
+
+export!("IBVERBS_1.1" fn ibv_create_cq(context: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, channel: *mut ibv_comp_channel, comp_vector: c_int) -> *mut ibv_cq {
+    call_ptr("ibv_create_cq", json!({"context": addr(context), "cqe": cqe, "comp_vector": comp_vector}), |st| {
+        let ctx = ctx_of(st, context, "ibv_create_cq");
+        let main = st.cfg.profile == Profile::Main;
+        let cqe_u = u32::try_from(cqe).unwrap_or(0);
+        // v44 mana.c:203: cqe > 256 → EINVAL (main: the kernel checks max_qp_wr).
+        if !main && cqe_u > MAX_WR {
+            return Err(libc::EINVAL);
+        }
+        // v44 mana.c:210: allocators unset → EINVAL (main: the provider maps its own).
+        let internal = !allocators_set(ctx);
+        if internal && !main {
+            return Err(libc::EINVAL);
+        }
+        // v44 mana.c:225–227: size = align(roundup_pow_of_two(cqe * 64), 4096)
+        // (cqe = 0 is undefined there; the fake gives one page).
+        let size = ((cqe_u as usize * CQE_SIZE).max(1).next_power_of_two()).div_ceil(PAGE) * PAGE;
+        let buf = if internal {
+            // SAFETY: anonymous zeroed mapping, checked below.
+            let m = unsafe {
+                libc::mmap(null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
+            };
+            if m == libc::MAP_FAILED {
+                return Err(libc::ENOMEM);
+            }
+            m
+        } else {
+            user_alloc(ctx, size as u64)? // v44 mana.c:229–233: NULL → ENOMEM
+        };
+        let release = |ctx: &Ctx| {
+            if internal {
+                // SAFETY: mapped above with `size`.
+                unsafe { libc::munmap(buf, size) };
+            } else {
+                user_free(ctx, buf);
+            }
+        };
+        // The kernel (mana_ib_create_cq): cqe ≤ max_qp_wr, then pins cqe * 64 bytes from a
+        // page-aligned start. comp_vector is reduced modulo the vectors, never refused.
+        let k = st.kernel("ibv_create_cq").and_then(|()| {
+            if cqe_u == 0 || cqe_u > KERNEL_MAX_QP_WR {
+                return Err(libc::EINVAL);
+            }
+            kernel_pin(buf, cqe_u as usize * CQE_SIZE)
+        });
+        if let Err(e) = k {
+            release(ctx);
+            return Err(e);
+        }
+        if !internal && !zeroed(buf, size) {
+            eprintln!(
+                "fake-rdma: ibv_create_cq: warning: the allocator returned CQ memory that is not zeroed; \
+                 the NIC would read stale entries as completions"
+            );
+        }
+        let cqid = if main { st.next_id() } else { 0 };
+        let handle = st.next_id();
+        // SAFETY: zeroed `ibv_cq` is valid (NULL pointers, initializer mutex/cond).
+        let mut pubcq: ibv_cq = unsafe { std::mem::zeroed() };
+        // verbs_init_cq (v44 device.c:160–178) and ibv_cmd_create_cq (cmd_cq.c:49, 89–90).
+        pubcq.context = context;
+        pubcq.channel = channel;
+        pubcq.cq_context = cq_context;
+        pubcq.handle = handle;
+        pubcq.cqe = cqe;
+        if !channel.is_null() {
+            // SAFETY: a channel from ibv_create_comp_channel.
+            unsafe { (*channel).refcnt += 1 };
+        }
+        let c = Box::into_raw(Box::new(Cq {
+            cq: pubcq,
+            cqe: cqe_u,
+            buf,
+            buf_size: size,
+            cqid,
+            users: 0,
+            installed: false,
+            internal,
+        }));
+        st.register(c as usize, Kind::Cq, context as usize);
+        Ok(c.cast::<ibv_cq>())
+    })
+});
+
+fn zeroed(buf: *mut c_void, len: usize) -> bool {
+    // SAFETY: the allocator handed out `len` bytes at `buf` (checked mapped by kernel_pin
+    // for the part the NIC reads; the rest belongs to the same allocation).
+    unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }
+        .iter()
+        .all(|&b| b == 0)
+}
+
+export!("IBVERBS_1.1" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    call_int("ibv_destroy_cq", json!({"cq": addr(cq)}), |st| {
+        let c = obj(st, cq.cast::<Cq>(), &[Kind::Cq], "ibv_destroy_cq");
+        let ctx = ctx_at(st, c.cq.context, "ibv_destroy_cq");
+        // v44 mana.c:263–271: free unset → -EINVAL, before the kernel (main: no check).
+        if st.cfg.profile == Profile::V44 && ctx.alloc.free.is_none() {
+            return Ok(-libc::EINVAL);
+        }
+        // ib_destroy_cq_user: EBUSY while a QP or WQ uses it.
+        if c.users > 0 {
+            return Err(libc::EBUSY);
+        }
+        st.kernel("ibv_destroy_cq")?;
+        if c.internal {
+            // SAFETY: mapped by ibv_create_cq with `buf_size`.
+            unsafe { libc::munmap(c.buf, c.buf_size) };
+        } else {
+            user_free(ctx, c.buf);
+        }
+        if !c.cq.channel.is_null() {
+            // SAFETY: the channel outlives its CQs (destroy_comp_channel refuses otherwise).
+            unsafe { (*c.cq.channel).refcnt -= 1 };
+        }
+        st.unregister(cq as usize);
+        // SAFETY: unregistered above; freed once.
+        drop(unsafe { Box::from_raw(c as *mut Cq) });
+        Ok(0)
+    })
+});
+
+// ---- WQs and indirection tables ------------------------------------------------------------
+
+/// `mana_create_wq` (v44 wq.c:34–103) then `ibv_cmd_create_wq` (cmd_wq.c:36–139).
+///
+/// # Safety
+/// `attr` is the caller's init attr.
+pub unsafe extern "C" fn create_wq(
+    context: *mut ibv_context,
+    attr: *mut ibv_wq_init_attr,
+) -> *mut ibv_wq {
+    call_ptr("ibv_create_wq", json!({"context": addr(context)}), |st| {
+        let ctx = ctx_of(st, context, "ibv_create_wq");
+        // SAFETY: the caller passes its init attr.
+        let a = unsafe { &mut *non_null(attr, "ibv_create_wq", "wq_init_attr") };
+        let v44 = st.cfg.profile == Profile::V44;
+        if v44 && a.max_wr > MAX_WR {
+            return Err(libc::EINVAL); // v44 wq.c:44
+        }
+        if v44 && wqe_size(a.max_sge) > u64::from(MAX_RX_WQE) {
+            return Err(libc::EINVAL); // v44 wq.c:52
+        }
+        if !allocators_set(ctx) {
+            return Err(libc::EINVAL); // v44 wq.c:60
+        }
+        let size = hw_size(u64::from(a.max_wr) * wqe_size(a.max_sge)); // v44 wq.c:72–73
+        let buf = user_alloc(ctx, size)?; // NULL → ENOMEM
+        let fail = |e: c_int| {
+            user_free(ctx, buf);
+            Err(e)
+        };
+        // ibv_cmd_create_wq: comp_mask ≥ RESERVED → EINVAL (cmd_wq.c:133–136); unknown
+        // create_flags → EOPNOTSUPP (l. 63–67); it dereferences pd and cq (l. 57–58).
+        if a.comp_mask >= IBV_WQ_INIT_ATTR_RESERVED {
+            return fail(libc::EINVAL);
+        }
+        if a.comp_mask & IBV_WQ_INIT_ATTR_FLAGS != 0 && a.create_flags != 0 {
+            return fail(libc::EOPNOTSUPP);
+        }
+        let pd = obj(
+            st,
+            non_null(a.pd, "ibv_create_wq", "wq_init_attr.pd").cast::<Pd>(),
+            &[Kind::Pd, Kind::ParentDomain],
+            "ibv_create_wq",
+        );
+        let cq = obj(
+            st,
+            non_null(a.cq, "ibv_create_wq", "wq_init_attr.cq").cast::<Cq>(),
+            &[Kind::Cq],
+            "ibv_create_wq",
+        );
+        if let Err(e) = st.kernel("ibv_create_wq") {
+            return fail(e);
+        }
+        // mana_ib_create_wq pins the buffer from a page-aligned start.
+        if a.wq_type != IBV_WQT_RQ {
+            return fail(libc::EINVAL);
+        }
+        if let Err(e) = kernel_pin(buf, size as usize) {
+            return fail(e);
+        }
+        let real = real_pd(pd);
+        real.users += 1;
+        cq.users += 1;
+        // SAFETY: zeroed `ibv_wq` is valid (the header inline initialises mutex/cond).
+        let mut w: ibv_wq = unsafe { std::mem::zeroed() };
+        w.context = context;
+        w.wq_context = a.wq_context;
+        w.pd = a.pd;
+        w.cq = a.cq;
+        w.wq_type = a.wq_type;
+        w.handle = st.next_id();
+        w.wq_num = w.handle;
+        let wq = Box::into_raw(Box::new(Wq {
+            wq: w,
+            buf,
+            buf_size: size as usize,
+            wqe: a.max_wr,
+            sge: a.max_sge,
+            wqid: 0,
+            users: 0,
+            pd: real,
+            cq,
+        }));
+        st.register(wq as usize, Kind::Wq, context as usize);
+        Ok(wq.cast::<ibv_wq>())
+    })
+}
+
+/// `mana_modify_wq`: always EOPNOTSUPP (v44 wq.c:29–32).
+///
+/// # Safety
+/// Any arguments.
+pub unsafe extern "C" fn modify_wq(wq: *mut ibv_wq, attr: *mut ibv_wq_attr) -> c_int {
+    let _ = attr;
+    call_int("ibv_modify_wq", json!({"wq": addr(wq)}), |_| {
+        Err(libc::EOPNOTSUPP)
+    })
+}
+
+/// `mana_destroy_wq` (v44 wq.c:105–128).
+///
+/// # Safety
+/// `wq` came from `create_wq`.
+pub unsafe extern "C" fn destroy_wq(wq: *mut ibv_wq) -> c_int {
+    call_int("ibv_destroy_wq", json!({"wq": addr(wq)}), |st| {
+        let w = obj(st, wq.cast::<Wq>(), &[Kind::Wq], "ibv_destroy_wq");
+        let ctx = ctx_at(st, w.wq.context, "ibv_destroy_wq");
+        // v44 wq.c:111–115: free unset → EINVAL (positive), before the kernel.
+        if ctx.alloc.free.is_none() {
+            return Err(libc::EINVAL);
+        }
+        // ib_destroy_wq_user: EBUSY while an indirection table uses it.
+        if w.users > 0 {
+            return Err(libc::EBUSY);
+        }
+        st.kernel("ibv_destroy_wq")?;
+        // SAFETY: the PD and CQ were counted at creation and cannot be destroyed before.
+        unsafe {
+            (*w.pd).users -= 1;
+            (*w.cq).users -= 1;
+        }
+        user_free(ctx, w.buf);
+        st.unregister(wq as usize);
+        // SAFETY: unregistered above; freed once.
+        drop(unsafe { Box::from_raw(w as *mut Wq) });
+        Ok(0)
+    })
+}
+
+/// `mana_create_rwq_ind_table` (v44 wq.c:130–168), `ibv_cmd_create_rwq_ind_table`
+/// (cmd.c:1160–1203) and the uverbs limit on the table size.
+///
+/// # Safety
+/// `attr` is the caller's init attr.
+pub unsafe extern "C" fn create_rwq_ind_table(
+    context: *mut ibv_context,
+    attr: *mut ibv_rwq_ind_table_init_attr,
+) -> *mut ibv_rwq_ind_table {
+    call_ptr(
+        "ibv_create_rwq_ind_table",
+        json!({"context": addr(context)}),
+        |st| {
+            let _ = ctx_of(st, context, "ibv_create_rwq_ind_table");
+            // SAFETY: the caller passes its init attr.
+            let a = unsafe { &*non_null(attr, "ibv_create_rwq_ind_table", "init_attr") };
+            if a.comp_mask >= IBV_CREATE_IND_TABLE_RESERVED {
+                return Err(libc::EINVAL); // cmd.c:1172–1173
+            }
+            if a.log_ind_tbl_size > UVERBS_MAX_LOG_IND_TABLE {
+                return Err(libc::EINVAL); // ib_uverbs_ex_create_rwq_ind_table
+            }
+            let n = 1usize << a.log_ind_tbl_size;
+            non_null(a.ind_tbl, "ibv_create_rwq_ind_table", "ind_tbl");
+            let mut wqs = Vec::with_capacity(n);
+            for i in 0..n {
+                // SAFETY: the caller's table has 1 << log_ind_tbl_size entries
+                // (libibverbs reads each one's handle, cmd.c:1183–1184).
+                let w = unsafe { *a.ind_tbl.add(i) };
+                wqs.push(
+                    obj(st, w.cast::<Wq>(), &[Kind::Wq], "ibv_create_rwq_ind_table") as *mut Wq,
+                );
+            }
+            st.kernel("ibv_create_rwq_ind_table")?;
+            for &w in &wqs {
+                // SAFETY: live WQs (checked above).
+                unsafe { (*w).users += 1 };
+            }
+            let handle = st.next_id();
+            let t = Box::into_raw(Box::new(Ind {
+                t: ibv_rwq_ind_table {
+                    context,
+                    ind_tbl_handle: handle as c_int,
+                    ind_tbl_num: handle as c_int,
+                    comp_mask: 0,
+                },
+                wqs,
+                users: 0,
+            }));
+            st.register(t as usize, Kind::IndTable, context as usize);
+            Ok(t.cast::<ibv_rwq_ind_table>())
+        },
+    )
+}
+
+/// `mana_destroy_rwq_ind_table` (v44 wq.c:170–189); EBUSY while a QP uses it
+/// (uverbs_free_rwq_ind_tbl).
+///
+/// # Safety
+/// `table` came from `create_rwq_ind_table`.
+pub unsafe extern "C" fn destroy_rwq_ind_table(table: *mut ibv_rwq_ind_table) -> c_int {
+    call_int(
+        "ibv_destroy_rwq_ind_table",
+        json!({"table": addr(table)}),
+        |st| {
+            let t = obj(
+                st,
+                table.cast::<Ind>(),
+                &[Kind::IndTable],
+                "ibv_destroy_rwq_ind_table",
+            );
+            if t.users > 0 {
+                return Err(libc::EBUSY);
+            }
+            st.kernel("ibv_destroy_rwq_ind_table")?;
+            for &w in &t.wqs {
+                // SAFETY: the table's WQs cannot be destroyed while it exists.
+                unsafe { (*w).users -= 1 };
+            }
+            st.unregister(table as usize);
+            // SAFETY: unregistered above; freed once.
+            drop(unsafe { Box::from_raw(t as *mut Ind) });
+            Ok(0)
+        },
+    )
+}
+
+// ---- QPs -----------------------------------------------------------------------------------
+
+fn new_qp(
+    context: *mut ibv_context,
+    pd: *mut ibv_pd,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    qp_context: *mut c_void,
+    handle: u32,
+) -> ibv_qp {
+    // SAFETY: zeroed `ibv_qp` is valid; `set_qp` (cmd_qp.c:45–70) fills the rest.
+    let mut q: ibv_qp = unsafe { std::mem::zeroed() };
+    q.context = context;
+    q.qp_context = qp_context;
+    q.pd = pd;
+    q.send_cq = send_cq;
+    q.recv_cq = recv_cq;
+    q.qp_type = IBV_QPT_RAW_PACKET;
+    q.state = IBV_QPS_RESET;
+    q.handle = handle;
+    q.qp_num = handle;
+    q
+}
+
+export!("IBVERBS_1.1" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    call_ptr("ibv_create_qp", json!({"pd": addr(pd)}), |st| create_tx_qp(st, pd, attr))
+});
+
+/// `mana_create_qp` → `mana_create_qp_raw` (v44 qp.c:29–140), `ibv_cmd_create_qp`
+/// (cmd_qp.c:373–399) and `mana_ib_create_qp_raw` in the kernel.
+fn create_tx_qp(
+    st: &mut State,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> Result<*mut ibv_qp, c_int> {
+    const CALL: &str = "ibv_create_qp";
+    let p = obj(
+        st,
+        non_null(pd, CALL, "pd").cast::<Pd>(),
+        &[Kind::Pd, Kind::ParentDomain],
+        CALL,
+    );
+    let context = p.pd.context;
+    let ctx = ctx_at(st, context, CALL);
+    // SAFETY: the caller passes its init attr.
+    let a = unsafe { &mut *non_null(attr, CALL, "qp_init_attr") };
+    let v44 = st.cfg.profile == Profile::V44;
+    if a.qp_type != IBV_QPT_RAW_PACKET {
+        // v44 qp.c:130–137 (main: EOPNOTSUPP, qp.c:353).
+        return Err(if v44 { libc::EINVAL } else { libc::EOPNOTSUPP });
+    }
+    if p.of.is_null() {
+        return Err(libc::EINVAL); // not a parent domain, v44 qp.c:47–52
+    }
+    let port = p.pd_context as usize as u32; // v44 qp.c:55
+    if v44 && a.cap.max_send_wr > MAX_WR {
+        return Err(libc::EINVAL); // v44 qp.c:59
+    }
+    if v44 && wqe_size(a.cap.max_send_sge) > u64::from(MAX_TX_WQE) {
+        return Err(libc::EINVAL); // v44 qp.c:67
+    }
+    if !allocators_set(ctx) {
+        return Err(libc::EINVAL); // v44 qp.c:75
+    }
+    let size = hw_size(u64::from(a.cap.max_send_wr) * wqe_size(a.cap.max_send_sge)); // l. 86–88
+    let buf = user_alloc(ctx, size)?;
+    let fail = |e: c_int| {
+        user_free(ctx, buf);
+        Err(e)
+    };
+    // ibv_icmd_create_qp dereferences send_cq and recv_cq (cmd_qp.c:135–143).
+    let scq = obj(
+        st,
+        non_null(a.send_cq, CALL, "send_cq").cast::<Cq>(),
+        &[Kind::Cq],
+        CALL,
+    );
+    let rcq = obj(
+        st,
+        non_null(a.recv_cq, CALL, "recv_cq").cast::<Cq>(),
+        &[Kind::Cq],
+        CALL,
+    );
+    if let Err(e) = st.kernel(CALL) {
+        return fail(e);
+    }
+    // Kernel, in order: CAP_NET_RAW (uverbs create_qp) → EPERM; max_send_wr > max_qp_wr,
+    // max_send_sge > 30, bad port → EINVAL; vPort configuration → ENODEV; pinning.
+    if !has_cap_net_raw() {
+        return fail(libc::EPERM);
+    }
+    if a.cap.max_send_wr > KERNEL_MAX_QP_WR || a.cap.max_send_sge > KERNEL_MAX_SEND_SGE {
+        return fail(libc::EINVAL);
+    }
+    if port == 0 || port > u32::from(ctx.nports()) {
+        return fail(libc::EINVAL);
+    }
+    if scq.installed {
+        return fail(libc::EINVAL); // mana_ib_install_cq_cb: one queue per CQ
+    }
+    let dev = ctx.device();
+    let real = real_pd(p);
+    let key = (dev.index, port);
+    {
+        let mut vports = VPORTS.lock().unwrap_or_else(|e| e.into_inner());
+        match vports.get(&key) {
+            Some(&(owner, _)) if owner != real as *mut Pd as usize => return fail(libc::ENODEV),
+            Some(_) => {}
+            None => {
+                // mana_cfg_vport refuses (EBUSY) while the Ethernet driver uses the vPort;
+                // mana_ib_create_qp_raw turns any error into ENODEV.
+                let netdev = &dev.view.ports[port as usize - 1].netdev;
+                if let Some((name, flags)) = netdev {
+                    if world::netdev_up(flags) {
+                        eprintln!(
+                            "fake-rdma: {CALL}: {} port {port} is held by its netdev {name} (up): ENODEV",
+                            device_name(dev)
+                        );
+                        return fail(libc::ENODEV);
+                    }
+                }
+            }
+        }
+        if let Err(e) = kernel_pin(buf, size as usize) {
+            return fail(e);
+        }
+        vports.entry(key).or_insert((real as *mut Pd as usize, 0)).1 += 1;
+    }
+    let sqid = st.next_id();
+    let cqid = st.next_id();
+    scq.cqid = cqid; // v44 qp.c:118: send_cq->cqid = resp.cqid
+    scq.installed = true;
+    scq.users += 1;
+    rcq.users += 1;
+    real.users += 1;
+    let handle = st.next_id();
+    let q = Box::into_raw(Box::new(Qp {
+        qp: new_qp(context, pd, a.send_cq, a.recv_cq, a.qp_context, handle),
+        rss: None,
+        send_buf: buf,
+        send_buf_size: size as u32,
+        send_wqe_count: a.cap.max_send_wr, // after the cap write-back, v44 qp.c:116
+        sqid,
+        tx_vp_offset: dev.view.ports[port as usize - 1].vp_offset,
+        port,
+        pd: real,
+        cqs: vec![scq as *mut Cq, rcq as *mut Cq],
+        device: dev.index,
+    }));
+    st.register(q as usize, Kind::Qp, context as usize);
+    Ok(q.cast::<ibv_qp>())
+}
+
+/// `vctx->create_qp_ex` = `mana_create_qp_ex` (v44 qp.c:175–262), the RSS QP.
+///
+/// # Safety
+/// `attr` is the caller's init attr.
+pub unsafe extern "C" fn create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    const CALL: &str = "ibv_create_qp_ex";
+    call_ptr(CALL, json!({"context": addr(context)}), |st| {
+        let ctx = ctx_of(st, context, CALL);
+        // SAFETY: the caller passes its init attr.
+        let a = unsafe { &mut *non_null(attr, CALL, "qp_init_attr_ex") };
+        let v44 = st.cfg.profile == Profile::V44;
+        if a.qp_type != IBV_QPT_RAW_PACKET {
+            return Err(if v44 { libc::EINVAL } else { libc::EOPNOTSUPP }); // l. 252–259
+        }
+        // l. 192: dereferences attr->pd whatever the comp_mask.
+        let p = obj(
+            st,
+            non_null(a.pd, CALL, "qp_init_attr_ex.pd").cast::<Pd>(),
+            &[Kind::Pd, Kind::ParentDomain],
+            CALL,
+        );
+        if p.of.is_null() {
+            return Err(libc::EINVAL);
+        }
+        if a.rx_hash_conf.rx_hash_key_len != TOEPLITZ_KEY_LEN {
+            return Err(libc::EINVAL); // l. 199–205
+        }
+        let port = p.pd_context as usize as u32;
+        // ibv_cmd_create_qp_ex2: unknown comp_mask bits → EINVAL (cmd_qp.c:434–444);
+        // ibv_icmd_create_qp: PD bit required (l. 109–112); with IND_TABLE, recv caps,
+        // recv_cq and srq must be empty (l. 117–122).
+        let known = IBV_QP_INIT_ATTR_PD
+            | IBV_QP_INIT_ATTR_XRCD
+            | IBV_QP_INIT_ATTR_CREATE_FLAGS
+            | IBV_QP_INIT_ATTR_MAX_TSO_HEADER
+            | IBV_QP_INIT_ATTR_IND_TABLE
+            | IBV_QP_INIT_ATTR_RX_HASH
+            | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if a.comp_mask & !known != 0 || a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+            return Err(libc::EINVAL);
+        }
+        if a.comp_mask & IBV_QP_INIT_ATTR_IND_TABLE == 0 {
+            // Without a table this is a send QP through the extended call; MANA's RSS path
+            // needs the table (the kernel finds no WQs).
+            return Err(libc::EINVAL);
+        }
+        if a.cap.max_recv_wr != 0
+            || a.cap.max_recv_sge != 0
+            || !a.recv_cq.is_null()
+            || !a.srq.is_null()
+        {
+            return Err(libc::EINVAL);
+        }
+        let t = obj(
+            st,
+            non_null(a.rwq_ind_tbl, CALL, "rwq_ind_tbl").cast::<Ind>(),
+            &[Kind::IndTable],
+            CALL,
+        );
+        st.kernel(CALL)?;
+        // Kernel mana_ib_create_qp_rss: CAP_NET_RAW, Toeplitz only, table ≤ 64, port range,
+        // one WQ per CQ.
+        if !has_cap_net_raw() {
+            return Err(libc::EPERM);
+        }
+        if u32::from(a.rx_hash_conf.rx_hash_function) != IBV_RX_HASH_FUNC_TOEPLITZ {
+            return Err(libc::EINVAL);
+        }
+        if t.wqs.len() > KERNEL_MAX_IND_TABLE as usize {
+            return Err(libc::EINVAL);
+        }
+        if port == 0 || port > u32::from(ctx.nports()) {
+            return Err(libc::EINVAL);
+        }
+        let mut cqs: Vec<*mut Cq> = Vec::new();
+        for &w in &t.wqs {
+            // SAFETY: the table's WQs are live (they cannot be destroyed while it exists).
+            let cq = unsafe { (*w).cq };
+            // SAFETY: a WQ's CQ is live while the WQ is.
+            if unsafe { (*cq).installed } || cqs.contains(&cq) {
+                return Err(libc::EINVAL); // mana_ib_install_cq_cb
+            }
+            cqs.push(cq);
+        }
+        // Response entries: wq->wqid and wq->cq->cqid (v44 qp.c:236–243).
+        for &w in &t.wqs {
+            let (wqid, cqid) = (st.next_id(), st.next_id());
+            // SAFETY: as above.
+            unsafe {
+                (*w).wqid = wqid;
+                (*(*w).cq).cqid = cqid;
+                (*(*w).cq).installed = true;
+            }
+        }
+        t.users += 1;
+        let real = real_pd(p);
+        real.users += 1;
+        let handle = st.next_id();
+        let dev = ctx.device().index;
+        let q = Box::into_raw(Box::new(Qp {
+            qp: new_qp(context, a.pd, a.send_cq, a.recv_cq, a.qp_context, handle),
+            rss: Some(t),
+            send_buf: null_mut(),
+            send_buf_size: 0,
+            send_wqe_count: 0,
+            sqid: 0,
+            tx_vp_offset: 0,
+            port,
+            pd: real,
+            cqs,
+            device: dev,
+        }));
+        st.register(q as usize, Kind::Qp, context as usize);
+        Ok(q.cast::<ibv_qp>())
+    })
+}
+
+export!("IBVERBS_1.1" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mask: c_int) -> c_int {
+    // mana_modify_qp: always EOPNOTSUPP, as the return value (v44 qp.c:142–145); libibverbs
+    // stores qp->state only on success (verbs.c:708–723).
+    call_int("ibv_modify_qp", json!({"qp": addr(qp), "attr_mask": attr_mask}), |st| {
+        let _ = obj(st, qp.cast::<Qp>(), &[Kind::Qp], "ibv_modify_qp");
+        let _ = attr;
+        Err(libc::EOPNOTSUPP)
+    })
+});
+
+export!("IBVERBS_1.1" fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mask: c_int, init_attr: *mut ibv_qp_init_attr) -> c_int {
+    // MANA v44 has no query_qp op: the libibverbs dummy answers EOPNOTSUPP.
+    call_int("ibv_query_qp", json!({"qp": addr(qp), "attr_mask": attr_mask}), |st| {
+        let _ = obj(st, qp.cast::<Qp>(), &[Kind::Qp], "ibv_query_qp");
+        let _ = (attr, init_attr);
+        Err(libc::EOPNOTSUPP)
+    })
+});
+
+/// Releases what a QP holds in the kernel (its CQ slots, table, PD, vPort).
+fn release_qp(q: &mut Qp) {
+    for &c in &q.cqs {
+        // SAFETY: CQs cannot be destroyed while the QP counts as their user.
+        unsafe {
+            if q.rss.is_none() {
+                (*c).users -= 1;
+            }
+            (*c).installed = false;
+        }
+    }
+    if let Some(t) = q.rss {
+        // SAFETY: the table cannot be destroyed while the QP uses it.
+        unsafe { (*t).users -= 1 };
+    }
+    // SAFETY: the PD cannot be deallocated while the QP uses it.
+    unsafe { (*q.pd).users -= 1 };
+    if q.rss.is_none() {
+        let mut vports = VPORTS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = vports.get_mut(&(q.device, q.port)) {
+            v.1 -= 1;
+            if v.1 == 0 {
+                vports.remove(&(q.device, q.port)); // mana_ib_uncfg_vport
+            }
+        }
+    }
+}
+
+export!("IBVERBS_1.1" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    call_int("ibv_destroy_qp", json!({"qp": addr(qp)}), |st| {
+        let q = obj(st, qp.cast::<Qp>(), &[Kind::Qp], "ibv_destroy_qp");
+        let ctx = ctx_at(st, q.qp.context, "ibv_destroy_qp");
+        // v44 qp.c:153–161: free unset → -EINVAL before the kernel (main: no check).
+        if st.cfg.profile == Profile::V44 && ctx.alloc.free.is_none() {
+            return Ok(-libc::EINVAL);
+        }
+        st.kernel("ibv_destroy_qp")?;
+        release_qp(q);
+        if q.rss.is_none() {
+            user_free(ctx, q.send_buf);
+        }
+        st.unregister(qp as usize);
+        // SAFETY: unregistered above; freed once.
+        drop(unsafe { Box::from_raw(q as *mut Qp) });
+        Ok(0)
+    })
+});
+
+/// Called for each object left on a context at `ibv_close_device`: the kernel tears it
+/// down (the vPort is released), user-space memory stays with its owner.
+pub fn forget(st: &mut State, a: usize) {
+    if st.kind_of(a) == Some(Kind::Qp) {
+        // SAFETY: a registered QP.
+        let q = unsafe { &mut *(a as *mut Qp) };
+        release_qp(q);
+    }
+}
+
+// ---- manadv --------------------------------------------------------------------------------
+
+export!("MANA_1.0" fn manadv_set_context_attr(ibv_ctx: *mut ibv_context, type_: manadv_set_ctx_attr_type, attr: *mut c_void) -> c_int {
+    call_int("manadv_set_context_attr", json!({"context": addr(ibv_ctx), "type": type_}), |st| {
+        let ctx = ctx_of(st, ibv_ctx, "manadv_set_context_attr");
+        // v44 manadv.c:23–41: type ≠ BUF_ALLOCATORS → EOPNOTSUPP; else a plain copy.
+        if type_ != MANADV_CTX_ATTR_BUF_ALLOCATORS {
+            return Err(libc::EOPNOTSUPP);
+        }
+        let a = non_null(attr.cast::<manadv_ctx_allocators>(), "manadv_set_context_attr", "attr");
+        // SAFETY: the caller passes a `struct manadv_ctx_allocators`.
+        ctx.alloc = unsafe { *a };
+        Ok(0)
+    })
+});
+
+export!("MANA_1.0" fn manadv_init_obj(o: *mut manadv_obj, obj_type: u64) -> c_int {
+    call_int("manadv_init_obj", json!({"obj_type": obj_type}), |st| {
+        // v44 manadv.c:45–46: unknown type bits → EINVAL.
+        let known = u64::from(MANADV_OBJ_QP | MANADV_OBJ_CQ | MANADV_OBJ_RWQ);
+        if obj_type & !known != 0 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller passes its `struct manadv_obj`.
+        let o = unsafe { &mut *non_null(o, "manadv_init_obj", "obj") };
+        if obj_type & u64::from(MANADV_OBJ_QP) != 0 {
+            let q = obj(st, o.qp.in_.cast::<Qp>(), &[Kind::Qp], "manadv_init_obj(qp)");
+            let ctx = ctx_at(st, q.qp.context, "manadv_init_obj");
+            let out = non_null(o.qp.out, "manadv_init_obj", "qp.out");
+            // SAFETY: the caller's output struct (v44 manadv.c:48–62).
+            unsafe {
+                *out = manadv_qp {
+                    sq_buf: q.send_buf,
+                    sq_count: q.send_wqe_count,
+                    sq_size: q.send_buf_size,
+                    sq_id: q.sqid,
+                    tx_vp_offset: q.tx_vp_offset,
+                    db_page: ctx.db_page,
+                }
+            };
+        }
+        if obj_type & u64::from(MANADV_OBJ_CQ) != 0 {
+            let c = obj(st, o.cq.in_.cast::<Cq>(), &[Kind::Cq], "manadv_init_obj(cq)");
+            let out = non_null(o.cq.out, "manadv_init_obj", "cq.out");
+            // SAFETY: the caller's output struct (v44 manadv.c:64–71).
+            unsafe {
+                *out = manadv_cq {
+                    buf: c.buf,
+                    count: c.cqe,
+                    cq_id: c.cqid,
+                }
+            };
+        }
+        if obj_type & u64::from(MANADV_OBJ_RWQ) != 0 {
+            let w = obj(st, o.rwq.in_.cast::<Wq>(), &[Kind::Wq], "manadv_init_obj(rwq)");
+            let ctx = ctx_at(st, w.wq.context, "manadv_init_obj");
+            let out = non_null(o.rwq.out, "manadv_init_obj", "rwq.out");
+            // SAFETY: the caller's output struct (v44 manadv.c:73–85).
+            unsafe {
+                *out = manadv_rwq {
+                    buf: w.buf,
+                    count: w.wqe,
+                    size: w.buf_size as u32,
+                    wq_id: w.wqid,
+                    db_page: ctx.db_page,
+                }
+            };
+        }
+        Ok(0)
+    })
+});

@@ -1,0 +1,544 @@
+//! libibverbs' part: the device list, contexts laid out as `verbs_init_context` lays them
+//! out, the dummy op table, and the exported wrappers with their bookkeeping. The provider
+//! behind every context is `providers/mana` ([`crate::mana`]).
+
+use crate::ffi::*;
+use crate::mana;
+use crate::state::{addr, call_int, call_ptr, die, lock, set_errno, Kind, State};
+use crate::world::{self, DeviceView};
+use serde_json::json;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::mem::{offset_of, size_of};
+use std::ptr::{null_mut, NonNull};
+
+/// A device of the list (`struct verbs_device` starts with the `ibv_device` too).
+#[repr(C)]
+pub struct Device {
+    /// What `ibv_get_device_list` hands out.
+    pub dev: ibv_device,
+    /// Kernel device index.
+    pub index: u32,
+    /// The ports, from sysfs.
+    pub view: DeviceView,
+}
+
+/// A context, laid out as `struct mana_context`: the `verbs_context` first (its last member
+/// is the `ibv_context` callers hold), then the provider's fields.
+#[repr(C)]
+pub struct Ctx {
+    /// libibverbs' part; callers hold `&vctx.context`.
+    pub vctx: verbs_context,
+    /// The device it was opened on.
+    pub dev: *const Device,
+    /// `manadv_set_context_attr(BUF_ALLOCATORS)`; all NULL until set.
+    pub alloc: manadv_ctx_allocators,
+    /// The one doorbell page of the context (rdma-core v44 providers/mana/mana.c l. 388).
+    pub db_page: *mut c_void,
+    /// libibverbs' private block (`verbs_context.priv`).
+    pub private: *mut c_void,
+}
+
+impl Ctx {
+    /// Number of IB ports of the device.
+    pub fn nports(&self) -> u8 {
+        // SAFETY: `dev` points to a device of the list, which is never freed.
+        let dev = unsafe { &*self.dev };
+        u8::try_from(dev.view.ports.len()).unwrap_or(u8::MAX)
+    }
+
+    /// The device behind the context.
+    pub fn device(&self) -> &Device {
+        // SAFETY: as in `nports`.
+        unsafe { &*self.dev }
+    }
+}
+
+/// The context a caller's `ibv_context` belongs to; aborts if it is not one of ours (real
+/// rdma-core would read garbage through it).
+pub fn ctx_of(st: &State, ctx: *mut ibv_context, call: &str) -> &'static mut Ctx {
+    if st.kind_of(ctx as usize) != Some(Kind::Context) {
+        die(
+            call,
+            &format!(
+                "{:#x} is not an open ibv_context (real rdma-core would crash)",
+                ctx as usize
+            ),
+        );
+    }
+    let off = offset_of!(verbs_context, context);
+    // SAFETY: registered contexts are `Ctx` boxes whose `vctx.context` is at `off` from the
+    // start; the box lives until `ibv_close_device`, which unregisters it first.
+    unsafe { &mut *(ctx.cast::<u8>().sub(off).cast::<Ctx>()) }
+}
+
+// ---- the dummy op table (libibverbs/dummy_ops.c: every op returns EOPNOTSUPP, or NULL with
+// errno = EOPNOTSUPP) -----------------------------------------------------------------------
+
+macro_rules! dummy_ptr {
+    ($($name:ident($($t:ty),*) -> $r:ty;)*) => {$(
+        extern "C" fn $name($(_: $t),*) -> *mut $r {
+            set_errno(libc::EOPNOTSUPP);
+            null_mut()
+        }
+    )*};
+}
+macro_rules! dummy_int {
+    ($($name:ident($($t:ty),*);)*) => {$(
+        extern "C" fn $name($(_: $t),*) -> c_int {
+            libc::EOPNOTSUPP
+        }
+    )*};
+}
+
+dummy_ptr! {
+    d_alloc_null_mr(*mut ibv_pd) -> ibv_mr;
+    d_create_counters(*mut ibv_context, *mut ibv_counters_init_attr) -> ibv_counters;
+    d_reg_dm_mr(*mut ibv_pd, *mut ibv_dm, u64, usize, u32) -> ibv_mr;
+    d_alloc_dm(*mut ibv_context, *mut ibv_alloc_dm_attr) -> ibv_dm;
+    d_create_flow_action_esp(*mut ibv_context, *mut ibv_flow_action_esp_attr) -> ibv_flow_action;
+    d_alloc_td(*mut ibv_context, *mut ibv_td_init_attr) -> ibv_td;
+    d_create_cq_ex(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> ibv_cq_ex;
+    d_create_flow(*mut ibv_qp, *mut ibv_flow_attr) -> ibv_flow;
+    d_open_qp(*mut ibv_context, *mut ibv_qp_open_attr) -> ibv_qp;
+    d_create_srq_ex(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> ibv_srq;
+    d_open_xrcd(*mut ibv_context, *mut ibv_xrcd_init_attr) -> ibv_xrcd;
+    d_alloc_mw(*mut ibv_pd, ibv_mw_type) -> ibv_mw;
+    d_compat() -> c_void;
+}
+dummy_int! {
+    d_advise_mr(*mut ibv_pd, ib_uverbs_advise_mr_advice, u32, *mut ibv_sge, u32);
+    d_read_counters(*mut ibv_counters, *mut u64, u32, u32);
+    d_attach_counters_point_flow(*mut ibv_counters, *mut ibv_counter_attach_attr, *mut ibv_flow);
+    d_destroy_counters(*mut ibv_counters);
+    d_free_dm(*mut ibv_dm);
+    d_modify_flow_action_esp(*mut ibv_flow_action, *mut ibv_flow_action_esp_attr);
+    d_destroy_flow_action(*mut ibv_flow_action);
+    d_modify_qp_rate_limit(*mut ibv_qp, *mut ibv_qp_rate_limit_attr);
+    d_dealloc_td(*mut ibv_td);
+    d_modify_cq(*mut ibv_cq, *mut ibv_modify_cq_attr);
+    d_post_srq_ops(*mut ibv_srq, *mut ibv_ops_wr, *mut *mut ibv_ops_wr);
+    d_query_rt_values(*mut ibv_context, *mut ibv_values_ex);
+    d_destroy_flow(*mut ibv_flow);
+    d_get_srq_num(*mut ibv_srq, *mut u32);
+    d_close_xrcd(*mut ibv_xrcd);
+    d_bind_mw(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind);
+    d_dealloc_mw(*mut ibv_mw);
+    d_poll_cq(*mut ibv_cq, c_int, *mut ibv_wc);
+    d_req_notify_cq(*mut ibv_cq, c_int);
+    d_post_srq_recv(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr);
+    d_post_send(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr);
+    d_post_recv(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr);
+    d_compat_query_device(*mut ibv_context, *mut ibv_device_attr);
+    d_compat_query_port(*mut ibv_context, u8, *mut _compat_ibv_port_attr);
+}
+extern "C" fn d_placeholder() {}
+
+/// Fills every op slot as `verbs_init_context` + `verbs_set_ops(&verbs_dummy_ops)` +
+/// `verbs_set_ops(&mana_ctx_ops)` + `set_lib_ops` leave them (rdma-core v44.0
+/// libibverbs/device.c l. 230–320, libibverbs/dummy_ops.c, providers/mana/mana.c l. 321–344).
+fn fill_ops(v: &mut verbs_context) {
+    v.query_port = Some(mana::query_port_slot);
+    v.advise_mr = Some(d_advise_mr);
+    v.alloc_null_mr = Some(d_alloc_null_mr);
+    v.read_counters = Some(d_read_counters);
+    v.attach_counters_point_flow = Some(d_attach_counters_point_flow);
+    v.create_counters = Some(d_create_counters);
+    v.destroy_counters = Some(d_destroy_counters);
+    v.reg_dm_mr = Some(d_reg_dm_mr);
+    v.alloc_dm = Some(d_alloc_dm);
+    v.free_dm = Some(d_free_dm);
+    v.modify_flow_action_esp = Some(d_modify_flow_action_esp);
+    v.destroy_flow_action = Some(d_destroy_flow_action);
+    v.create_flow_action_esp = Some(d_create_flow_action_esp);
+    v.modify_qp_rate_limit = Some(d_modify_qp_rate_limit);
+    v.alloc_parent_domain = Some(mana::alloc_parent_domain);
+    v.dealloc_td = Some(d_dealloc_td);
+    v.alloc_td = Some(d_alloc_td);
+    v.modify_cq = Some(d_modify_cq);
+    v.post_srq_ops = Some(d_post_srq_ops);
+    v.destroy_rwq_ind_table = Some(mana::destroy_rwq_ind_table);
+    v.create_rwq_ind_table = Some(mana::create_rwq_ind_table);
+    v.destroy_wq = Some(mana::destroy_wq);
+    v.modify_wq = Some(mana::modify_wq);
+    v.create_wq = Some(mana::create_wq);
+    v.query_rt_values = Some(d_query_rt_values);
+    // set_lib_ops: __lib_ibv_create_cq_ex calls the provider's private create_cq_ex, which
+    // MANA v44 does not have, so the dummy answers (EOPNOTSUPP).
+    v.create_cq_ex = Some(d_create_cq_ex);
+    v.query_device_ex = Some(mana::query_device_ex);
+    // MANA has no create_flow: the slots keep the dummies.
+    v.ibv_destroy_flow = Some(d_destroy_flow);
+    v.ABI_placeholder2 = Some(d_placeholder);
+    v.ibv_create_flow = Some(d_create_flow);
+    v.ABI_placeholder1 = Some(d_placeholder);
+    v.open_qp = Some(d_open_qp);
+    v.create_qp_ex = Some(mana::create_qp_ex);
+    v.get_srq_num = Some(d_get_srq_num);
+    v.create_srq_ex = Some(d_create_srq_ex);
+    v.open_xrcd = Some(d_open_xrcd);
+    v.close_xrcd = Some(d_close_xrcd);
+
+    let o = &mut v.context.ops;
+    o._compat_query_device = Some(d_compat_query_device);
+    o._compat_query_port = Some(d_compat_query_port);
+    o._compat_alloc_pd = Some(d_compat);
+    o._compat_dealloc_pd = Some(d_compat);
+    o._compat_reg_mr = Some(d_compat);
+    o._compat_rereg_mr = Some(d_compat);
+    o._compat_dereg_mr = Some(d_compat);
+    o.alloc_mw = Some(d_alloc_mw);
+    o.bind_mw = Some(d_bind_mw);
+    o.dealloc_mw = Some(d_dealloc_mw);
+    o._compat_create_cq = Some(d_compat);
+    // MANA v44 sets poll_cq, post_recv and post_send to stubs that return EOPNOTSUPP.
+    o.poll_cq = Some(d_poll_cq);
+    o.req_notify_cq = Some(d_req_notify_cq);
+    o._compat_cq_event = Some(d_compat);
+    o._compat_resize_cq = Some(d_compat);
+    o._compat_destroy_cq = Some(d_compat);
+    o._compat_create_srq = Some(d_compat);
+    o._compat_modify_srq = Some(d_compat);
+    o._compat_query_srq = Some(d_compat);
+    o._compat_destroy_srq = Some(d_compat);
+    o.post_srq_recv = Some(d_post_srq_recv);
+    o._compat_create_qp = Some(d_compat);
+    o._compat_query_qp = Some(d_compat);
+    o._compat_modify_qp = Some(d_compat);
+    o._compat_destroy_qp = Some(d_compat);
+    o.post_send = Some(d_post_send);
+    o.post_recv = Some(d_post_recv);
+    o._compat_create_ah = Some(d_compat);
+    o._compat_destroy_ah = Some(d_compat);
+    o._compat_attach_mcast = Some(d_compat);
+    o._compat_detach_mcast = Some(d_compat);
+    o._compat_async_event = Some(d_compat);
+}
+
+// ---- devices ------------------------------------------------------------------------------
+
+fn copy_str(dst: &mut [c_char], s: &str) {
+    let n = dst.len() - 1;
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(n)) {
+        *d = b as c_char;
+    }
+}
+
+/// The device list, read from sysfs once (addresses of leaked `Device` boxes).
+fn devices(st: &mut State) -> Vec<usize> {
+    if let Some(d) = &st.devices {
+        return d.clone();
+    }
+    let views = world::read_sysfs(&st.cfg.sysfs);
+    let mut list = Vec::new();
+    for (i, view) in views.into_iter().enumerate() {
+        let mut dev = ibv_device {
+            node_type: IBV_NODE_CA,
+            transport_type: IBV_TRANSPORT_IB,
+            ..Default::default()
+        };
+        copy_str(&mut dev.name, &view.name);
+        copy_str(&mut dev.dev_name, &format!("uverbs{i}"));
+        copy_str(
+            &mut dev.dev_path,
+            &st.cfg
+                .sysfs
+                .join(format!("class/infiniband_verbs/uverbs{i}"))
+                .to_string_lossy(),
+        );
+        copy_str(&mut dev.ibdev_path, &view.ibdev_path.to_string_lossy());
+        let b = Box::new(Device {
+            dev,
+            index: u32::try_from(i).unwrap_or(u32::MAX),
+            view,
+        });
+        list.push(Box::into_raw(b) as usize);
+    }
+    st.devices = Some(list.clone());
+    list
+}
+
+fn device_of(st: &mut State, dev: *mut ibv_device, call: &str) -> &'static Device {
+    if !devices(st).contains(&(dev as usize)) {
+        die(
+            call,
+            &format!("{:#x} is not a device of ibv_get_device_list", dev as usize),
+        );
+    }
+    // SAFETY: the address is one of the leaked `Device` boxes (repr(C), `dev` first).
+    unsafe { &*dev.cast::<Device>() }
+}
+
+export!("IBVERBS_1.1" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+    call_ptr("ibv_get_device_list", json!({}), |st| {
+        let list = devices(st);
+        if !num_devices.is_null() {
+            // SAFETY: the caller passes a writable int (or NULL, handled above).
+            unsafe { *num_devices = c_int::try_from(list.len()).unwrap_or(c_int::MAX) };
+        }
+        // A NULL-terminated array the caller frees with ibv_free_device_list.
+        // SAFETY: calloc of (n + 1) pointers; checked for NULL below.
+        let arr = unsafe { libc::calloc(list.len() + 1, size_of::<*mut ibv_device>()) }
+            .cast::<*mut ibv_device>();
+        if arr.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        for (i, d) in list.iter().enumerate() {
+            // SAFETY: `i < n` and the array holds n + 1 entries.
+            unsafe { *arr.add(i) = *d as *mut ibv_device };
+        }
+        Ok(arr)
+    })
+});
+
+export!("IBVERBS_1.1" fn ibv_free_device_list(list: *mut *mut ibv_device) -> () {
+    // SAFETY: `list` came from ibv_get_device_list's calloc (or is NULL, which free accepts).
+    unsafe { libc::free(list.cast()) }
+});
+
+export!("IBVERBS_1.1" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
+    let mut g = lock();
+    let st = g.as_mut().expect("state initialised by lock()");
+    device_of(st, device, "ibv_get_device_name").dev.name.as_ptr()
+});
+
+export!("IBVERBS_1.1" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
+    let mut g = lock();
+    let st = g.as_mut().expect("state initialised by lock()");
+    // MANA reports no node GUID through sysfs for raw Ethernet ports; 0 as there.
+    let _ = device_of(st, device, "ibv_get_device_guid");
+    0
+});
+
+export!("IBVERBS_1.9" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
+    let mut g = lock();
+    let st = g.as_mut().expect("state initialised by lock()");
+    c_int::try_from(device_of(st, device, "ibv_get_device_index").index).unwrap_or(-1)
+});
+
+fn eventfd() -> Result<c_int, c_int> {
+    // SAFETY: plain syscall with constant flags.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO))
+    } else {
+        Ok(fd)
+    }
+}
+
+export!("IBVERBS_1.1" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    call_ptr("ibv_open_device", json!({"device": addr(device)}), |st| {
+        let dev = device_of(st, device, "ibv_open_device");
+        // ibv_cmd_get_context: the kernel opens the uverbs file and answers with the
+        // async event fd (libibverbs/cmd_device.c).
+        st.kernel("ibv_open_device")?;
+        let cmd_fd = eventfd()?;
+        let async_fd = eventfd().inspect_err(|_| {
+            // SAFETY: `cmd_fd` was opened just above and is not shared.
+            unsafe { libc::close(cmd_fd) };
+        })?;
+        // mana_alloc_context maps the doorbell page from the command fd; a failure there is
+        // ENOENT (rdma-core v44.0 providers/mana/mana.c l. 388–393). Ordinary shared memory
+        // here, write-combining MMIO on hardware.
+        // SAFETY: anonymous mapping of one page, checked below.
+        let db = unsafe {
+            libc::mmap(
+                null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if db == libc::MAP_FAILED {
+            // SAFETY: both fds were opened above.
+            unsafe {
+                libc::close(cmd_fd);
+                libc::close(async_fd);
+            }
+            return Err(libc::ENOENT);
+        }
+        // SAFETY: zeroed `verbs_context` is its valid initial state (all pointers NULL, a
+        // zero pthread mutex is PTHREAD_MUTEX_INITIALIZER on glibc).
+        let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
+        fill_ops(&mut vctx);
+        // verbs_init_context (libibverbs/device.c l. 243–244).
+        vctx.context.abi_compat = usize::MAX as *mut c_void;
+        vctx.sz = size_of::<verbs_context>();
+        vctx.context.device = device;
+        vctx.context.cmd_fd = cmd_fd;
+        vctx.context.async_fd = async_fd;
+        vctx.context.num_comp_vectors = 1;
+        // SAFETY: calloc of libibverbs' private block; NULL is tolerated (never read here).
+        let private = unsafe { libc::calloc(1, 256) };
+        vctx.priv_ = private.cast();
+        let ctx = Box::into_raw(Box::new(Ctx {
+            vctx,
+            dev,
+            alloc: manadv_ctx_allocators::default(),
+            db_page: db,
+            private,
+        }));
+        // SAFETY: just allocated; the address of its `ibv_context` is what callers hold.
+        let ibctx = unsafe { &raw mut (*ctx).vctx.context };
+        st.register(ibctx as usize, Kind::Context, ibctx as usize);
+        Ok(ibctx)
+    })
+});
+
+export!("IBVERBS_1.1" fn ibv_close_device(context: *mut ibv_context) -> c_int {
+    call_int("ibv_close_device", json!({"context": addr(context)}), |st| {
+        let ctx = ctx_of(st, context, "ibv_close_device");
+        // The kernel destroys whatever the process left on this context; libmana's
+        // free_context only unmaps the doorbell page (rdma-core v44.0 providers/mana/mana.c,
+        // mana_free_context). Queue buffers from the user's allocator are not freed.
+        let left: Vec<usize> = st
+            .objects
+            .iter()
+            .filter(|(_, e)| e.ctx == context as usize)
+            .map(|(&a, _)| a)
+            .collect();
+        for a in left {
+            mana::forget(st, a);
+            st.unregister(a);
+        }
+        // SAFETY: the doorbell page and the fds were created by ibv_open_device and are
+        // released once, here; the context box is freed after it was unregistered.
+        unsafe {
+            libc::munmap(ctx.db_page, 4096);
+            libc::close(ctx.vctx.context.cmd_fd);
+            libc::close(ctx.vctx.context.async_fd);
+            libc::free(ctx.private);
+            drop(Box::from_raw(ctx as *mut Ctx));
+        }
+        Ok(0)
+    })
+});
+
+export!("IBVERBS_1.1" fn ibv_query_device(context: *mut ibv_context, device_attr: *mut ibv_device_attr) -> c_int {
+    call_int("ibv_query_device", json!({"context": addr(context)}), |st| {
+        let ctx = ctx_of(st, context, "ibv_query_device");
+        st.kernel("ibv_query_device")?;
+        let Some(out) = NonNull::new(device_attr) else {
+            die("ibv_query_device", "device_attr is NULL (real rdma-core would crash)");
+        };
+        // SAFETY: the caller passes a writable `ibv_device_attr`.
+        unsafe { out.as_ptr().write(mana::device_attr(ctx)) };
+        Ok(0)
+    })
+});
+
+export!("IBVERBS_1.1" fn ibv_query_port(context: *mut ibv_context, port_num: u8, port_attr: *mut _compat_ibv_port_attr) -> c_int {
+    // The exported form copies the compat struct: `ibv_port_attr` up to `flags`
+    // (rdma-core v44.0 libibverbs/verbs.c l. 197–219).
+    let len = offset_of!(ibv_port_attr, port_cap_flags2);
+    // SAFETY: same contract as the slot; `len` bytes of the caller's struct are written.
+    unsafe { mana::query_port_slot(context, port_num, port_attr.cast(), len) }
+});
+
+export!("IBVERBS_1.1" fn ibv_query_gid(context: *mut ibv_context, port_num: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
+    call_int("ibv_query_gid", json!({"context": addr(context), "port": port_num, "index": index}), |st| {
+        let ctx = ctx_of(st, context, "ibv_query_gid");
+        if port_num == 0 || port_num > ctx.nports() || !(0..mana::GID_TABLE_LEN).contains(&index) {
+            // Returns -1 through the sysfs read failing (libibverbs/verbs.c ibv_query_gid).
+            return Ok(-1);
+        }
+        let mac = ctx.device().view.ports[usize::from(port_num - 1)].mac.unwrap_or([0; 6]);
+        // fe80::/64 with the EUI-64 of the port's MAC.
+        let mut raw = [0u8; 16];
+        raw[0] = 0xfe;
+        raw[1] = 0x80;
+        raw[8..16].copy_from_slice(&[mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]]);
+        // SAFETY: the caller passes a writable `ibv_gid` (16 bytes).
+        unsafe { gid.cast::<[u8; 16]>().write_unaligned(raw) };
+        Ok(0)
+    })
+});
+
+export!("IBVERBS_1.1" fn ibv_fork_init() -> c_int {
+    // With a kernel that copies pinned pages on fork (5.13 and later), v44's ibv_fork_init
+    // returns 0 without madvise (libibverbs/memory.c ibv_fork_init, get_copy_on_fork).
+    call_int("ibv_fork_init", json!({}), |_| Ok(0))
+});
+
+export!("IBVERBS_1.13" fn ibv_is_fork_initialized() -> ibv_fork_status {
+    call_int("ibv_is_fork_initialized", json!({}), |_| Ok(IBV_FORK_UNNEEDED as c_int)) as ibv_fork_status
+});
+
+export!("IBVERBS_1.1" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
+    // Reads the async fd like libibverbs (libibverbs/device.c ibv_get_async_event); the fake
+    // never raises events, so this blocks, or fails with EAGAIN on a non-blocking fd.
+    let fd = {
+        let mut g = lock();
+        let st = g.as_mut().expect("state initialised by lock()");
+        ctx_of(st, context, "ibv_get_async_event").vctx.context.async_fd
+    };
+    let _ = event;
+    let mut v = 0u64;
+    // SAFETY: reads 8 bytes into a local from the context's eventfd.
+    let n = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+    if n < 0 {
+        return -1;
+    }
+    set_errno(libc::EIO);
+    -1
+});
+
+export!("IBVERBS_1.1" fn ibv_ack_async_event(event: *mut ibv_async_event) -> () {
+    let _ = event;
+});
+
+export!("IBVERBS_1.0" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+    call_ptr("ibv_create_comp_channel", json!({"context": addr(context)}), |st| {
+        let _ = ctx_of(st, context, "ibv_create_comp_channel");
+        st.kernel("ibv_create_comp_channel")?;
+        let fd = eventfd()?;
+        Ok(Box::into_raw(Box::new(ibv_comp_channel { context, fd, refcnt: 0 })))
+    })
+});
+
+export!("IBVERBS_1.0" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    call_int("ibv_destroy_comp_channel", json!({"channel": addr(channel)}), |_| {
+        // SAFETY: the caller passes a channel from ibv_create_comp_channel.
+        let ch = unsafe { &mut *channel };
+        // libibverbs/verbs.c ibv_destroy_comp_channel: EBUSY while a CQ uses it.
+        if ch.refcnt > 0 {
+            return Err(libc::EBUSY);
+        }
+        // SAFETY: the fd and the box were created by ibv_create_comp_channel.
+        unsafe {
+            libc::close(ch.fd);
+            drop(Box::from_raw(channel));
+        }
+        Ok(0)
+    })
+});
+
+/// Live objects (contexts, PDs, parent domains, MRs, CQs, WQs, tables, QPs) of this
+/// process; unversioned, so a test can find it with `dlsym(RTLD_DEFAULT, ...)` and tell the
+/// fake from the real library (which has no such symbol).
+#[no_mangle]
+pub extern "C" fn fake_rdma_live_objects() -> c_int {
+    let g = lock();
+    c_int::try_from(g.as_ref().map_or(0, |s| s.objects.len())).unwrap_or(c_int::MAX)
+}
+
+/// Writes a JSON object with the live objects by kind (`{"cq":1,...}`) to stderr; for
+/// humans debugging a leak.
+#[no_mangle]
+pub extern "C" fn fake_rdma_dump_live() {
+    let g = lock();
+    if let Some(s) = g.as_ref() {
+        eprintln!("fake-rdma: live objects {}", json!(s.live_by_kind()));
+    }
+}
+
+/// The C name of a device, for messages.
+pub fn device_name(dev: &Device) -> String {
+    // SAFETY: `name` is NUL-terminated (copy_str leaves the last byte 0).
+    unsafe { CStr::from_ptr(dev.dev.name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}

@@ -1,0 +1,371 @@
+//! The fake world: which RDMA devices and ports exist, their MACs, wires and netdevs, and the
+//! sysfs tree that shows them.
+//!
+//! One tree serves two readers: the PMD's own device discovery (`pmd::devices`, through
+//! `PMD_SYSFS_ROOT` or libibverbs' `SYSFS_PATH`) and the fake library's device list. The
+//! `fake-rdma-world` tool writes it; the library reads it back. This file is compiled into
+//! both (the tool includes it by path, so it never links the library itself).
+//!
+//! World syntax (`FAKE_RDMA_PORTS`): a `;`-separated list of
+//! `DEV/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N]`.
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// PCI ids of a MANA virtual function (Microsoft, `0x00ba`).
+const MANA_VENDOR: &str = "0x1414";
+const MANA_DEVICE: &str = "0x00ba";
+/// Kernel `IFF_UP | IFF_BROADCAST | IFF_MULTICAST` minus `IFF_UP`: an interface that is down.
+const FLAGS_DOWN: &str = "0x1002";
+/// The file, in a port's sysfs directory, that names the wire the device model serves the
+/// port's queues on. Only the fake writes it; its presence marks a device as the fake's.
+pub const WIRE_FILE: &str = "fake_rdma_wire";
+/// The file, in a port's sysfs directory, with the port's TX vPort offset.
+pub const VP_OFFSET_FILE: &str = "fake_rdma_vp_offset";
+
+/// The world the tool creates when `FAKE_RDMA_PORTS` is not set.
+pub const DEFAULT_WORLD: &str = "mana_0/1:mac=02:00:00:00:10:01,wire=shm:fake-mana_0-1;\
+                                 mana_0/2:mac=02:00:00:00:10:02,wire=shm:fake-mana_0-2";
+
+/// One port of the world.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortSpec {
+    /// RDMA device name, e.g. `mana_0`.
+    pub dev: String,
+    /// IB port number, 1-based.
+    pub port: u8,
+    /// The port's MAC address.
+    pub mac: [u8; 6],
+    /// The wire the device model serves this port on (`none`, `shm:NAME`, `loop:NAME`,
+    /// `afpacket:IF`).
+    pub wire: String,
+    /// A real Linux interface that plays the port's kernel netdev (holds the port while up).
+    pub netdev: Option<String>,
+    /// The TX vPort offset the kernel reports for this port.
+    pub vp_offset: u32,
+}
+
+impl PortSpec {
+    /// The netdev name shown in sysfs: the real interface, or a made-up one that is down.
+    pub fn netdev_name(&self) -> String {
+        self.netdev
+            .clone()
+            .unwrap_or_else(|| format!("eth-{}-{}", self.dev, self.port))
+    }
+}
+
+/// A world description that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorldError(pub String);
+
+impl fmt::Display for WorldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FAKE_RDMA_PORTS: {}", self.0)
+    }
+}
+
+impl std::error::Error for WorldError {}
+
+fn err<T>(msg: String) -> Result<T, WorldError> {
+    Err(WorldError(msg))
+}
+
+/// Formats a MAC address as `aa:bb:cc:dd:ee:ff`.
+pub fn mac_string(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut mac {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+fn check_wire(wire: &str) -> Result<(), String> {
+    let (kind, arg) = wire.split_once(':').unwrap_or((wire, ""));
+    match kind {
+        "none" if arg.is_empty() => Ok(()),
+        "shm" | "loop" | "afpacket" if !arg.is_empty() => Ok(()),
+        "shm" | "loop" | "afpacket" => Err(format!("wire={wire}: {kind}: needs a name")),
+        _ => Err(format!(
+            "wire={wire}: unknown wire (use none, shm:NAME, loop:NAME or afpacket:IF)"
+        )),
+    }
+}
+
+/// Parses a world description; see the module docs for the syntax.
+///
+/// # Errors
+/// A [`WorldError`] naming the entry and what is wrong with it.
+pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
+    let mut ports: Vec<PortSpec> = Vec::new();
+    for entry in s.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let Some((name, opts)) = entry.split_once(':') else {
+            return err(format!("`{entry}`: expected DEV/PORT:mac=MAC,wire=WIRE"));
+        };
+        let Some((dev, port)) = name.split_once('/') else {
+            return err(format!("`{name}`: expected DEV/PORT, e.g. mana_0/1"));
+        };
+        if !dev.starts_with("mana_") || dev.len() > 63 {
+            return err(format!(
+                "`{dev}`: only MANA devices (mana_N) are modelled; mlx5 devices come with the mlx5 driver"
+            ));
+        }
+        let port: u8 = match port.parse() {
+            Ok(p @ 1..=8) => p,
+            _ => return err(format!("`{name}`: port must be 1..8")),
+        };
+        let mut spec = PortSpec {
+            dev: dev.to_string(),
+            port,
+            mac: [0; 6],
+            wire: "none".into(),
+            netdev: None,
+            vp_offset: 0,
+        };
+        let mut have_mac = false;
+        // A MAC contains ':' but never ',', so options split on ',' then the first '='.
+        for opt in opts.split(',').filter(|o| !o.is_empty()) {
+            let (k, v) = opt.split_once('=').unwrap_or((opt, ""));
+            match k {
+                "mac" => {
+                    spec.mac = match parse_mac(v) {
+                        Some(m) if m[0] & 1 == 0 && m != [0; 6] => m,
+                        _ => return err(format!("{name}: mac={v}: not a unicast MAC")),
+                    };
+                    have_mac = true;
+                }
+                "wire" => {
+                    check_wire(v).map_err(|e| WorldError(format!("{name}: {e}")))?;
+                    spec.wire = v.to_string();
+                }
+                "netdev" => {
+                    if v.is_empty() || v.len() > 15 || v.contains('/') {
+                        return err(format!("{name}: netdev={v}: not an interface name"));
+                    }
+                    spec.netdev = Some(v.to_string());
+                }
+                "vp_offset" => {
+                    spec.vp_offset = v
+                        .parse()
+                        .map_err(|_| WorldError(format!("{name}: vp_offset={v}: not a number")))?;
+                }
+                _ => {
+                    return err(format!(
+                        "{name}: unknown option `{k}` (mac, wire, netdev, vp_offset)"
+                    ))
+                }
+            }
+        }
+        if !have_mac {
+            return err(format!("{name}: mac= is required"));
+        }
+        if ports
+            .iter()
+            .any(|p| p.dev == spec.dev && p.port == spec.port)
+        {
+            return err(format!("{name}: listed twice"));
+        }
+        if ports.iter().any(|p| p.mac == spec.mac) {
+            return err(format!("{name}: mac {} used twice", mac_string(&spec.mac)));
+        }
+        ports.push(spec);
+    }
+    if ports.is_empty() {
+        return err("no ports".into());
+    }
+    ports.sort_by(|a, b| (&a.dev, a.port).cmp(&(&b.dev, b.port)));
+    // IB ports are numbered 1..=n without gaps.
+    let mut devs: Vec<&str> = ports.iter().map(|p| p.dev.as_str()).collect();
+    devs.dedup();
+    for d in devs {
+        let nums: Vec<u8> = ports
+            .iter()
+            .filter(|p| p.dev == d)
+            .map(|p| p.port)
+            .collect();
+        if nums
+            .iter()
+            .enumerate()
+            .any(|(i, &n)| usize::from(n) != i + 1)
+        {
+            return err(format!("{d}: ports must be numbered 1..n without gaps"));
+        }
+    }
+    Ok(ports)
+}
+
+fn write(path: &Path, contents: &str) -> io::Result<()> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::write(path, format!("{contents}\n"))
+}
+
+fn symlink(target: &Path, link: &Path) -> io::Result<()> {
+    if let Some(dir) = link.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    std::os::unix::fs::symlink(target, link)
+}
+
+/// Writes the sysfs tree for `ports` under `root` (which must not hold one already), with
+/// the files `pmd::devices` and libibverbs read. A real netdev's `flags` is a link to the
+/// live `/sys/class/net/IF/flags`, so bringing the interface up or down is seen at once.
+///
+/// # Errors
+/// An I/O error, or `NotFound` when a `netdev=` names no interface of this machine.
+pub fn write_sysfs(root: &Path, ports: &[PortSpec]) -> io::Result<()> {
+    write(&root.join("class/infiniband_verbs/abi_version"), "6")?;
+    let mut devs: Vec<&str> = ports.iter().map(|p| p.dev.as_str()).collect();
+    devs.dedup();
+    let driver = root.join("bus/pci/drivers/mana");
+    fs::create_dir_all(&driver)?;
+    for (i, dev) in devs.iter().enumerate() {
+        let ib = root.join("class/infiniband").join(dev);
+        let uverbs = root.join(format!("class/infiniband_verbs/uverbs{i}"));
+        write(&uverbs.join("ibdev"), dev)?;
+        write(&uverbs.join("dev"), &format!("231:{}", 192 + i))?;
+        write(&uverbs.join("abi_version"), "1")?;
+        write(&ib.join("node_type"), "1: CA")?;
+        write(&ib.join("device/vendor"), MANA_VENDOR)?;
+        write(&ib.join("device/device"), MANA_DEVICE)?;
+        write(
+            &ib.join("device/uevent"),
+            &format!("DRIVER=mana\nPCI_SLOT_NAME=7870:00:{i:02x}.0"),
+        )?;
+        symlink(&driver, &ib.join("device/driver"))?;
+        for p in ports.iter().filter(|p| p.dev == *dev) {
+            let pdir = ib.join(format!("ports/{}", p.port));
+            write(&pdir.join("state"), "4: ACTIVE")?;
+            write(&pdir.join("phys_state"), "5: LinkUp")?;
+            write(&pdir.join("link_layer"), "Ethernet")?;
+            write(&pdir.join(WIRE_FILE), &p.wire)?;
+            write(&pdir.join(VP_OFFSET_FILE), &p.vp_offset.to_string())?;
+            let ndir = ib.join("device/net").join(p.netdev_name());
+            write(&ndir.join("dev_port"), &(p.port - 1).to_string())?;
+            write(&ndir.join("address"), &mac_string(&p.mac))?;
+            match &p.netdev {
+                Some(real) => {
+                    let live = Path::new("/sys/class/net").join(real).join("flags");
+                    if !live.exists() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::NotFound,
+                            format!(
+                                "{}/{}: netdev={real}: no such interface on this machine (see `ip link`)",
+                                p.dev, p.port
+                            ),
+                        ));
+                    }
+                    symlink(&live, &ndir.join("flags"))?;
+                }
+                None => write(&ndir.join("flags"), FLAGS_DOWN)?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One port as the library reads it back from a tree.
+#[derive(Debug, Clone)]
+pub struct PortView {
+    /// IB port number.
+    pub number: u8,
+    /// The wire spec for the device model.
+    pub wire: String,
+    /// The TX vPort offset.
+    pub vp_offset: u32,
+    /// The netdev's name, and the `flags` file that says whether it is up.
+    pub netdev: Option<(String, PathBuf)>,
+    /// The port's MAC, from its netdev.
+    pub mac: Option<[u8; 6]>,
+}
+
+/// One device as the library reads it back from a tree.
+#[derive(Debug, Clone)]
+pub struct DeviceView {
+    /// RDMA device name.
+    pub name: String,
+    /// `<root>/class/infiniband/<name>`.
+    pub ibdev_path: PathBuf,
+    /// Its ports, by number.
+    pub ports: Vec<PortView>,
+}
+
+/// Reads the fake's devices under `root`: those whose ports carry [`WIRE_FILE`]. Devices of
+/// a real tree (no such file) are not the fake's and are left out.
+pub fn read_sysfs(root: &Path) -> Vec<DeviceView> {
+    let class = root.join("class/infiniband");
+    let Ok(entries) = fs::read_dir(&class) else {
+        return Vec::new();
+    };
+    let mut devices = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let dir = e.path();
+        let mut ports = Vec::new();
+        for n in 1u8..=8 {
+            let pdir = dir.join(format!("ports/{n}"));
+            let Ok(wire) = fs::read_to_string(pdir.join(WIRE_FILE)) else {
+                break;
+            };
+            let vp_offset = fs::read_to_string(pdir.join(VP_OFFSET_FILE))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0);
+            let mut netdev = None;
+            let mut mac = None;
+            if let Ok(nets) = fs::read_dir(dir.join("device/net")) {
+                for ne in nets.flatten() {
+                    let dev_port = fs::read_to_string(ne.path().join("dev_port")).ok();
+                    if dev_port.and_then(|s| s.trim().parse::<u8>().ok()) == Some(n - 1) {
+                        netdev = Some((
+                            ne.file_name().to_string_lossy().into_owned(),
+                            ne.path().join("flags"),
+                        ));
+                        mac = fs::read_to_string(ne.path().join("address"))
+                            .ok()
+                            .and_then(|s| parse_mac(s.trim()));
+                    }
+                }
+            }
+            ports.push(PortView {
+                number: n,
+                wire: wire.trim().to_string(),
+                vp_offset,
+                netdev,
+                mac,
+            });
+        }
+        if !ports.is_empty() {
+            devices.push(DeviceView {
+                name,
+                ibdev_path: dir,
+                ports,
+            });
+        }
+    }
+    devices.sort_by(|a, b| a.name.cmp(&b.name));
+    devices
+}
+
+/// Whether the netdev whose `flags` file is `flags` is up (`IFF_UP`), i.e. holds its port.
+pub fn netdev_up(flags: &Path) -> bool {
+    fs::read_to_string(flags)
+        .ok()
+        .and_then(|s| u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok())
+        .is_some_and(|f| f & 1 != 0)
+}
