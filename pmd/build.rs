@@ -1,6 +1,8 @@
 //! Generates the direct-verbs bindings (`manadv.h`, `mlx5dv.h`) with bindgen, links the
-//! provider libraries, and runs a small C probe that records the C compiler's view of the
-//! structures we share with rdma-core, so the tests can compare it with the Rust view.
+//! provider libraries, compiles the `static inline` functions of `<infiniband/verbs.h>` that
+//! the PMD calls into a small static library (bindgen's `wrap_static_fns`), and runs a small C
+//! probe that records the C compiler's view of the structures we share with rdma-core, so the
+//! tests can compare it with the Rust view.
 
 #[cfg(feature = "verbs")]
 use std::env;
@@ -11,10 +13,12 @@ use std::process::Command;
 
 const HEADER: &str = "src/sys/dv.h";
 const PROBE: &str = "src/sys/layout_probe.c";
+const INLINE_HEADER: &str = "src/sys/verbs_inline.h";
 
 fn main() {
     println!("cargo:rerun-if-changed={HEADER}");
     println!("cargo:rerun-if-changed={PROBE}");
+    println!("cargo:rerun-if-changed={INLINE_HEADER}");
     println!("cargo:rerun-if-changed=build.rs");
     // rdma-core is needed (headers, libraries) only with feature `verbs`; the device-model
     // build (`--no-default-features --features emu`) needs none of it.
@@ -87,7 +91,70 @@ fn verbs() {
         .write_to_file(out.join("dv_bindings.rs"))
         .expect("write dv_bindings.rs");
 
+    verbs_inline(&out, &clang_args);
     run_layout_probe(&out, &clang_args);
+}
+
+/// The `static inline` functions of `<infiniband/verbs.h>` the PMD calls. They dispatch
+/// through the `struct verbs_context` op table of the context, so they exist only in the
+/// header; `ibv_query_port` is a macro for `___ibv_query_port`.
+#[cfg(feature = "verbs")]
+const VERBS_INLINES: &[&str] = &[
+    "ibv_query_device_ex",
+    "ibv_alloc_parent_domain",
+    "ibv_create_cq_ex",
+    "ibv_cq_ex_to_cq",
+    "ibv_create_wq",
+    "ibv_modify_wq",
+    "ibv_destroy_wq",
+    "ibv_create_rwq_ind_table",
+    "ibv_destroy_rwq_ind_table",
+    "ibv_create_qp_ex",
+    "ibv_create_flow",
+    "ibv_destroy_flow",
+    "___ibv_query_port",
+];
+
+/// Compiles the header's own inlines (see `pmd::sys::verbs`): bindgen writes one C wrapper
+/// per inline, `<name>__extern`, into `verbs_inline.c`, which `cc` builds into a static
+/// library, and Rust declarations of those wrappers into `verbs_inline.rs`. Only the
+/// functions are generated; every type in their signatures is rdma-sys's (the generated
+/// module starts with `use rdma_sys::*`), so the wrappers take and return the same pointers
+/// as the rest of the verbs calls.
+#[cfg(feature = "verbs")]
+fn verbs_inline(out: &std::path::Path, clang_args: &[String]) {
+    // The generated C file starts with `#include "<this path>"`, and it is compiled from
+    // OUT_DIR, so the path must be absolute. (`header_contents` would not do: bindgen 0.73
+    // leaves in-memory headers out of the generated C file.)
+    let header =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets it")).join(INLINE_HEADER);
+    let mut builder = bindgen::Builder::default()
+        .header(header.to_str().expect("the source path is UTF-8"))
+        .clang_args(clang_args)
+        .wrap_static_fns(true)
+        .wrap_static_fns_path(out.join("verbs_inline"))
+        // Nothing but the listed functions: no types, no constants.
+        .allowlist_recursively(false)
+        .raw_line("use rdma_sys::*;")
+        .size_t_is_usize(true)
+        .layout_tests(false)
+        .generate_comments(false)
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
+    for f in VERBS_INLINES {
+        builder = builder.allowlist_function(format!("^{f}$"));
+    }
+    let bindings = builder
+        .generate()
+        .expect("bindgen failed on infiniband/verbs.h: install libibverbs-dev and libclang-dev (see README)");
+    bindings
+        .write_to_file(out.join("verbs_inline.rs"))
+        .expect("write verbs_inline.rs");
+
+    cc::Build::new()
+        .file(out.join("verbs_inline.c"))
+        .includes(clang_args.iter().filter_map(|a| a.strip_prefix("-I")))
+        .warnings(true)
+        .compile("verbs_inline");
 }
 
 #[cfg(feature = "verbs")]

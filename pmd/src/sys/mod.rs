@@ -1,6 +1,13 @@
-//! The only FFI and raw memory access in the project: rdma-core verbs (through `rdma-sys`)
-//! and the direct-verbs APIs `manadv.h` / `mlx5dv.h` (bindgen, see `build.rs`), both with
-//! feature `verbs` only; [`DevMem`] for queue memory; [`barrier`]s; netlink/ioctl helpers.
+//! The only FFI and raw memory access in the project: rdma-core verbs, the direct-verbs APIs
+//! `manadv.h` / `mlx5dv.h` (bindgen, see `build.rs`), all with feature `verbs` only;
+//! [`DevMem`] for queue memory; [`barrier`]s; netlink/ioctl helpers.
+//!
+//! Verbs come from two places. `rdma-sys` supplies the types and the functions libibverbs
+//! exports (`ibv_open_device`, `ibv_alloc_pd`, …). The `static inline` functions of
+//! `<infiniband/verbs.h>` (`ibv_create_wq`, `ibv_alloc_parent_domain`, `ibv_query_device_ex`,
+//! …) come from `verbs`: the header's own code, compiled by the C compiler at build time,
+//! because `rdma-sys`'s Rust ports of them reject every context libibverbs creates. Never call
+//! `rdma_sys::ibv_*` for a function that `verbs` provides.
 //!
 //! The bindings were generated against the rdma-core headers installed on the build machine;
 //! [`RDMA_CORE_VERSION`] says which. Layout tests (`layout.rs`) compare the Rust view of every
@@ -26,6 +33,8 @@ pub mod barrier;
 mod layout;
 pub mod mem;
 pub mod net;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use mem::DevMem;
 
