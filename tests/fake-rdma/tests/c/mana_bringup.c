@@ -1,0 +1,438 @@
+/* The MANA bring-up a DPDK-like PMD does (DPDK net/mana's order: context, allocators, PD,
+ * parent domain, MR, RX CQs + WQs + indirection table + RSS QP, TX CQ + QP, manadv_init_obj),
+ * then teardown. Built against the real rdma-core headers and linked against the real
+ * libibverbs/libmana/libmlx5: when it runs on the fake, the loader picked the fake.
+ *
+ * usage: mana_bringup bringup   full sequence; exit 0 OK, 2 no device, 1 a step failed
+ *        mana_bringup errno     the error table: every check prints "ok" or "FAIL"
+ * Either way it prints "allocs A frees F live L" at the end (live = the fake's live objects,
+ * -1 when not on the fake). */
+#include <dlfcn.h>
+#include <errno.h>
+#include <infiniband/manadv.h>
+#include <infiniband/mlx5dv.h>
+#include <infiniband/verbs.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int allocs, frees, alloc_null, alloc_misaligned, fails;
+static size_t sizes[32];
+
+static void *q_alloc(size_t size, void *data)
+{
+	void *p;
+	(void)data;
+	if (alloc_null)
+		return NULL;
+	if (posix_memalign(&p, 4096, size + 4096))
+		return NULL;
+	memset(p, 0, size + 4096);
+	if (allocs < 32)
+		sizes[allocs] = size;
+	allocs++;
+	printf("  alloc(%zu)\n", size);
+	return alloc_misaligned ? (char *)p + 64 : p;
+}
+
+static void q_free(void *p, void *data)
+{
+	(void)data;
+	frees++;
+	if (((uintptr_t)p & 4095) == 64)
+		p = (char *)p - 64;
+	free(p);
+}
+
+static int live(void)
+{
+	int (*f)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fake_rdma_live_objects");
+	return f ? f() : -1;
+}
+
+static const char *profile(void)
+{
+	const char *p = getenv("FAKE_RDMA_PROFILE");
+	return p && *p ? p : "v44";
+}
+
+#define CHECK(cond, ...)                                                                  \
+	do {                                                                              \
+		if (cond) {                                                               \
+			printf("ok   " __VA_ARGS__);                                          \
+		} else {                                                                  \
+			printf("FAIL " __VA_ARGS__);                                          \
+			fails++;                                                          \
+		}                                                                         \
+		printf("\n");                                                             \
+	} while (0)
+
+/* a call that returns NULL with errno `want` */
+#define WANT_NULL(want, call)                                                             \
+	do {                                                                              \
+		void *p_;                                                                 \
+		int e_;                                                                   \
+		errno = 0;                                                                \
+		p_ = (void *)(call);                                                      \
+		e_ = errno;                                                               \
+		CHECK(!p_ && e_ == (want), "%s -> %p errno %d (want NULL errno %d)", #call, \
+		      p_, e_, (want));                                                    \
+	} while (0)
+
+/* a call that returns `want` */
+#define WANT_RET(want, call)                                                              \
+	do {                                                                              \
+		int r_ = (call);                                                          \
+		CHECK(r_ == (want), "%s -> %d (want %d)", #call, r_, (want));             \
+	} while (0)
+
+static uint8_t key[40] = { 0x2c, 0xc6, 0x81, 0xd1, 0x5b, 0xdb, 0xf4, 0xf7, 0xfc, 0xa2,
+			   0x83, 0x19, 0xdb, 0x1a, 0x3e, 0x94, 0x6b, 0x9e, 0x38, 0xd9,
+			   0x2c, 0x9c, 0x03, 0xd1, 0xad, 0x99, 0x44, 0xa7, 0xd9, 0x56,
+			   0x3d, 0x59, 0x06, 0x3c, 0x25, 0xf3, 0xfc, 0x1f, 0xdc, 0x2a };
+
+struct world {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd, *parent;
+	struct ibv_mr *mr;
+	void *mem;
+	struct ibv_cq *rx_cq[2], *tx_cq;
+	struct ibv_wq *wq[2];
+	struct ibv_rwq_ind_table *ind;
+	struct ibv_qp *rss, *tx;
+};
+
+static struct ibv_cq *cq(struct ibv_context *ctx, int n)
+{
+	return ibv_create_cq(ctx, n, NULL, NULL, 0);
+}
+
+static struct ibv_wq *wq(struct world *w, struct ibv_pd *pd, struct ibv_cq *c, uint32_t wr,
+			 uint32_t sge)
+{
+	struct ibv_wq_init_attr a = { .wq_type = IBV_WQT_RQ, .max_wr = wr, .max_sge = sge,
+				      .pd = pd, .cq = c };
+	return ibv_create_wq(w->ctx, &a);
+}
+
+static struct ibv_qp *tx_qp(struct ibv_pd *pd, struct ibv_cq *c, uint32_t wr, uint32_t sge)
+{
+	struct ibv_qp_init_attr a = { .send_cq = c, .recv_cq = c, .qp_type = IBV_QPT_RAW_PACKET,
+				      .cap = { .max_send_wr = wr, .max_send_sge = sge } };
+	return ibv_create_qp(pd, &a);
+}
+
+static struct ibv_qp *rss_qp(struct world *w, struct ibv_pd *pd, struct ibv_rwq_ind_table *t,
+			     uint8_t func, uint8_t key_len)
+{
+	struct ibv_qp_init_attr_ex a = {
+		.qp_type = IBV_QPT_RAW_PACKET,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_IND_TABLE |
+			     IBV_QP_INIT_ATTR_RX_HASH,
+		.pd = pd,
+		.rwq_ind_tbl = t,
+		.rx_hash_conf = { .rx_hash_function = func, .rx_hash_key_len = key_len,
+				  .rx_hash_key = key,
+				  .rx_hash_fields_mask = IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4 },
+	};
+	return ibv_create_qp_ex(w->ctx, &a);
+}
+
+static struct ibv_rwq_ind_table *ind(struct world *w, struct ibv_wq **wqs, uint32_t log)
+{
+	struct ibv_rwq_ind_table_init_attr a = { .log_ind_tbl_size = log, .ind_tbl = wqs };
+	return ibv_create_rwq_ind_table(w->ctx, &a);
+}
+
+static void teardown(struct world *w)
+{
+	int i;
+	if (w->tx)
+		ibv_destroy_qp(w->tx);
+	if (w->tx_cq)
+		ibv_destroy_cq(w->tx_cq);
+	if (w->rss)
+		ibv_destroy_qp(w->rss);
+	if (w->ind)
+		ibv_destroy_rwq_ind_table(w->ind);
+	for (i = 0; i < 2; i++) {
+		if (w->wq[i])
+			ibv_destroy_wq(w->wq[i]);
+		if (w->rx_cq[i])
+			ibv_destroy_cq(w->rx_cq[i]);
+	}
+	if (w->mr)
+		ibv_dereg_mr(w->mr);
+	if (w->parent)
+		ibv_dealloc_pd(w->parent);
+	if (w->pd)
+		ibv_dealloc_pd(w->pd);
+	memset(&w->pd, 0, sizeof(*w) - sizeof(w->ctx));
+}
+
+#define STEP(what, cond)                                                                  \
+	do {                                                                              \
+		if (!(cond)) {                                                            \
+			printf("FAILED at %s: errno %d (%s)\n", what, errno, strerror(errno)); \
+			goto out;                                                         \
+		}                                                                         \
+		printf("%s: ok\n", what);                                                 \
+	} while (0)
+
+static int bringup(struct world *w)
+{
+	struct manadv_ctx_allocators al = { .alloc = q_alloc, .free = q_free, .data = (void *)5 };
+	struct ibv_parent_domain_init_attr pa = { .comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT,
+						  .pd_context = (void *)(uintptr_t)1 };
+	struct ibv_device_attr_ex dx;
+	struct ibv_port_attr port;
+	struct manadv_obj obj;
+	struct manadv_qp mq;
+	struct manadv_cq mc, rc[2];
+	struct manadv_rwq mw[2];
+	int i, ok = 0;
+
+	errno = ibv_query_device_ex(w->ctx, NULL, &dx);
+	STEP("ibv_query_device_ex", errno == 0);
+	printf("  max_qp_wr %d max_cqe %d ports %u rss table %u\n", dx.orig_attr.max_qp_wr,
+	       dx.orig_attr.max_cqe, dx.orig_attr.phys_port_cnt,
+	       dx.rss_caps.max_rwq_indirection_table_size);
+	errno = ibv_query_port(w->ctx, 1, &port);
+	STEP("ibv_query_port", errno == 0 && port.state == IBV_PORT_ACTIVE &&
+				       port.link_layer == IBV_LINK_LAYER_ETHERNET);
+	errno = manadv_set_context_attr(w->ctx, MANADV_CTX_ATTR_BUF_ALLOCATORS, &al);
+	STEP("manadv_set_context_attr", errno == 0);
+	STEP("ibv_alloc_pd", (w->pd = ibv_alloc_pd(w->ctx)) && w->pd->context == w->ctx);
+	pa.pd = w->pd;
+	STEP("ibv_alloc_parent_domain", (w->parent = ibv_alloc_parent_domain(w->ctx, &pa)));
+	if (posix_memalign(&w->mem, 4096, 1 << 20))
+		goto out;
+	STEP("ibv_reg_mr", (w->mr = ibv_reg_mr(w->pd, w->mem, 1 << 20, IBV_ACCESS_LOCAL_WRITE)) &&
+				   w->mr->addr == w->mem && w->mr->length == 1 << 20);
+	for (i = 0; i < 2; i++) {
+		STEP("ibv_create_cq(rx)", (w->rx_cq[i] = cq(w->ctx, 256)));
+		STEP("ibv_create_wq", (w->wq[i] = wq(w, w->parent, w->rx_cq[i], 256, 1)));
+	}
+	WANT_RET(EOPNOTSUPP, ibv_modify_wq(w->wq[0], &(struct ibv_wq_attr){
+							     .attr_mask = IBV_WQ_ATTR_STATE,
+							     .wq_state = IBV_WQS_RDY }));
+	STEP("ibv_create_rwq_ind_table", (w->ind = ind(w, w->wq, 1)));
+	STEP("ibv_create_qp_ex(rss)",
+	     (w->rss = rss_qp(w, w->parent, w->ind, IBV_RX_HASH_FUNC_TOEPLITZ, 40)));
+	STEP("ibv_create_cq(tx)", (w->tx_cq = cq(w->ctx, 256)));
+	STEP("ibv_create_qp(tx)", (w->tx = tx_qp(w->parent, w->tx_cq, 256, 1)));
+	WANT_RET(EOPNOTSUPP, ibv_modify_qp(w->tx, &(struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS },
+					   IBV_QP_STATE));
+	CHECK(w->tx->state == IBV_QPS_RESET, "qp->state stays RESET after a failed modify");
+
+	memset(&obj, 0, sizeof(obj));
+	obj.qp.in = w->tx;
+	obj.qp.out = &mq;
+	obj.cq.in = w->tx_cq;
+	obj.cq.out = &mc;
+	errno = manadv_init_obj(&obj, MANADV_OBJ_QP | MANADV_OBJ_CQ);
+	STEP("manadv_init_obj(tx)", errno == 0);
+	for (i = 0; i < 2; i++) {
+		memset(&obj, 0, sizeof(obj));
+		obj.rwq.in = w->wq[i];
+		obj.rwq.out = &mw[i];
+		obj.cq.in = w->rx_cq[i];
+		obj.cq.out = &rc[i];
+		errno = manadv_init_obj(&obj, MANADV_OBJ_RWQ | MANADV_OBJ_CQ);
+		STEP("manadv_init_obj(rx)", errno == 0);
+	}
+	printf("tx: sq_buf %p sq_count %u sq_size %u sq_id %u tx_vp_offset %u db_page %p | cq count %u cq_id %u\n",
+	       mq.sq_buf, mq.sq_count, mq.sq_size, mq.sq_id, mq.tx_vp_offset, mq.db_page, mc.count,
+	       mc.cq_id);
+	for (i = 0; i < 2; i++)
+		printf("rx%d: wq count %u size %u wq_id %u db_page %p | cq count %u cq_id %u\n", i,
+		       mw[i].count, mw[i].size, mw[i].wq_id, mw[i].db_page, rc[i].count, rc[i].cq_id);
+	CHECK(mq.sq_count == 256 && mq.sq_size == 8192 && mq.sq_id != 0, "tx queue: 256 WQEs in 8192 bytes, an id");
+	CHECK(mc.count == 256 && mc.cq_id != 0, "tx cq: 256 entries, id set by the QP");
+	CHECK(mw[0].count == 256 && mw[0].size == 8192 && mw[0].wq_id && mw[1].wq_id &&
+		      mw[0].wq_id != mw[1].wq_id,
+	      "rx queues: 256 WQEs in 8192 bytes, ids set by the RSS QP");
+	CHECK(rc[0].cq_id && rc[1].cq_id && rc[0].cq_id != rc[1].cq_id, "rx cqs: ids set by the RSS QP");
+	CHECK(mq.db_page && mq.db_page == mw[0].db_page && mw[0].db_page == mw[1].db_page,
+	      "one doorbell page for every queue of the context");
+	CHECK(allocs == 6 && sizes[0] == 16384 && sizes[1] == 8192 && sizes[4] == 16384 &&
+		      sizes[5] == 8192,
+	      "allocator asked for 16384 per 256-entry CQ and 8192 per 256-WQE queue");
+
+	/* out-of-order teardown is refused, and leaves everything usable */
+	WANT_RET(EBUSY, ibv_destroy_cq(w->tx_cq));
+	WANT_RET(EBUSY, ibv_destroy_rwq_ind_table(w->ind));
+	WANT_RET(EBUSY, ibv_destroy_wq(w->wq[0]));
+	WANT_RET(EBUSY, ibv_dealloc_pd(w->pd));
+	ok = fails == 0;
+out:
+	return ok;
+}
+
+static void errno_table(struct world *w)
+{
+	int v44 = strcmp(profile(), "main") != 0;
+	struct manadv_ctx_allocators al = { .alloc = q_alloc, .free = q_free };
+	struct manadv_ctx_allocators none = { 0 };
+	struct ibv_parent_domain_init_attr pa = { .comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT,
+						  .pd_context = (void *)(uintptr_t)1 };
+	struct ibv_query_device_ex_input in = { .comp_mask = 1 };
+	struct ibv_device_attr_ex dx;
+	struct ibv_port_attr port;
+	struct ibv_wq *wqs[128];
+	struct manadv_obj obj;
+	struct ibv_cq *c, *c2;
+	struct ibv_wq *q;
+	struct ibv_qp *qp;
+	struct mlx5dv_obj mo;
+	int i, before;
+
+	WANT_RET(EINVAL, ibv_query_device_ex(w->ctx, &in, &dx));
+	WANT_RET(EINVAL, ibv_query_port(w->ctx, 3, &port));
+	WANT_RET(EOPNOTSUPP, manadv_set_context_attr(w->ctx, 1, &al));
+	WANT_RET(EINVAL, manadv_init_obj(&obj, 8));
+	memset(&mo, 0, sizeof(mo));
+	WANT_RET(EOPNOTSUPP, mlx5dv_init_obj(&mo, 0));
+
+	/* no allocators yet */
+	if (v44) {
+		WANT_NULL(EINVAL, cq(w->ctx, 32));
+	} else {
+		c = cq(w->ctx, 32);
+		CHECK(c != NULL, "main: a CQ without allocators gets provider memory");
+		if (c)
+			WANT_RET(0, ibv_destroy_cq(c));
+	}
+	w->pd = ibv_alloc_pd(w->ctx);
+	pa.pd = NULL;
+	WANT_NULL(EINVAL, ibv_alloc_parent_domain(w->ctx, &pa));
+	pa.pd = w->pd;
+	pa.comp_mask |= IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;
+	WANT_NULL(v44 ? EINVAL : EOPNOTSUPP, ibv_alloc_parent_domain(w->ctx, &pa));
+	pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+	w->parent = ibv_alloc_parent_domain(w->ctx, &pa);
+	manadv_set_context_attr(w->ctx, MANADV_CTX_ATTR_BUF_ALLOCATORS, &al);
+
+	/* CQs */
+	WANT_NULL(EINVAL, cq(w->ctx, 257));
+	alloc_null = 1;
+	WANT_NULL(ENOMEM, cq(w->ctx, 32));
+	alloc_null = 0;
+	alloc_misaligned = 1;
+	before = frees;
+	WANT_NULL(EINVAL, cq(w->ctx, 32));
+	CHECK(frees == before + 1, "the kernel's refusal gives the buffer back to the allocator");
+	alloc_misaligned = 0;
+	c = cq(w->ctx, 32);
+	CHECK(c && c->cqe == 32 && sizes[allocs - 1] == 4096, "32-entry CQ: 4096 bytes");
+
+	/* WQs */
+	if (v44) { /* main moved these caps to the kernel, which has none for WQs */
+		WANT_NULL(EINVAL, wq(w, w->parent, c, 257, 1));
+		WANT_NULL(EINVAL, wq(w, w->parent, c, 256, 16));
+	}
+	q = wq(w, w->parent, c, 64, 1);
+	CHECK(q && sizes[allocs - 1] == 4096, "64-WQE RQ: 4096 bytes");
+	WANT_RET(EBUSY, ibv_destroy_cq(c));
+	for (i = 0; i < 128; i++)
+		wqs[i] = q;
+	WANT_NULL(EINVAL, ind(w, wqs, 14)); /* uverbs: log size > 13 */
+
+	/* RSS QP: not a parent domain, key length, hash function, table too big */
+	w->ind = ind(w, wqs, 0);
+	WANT_NULL(EINVAL, rss_qp(w, w->pd, w->ind, IBV_RX_HASH_FUNC_TOEPLITZ, 40));
+	WANT_NULL(EINVAL, rss_qp(w, w->parent, w->ind, IBV_RX_HASH_FUNC_TOEPLITZ, 32));
+	WANT_NULL(EINVAL, rss_qp(w, w->parent, w->ind, 2, 40));
+	{
+		struct ibv_rwq_ind_table *big = ind(w, wqs, 7);
+		WANT_NULL(EINVAL, rss_qp(w, w->parent, big, IBV_RX_HASH_FUNC_TOEPLITZ, 40));
+		ibv_destroy_rwq_ind_table(big);
+	}
+
+	/* TX QP */
+	c2 = cq(w->ctx, 64);
+	WANT_NULL(EINVAL, tx_qp(w->pd, c2, 64, 1));
+	WANT_NULL(EINVAL, tx_qp(w->parent, c2, 257, 1));
+	WANT_NULL(EINVAL, tx_qp(w->parent, c2, 64, 32)); /* v44: WQE > 512; main: kernel, > 30 SGEs */
+	{
+		struct ibv_qp_init_attr a = { .send_cq = c2, .recv_cq = c2, .qp_type = IBV_QPT_UD,
+					      .cap = { .max_send_wr = 64, .max_send_sge = 1 } };
+		WANT_NULL(v44 ? EINVAL : EOPNOTSUPP, ibv_create_qp(w->parent, &a));
+	}
+	pa.pd_context = (void *)(uintptr_t)3;
+	{
+		struct ibv_pd *bad_port = ibv_alloc_parent_domain(w->ctx, &pa);
+		before = frees;
+		WANT_NULL(EINVAL, tx_qp(bad_port, c2, 64, 1));
+		CHECK(frees == before + 1, "a refused QP gives its send buffer back");
+		ibv_dealloc_pd(bad_port);
+	}
+	qp = tx_qp(w->parent, c2, 64, 1);
+	CHECK(qp != NULL, "64-WQE send queue");
+	WANT_NULL(EINVAL, tx_qp(w->parent, c2, 64, 1)); /* the CQ already serves a queue */
+
+	/* verbs this provider does not have */
+	{
+		struct ibv_cq_init_attr_ex ca = { .cqe = 32 };
+		struct ibv_flow_attr fa = { .size = sizeof(fa), .port = 1 };
+		WANT_NULL(EOPNOTSUPP, ibv_create_cq_ex(w->ctx, &ca));
+		WANT_NULL(EOPNOTSUPP, ibv_create_flow(qp, &fa));
+		WANT_RET(EOPNOTSUPP, ibv_req_notify_cq(c2, 0));
+	}
+
+	/* teardown quirks: v44 refuses destroy with the free callback unset (-EINVAL for CQ
+	 * and QP, EINVAL for WQ) before asking the kernel */
+	manadv_set_context_attr(w->ctx, MANADV_CTX_ATTR_BUF_ALLOCATORS, &none);
+	if (v44) {
+		WANT_RET(-EINVAL, ibv_destroy_qp(qp));
+		WANT_RET(EINVAL, ibv_destroy_wq(q));
+	}
+	manadv_set_context_attr(w->ctx, MANADV_CTX_ATTR_BUF_ALLOCATORS, &al);
+	WANT_RET(0, ibv_destroy_qp(qp));
+	WANT_RET(0, ibv_destroy_cq(c2));
+	WANT_RET(0, ibv_destroy_rwq_ind_table(w->ind));
+	w->ind = NULL;
+	WANT_RET(0, ibv_destroy_wq(q));
+	WANT_RET(0, ibv_destroy_cq(c));
+}
+
+int main(int argc, char **argv)
+{
+	struct world w;
+	struct ibv_device **list;
+	int n = 0, i, ok = 0;
+	const char *mode = argc > 1 ? argv[1] : "bringup";
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	memset(&w, 0, sizeof(w));
+	list = ibv_get_device_list(&n);
+	printf("ibv_get_device_list: %d device(s)\n", list ? n : 0);
+	if (!list || n == 0) {
+		if (list)
+			ibv_free_device_list(list);
+		return 2;
+	}
+	for (i = 0; i < n; i++)
+		printf("device %d: %s\n", i, ibv_get_device_name(list[i]));
+	w.ctx = ibv_open_device(list[0]);
+	ibv_free_device_list(list);
+	if (!w.ctx) {
+		printf("FAILED at ibv_open_device: errno %d\n", errno);
+		return 1;
+	}
+	if (strcmp(mode, "errno") == 0) {
+		errno_table(&w);
+		ok = fails == 0;
+	} else {
+		ok = bringup(&w);
+	}
+	teardown(&w);
+	free(w.mem);
+	printf("before close: live %d\n", live());
+	ibv_close_device(w.ctx);
+	printf("allocs %d frees %d live %d\n", allocs, frees, live());
+	if (ok && allocs == frees && live() <= 0)
+		printf("OK\n");
+	return ok ? 0 : 1;
+}

@@ -1,0 +1,473 @@
+//! The fake rdma-core, from the outside: a C program built against the real rdma-core
+//! headers and linked against the real libraries runs the MANA bring-up on it (and finds
+//! nothing without it), every errno of the table, both profiles, fault injection, the trace,
+//! a port held by its netdev, a process without `CAP_NET_RAW`, and the exported symbols
+//! against the installed libraries and what our binaries import.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// The cdylib cargo built next to this test (`target/<profile>/deps/libfake_rdma.so`).
+fn fake_so() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps directory");
+    let so = deps.join("libfake_rdma.so");
+    assert!(
+        so.exists(),
+        "{} missing: cargo test builds the cdylib",
+        so.display()
+    );
+    so
+}
+
+/// `target/<profile>`.
+fn profile_dir() -> PathBuf {
+    fake_so()
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf()
+}
+
+struct Fake {
+    dir: tempfile::TempDir,
+}
+
+impl Fake {
+    /// A fake world: the default one, or `FAKE_RDMA_PORTS = ports`.
+    fn new(ports: Option<&str>) -> Fake {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let lib = dir.path().join("lib");
+        std::fs::create_dir(&lib).unwrap();
+        std::fs::copy(fake_so(), lib.join("libibverbs.so.1")).unwrap();
+        std::os::unix::fs::symlink("libibverbs.so.1", lib.join("libmana.so.1")).unwrap();
+        std::os::unix::fs::symlink("libibverbs.so.1", lib.join("libmlx5.so.1")).unwrap();
+        let mut world = Command::new(env!("CARGO_BIN_EXE_fake-rdma-world"));
+        world.arg("--sysfs").arg(dir.path().join("sys"));
+        match ports {
+            Some(p) => world.env("FAKE_RDMA_PORTS", p),
+            None => world.env_remove("FAKE_RDMA_PORTS"),
+        };
+        let out = world.output().expect("run fake-rdma-world");
+        assert!(
+            out.status.success(),
+            "fake-rdma-world: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Fake { dir }
+    }
+
+    /// `prog` with the fake in place (and no fake knobs from the caller's environment).
+    fn cmd(&self, prog: &Path) -> Command {
+        let mut c = Command::new(prog);
+        self.place(&mut c);
+        c
+    }
+
+    fn place(&self, c: &mut Command) {
+        let sys = self.dir.path().join("sys");
+        c.env("LD_LIBRARY_PATH", self.dir.path().join("lib"))
+            .env("SYSFS_PATH", &sys)
+            .env("PMD_SYSFS_ROOT", &sys);
+        for k in ["FAKE_RDMA_PROFILE", "FAKE_RDMA_FAIL", "FAKE_RDMA_TRACE"] {
+            c.env_remove(k);
+        }
+    }
+}
+
+/// The C bring-up program, compiled once per test process with the real headers and
+/// linked against the real libraries.
+fn c_program() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("fake-rdma-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("mana_bringup");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mana_bringup.c");
+        let out = Command::new("cc")
+            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .args(["-libverbs", "-lmana", "-lmlx5", "-ldl"])
+            .output()
+            .expect("run cc");
+        assert!(
+            out.status.success(),
+            "cc mana_bringup.c (needs libibverbs-dev): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        exe
+    })
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `allocs A frees F live L` from the program's last line.
+fn accounting(o: &Output) -> (u32, u32, i32) {
+    let t = String::from_utf8_lossy(&o.stdout).into_owned();
+    let line = t
+        .lines()
+        .find(|l| l.starts_with("allocs "))
+        .unwrap_or_else(|| panic!("no accounting line in:\n{}", text(o)));
+    let w: Vec<&str> = line.split_whitespace().collect();
+    (
+        w[1].parse().unwrap(),
+        w[3].parse().unwrap(),
+        w[5].parse().unwrap(),
+    )
+}
+
+#[test]
+fn bringup_passes_on_the_fake_and_finds_no_device_without_it() {
+    let exe = c_program();
+    // The real rdma-core on a machine without RDMA hardware: zero devices, a clean exit.
+    let real = Command::new(exe)
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    assert_eq!(real.status.code(), Some(2), "{}", text(&real));
+    assert!(text(&real).contains("0 device(s)"));
+    assert!(
+        !text(&real).contains("FAKE"),
+        "the real library printed the fake's banner"
+    );
+
+    let fake = Fake::new(None);
+    let o = fake.cmd(exe).arg("bringup").output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("fake-rdma: this process runs on the FAKE rdma-core"),
+        "no banner: {t}"
+    );
+    assert!(t.contains("device 0: mana_0"), "{t}");
+    assert!(!t.contains("FAIL"), "{t}");
+    assert_eq!(accounting(&o), (6, 6, 0), "{t}");
+    assert!(t.contains("\nOK\n"), "{t}");
+}
+
+fn errno_table(profile: &str) {
+    let fake = Fake::new(None);
+    let o = fake
+        .cmd(c_program())
+        .arg("errno")
+        .env("FAKE_RDMA_PROFILE", profile)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(!t.contains("FAIL"), "{t}");
+    let checks = t.lines().filter(|l| l.starts_with("ok ")).count();
+    assert!(checks >= 30, "only {checks} checks ran:\n{t}");
+    let (a, f, live) = accounting(&o);
+    assert_eq!((a, live), (f, 0), "buffers or objects left: {t}");
+    assert!(t.contains(&format!("profile {profile}")), "{t}");
+}
+
+#[test]
+fn every_errno_of_the_v44_table() {
+    errno_table("v44");
+}
+
+#[test]
+fn every_errno_of_the_main_profile() {
+    errno_table("main");
+}
+
+#[test]
+fn injected_failures_fail_cleanly_and_leave_nothing_alive() {
+    let fake = Fake::new(None);
+    // (fault, the step the program reports, errno)
+    let cases = [
+        ("ibv_alloc_pd:ENOMEM", "ibv_alloc_pd", 12),
+        (
+            "ibv_alloc_parent_domain:ENOMEM",
+            "ibv_alloc_parent_domain",
+            12,
+        ),
+        ("ibv_reg_mr:EFAULT", "ibv_reg_mr", 14),
+        ("ibv_create_cq:ENOMEM", "ibv_create_cq(rx)", 12),
+        ("ibv_create_cq#3:EIO", "ibv_create_cq(tx)", 5),
+        ("ibv_create_wq#2:ENOSPC", "ibv_create_wq", 28),
+        (
+            "ibv_create_rwq_ind_table:EINVAL",
+            "ibv_create_rwq_ind_table",
+            22,
+        ),
+        ("ibv_create_qp_ex:EPERM", "ibv_create_qp_ex(rss)", 1),
+        ("ibv_create_qp:ENODEV", "ibv_create_qp(tx)", 19),
+        ("ibv_query_device_ex:EIO", "ibv_query_device_ex", 5),
+    ];
+    for (fault, step, errno) in cases {
+        let o = fake
+            .cmd(c_program())
+            .env("FAKE_RDMA_FAIL", fault)
+            .output()
+            .unwrap();
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{fault}: {t}");
+        assert!(
+            t.contains(&format!("FAILED at {step}: errno {errno} ")),
+            "{fault}: expected a failure at {step} with errno {errno}:\n{t}"
+        );
+        let (a, f, live) = accounting(&o);
+        assert_eq!(a, f, "{fault}: allocator buffers not given back:\n{t}");
+        assert_eq!(live, 0, "{fault}: objects left alive:\n{t}");
+    }
+}
+
+#[test]
+fn the_trace_has_one_json_line_per_call() {
+    let fake = Fake::new(None);
+    let trace = fake.dir.path().join("trace.jsonl");
+    let o = fake
+        .cmd(c_program())
+        .env("FAKE_RDMA_TRACE", &trace)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON object per line"))
+        .collect();
+    let calls: Vec<&str> = lines.iter().map(|l| l["call"].as_str().unwrap()).collect();
+    let order = [
+        "ibv_get_device_list",
+        "ibv_open_device",
+        "manadv_set_context_attr",
+        "ibv_alloc_pd",
+        "ibv_alloc_parent_domain",
+        "ibv_create_cq",
+        "ibv_create_wq",
+        "ibv_create_rwq_ind_table",
+        "ibv_create_qp_ex",
+        "ibv_create_qp",
+        "manadv_init_obj",
+        "ibv_destroy_qp",
+        "ibv_close_device",
+    ];
+    let mut at = 0;
+    for want in order {
+        at += calls[at..]
+            .iter()
+            .position(|c| *c == want)
+            .unwrap_or_else(|| panic!("{want} missing or out of order in {calls:?}"));
+    }
+    for l in &lines {
+        assert!(
+            l["seq"].is_u64() && l["args"].is_object() && l["errno"].is_i64(),
+            "{l}"
+        );
+    }
+    let modify = lines.iter().find(|l| l["call"] == "ibv_modify_wq").unwrap();
+    assert_eq!(modify["errno"], 95);
+    assert_eq!(modify["ret"], 95);
+    let busy = lines
+        .iter()
+        .find(|l| l["call"] == "ibv_destroy_cq" && l["errno"] == 16)
+        .expect("the refused out-of-order destroy is traced");
+    assert_eq!(busy["ret"], 16);
+}
+
+#[test]
+fn a_port_held_by_its_up_netdev_refuses_raw_qps_with_enodev() {
+    // `lo` is always up: it plays a MANA netdev that holds port 1.
+    let fake = Fake::new(Some("mana_0/1:mac=02:00:00:00:20:01,wire=none,netdev=lo"));
+    let o = fake.cmd(c_program()).output().unwrap();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("FAILED at ibv_create_qp(tx): errno 19 "), "{t}");
+    assert!(t.contains("is held by its netdev lo (up): ENODEV"), "{t}");
+    let (a, f, live) = accounting(&o);
+    assert_eq!((a, live), (f, 0), "{t}");
+}
+
+#[test]
+fn without_cap_net_raw_raw_qps_fail_with_eperm() {
+    let fake = Fake::new(None);
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut c = if root {
+        // Root keeps CAP_NET_RAW across exec unless it leaves the bounding set.
+        let mut c = Command::new("setpriv");
+        c.args(["--bounding-set", "-net_raw", "--inh-caps", "-net_raw", "--"])
+            .arg(c_program());
+        fake.place(&mut c);
+        c
+    } else {
+        fake.cmd(c_program())
+    };
+    let o = c.output().expect("run setpriv (util-linux)");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("FAILED at ibv_create_qp_ex(rss): errno 1 "),
+        "{t}"
+    );
+    let (a, f, live) = accounting(&o);
+    assert_eq!((a, live), (f, 0), "{t}");
+}
+
+/// `objdump -T` of an ELF file: (symbol, version) of defined (`def`) or undefined symbols.
+fn dynsyms(file: &Path, def: bool) -> BTreeSet<(String, String)> {
+    let o = Command::new("objdump")
+        .arg("-T")
+        .arg(file)
+        .output()
+        .expect("objdump (binutils)");
+    assert!(o.status.success(), "objdump -T {}", file.display());
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains(" DF ") || l.contains(" DO ") || l.contains("*UND*"))
+        .filter(|l| l.contains("*UND*") != def)
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let (name, ver) = (w.last()?, w.get(w.len().checked_sub(2)?)?);
+            // objdump prints an import's version, and a hidden (compat) definition's, in
+            // parentheses; new binaries never bind hidden definitions.
+            let hidden = ver.starts_with('(');
+            (hidden != def).then(|| (name.to_string(), ver.trim_matches(['(', ')']).to_string()))
+        })
+        .collect()
+}
+
+fn version_nodes(file: &Path) -> BTreeSet<String> {
+    let o = Command::new("readelf")
+        .args(["-V", "--wide"])
+        .arg(file)
+        .output()
+        .unwrap();
+    let t = String::from_utf8_lossy(&o.stdout).into_owned();
+    let defs = t.split("Version needs").next().unwrap_or("");
+    defs.split("Name: ")
+        .skip(1)
+        .filter_map(|s| s.split_whitespace().next())
+        .filter(|n| n.contains('_') && !n.contains(".so"))
+        .map(str::to_string)
+        .collect()
+}
+
+fn real_lib(name: &str) -> PathBuf {
+    let o = Command::new("cc")
+        .arg(format!("-print-file-name={name}"))
+        .output()
+        .unwrap();
+    let p = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+    assert!(
+        p.is_absolute() && p.exists(),
+        "{name} not installed (libibverbs1, ibverbs-providers)"
+    );
+    p
+}
+
+#[test]
+fn exports_and_version_nodes_match_the_real_libraries_and_our_imports() {
+    let fake = dynsyms(&fake_so(), true);
+    let libs = ["libibverbs.so.1", "libmana.so.1", "libmlx5.so.1"];
+    let mut real = BTreeSet::new();
+    let mut nodes = BTreeSet::new();
+    for l in libs {
+        let p = real_lib(l);
+        real.extend(dynsyms(&p, true));
+        nodes.extend(version_nodes(&p));
+    }
+    // The same version nodes (the providers' private ABI aside).
+    nodes.remove("IBVERBS_PRIVATE_34");
+    assert_eq!(version_nodes(&fake_so()), nodes);
+    // Every versioned export of the fake exists, with that default version, in rdma-core.
+    let versioned: Vec<_> = fake.iter().filter(|(_, v)| v != "Base").collect();
+    assert!(versioned.len() >= 30, "{versioned:?}");
+    for s in &versioned {
+        assert!(
+            real.contains(*s),
+            "{s:?} is not exported so by the installed rdma-core"
+        );
+    }
+    // Everything our programs import from rdma-core, the fake exports with that version.
+    let mut programs = vec![c_program().to_path_buf()];
+    for bin in ["pmd-devices", "l2fwd", "pktgen"] {
+        let p = profile_dir().join(bin);
+        assert!(
+            p.exists(),
+            "{} missing: run the workspace's tests (cargo test --workspace builds it)",
+            p.display()
+        );
+        programs.push(p);
+    }
+    let rdma_nodes =
+        |v: &str| v.starts_with("IBVERBS_") || v.starts_with("MANA_") || v.starts_with("MLX5_");
+    let mut imported: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for p in &programs {
+        for s in dynsyms(p, false).into_iter().filter(|(_, v)| rdma_nodes(v)) {
+            imported.entry(s).or_default().push(p.display().to_string());
+        }
+    }
+    assert!(!imported.is_empty());
+    for (s, by) in &imported {
+        assert!(
+            fake.contains(s),
+            "{s:?} imported by {by:?} is missing from the fake"
+        );
+    }
+}
+
+#[test]
+fn pmd_devices_lists_the_fake_world() {
+    let fake = Fake::new(Some(
+        "mana_0/1:mac=02:00:00:00:10:01,wire=shm:x1,netdev=lo;mana_0/2:mac=02:00:00:00:10:02,wire=none",
+    ));
+    let bin = profile_dir().join("pmd-devices");
+    assert!(
+        bin.exists(),
+        "{} missing: run the workspace's tests",
+        bin.display()
+    );
+    let o = fake.cmd(&bin).output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("mana_0  provider mana [1414:00ba]"), "{t}");
+    assert!(
+        t.contains("port 1  Ethernet ACTIVE  netdev lo mac 02:00:00:00:10:01 (up: holds the port)"),
+        "{t}"
+    );
+    assert!(
+        t.contains("port 2  Ethernet ACTIVE  netdev eth-mana_0-2 mac 02:00:00:00:10:02 (down)"),
+        "{t}"
+    );
+    assert!(t.contains("libibverbs sees 1 device(s)"), "{t}");
+}
+
+#[test]
+fn the_world_tool_rejects_bad_worlds_with_a_reason() {
+    for (ports, why) in [
+        ("mana_0/1:wire=none", "mac= is required"),
+        ("mana_0/2:mac=02:00:00:00:00:01", "without gaps"),
+        ("mlx5_0/1:mac=02:00:00:00:00:01", "only MANA devices"),
+        ("mana_0/1:mac=03:00:00:00:00:01", "not a unicast MAC"),
+        ("mana_0/1:mac=02:00:00:00:00:01,wire=tcp:x", "unknown wire"),
+        (
+            "mana_0/1:mac=02:00:00:00:00:01,netdev=no-such-if0",
+            "no such interface",
+        ),
+        ("mana_0/1:mac=02:00:00:00:00:01,speed=10", "unknown option"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_fake-rdma-world"))
+            .arg("--sysfs")
+            .arg(dir.path().join("sys"))
+            .env("FAKE_RDMA_PORTS", ports)
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{ports} accepted");
+        assert!(text(&o).contains(why), "{ports}: {}", text(&o));
+    }
+}
