@@ -11,8 +11,9 @@ use std::process::ExitCode;
 #[command(version, about)]
 struct Args {
     /// Read devices from this sysfs root instead of /sys (for tests and offline inspection).
-    #[arg(long, env = "PMD_SYSFS_ROOT", default_value = pmd::devices::DEFAULT_SYSFS_ROOT)]
-    sysfs_root: PathBuf,
+    /// Without it, libibverbs' own SYSFS_PATH is used when set, so both see the same tree.
+    #[arg(long, env = "PMD_SYSFS_ROOT")]
+    sysfs_root: Option<PathBuf>,
     /// Print one JSON document instead of the human-readable report.
     #[arg(long)]
     json: bool,
@@ -21,7 +22,11 @@ struct Args {
 fn main() -> ExitCode {
     pmd::log::init("warn");
     let args = Args::parse();
-    let devices = match pmd::devices::list(&args.sysfs_root) {
+    let root = args
+        .sysfs_root
+        .or_else(|| std::env::var_os("SYSFS_PATH").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(pmd::devices::DEFAULT_SYSFS_ROOT));
+    let devices = match pmd::devices::list(&root) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("pmd-devices: {e}");

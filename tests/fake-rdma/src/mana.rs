@@ -197,7 +197,7 @@ fn user_free(ctx: &Ctx, p: *mut c_void) {
 /// (`mana_ib_create_zero_offset_dma_region`: EINVAL) and the range mapped (`ib_umem_get`:
 /// EFAULT).
 fn kernel_pin(buf: *mut c_void, len: usize) -> Result<(), c_int> {
-    if buf as usize % PAGE != 0 {
+    if buf as usize & (PAGE - 1) != 0 {
         return Err(libc::EINVAL);
     }
     mapped(buf, len)

@@ -240,7 +240,7 @@ impl State {
             .cfg
             .faults
             .iter()
-            .find(|f| f.call == call && f.nth.map_or(true, |k| k == n))
+            .find(|f| f.call == call && f.nth.unwrap_or(n) == n)
         {
             Some(f) => Err(f.errno),
             None => Ok(()),

@@ -471,3 +471,36 @@ fn the_world_tool_rejects_bad_worlds_with_a_reason() {
         assert!(text(&o).contains(why), "{ports}: {}", text(&o));
     }
 }
+
+#[test]
+fn the_fake_refuses_to_run_beside_a_real_libibverbs() {
+    let fake = Fake::new(None);
+    // The real libibverbs preloaded: libibverbs.so.1 is then the real one and the fake comes
+    // in as libmana.so.1, the mix the fake must refuse.
+    let o = fake
+        .cmd(c_program())
+        .env("LD_PRELOAD", real_lib("libibverbs.so.1"))
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("refusing to run: the real"), "{t}");
+    assert!(!t.contains("\nOK\n"), "{t}");
+}
+
+#[test]
+fn pmd_devices_follows_libibverbs_sysfs_path() {
+    let fake = Fake::new(None);
+    let bin = profile_dir().join("pmd-devices");
+    let o = fake
+        .cmd(&bin)
+        .env_remove("PMD_SYSFS_ROOT")
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("port 2  Ethernet ACTIVE  netdev eth-mana_0-2"),
+        "{t}"
+    );
+}
