@@ -1,7 +1,7 @@
 //! The fake's process-wide state: configuration from the environment, the registry of live
 //! objects, per-call counters for fault injection, and the JSON-lines call trace.
 //!
-//! Every exported call runs under one lock ([`call`]). The user's queue-buffer allocator is
+//! Every exported call runs under one lock ([`call_ptr`], [`call_int`]). The user's queue-buffer allocator is
 //! called with the lock held, so an allocator must not call back into verbs (none does).
 
 use serde_json::{json, Value};
