@@ -164,11 +164,6 @@ fn non_null<T>(p: *mut T, call: &str, what: &str) -> *mut T {
     p
 }
 
-/// The context behind an object's `context` pointer.
-fn ctx_at(st: &State, ctx: *mut ibv_context, call: &str) -> &'static mut Ctx {
-    ctx_of(st, ctx, call)
-}
-
 fn allocators_set(ctx: &Ctx) -> bool {
     ctx.alloc.alloc.is_some() && ctx.alloc.free.is_some()
 }
@@ -641,7 +636,7 @@ fn zeroed(buf: *mut c_void, len: usize) -> bool {
 export!("IBVERBS_1.1" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     call_int("ibv_destroy_cq", json!({"cq": addr(cq)}), |st| {
         let c = obj(st, cq.cast::<Cq>(), &[Kind::Cq], "ibv_destroy_cq");
-        let ctx = ctx_at(st, c.cq.context, "ibv_destroy_cq");
+        let ctx = ctx_of(st, c.cq.context, "ibv_destroy_cq");
         // v44 mana.c:263–271: free unset → -EINVAL, before the kernel (main: no check).
         if st.cfg.profile == Profile::V44 && ctx.alloc.free.is_none() {
             return Ok(-libc::EINVAL);
@@ -774,7 +769,7 @@ pub unsafe extern "C" fn modify_wq(wq: *mut ibv_wq, attr: *mut ibv_wq_attr) -> c
 pub unsafe extern "C" fn destroy_wq(wq: *mut ibv_wq) -> c_int {
     call_int("ibv_destroy_wq", json!({"wq": addr(wq)}), |st| {
         let w = obj(st, wq.cast::<Wq>(), &[Kind::Wq], "ibv_destroy_wq");
-        let ctx = ctx_at(st, w.wq.context, "ibv_destroy_wq");
+        let ctx = ctx_of(st, w.wq.context, "ibv_destroy_wq");
         // v44 wq.c:111–115: free unset → EINVAL (positive), before the kernel.
         if ctx.alloc.free.is_none() {
             return Err(libc::EINVAL);
@@ -927,7 +922,7 @@ fn create_tx_qp(
         CALL,
     );
     let context = p.pd.context;
-    let ctx = ctx_at(st, context, CALL);
+    let ctx = ctx_of(st, context, CALL);
     // SAFETY: the caller passes its init attr.
     let a = unsafe { &mut *non_null(attr, CALL, "qp_init_attr") };
     let v44 = st.cfg.profile == Profile::V44;
@@ -1178,13 +1173,17 @@ export!("IBVERBS_1.1" fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, a
 
 /// Releases what a QP holds in the kernel (its CQ slots, table, PD, vPort).
 fn release_qp(q: &mut Qp) {
-    for &c in &q.cqs {
-        // SAFETY: CQs cannot be destroyed while the QP counts as their user.
+    // A send QP counts as a user of its send and receive CQs and installed only the send
+    // CQ (the first); an RSS QP installed every CQ of its table's WQs, whose users they are.
+    for (i, &c) in q.cqs.iter().enumerate() {
+        // SAFETY: CQs cannot be destroyed while the QP or its table's WQs use them.
         unsafe {
             if q.rss.is_none() {
                 (*c).users -= 1;
             }
-            (*c).installed = false;
+            if q.rss.is_some() || i == 0 {
+                (*c).installed = false;
+            }
         }
     }
     if let Some(t) = q.rss {
@@ -1207,7 +1206,7 @@ fn release_qp(q: &mut Qp) {
 export!("IBVERBS_1.1" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     call_int("ibv_destroy_qp", json!({"qp": addr(qp)}), |st| {
         let q = obj(st, qp.cast::<Qp>(), &[Kind::Qp], "ibv_destroy_qp");
-        let ctx = ctx_at(st, q.qp.context, "ibv_destroy_qp");
+        let ctx = ctx_of(st, q.qp.context, "ibv_destroy_qp");
         // v44 qp.c:153–161: free unset → -EINVAL before the kernel (main: no check).
         if st.cfg.profile == Profile::V44 && ctx.alloc.free.is_none() {
             return Ok(-libc::EINVAL);
@@ -1261,7 +1260,7 @@ export!("MANA_1.0" fn manadv_init_obj(o: *mut manadv_obj, obj_type: u64) -> c_in
         let o = unsafe { &mut *non_null(o, "manadv_init_obj", "obj") };
         if obj_type & u64::from(MANADV_OBJ_QP) != 0 {
             let q = obj(st, o.qp.in_.cast::<Qp>(), &[Kind::Qp], "manadv_init_obj(qp)");
-            let ctx = ctx_at(st, q.qp.context, "manadv_init_obj");
+            let ctx = ctx_of(st, q.qp.context, "manadv_init_obj");
             let out = non_null(o.qp.out, "manadv_init_obj", "qp.out");
             // SAFETY: the caller's output struct (v44 manadv.c:48–62).
             unsafe {
@@ -1289,7 +1288,7 @@ export!("MANA_1.0" fn manadv_init_obj(o: *mut manadv_obj, obj_type: u64) -> c_in
         }
         if obj_type & u64::from(MANADV_OBJ_RWQ) != 0 {
             let w = obj(st, o.rwq.in_.cast::<Wq>(), &[Kind::Wq], "manadv_init_obj(rwq)");
-            let ctx = ctx_at(st, w.wq.context, "manadv_init_obj");
+            let ctx = ctx_of(st, w.wq.context, "manadv_init_obj");
             let out = non_null(o.rwq.out, "manadv_init_obj", "rwq.out");
             // SAFETY: the caller's output struct (v44 manadv.c:73–85).
             unsafe {

@@ -445,7 +445,7 @@ export!("IBVERBS_1.1" fn ibv_query_gid(context: *mut ibv_context, port_num: u8, 
             // Returns -1 through the sysfs read failing (libibverbs/verbs.c ibv_query_gid).
             return Ok(-1);
         }
-        let mac = ctx.device().view.ports[usize::from(port_num - 1)].mac.unwrap_or([0; 6]);
+        let mac = ctx.device().view.ports[usize::from(port_num - 1)].mac.unwrap_or_default().0;
         // fe80::/64 with the EUI-64 of the port's MAC.
         let mut raw = [0u8; 16];
         raw[0] = 0xfe;
@@ -477,12 +477,9 @@ export!("IBVERBS_1.1" fn ibv_get_async_event(context: *mut ibv_context, event: *
     };
     let _ = event;
     let mut v = 0u64;
-    // SAFETY: reads 8 bytes into a local from the context's eventfd.
-    let n = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
-    if n < 0 {
-        return -1;
-    }
-    set_errno(libc::EIO);
+    // SAFETY: reads 8 bytes into a local from the context's eventfd. Nothing ever writes it,
+    // so this returns only on a signal or with EAGAIN (errno set by read).
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
     -1
 });
 

@@ -9,6 +9,8 @@
 //! World syntax (`FAKE_RDMA_PORTS`): a `;`-separated list of
 //! `DEV/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N]`.
 
+use pmd::emu::wire::WireSpec;
+use pmd::net::MacAddr;
 use std::fmt;
 use std::fs;
 use std::io;
@@ -37,10 +39,9 @@ pub struct PortSpec {
     /// IB port number, 1-based.
     pub port: u8,
     /// The port's MAC address.
-    pub mac: [u8; 6],
-    /// The wire the device model serves this port on (`none`, `shm:NAME`, `loop:NAME`,
-    /// `afpacket:IF`).
-    pub wire: String,
+    pub mac: MacAddr,
+    /// The wire the device model serves this port on.
+    pub wire: WireSpec,
     /// A real Linux interface that plays the port's kernel netdev (holds the port while up).
     pub netdev: Option<String>,
     /// The TX vPort offset the kernel reports for this port.
@@ -72,40 +73,6 @@ fn err<T>(msg: String) -> Result<T, WorldError> {
     Err(WorldError(msg))
 }
 
-/// Formats a MAC address as `aa:bb:cc:dd:ee:ff`.
-pub fn mac_string(mac: &[u8; 6]) -> String {
-    mac.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-/// Parses `aa:bb:cc:dd:ee:ff`.
-pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let mut mac = [0u8; 6];
-    let mut parts = s.split(':');
-    for b in &mut mac {
-        let p = parts.next()?;
-        if p.len() != 2 {
-            return None;
-        }
-        *b = u8::from_str_radix(p, 16).ok()?;
-    }
-    parts.next().is_none().then_some(mac)
-}
-
-fn check_wire(wire: &str) -> Result<(), String> {
-    let (kind, arg) = wire.split_once(':').unwrap_or((wire, ""));
-    match kind {
-        "none" if arg.is_empty() => Ok(()),
-        "shm" | "loop" | "afpacket" if !arg.is_empty() => Ok(()),
-        "shm" | "loop" | "afpacket" => Err(format!("wire={wire}: {kind}: needs a name")),
-        _ => Err(format!(
-            "wire={wire}: unknown wire (use none, shm:NAME, loop:NAME or afpacket:IF)"
-        )),
-    }
-}
-
 /// Parses a world description; see the module docs for the syntax.
 ///
 /// # Errors
@@ -131,8 +98,8 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
         let mut spec = PortSpec {
             dev: dev.to_string(),
             port,
-            mac: [0; 6],
-            wire: "none".into(),
+            mac: MacAddr::default(),
+            wire: WireSpec::None,
             netdev: None,
             vp_offset: 0,
         };
@@ -142,15 +109,16 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
             let (k, v) = opt.split_once('=').unwrap_or((opt, ""));
             match k {
                 "mac" => {
-                    spec.mac = match parse_mac(v) {
-                        Some(m) if m[0] & 1 == 0 && m != [0; 6] => m,
+                    spec.mac = match v.parse::<MacAddr>() {
+                        Ok(m) if m.0[0] & 1 == 0 && m != MacAddr::default() => m,
                         _ => return err(format!("{name}: mac={v}: not a unicast MAC")),
                     };
                     have_mac = true;
                 }
                 "wire" => {
-                    check_wire(v).map_err(|e| WorldError(format!("{name}: {e}")))?;
-                    spec.wire = v.to_string();
+                    spec.wire = v
+                        .parse()
+                        .map_err(|e| WorldError(format!("{name}: unknown wire: {e}")))?;
                 }
                 "netdev" => {
                     if v.is_empty() || v.len() > 15 || v.contains('/') {
@@ -180,7 +148,7 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
             return err(format!("{name}: listed twice"));
         }
         if ports.iter().any(|p| p.mac == spec.mac) {
-            return err(format!("{name}: mac {} used twice", mac_string(&spec.mac)));
+            return err(format!("{name}: mac {} used twice", spec.mac));
         }
         ports.push(spec);
     }
@@ -253,11 +221,11 @@ pub fn write_sysfs(root: &Path, ports: &[PortSpec]) -> io::Result<()> {
             write(&pdir.join("state"), "4: ACTIVE")?;
             write(&pdir.join("phys_state"), "5: LinkUp")?;
             write(&pdir.join("link_layer"), "Ethernet")?;
-            write(&pdir.join(WIRE_FILE), &p.wire)?;
+            write(&pdir.join(WIRE_FILE), &p.wire.to_string())?;
             write(&pdir.join(VP_OFFSET_FILE), &p.vp_offset.to_string())?;
             let ndir = ib.join("device/net").join(p.netdev_name());
             write(&ndir.join("dev_port"), &(p.port - 1).to_string())?;
-            write(&ndir.join("address"), &mac_string(&p.mac))?;
+            write(&ndir.join("address"), &p.mac.to_string())?;
             match &p.netdev {
                 Some(real) => {
                     let live = Path::new("/sys/class/net").join(real).join("flags");
@@ -285,13 +253,13 @@ pub struct PortView {
     /// IB port number.
     pub number: u8,
     /// The wire spec for the device model.
-    pub wire: String,
+    pub wire: WireSpec,
     /// The TX vPort offset.
     pub vp_offset: u32,
     /// The netdev's name, and the `flags` file that says whether it is up.
     pub netdev: Option<(String, PathBuf)>,
     /// The port's MAC, from its netdev.
-    pub mac: Option<[u8; 6]>,
+    pub mac: Option<MacAddr>,
 }
 
 /// One device as the library reads it back from a tree.
@@ -319,7 +287,10 @@ pub fn read_sysfs(root: &Path) -> Vec<DeviceView> {
         let mut ports = Vec::new();
         for n in 1u8..=8 {
             let pdir = dir.join(format!("ports/{n}"));
-            let Ok(wire) = fs::read_to_string(pdir.join(WIRE_FILE)) else {
+            let Some(wire) = fs::read_to_string(pdir.join(WIRE_FILE))
+                .ok()
+                .and_then(|w| w.trim().parse().ok())
+            else {
                 break;
             };
             let vp_offset = fs::read_to_string(pdir.join(VP_OFFSET_FILE))
@@ -338,13 +309,13 @@ pub fn read_sysfs(root: &Path) -> Vec<DeviceView> {
                         ));
                         mac = fs::read_to_string(ne.path().join("address"))
                             .ok()
-                            .and_then(|s| parse_mac(s.trim()));
+                            .and_then(|s| s.trim().parse().ok());
                     }
                 }
             }
             ports.push(PortView {
                 number: n,
-                wire: wire.trim().to_string(),
+                wire,
                 vp_offset,
                 netdev,
                 mac,

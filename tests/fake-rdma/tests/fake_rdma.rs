@@ -380,6 +380,23 @@ fn exports_and_version_nodes_match_the_real_libraries_and_our_imports() {
         real.extend(dynsyms(&p, true));
         nodes.extend(version_nodes(&p));
     }
+    // The fake stands alone: it needs none of the libraries it replaces.
+    let o = Command::new("readelf")
+        .arg("-d")
+        .arg(fake_so())
+        .output()
+        .unwrap();
+    let dynamic = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        dynamic.contains("(SONAME)") && dynamic.contains("[libibverbs.so.1]"),
+        "{dynamic}"
+    );
+    for l in dynamic.lines().filter(|l| l.contains("(NEEDED)")) {
+        assert!(
+            !libs.iter().any(|lib| l.contains(lib)),
+            "the fake needs {l}"
+        );
+    }
     // The same version nodes (the providers' private ABI aside).
     nodes.remove("IBVERBS_PRIVATE_34");
     assert_eq!(version_nodes(&fake_so()), nodes);

@@ -371,6 +371,36 @@ fn unwritten_device_attr() -> ibv_device_attr_ex {
 
 const UNWRITTEN_U32: u32 = u32::from_ne_bytes([UNWRITTEN; 4]);
 
+/// The attribute structs one round of calls passes (zeroed, except the RSS QP's, and the
+/// device attributes, filled with a pattern that shows what nobody wrote).
+struct Attrs {
+    pd: ibv_parent_domain_init_attr,
+    cq: ibv_cq_init_attr_ex,
+    wq: ibv_wq_init_attr,
+    wq_mod: ibv_wq_attr,
+    tbl: ibv_rwq_ind_table_init_attr,
+    qp: ibv_qp_init_attr_ex,
+    flow: ibv_flow_attr,
+    port: ibv_port_attr,
+    dev: ibv_device_attr_ex,
+}
+
+impl Attrs {
+    fn new() -> Self {
+        Attrs {
+            pd: zeroed(),
+            cq: zeroed(),
+            wq: zeroed(),
+            wq_mod: zeroed(),
+            tbl: zeroed(),
+            qp: rss_qp_attr(),
+            flow: zeroed(),
+            port: zeroed(),
+            dev: unwritten_device_attr(),
+        }
+    }
+}
+
 /// What a call of one of the `ibv_create_*` / `ibv_alloc_*` inlines left: its result and errno.
 fn call<T>(f: impl FnOnce() -> T) -> (T, i32) {
     clear_errno();
@@ -382,43 +412,36 @@ fn call<T>(f: impl FnOnce() -> T) -> (T, i32) {
 fn rdma_sys_ports_never_reach_the_ops_of_a_libibverbs_context() {
     let fake = Fake::new(Abi::Extended);
     let ctx = fake.ctx();
-    let mut pd_attr: ibv_parent_domain_init_attr = zeroed();
-    let mut cq_attr: ibv_cq_init_attr_ex = zeroed();
-    let mut wq_attr: ibv_wq_init_attr = zeroed();
-    let mut wq_mod: ibv_wq_attr = zeroed();
-    let mut tbl_attr: ibv_rwq_ind_table_init_attr = zeroed();
-    let mut qp_attr = rss_qp_attr();
-    let mut flow_attr: ibv_flow_attr = zeroed();
-    let mut attr = unwritten_device_attr();
+    let mut a = Attrs::new();
 
     // SAFETY: every pointer passed is the live fake's context or one of its objects (laid out
     // like libibverbs', with valid op slots), or an initialised local attribute struct.
     unsafe {
-        let pd = call(|| rdma_sys::ibv_alloc_parent_domain(ctx, &mut pd_attr));
+        let pd = call(|| rdma_sys::ibv_alloc_parent_domain(ctx, &mut a.pd));
         assert_eq!(pd, (None, EOPNOTSUPP), "ibv_alloc_parent_domain");
-        let wq = call(|| rdma_sys::ibv_create_wq(ctx, &mut wq_attr));
+        let wq = call(|| rdma_sys::ibv_create_wq(ctx, &mut a.wq));
         assert_eq!(wq, (None, EOPNOTSUPP), "ibv_create_wq");
-        let cq = call(|| rdma_sys::ibv_create_cq_ex(ctx, &mut cq_attr));
+        let cq = call(|| rdma_sys::ibv_create_cq_ex(ctx, &mut a.cq));
         assert_eq!(cq, (None, EOPNOTSUPP), "ibv_create_cq_ex");
-        let tbl = call(|| rdma_sys::ibv_create_rwq_ind_table(ctx, &mut tbl_attr));
+        let tbl = call(|| rdma_sys::ibv_create_rwq_ind_table(ctx, &mut a.tbl));
         assert_eq!(tbl, (None, EOPNOTSUPP), "ibv_create_rwq_ind_table");
-        let qp = call(|| rdma_sys::ibv_create_qp_ex(ctx, &mut qp_attr));
+        let qp = call(|| rdma_sys::ibv_create_qp_ex(ctx, &mut a.qp));
         assert_eq!(qp, (None, EOPNOTSUPP), "ibv_create_qp_ex (RSS)");
-        let flow = call(|| rdma_sys::ibv_create_flow(fake.qp(), &mut flow_attr));
+        let flow = call(|| rdma_sys::ibv_create_flow(fake.qp(), &mut a.flow));
         assert_eq!(flow, (None, EOPNOTSUPP), "ibv_create_flow");
-        let rc = rdma_sys::ibv_modify_wq(fake.wq(), &mut wq_mod);
+        let rc = rdma_sys::ibv_modify_wq(fake.wq(), &mut a.wq_mod);
         assert_eq!(rc, EOPNOTSUPP, "ibv_modify_wq");
 
         // Extended attributes: the op is skipped, only the legacy call fills `orig_attr`,
         // and the extension keeps whatever was in memory (rdma-sys has no memset there).
         assert_eq!(
-            rdma_sys::ibv_query_device_ex(ctx, ptr::null(), &mut attr),
+            rdma_sys::ibv_query_device_ex(ctx, ptr::null(), &mut a.dev),
             0
         );
     }
     assert_eq!(fake.calls(Op::LegacyQueryDevice), 1);
-    assert_eq!(attr.orig_attr.max_qp_wr, LEGACY_MAX_QP_WR);
-    assert_eq!(attr.raw_packet_caps, UNWRITTEN_U32);
+    assert_eq!(a.dev.orig_attr.max_qp_wr, LEGACY_MAX_QP_WR);
+    assert_eq!(a.dev.raw_packet_caps, UNWRITTEN_U32);
 
     assert_eq!(fake.op_calls(), 0, "rdma-sys reached an op");
 }
@@ -427,49 +450,41 @@ fn rdma_sys_ports_never_reach_the_ops_of_a_libibverbs_context() {
 fn header_inlines_reach_the_ops_and_return_what_they_return() {
     let fake = Fake::new(Abi::Extended);
     let ctx = fake.ctx();
-    let mut pd_attr: ibv_parent_domain_init_attr = zeroed();
-    let mut cq_attr: ibv_cq_init_attr_ex = zeroed();
-    let mut wq_attr: ibv_wq_init_attr = zeroed();
-    let mut wq_mod: ibv_wq_attr = zeroed();
-    let mut tbl_attr: ibv_rwq_ind_table_init_attr = zeroed();
-    let mut qp_attr = rss_qp_attr();
-    let mut flow_attr: ibv_flow_attr = zeroed();
-    let mut port_attr: ibv_port_attr = zeroed();
-    let mut attr = unwritten_device_attr();
+    let mut a = Attrs::new();
     let mut wq_owner = 0u8;
-    wq_attr.wq_context = addr_of_mut!(wq_owner).cast();
+    a.wq.wq_context = addr_of_mut!(wq_owner).cast();
 
     // SAFETY: every pointer passed or read is the live fake's context or one of its objects
     // (laid out like libibverbs', with valid op slots), or an initialised local struct.
     unsafe {
-        let pd = ibv_alloc_parent_domain(ctx, &mut pd_attr);
+        let pd = ibv_alloc_parent_domain(ctx, &mut a.pd);
         assert_eq!(pd, fake.pd());
         assert_eq!(fake.calls(Op::AllocParentDomain), 1);
 
-        let cq = ibv_create_cq_ex(ctx, &mut cq_attr);
+        let cq = ibv_create_cq_ex(ctx, &mut a.cq);
         assert_eq!(cq, fake.cq());
         assert_eq!(fake.calls(Op::CreateCqEx), 1);
         assert_eq!(ibv_cq_ex_to_cq(cq), cq.cast());
 
         // The header finishes the new WQ itself: wq_context from the init attr, counter reset.
         (*fake.wq()).events_completed = 7;
-        let wq = ibv_create_wq(ctx, &mut wq_attr);
+        let wq = ibv_create_wq(ctx, &mut a.wq);
         assert_eq!(wq, fake.wq());
         assert_eq!(fake.calls(Op::CreateWq), 1);
-        assert_eq!((*wq).wq_context, wq_attr.wq_context);
+        assert_eq!((*wq).wq_context, a.wq.wq_context);
         assert_eq!((*wq).events_completed, 0);
-        assert_eq!(ibv_modify_wq(wq, &mut wq_mod), 0);
+        assert_eq!(ibv_modify_wq(wq, &mut a.wq_mod), 0);
         assert_eq!(fake.calls(Op::ModifyWq), 1);
 
-        let tbl = ibv_create_rwq_ind_table(ctx, &mut tbl_attr);
+        let tbl = ibv_create_rwq_ind_table(ctx, &mut a.tbl);
         assert_eq!(tbl, fake.ind_tbl());
         assert_eq!(fake.calls(Op::CreateRwqIndTable), 1);
 
-        let qp = ibv_create_qp_ex(ctx, &mut qp_attr);
+        let qp = ibv_create_qp_ex(ctx, &mut a.qp);
         assert_eq!(qp, fake.qp());
         assert_eq!(fake.calls(Op::CreateQpEx), 1);
 
-        let flow = ibv_create_flow(qp, &mut flow_attr);
+        let flow = ibv_create_flow(qp, &mut a.flow);
         assert_eq!(flow, fake.flow());
         assert_eq!(fake.calls(Op::CreateFlow), 1);
 
@@ -480,15 +495,15 @@ fn header_inlines_reach_the_ops_and_return_what_they_return() {
         assert_eq!(fake.calls(Op::DestroyRwqIndTable), 1);
         assert_eq!(fake.calls(Op::DestroyWq), 1);
 
-        assert_eq!(ibv_query_device_ex(ctx, ptr::null(), &mut attr), 0);
-        assert_eq!(ibv_query_port(ctx, 1, &mut port_attr), 0);
+        assert_eq!(ibv_query_device_ex(ctx, ptr::null(), &mut a.dev), 0);
+        assert_eq!(ibv_query_port(ctx, 1, &mut a.port), 0);
     }
     assert_eq!(fake.calls(Op::QueryDeviceEx), 1);
-    assert_eq!(attr.raw_packet_caps, OP_RAW_PACKET_CAPS);
+    assert_eq!(a.dev.raw_packet_caps, OP_RAW_PACKET_CAPS);
     assert_eq!(fake.calls(Op::LegacyQueryDevice), 0);
     assert_eq!(fake.calls(Op::QueryPort), 1);
     assert_eq!(fake.last_len(), size_of::<ibv_port_attr>());
-    assert_eq!(port_attr.state, ibv_port_state::IBV_PORT_ACTIVE);
+    assert_eq!(a.port.state, ibv_port_state::IBV_PORT_ACTIVE);
 
     assert_eq!(fake.op_calls(), 12, "each of the 12 op slots exactly once");
 }
@@ -507,46 +522,39 @@ fn header_query_device_ex_passes_the_size_of_the_attributes() {
 fn header_inlines_refuse_a_context_without_the_extended_abi() {
     let fake = Fake::new(Abi::Legacy);
     let ctx = fake.ctx();
-    let mut pd_attr: ibv_parent_domain_init_attr = zeroed();
-    let mut cq_attr: ibv_cq_init_attr_ex = zeroed();
-    let mut wq_attr: ibv_wq_init_attr = zeroed();
-    let mut wq_mod: ibv_wq_attr = zeroed();
-    let mut tbl_attr: ibv_rwq_ind_table_init_attr = zeroed();
-    let mut qp_attr = rss_qp_attr();
-    let mut flow_attr: ibv_flow_attr = zeroed();
-    let mut attr = unwritten_device_attr();
+    let mut a = Attrs::new();
 
     // SAFETY: every pointer passed is the live fake's context or one of its objects, or an
     // initialised local attribute struct.
     unsafe {
-        let pd = call(|| ibv_alloc_parent_domain(ctx, &mut pd_attr));
+        let pd = call(|| ibv_alloc_parent_domain(ctx, &mut a.pd));
         assert_eq!(pd, (ptr::null_mut(), EOPNOTSUPP), "ibv_alloc_parent_domain");
-        let wq = call(|| ibv_create_wq(ctx, &mut wq_attr));
+        let wq = call(|| ibv_create_wq(ctx, &mut a.wq));
         assert_eq!(wq, (ptr::null_mut(), EOPNOTSUPP), "ibv_create_wq");
-        let cq = call(|| ibv_create_cq_ex(ctx, &mut cq_attr));
+        let cq = call(|| ibv_create_cq_ex(ctx, &mut a.cq));
         assert_eq!(cq, (ptr::null_mut(), EOPNOTSUPP), "ibv_create_cq_ex");
-        let tbl = call(|| ibv_create_rwq_ind_table(ctx, &mut tbl_attr));
+        let tbl = call(|| ibv_create_rwq_ind_table(ctx, &mut a.tbl));
         assert_eq!(
             tbl,
             (ptr::null_mut(), EOPNOTSUPP),
             "ibv_create_rwq_ind_table"
         );
-        let qp = call(|| ibv_create_qp_ex(ctx, &mut qp_attr));
+        let qp = call(|| ibv_create_qp_ex(ctx, &mut a.qp));
         assert_eq!(qp, (ptr::null_mut(), EOPNOTSUPP), "ibv_create_qp_ex (RSS)");
-        let flow = call(|| ibv_create_flow(fake.qp(), &mut flow_attr));
+        let flow = call(|| ibv_create_flow(fake.qp(), &mut a.flow));
         assert_eq!(flow, (ptr::null_mut(), EOPNOTSUPP), "ibv_create_flow");
-        assert_eq!(ibv_modify_wq(fake.wq(), &mut wq_mod), EOPNOTSUPP);
+        assert_eq!(ibv_modify_wq(fake.wq(), &mut a.wq_mod), EOPNOTSUPP);
         assert_eq!(ibv_destroy_wq(fake.wq()), EOPNOTSUPP);
         assert_eq!(ibv_destroy_rwq_ind_table(fake.ind_tbl()), EOPNOTSUPP);
         assert_eq!(ibv_destroy_flow(fake.flow()), EOPNOTSUPP);
 
         // The legacy path of ibv_query_device_ex: zero the whole struct, then the exported
         // ibv_query_device for `orig_attr`.
-        assert_eq!(ibv_query_device_ex(ctx, ptr::null(), &mut attr), 0);
+        assert_eq!(ibv_query_device_ex(ctx, ptr::null(), &mut a.dev), 0);
     }
     assert_eq!(fake.calls(Op::LegacyQueryDevice), 1);
-    assert_eq!(attr.orig_attr.max_qp_wr, LEGACY_MAX_QP_WR);
-    assert_eq!(attr.raw_packet_caps, 0);
+    assert_eq!(a.dev.orig_attr.max_qp_wr, LEGACY_MAX_QP_WR);
+    assert_eq!(a.dev.raw_packet_caps, 0);
 
     assert_eq!(
         fake.op_calls(),

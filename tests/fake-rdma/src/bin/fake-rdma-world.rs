@@ -65,11 +65,7 @@ fn main() -> ExitCode {
         };
         eprintln!(
             "fake-rdma: {} port {}: mac {}, netdev {}, wire {}",
-            p.dev,
-            p.port,
-            world::mac_string(&p.mac),
-            netdev,
-            p.wire
+            p.dev, p.port, p.mac, netdev, p.wire
         );
     }
     ExitCode::SUCCESS
