@@ -87,5 +87,7 @@ pub mod port;
 pub mod ring;
 pub mod sys;
 pub mod takeover;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use net::MacAddr;

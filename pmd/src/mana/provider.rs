@@ -104,6 +104,12 @@ pub enum SetupError {
         /// Allowed.
         max: u32,
     },
+    /// No port matches what the user named (the message lists what there is).
+    #[error("{0}")]
+    NoPort(String),
+    /// A device call failed; the error names the call, the object, errno and what to do.
+    #[error("{0}")]
+    Device(Box<dyn std::error::Error + Send + Sync>),
     /// A verbs call (or its model equivalent) failed.
     #[error("{call} failed while creating {object}: {source}")]
     Verbs {

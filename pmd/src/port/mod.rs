@@ -248,7 +248,9 @@ impl Port {
                 state: self.state,
             });
         }
-        check_config(cfg, &self.driver.caps(), pool)?;
+        let caps = self.driver.caps();
+        let cfg = &self.effective(cfg, &caps);
+        check_config(cfg, &caps, pool)?;
         self.detach_queues();
         let setup = QueueSetup::new(self.id, cfg.rx_queues, cfg.tx_queues);
         let queues = self
@@ -287,6 +289,34 @@ impl Port {
             "port configured"
         );
         Ok(())
+    }
+
+    /// `cfg` with ring sizes above the device's maximum reduced to it (as DPDK's
+    /// `rte_eth_dev_adjust_nb_rx_tx_desc` does), saying so: requested and effective.
+    fn effective(&self, cfg: &PortConfig, caps: &Caps) -> PortConfig {
+        let mut eff = cfg.clone();
+        let mut max = caps.max_ring_size;
+        if caps.ring_size_pow2 && max > 0 {
+            max = 1 << (15 - max.leading_zeros());
+        }
+        for (what, v) in [
+            ("rx ring size", &mut eff.rx_ring_size),
+            ("tx ring size", &mut eff.tx_ring_size),
+        ] {
+            if *v > max && max >= caps.min_ring_size {
+                tracing::warn!(
+                    target: "pmd::port",
+                    port = self.id,
+                    "{}: {what} {} requested, the device takes at most {}: using {}",
+                    self.name,
+                    *v,
+                    max,
+                    max
+                );
+                *v = max;
+            }
+        }
+        eff
     }
 
     fn detach_queues(&mut self) {

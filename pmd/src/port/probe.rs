@@ -53,7 +53,32 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
                   NIC"
             .into(),
         }),
-        PortKind::Mana { .. } | PortKind::Mlx5 { .. } => Err(hardware_unavailable(spec)),
+        #[cfg(feature = "verbs")]
+        PortKind::Mana { mac, dev, port } => {
+            let sel = crate::verbs::mana::Selector {
+                dev: dev.clone(),
+                port: *port,
+                mac: *mac,
+                netdev: spec.netdev.clone(),
+            };
+            let provider = crate::verbs::mana::ManaProvider::open(&sel).map_err(|e| match e {
+                crate::mana::SetupError::NoPort(why) => PortError::NoDevice {
+                    spec: spec.to_string(),
+                    why,
+                },
+                other => PortError::Setup {
+                    what: format!("opening {spec}"),
+                    source: Box::new(other),
+                },
+            })?;
+            Ok(Box::new(crate::mana::Driver::new(
+                Box::new(provider),
+                mana_options(spec),
+            )))
+        }
+        #[cfg(not(feature = "verbs"))]
+        PortKind::Mana { .. } => Err(hardware_unavailable(spec)),
+        PortKind::Mlx5 { .. } => Err(hardware_unavailable(spec)),
     }
 }
 
@@ -68,7 +93,7 @@ pub fn mana(
     Port::from_driver(id, name, Box::new(crate::mana::Driver::new(provider, opts)))
 }
 
-#[cfg(feature = "emu")]
+#[cfg(any(feature = "emu", feature = "verbs"))]
 fn mana_options(spec: &PortSpec) -> crate::mana::Options {
     crate::mana::Options {
         takeover: spec.takeover,

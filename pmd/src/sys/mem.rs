@@ -18,6 +18,9 @@ enum Backing {
     Mapped(#[allow(dead_code)] memmap2::MmapRaw),
     /// Someone else owns it (rdma-core's doorbell page, a registered buffer).
     Foreign,
+    /// Someone else owns it, and the value held here keeps it mapped (the verbs objects
+    /// whose queue buffer or doorbell page it is).
+    Kept(#[allow(dead_code)] std::sync::Arc<dyn std::any::Any + Send + Sync>),
 }
 
 /// A range of memory shared with a device or another thread / process.
@@ -116,6 +119,25 @@ impl DevMem {
             ptr,
             len,
             _backing: Backing::Foreign,
+        }
+    }
+
+    /// Wraps memory owned by `keep` (a verbs queue's buffer, a context's doorbell page): the
+    /// view holds `keep`, so the memory stays mapped as long as the view lives, whoever holds
+    /// it.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be valid for reads and writes for as long as `keep` lives, and
+    /// must not be accessed through Rust references by anyone while it is shared.
+    pub unsafe fn from_raw_kept(
+        ptr: *mut u8,
+        len: usize,
+        keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Self {
+        Self {
+            ptr,
+            len,
+            _backing: Backing::Kept(keep),
         }
     }
 

@@ -1,0 +1,445 @@
+//! The MANA provider over rdma-core: `mana:` ports on an Azure VM (or on the fake
+//! rdma-core of the tests).
+//!
+//! Bring-up, in DPDK net/mana's order (spec §1.13): open the device of the port; install
+//! the queue-buffer allocators (`manadv_set_context_attr`) before any queue exists; a PD and
+//! a parent domain whose `pd_context` is the port number (the MANA provider takes the port
+//! of a raw queue from there); register the pool's chunks on the PD; per TX queue a CQ and a
+//! raw-packet QP asking for 30 SGEs (what the datapath may send); per RX queue a CQ and a
+//! WQ, then the indirection table and the RSS QP with the 40-byte Toeplitz key; only then
+//! `manadv_init_obj` (rdma-core v44 learns the CQ ids from the QPs). Sizes are clamped to
+//! the device's limits by the port layer, which says so.
+#![deny(unsafe_code)]
+
+use super::manadv::{self, Allocators};
+use super::objects::{Context, Cq, IndTable, Mr, ParentDomain, Pd, Qp, Wq};
+use super::{sysfs_root, VerbsError};
+use crate::devices::{self, Family};
+use crate::ethdev::{Link, RssConfig, RssFields};
+use crate::hw::mana::MAX_TX_SGES;
+use crate::mana::{Provider, QueueAllocator, QueueOwner, RawRxQueue, RawTxQueue, SetupError};
+use crate::net::MacAddr;
+use mempool::{ChunkInfo, Registration};
+use std::sync::Arc;
+
+/// Which port to open: by MAC, by netdev name, or by device and port (any may be combined;
+/// all given must match).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selector {
+    /// IB device name (`mana_0`).
+    pub dev: Option<String>,
+    /// IB port number (1-based).
+    pub port: Option<u32>,
+    /// The MAC of the port's netdev.
+    pub mac: Option<MacAddr>,
+    /// The port's kernel netdev (`eth1`).
+    pub netdev: Option<String>,
+}
+
+impl std::fmt::Display for Selector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        parts.extend(self.dev.as_ref().map(|d| format!("dev={d}")));
+        parts.extend(self.port.map(|p| format!("port={p}")));
+        parts.extend(self.mac.map(|m| format!("mac={m}")));
+        parts.extend(self.netdev.as_ref().map(|n| format!("netdev={n}")));
+        if parts.is_empty() {
+            f.write_str("the first MANA port")
+        } else {
+            f.write_str(&parts.join(","))
+        }
+    }
+}
+
+/// The port `sel` names, from the sysfs tree libibverbs reads: (device, port, netdev).
+///
+/// # Errors
+/// No MANA port matches (the message lists what there is).
+pub fn resolve(sel: &Selector) -> Result<(String, u32, Option<devices::Netdev>), String> {
+    let root = sysfs_root();
+    let devs = devices::list(&root).map_err(|e| format!("reading {}: {e}", root.display()))?;
+    let mut seen = Vec::new();
+    for d in devs.iter().filter(|d| d.family == Family::Mana) {
+        for p in &d.ports {
+            let nd = p.netdev.as_ref();
+            seen.push(format!(
+                "{} port {}{}",
+                d.name,
+                p.number,
+                nd.map(|n| {
+                    format!(
+                        " ({}{})",
+                        n.name,
+                        n.mac.map(|m| format!(", {m}")).unwrap_or_default()
+                    )
+                })
+                .unwrap_or_default()
+            ));
+            let ok = sel.dev.as_ref().is_none_or(|x| *x == d.name)
+                && sel.port.is_none_or(|x| x == p.number)
+                && sel.mac.is_none_or(|m| nd.and_then(|n| n.mac) == Some(m))
+                && sel
+                    .netdev
+                    .as_ref()
+                    .is_none_or(|x| nd.is_some_and(|n| n.name == *x));
+            if ok {
+                return Ok((d.name.clone(), p.number, p.netdev.clone()));
+            }
+        }
+    }
+    Err(if seen.is_empty() {
+        format!(
+            "no MANA RDMA device under {} (load mana_ib and ib_uverbs; pmd-devices lists \
+             what there is); without hardware use the device model, e.g. \
+             --port emu-mana:wire=shm:demo0",
+            root.display()
+        )
+    } else {
+        format!("no MANA port matches {sel}; there is {}", seen.join("; "))
+    })
+}
+
+/// The device's limits, from `ibv_query_device_ex`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most WQEs per queue (`max_qp_wr`).
+    pub max_wr: u32,
+    /// Most CQEs per CQ.
+    pub max_cqe: u32,
+    /// Most SGEs per send WQE.
+    pub max_sge: u32,
+    /// Most QPs.
+    pub max_qp: u32,
+    /// Largest indirection table (0: not reported).
+    pub max_ind_table: u32,
+    /// Ports of the device.
+    pub ports: u8,
+}
+
+/// Queues of one TX queue: what its handle keeps alive.
+struct TxObjects {
+    qp: Arc<Qp>,
+    cq: Arc<Cq>,
+}
+
+/// RX queues: the RSS QP (which holds the table, the WQs and their CQs).
+struct RxObjects {
+    _rss: Arc<Qp>,
+}
+
+/// A MANA port over rdma-core.
+pub struct ManaProvider {
+    ctx: Arc<Context>,
+    port: u32,
+    pd: Arc<Pd>,
+    domain: Arc<ParentDomain>,
+    alloc: Arc<Allocators>,
+    mac: MacAddr,
+    netdev: Option<devices::Netdev>,
+    limits: Limits,
+    tx: Vec<QueueOwner>,
+    rx: Option<QueueOwner>,
+}
+
+impl std::fmt::Debug for ManaProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ManaProvider({} port {})", self.ctx.name(), self.port)
+    }
+}
+
+fn verbs(e: VerbsError) -> SetupError {
+    SetupError::Device(Box::new(e))
+}
+
+impl ManaProvider {
+    /// Opens the port `sel` names: the device context, its allocators, a PD and the port's
+    /// parent domain.
+    ///
+    /// # Errors
+    /// No such port, or a verbs call failed (everything opened so far is closed again).
+    pub fn open(sel: &Selector) -> Result<Self, SetupError> {
+        let (dev, port, netdev) = resolve(sel).map_err(SetupError::NoPort)?;
+        let mac = netdev.as_ref().and_then(|n| n.mac).ok_or_else(|| {
+            SetupError::NoPort(format!(
+                "{dev} port {port} has no netdev with a MAC address in sysfs; the MAC of a MANA \
+                 port is its netdev's (check that the mana driver bound the interface)"
+            ))
+        })?;
+        let ctx = Context::open(&dev).map_err(verbs)?;
+        let attr = ctx.query_device_ex().map_err(verbs)?;
+        let o = &attr.orig_attr;
+        let limits = Limits {
+            max_wr: u32::try_from(o.max_qp_wr).unwrap_or(0),
+            max_cqe: u32::try_from(o.max_cqe).unwrap_or(0),
+            max_sge: u32::try_from(o.max_sge).unwrap_or(0),
+            max_qp: u32::try_from(o.max_qp).unwrap_or(0),
+            max_ind_table: attr.rss_caps.max_rwq_indirection_table_size,
+            ports: o.phys_port_cnt,
+        };
+        let pattr = ctx
+            .query_port(u8::try_from(port).unwrap_or(0))
+            .map_err(verbs)?;
+        let alloc = Allocators::install(&ctx).map_err(verbs)?;
+        let pd = Pd::alloc(&ctx).map_err(verbs)?;
+        let domain = ParentDomain::alloc(&pd, port as usize).map_err(verbs)?;
+        tracing::info!(
+            target: "pmd::verbs",
+            device = %dev, port, mac = %mac,
+            netdev = netdev.as_ref().map(|n| n.name.as_str()).unwrap_or("-"),
+            max_wr = limits.max_wr, max_sge = limits.max_sge, max_qp = limits.max_qp,
+            port_state = pattr.state,
+            rdma_core = crate::sys::RDMA_CORE_VERSION,
+            "MANA port opened"
+        );
+        Ok(Self {
+            ctx,
+            port,
+            pd,
+            domain,
+            alloc,
+            mac,
+            netdev,
+            limits,
+            tx: Vec::new(),
+            rx: None,
+        })
+    }
+
+    /// The device's limits.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The port's kernel netdev.
+    pub fn netdev(&self) -> Option<&str> {
+        self.netdev.as_ref().map(|n| n.name.as_str())
+    }
+
+    /// Queue buffers allocated and freed so far through the context's allocators.
+    pub fn allocator_counts(&self) -> (u64, u64) {
+        self.alloc.counts()
+    }
+
+    fn name(&self) -> String {
+        format!("{} port {}", self.ctx.name(), self.port)
+    }
+
+    /// A raw QP refused because the kernel holds the vPort: `ENODEV` on released kernels
+    /// (mana_ib turns any vPort configuration error into it), `EBUSY` on newer ones.
+    fn busy_or(&self, e: VerbsError) -> SetupError {
+        if matches!(e.errno(), libc::ENODEV | libc::EBUSY) {
+            port_busy(self.netdev(), e.errno())
+        } else {
+            verbs(e)
+        }
+    }
+
+    fn check(&self, n: u16, nb_desc: u32) -> Result<(), SetupError> {
+        let max = self.max_desc();
+        if nb_desc > max {
+            return Err(SetupError::Limit {
+                what: "descriptors per queue",
+                requested: nb_desc,
+                max,
+            });
+        }
+        if n > self.max_queues() {
+            return Err(SetupError::Limit {
+                what: "queues",
+                requested: u32::from(n),
+                max: u32::from(self.max_queues()),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The kernel holds the vPort (its netdev is up).
+fn port_busy(netdev: Option<&str>, errno: i32) -> SetupError {
+    let name = netdev.unwrap_or("the port's netdev");
+    SetupError::PortBusy {
+        netdev: netdev.map(str::to_string),
+        holder: format!("kernel netdev {name}"),
+        hint: format!(
+            "raw-packet QP creation failed with {} while {name} is up: bring it down (ip link \
+             set {name} down; on Azure also its hv_netvsc master), or add busy=takeover to \
+             the port spec",
+            std::io::Error::from_raw_os_error(errno)
+        ),
+    }
+}
+
+/// `IBV_RX_HASH_*` for the fields of `rss`.
+fn hash_fields(f: RssFields) -> u64 {
+    use rdma_sys::ibv_rx_hash_fields as h;
+    let mut m = 0u64;
+    if f.contains(RssFields::IPV4) {
+        m |= (h::IBV_RX_HASH_SRC_IPV4 | h::IBV_RX_HASH_DST_IPV4).0 as u64;
+    }
+    if f.contains(RssFields::IPV6) {
+        m |= (h::IBV_RX_HASH_SRC_IPV6 | h::IBV_RX_HASH_DST_IPV6).0 as u64;
+    }
+    if f.contains(RssFields::TCP) {
+        m |= (h::IBV_RX_HASH_SRC_PORT_TCP | h::IBV_RX_HASH_DST_PORT_TCP).0 as u64;
+    }
+    if f.contains(RssFields::UDP) {
+        m |= (h::IBV_RX_HASH_SRC_PORT_UDP | h::IBV_RX_HASH_DST_PORT_UDP).0 as u64;
+    }
+    m
+}
+
+impl Provider for ManaProvider {
+    fn set_allocator(&mut self, alloc: Arc<dyn QueueAllocator>) {
+        self.alloc.set_source(alloc);
+    }
+
+    fn mac(&self) -> MacAddr {
+        self.mac
+    }
+
+    fn link(&self) -> Link {
+        // MANA reports no carrier through the netdev; the IB port state is what there is
+        // (DPDK net/mana reports the link always up at 100G, spec §1.11).
+        let up = self
+            .ctx
+            .query_port(u8::try_from(self.port).unwrap_or(0))
+            .is_ok_and(|a| a.state == rdma_sys::ibv_port_state::IBV_PORT_ACTIVE);
+        Link {
+            up,
+            speed_mbps: 100_000,
+            full_duplex: true,
+        }
+    }
+
+    fn max_queues(&self) -> u16 {
+        let mut m = self.limits.max_qp.max(1);
+        if self.limits.max_ind_table > 0 {
+            m = m.min(self.limits.max_ind_table);
+        }
+        // A power of two: the indirection table holds the RX queues once each.
+        let m = u16::try_from(m.min(64)).unwrap_or(64);
+        1 << (15 - m.leading_zeros())
+    }
+
+    fn max_desc(&self) -> u32 {
+        self.limits.max_wr.min(self.limits.max_cqe)
+    }
+
+    fn set_mtu(&mut self, mtu: u16) -> Result<(), SetupError> {
+        // On MANA the MTU is the kernel netdev's (spec §1.1): the device drops larger TX
+        // frames. A smaller MTU for the port is the application's business.
+        let Some(nd) = &self.netdev else {
+            return Ok(());
+        };
+        let path = sysfs_root().join("class/net").join(&nd.name).join("mtu");
+        match std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            Some(cur) if u32::from(mtu) > cur => Err(SetupError::Limit {
+                what: "mtu (the netdev's MTU; raise it with ip link set DEV mtu N)",
+                requested: u32::from(mtu),
+                max: cur,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn reg_mr(&mut self, chunk: &ChunkInfo) -> Result<Registration, SetupError> {
+        let mr = Mr::register(&self.pd, chunk.addr, chunk.len).map_err(verbs)?;
+        Ok(Registration::with_guard(mr.lkey(), mr))
+    }
+
+    fn create_tx_queues(&mut self, n: u16, nb_desc: u32) -> Result<Vec<RawTxQueue>, SetupError> {
+        self.check(n, nb_desc)?;
+        let mut objs = Vec::new();
+        for q in 0..n {
+            let what = format!("tx queue {q} of {}", self.name());
+            let cq = Cq::create(&self.ctx, nb_desc, format!("{what}: CQ")).map_err(verbs)?;
+            let sge = (MAX_TX_SGES as u32).min(self.limits.max_sge.max(1));
+            let qp = Qp::raw_packet(&self.domain, &cq, nb_desc, sge, format!("{what}: QP"))
+                .map_err(|e| self.busy_or(e))?;
+            objs.push((what, Arc::new(TxObjects { qp, cq })));
+        }
+        let mut out = Vec::new();
+        for (what, o) in objs {
+            let owner: QueueOwner = Arc::clone(&o) as QueueOwner;
+            let m = manadv::init_tx(&o.qp, &o.cq, &owner, &what).map_err(verbs)?;
+            out.push(RawTxQueue {
+                sq: m.sq,
+                sq_id: m.sq_id,
+                tx_vp_offset: m.tx_vp_offset,
+                db_page: m.db_page,
+                cq: m.cq,
+                cq_count: m.cq_count,
+                cq_id: m.cq_id,
+                owner: Arc::clone(&owner),
+            });
+            self.tx.push(owner);
+        }
+        Ok(out)
+    }
+
+    fn create_rx_queues(
+        &mut self,
+        n: u16,
+        nb_desc: u32,
+        rss: &RssConfig,
+    ) -> Result<Vec<RawRxQueue>, SetupError> {
+        self.check(n, nb_desc)?;
+        if !n.is_power_of_two() {
+            return Err(SetupError::Limit {
+                what: "rx queues (a power of two: the indirection table holds each once)",
+                requested: u32::from(n),
+                max: u32::from(self.max_queues()),
+            });
+        }
+        let mut wqs = Vec::new();
+        for q in 0..n {
+            let what = format!("rx queue {q} of {}", self.name());
+            let cq = Cq::create(&self.ctx, nb_desc, format!("{what}: CQ")).map_err(verbs)?;
+            let wq =
+                Wq::create(&self.domain, &cq, nb_desc, 1, format!("{what}: WQ")).map_err(verbs)?;
+            wqs.push((what, wq, cq));
+        }
+        let table = IndTable::create(&self.ctx, wqs.iter().map(|w| Arc::clone(&w.1)).collect())
+            .map_err(verbs)?;
+        let rss_qp = Qp::rss(
+            &self.domain,
+            &table,
+            &rss.key,
+            hash_fields(rss.fields),
+            format!("RSS QP of {}", self.name()),
+        )
+        .map_err(|e| self.busy_or(e))?;
+        let owner: QueueOwner = Arc::new(RxObjects { _rss: rss_qp });
+        let mut out = Vec::new();
+        for (what, wq, cq) in &wqs {
+            let m = manadv::init_rx(wq, cq, &owner, what).map_err(verbs)?;
+            out.push(RawRxQueue {
+                rq: m.rq,
+                rq_id: m.rq_id,
+                db_page: m.db_page,
+                cq: m.cq,
+                cq_count: m.cq_count,
+                cq_id: m.cq_id,
+                owner: Arc::clone(&owner),
+            });
+        }
+        self.rx = Some(owner);
+        Ok(out)
+    }
+
+    fn destroy_queues(&mut self) {
+        self.tx.clear();
+        self.rx = None;
+    }
+}
+
+impl Drop for ManaProvider {
+    fn drop(&mut self) {
+        self.destroy_queues();
+        let (a, f) = self.alloc.counts();
+        tracing::debug!(target: "pmd::verbs", port = %self.name(), allocs = a, frees = f, "queue-buffer allocator at close (queues still held by the datapath free later)");
+    }
+}

@@ -1,0 +1,111 @@
+//! The hardware control path over rdma-core (feature `verbs`): owned handles for the verbs
+//! objects a raw-packet port needs, and the providers built on them.
+//!
+//! * [`objects`]: RAII handles for context, PD, parent domain, MR, CQ, WQ, indirection table
+//!   and QP. Each handle holds its parents (a QP its CQ and domain, a domain its context), so
+//!   objects are destroyed in the order rdma-core requires (QP, indirection table, WQ, CQ, MR,
+//!   parent domain, PD, context) however the handles are dropped, also half-way through a
+//!   failed bring-up. Every failure is a [`VerbsError`] naming the call, the object, the errno
+//!   and what to do.
+//! * [`manadv`]: the MANA direct-verbs calls: queue-buffer allocators backed by our memory
+//!   (`manadv_set_context_attr`) and the raw queue descriptions (`manadv_init_obj`).
+//! * [`mana`]: the MANA provider (`mana:` ports), implementing [`crate::mana::Provider`].
+//!
+//! The unsafe FFI lives in `objects` and `manadv` only; the provider is safe code.
+
+pub mod mana;
+pub mod manadv;
+pub mod objects;
+
+pub use objects::{Context, Cq, IndTable, Mr, ParentDomain, Pd, Qp, Wq};
+
+use std::io;
+
+/// A verbs call failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{call} failed on {object}: {source}; {hint}")]
+pub struct VerbsError {
+    /// The rdma-core call.
+    pub call: &'static str,
+    /// What it was creating or acting on (e.g. "tx queue 0 QP on mana_0 port 1").
+    pub object: String,
+    /// The errno.
+    #[source]
+    pub source: io::Error,
+    /// A sentence a user can act on.
+    pub hint: String,
+}
+
+impl VerbsError {
+    /// The error of `call` on `object` with `errno`, with the usual advice for that errno.
+    pub fn new(call: &'static str, object: impl Into<String>, errno: i32) -> Self {
+        Self {
+            call,
+            object: object.into(),
+            source: io::Error::from_raw_os_error(errno),
+            hint: hint(call, errno).to_string(),
+        }
+    }
+
+    /// The errno value.
+    pub fn errno(&self) -> i32 {
+        self.source.raw_os_error().unwrap_or(0)
+    }
+}
+
+/// What a user can do about `errno` from `call`.
+fn hint(call: &str, errno: i32) -> &'static str {
+    match errno {
+        libc::EPERM | libc::EACCES if call.contains("qp") || call.contains("wq") => {
+            "raw-packet queues need CAP_NET_RAW: run as root, or grant the binary \
+             cap_net_raw,cap_ipc_lock (setcap cap_net_raw,cap_ipc_lock+ep BINARY)"
+        }
+        libc::EPERM | libc::EACCES => {
+            "permission denied on /dev/infiniband/uverbs*: run as root or add the user to \
+             the group owning the device"
+        }
+        libc::ENOMEM if call.contains("reg_mr") => {
+            "pinning memory failed: raise the locked-memory limit (ulimit -l unlimited, or \
+             LimitMEMLOCK=infinity for a service) or register less memory"
+        }
+        libc::ENOMEM => "out of memory (or of device resources): use fewer or smaller queues",
+        libc::EINVAL => {
+            "the device refused the attributes: check queue sizes against what pmd-devices \
+             reports, and that rdma-core and the kernel's mana_ib are recent (rdma-core v44+)"
+        }
+        libc::EOPNOTSUPP | libc::ENOSYS => {
+            "this rdma-core or kernel does not support the call: install rdma-core v44 or \
+             newer and load mana_ib"
+        }
+        libc::ENODEV | libc::ENXIO => {
+            "the device went away or is held by another user: check pmd-devices and dmesg"
+        }
+        libc::EBUSY => "the object is in use: another process or the kernel holds it",
+        libc::EAGAIN => "the device is out of resources for now: retry, or use fewer queues",
+        _ => "see dmesg for the kernel's reason",
+    }
+}
+
+/// The errno of an int-returning verbs call: rdma-core returns the errno itself (positive),
+/// `-1` with `errno` set, or (some v44 destroy paths) a negative errno.
+pub(crate) fn ret_errno(ret: i32) -> i32 {
+    match ret {
+        -1 => io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+        r if r < 0 => -r,
+        r => r,
+    }
+}
+
+/// The root of the sysfs tree libibverbs reads: `PMD_SYSFS_ROOT`, else libibverbs'
+/// `SYSFS_PATH`, else `/sys`.
+pub fn sysfs_root() -> std::path::PathBuf {
+    ["PMD_SYSFS_ROOT", "SYSFS_PATH"]
+        .iter()
+        .find_map(|k| std::env::var_os(k).filter(|v| !v.is_empty()))
+        .map_or_else(
+            || std::path::PathBuf::from(crate::devices::DEFAULT_SYSFS_ROOT),
+            std::path::PathBuf::from,
+        )
+}

@@ -1,0 +1,623 @@
+//! Owned handles for verbs objects. Each handle holds `Arc`s of the objects it was created
+//! from, so rdma-core always sees children destroyed before their parents (its objects are
+//! reference-counted by the kernel, which refuses an early destroy with `EBUSY`), and a
+//! bring-up abandoned half-way tears down exactly what it created when its handles drop.
+//!
+//! A destroy that fails in `Drop` is logged with its errno; nothing else can be done there.
+#![allow(unsafe_code)]
+
+use super::{ret_errno, VerbsError};
+use crate::sys::verbs as inl;
+use rdma_sys::{
+    ibv_close_device, ibv_context, ibv_cq, ibv_create_cq, ibv_create_qp, ibv_dealloc_pd,
+    ibv_dereg_mr, ibv_destroy_cq, ibv_destroy_qp, ibv_device_attr_ex, ibv_free_device_list,
+    ibv_get_device_list, ibv_get_device_name, ibv_mr, ibv_open_device, ibv_pd, ibv_port_attr,
+    ibv_qp, ibv_rwq_ind_table, ibv_wq,
+};
+use std::any::Any;
+use std::ffi::{c_void, CStr};
+use std::io;
+use std::ptr::{null_mut, NonNull};
+use std::sync::{Arc, Mutex};
+
+/// `errno` after a pointer-returning call failed (`EIO` when the provider left it unset).
+fn errno() -> i32 {
+    match io::Error::last_os_error().raw_os_error() {
+        Some(0) | None => libc::EIO,
+        Some(e) => e,
+    }
+}
+
+fn log_destroy(call: &'static str, what: &str, ret: i32) {
+    if ret != 0 {
+        let e = VerbsError::new(call, what, ret_errno(ret));
+        tracing::error!(target: "pmd::verbs", "teardown: {e}");
+    } else {
+        tracing::trace!(target: "pmd::verbs", call, what, "destroyed");
+    }
+}
+
+/// An open device context (`ibv_open_device`); closed (`ibv_close_device`) when the last
+/// handle of it and of every object created from it has dropped.
+pub struct Context {
+    ptr: NonNull<ibv_context>,
+    name: String,
+    /// What must outlive the context (the queue-buffer allocators rdma-core calls until the
+    /// last queue is destroyed): dropped after `ibv_close_device`.
+    keep: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
+}
+
+// SAFETY: an `ibv_context` may be used from any thread (rdma-core serialises what needs it
+// with the context's own mutex); this handle only passes the pointer to rdma-core calls and
+// closes it once, in `Drop`, when no other handle refers to it.
+unsafe impl Send for Context {}
+// SAFETY: as for `Send`: shared use only passes the pointer to thread-safe rdma-core calls.
+unsafe impl Sync for Context {}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Context({})", self.name)
+    }
+}
+
+impl Context {
+    /// Opens the RDMA device named `name` (as `ibv_devices` and `pmd-devices` list it).
+    ///
+    /// # Errors
+    /// `ibv_get_device_list` or `ibv_open_device` failed, or no device has that name (`ENODEV`,
+    /// listing the names there are).
+    pub fn open(name: &str) -> Result<Arc<Self>, VerbsError> {
+        let mut n: i32 = 0;
+        // SAFETY: `ibv_get_device_list` writes the count through the valid `&mut n` and
+        // returns NULL or an array of `n` device pointers, valid until freed below.
+        let list = unsafe { ibv_get_device_list(&mut n) };
+        if list.is_null() {
+            return Err(VerbsError::new(
+                "ibv_get_device_list",
+                "the RDMA device list",
+                errno(),
+            ));
+        }
+        let mut names = Vec::new();
+        let mut found = null_mut();
+        for i in 0..usize::try_from(n).unwrap_or(0) {
+            // SAFETY: `i < n`: inside the array; each entry is a live `ibv_device` whose name
+            // is a NUL-terminated string owned by it, copied before the list is freed.
+            let dev_name = unsafe {
+                let dev = *list.add(i);
+                let p = ibv_get_device_name(dev);
+                let s = if p.is_null() {
+                    String::new()
+                } else {
+                    CStr::from_ptr(p).to_string_lossy().into_owned()
+                };
+                if s == name {
+                    found = dev;
+                }
+                s
+            };
+            names.push(dev_name);
+        }
+        let ctx = if found.is_null() {
+            null_mut()
+        } else {
+            // SAFETY: `found` is a device of the list, which is still allocated.
+            unsafe { ibv_open_device(found) }
+        };
+        let open_errno = errno();
+        // SAFETY: `list` came from `ibv_get_device_list` and is freed once; the context
+        // (if any) stays valid after the list goes, as libibverbs documents.
+        unsafe { ibv_free_device_list(list) };
+        if found.is_null() {
+            let mut e = VerbsError::new(
+                "ibv_get_device_list",
+                format!("device {name}"),
+                libc::ENODEV,
+            );
+            e.hint = if names.is_empty() {
+                "libibverbs sees no RDMA device: load mana_ib and ib_uverbs (modprobe mana_ib), \
+                 and check pmd-devices"
+                    .into()
+            } else {
+                format!(
+                    "libibverbs has {}; pmd-devices shows which port is which",
+                    names.join(", ")
+                )
+            };
+            return Err(e);
+        }
+        let ptr = NonNull::new(ctx).ok_or_else(|| {
+            VerbsError::new("ibv_open_device", format!("device {name}"), open_errno)
+        })?;
+        tracing::debug!(target: "pmd::verbs", device = name, "context opened");
+        Ok(Arc::new(Self {
+            ptr,
+            name: name.to_string(),
+            keep: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// The raw context.
+    pub fn as_ptr(&self) -> *mut ibv_context {
+        self.ptr.as_ptr()
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The context's asynchronous event file descriptor.
+    pub fn async_fd(&self) -> i32 {
+        // SAFETY: the context is open while `self` exists; `async_fd` is set at open.
+        unsafe { (*self.ptr.as_ptr()).async_fd }
+    }
+
+    /// Keeps `v` alive until after the context is closed.
+    pub fn keep(&self, v: Arc<dyn Any + Send + Sync>) {
+        self.keep.lock().unwrap_or_else(|p| p.into_inner()).push(v);
+    }
+
+    /// The device's attributes (`ibv_query_device_ex`).
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn query_device_ex(&self) -> Result<ibv_device_attr_ex, VerbsError> {
+        // SAFETY: all-zero is a valid `ibv_device_attr_ex` (integers and arrays only).
+        let mut attr: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open; NULL input is allowed; `attr` is a writable struct of
+        // the header's layout.
+        let ret = unsafe { inl::ibv_query_device_ex(self.as_ptr(), std::ptr::null(), &mut attr) };
+        if ret != 0 {
+            return Err(VerbsError::new(
+                "ibv_query_device_ex",
+                format!("device {}", self.name),
+                ret_errno(ret),
+            ));
+        }
+        Ok(attr)
+    }
+
+    /// A port's attributes (`ibv_query_port`).
+    ///
+    /// # Errors
+    /// The call failed (`EINVAL` for a port the device does not have).
+    pub fn query_port(&self, port: u8) -> Result<ibv_port_attr, VerbsError> {
+        // SAFETY: all-zero is a valid `ibv_port_attr`.
+        let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open; `attr` is a writable struct of the header's layout.
+        let ret = unsafe { inl::ibv_query_port(self.as_ptr(), port, &mut attr) };
+        if ret != 0 {
+            return Err(VerbsError::new(
+                "ibv_query_port",
+                format!("{} port {port}", self.name),
+                ret_errno(ret),
+            ));
+        }
+        Ok(attr)
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: every object created from this context holds an `Arc` of it, so none is
+        // left; the pointer is closed exactly once.
+        let ret = unsafe { ibv_close_device(self.ptr.as_ptr()) };
+        log_destroy("ibv_close_device", &self.name, ret);
+    }
+}
+
+/// A protection domain (`ibv_alloc_pd`).
+pub struct Pd {
+    ptr: NonNull<ibv_pd>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: as for `Context`: the pointer goes only to thread-safe rdma-core calls and is
+// deallocated once, in `Drop`.
+unsafe impl Send for Pd {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Pd {}
+
+impl Pd {
+    /// Allocates a PD on `ctx`.
+    ///
+    /// # Errors
+    /// `ibv_alloc_pd` failed.
+    pub fn alloc(ctx: &Arc<Context>) -> Result<Arc<Self>, VerbsError> {
+        // SAFETY: the context is open.
+        let p = unsafe { rdma_sys::ibv_alloc_pd(ctx.as_ptr()) };
+        let ptr = NonNull::new(p).ok_or_else(|| {
+            VerbsError::new(
+                "ibv_alloc_pd",
+                format!("protection domain on {}", ctx.name),
+                errno(),
+            )
+        })?;
+        Ok(Arc::new(Self {
+            ptr,
+            ctx: Arc::clone(ctx),
+        }))
+    }
+
+    /// The raw PD.
+    pub fn as_ptr(&self) -> *mut ibv_pd {
+        self.ptr.as_ptr()
+    }
+
+    /// Its context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: children (parent domains, MRs) hold an `Arc` of this PD, so none is left.
+        let ret = unsafe { ibv_dealloc_pd(self.ptr.as_ptr()) };
+        log_destroy("ibv_dealloc_pd", "protection domain", ret);
+    }
+}
+
+/// A parent domain (`ibv_alloc_parent_domain`) over a PD, carrying a `pd_context` value (on
+/// MANA, the port number the raw queues created on it belong to).
+pub struct ParentDomain {
+    ptr: NonNull<ibv_pd>,
+    pd: Arc<Pd>,
+}
+
+// SAFETY: as for `Pd`.
+unsafe impl Send for ParentDomain {}
+// SAFETY: as for `Pd`.
+unsafe impl Sync for ParentDomain {}
+
+impl ParentDomain {
+    /// A parent domain over `pd` whose `pd_context` is `pd_context`.
+    ///
+    /// # Errors
+    /// `ibv_alloc_parent_domain` failed.
+    pub fn alloc(pd: &Arc<Pd>, pd_context: usize) -> Result<Arc<Self>, VerbsError> {
+        // SAFETY: all-zero is a valid init attr (NULL pointers, no callbacks).
+        let mut attr: rdma_sys::ibv_parent_domain_init_attr = unsafe { std::mem::zeroed() };
+        attr.pd = pd.as_ptr();
+        attr.comp_mask =
+            rdma_sys::ibv_parent_domain_init_attr_mask::IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT.0;
+        attr.pd_context = pd_context as *mut c_void;
+        // SAFETY: the context and the PD are live; `attr` is initialised.
+        let p = unsafe { inl::ibv_alloc_parent_domain(pd.ctx.as_ptr(), &mut attr) };
+        let ptr = NonNull::new(p).ok_or_else(|| {
+            VerbsError::new(
+                "ibv_alloc_parent_domain",
+                format!("parent domain (port {pd_context}) on {}", pd.ctx.name),
+                errno(),
+            )
+        })?;
+        Ok(Arc::new(Self {
+            ptr,
+            pd: Arc::clone(pd),
+        }))
+    }
+
+    /// The raw parent domain (an `ibv_pd`).
+    pub fn as_ptr(&self) -> *mut ibv_pd {
+        self.ptr.as_ptr()
+    }
+
+    /// Its context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.pd.ctx
+    }
+}
+
+impl Drop for ParentDomain {
+    fn drop(&mut self) {
+        // SAFETY: queues created on the domain hold an `Arc` of it, so none is left.
+        let ret = unsafe { ibv_dealloc_pd(self.ptr.as_ptr()) };
+        log_destroy("ibv_dealloc_pd", "parent domain", ret);
+    }
+}
+
+/// A memory registration (`ibv_reg_mr`); deregistered on drop.
+pub struct Mr {
+    ptr: NonNull<ibv_mr>,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: as for `Pd`.
+unsafe impl Send for Mr {}
+// SAFETY: as for `Pd`.
+unsafe impl Sync for Mr {}
+
+impl Mr {
+    /// Registers `len` bytes at `addr` for local access by the device.
+    ///
+    /// # Errors
+    /// `ibv_reg_mr` failed.
+    pub fn register(pd: &Arc<Pd>, addr: usize, len: usize) -> Result<Self, VerbsError> {
+        let access = rdma_sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
+        // SAFETY: the PD is live; the caller keeps `addr..addr+len` mapped until this
+        // registration drops (the mempool drops registrations before unmapping a chunk).
+        let p = unsafe { rdma_sys::ibv_reg_mr(pd.as_ptr(), addr as *mut c_void, len, access) };
+        let ptr = NonNull::new(p).ok_or_else(|| {
+            VerbsError::new(
+                "ibv_reg_mr",
+                format!("{len} bytes at {addr:#x} on {}", pd.ctx.name),
+                errno(),
+            )
+        })?;
+        Ok(Self {
+            ptr,
+            _pd: Arc::clone(pd),
+        })
+    }
+
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: the MR is live while `self` exists.
+        unsafe { (*self.ptr.as_ptr()).lkey }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: registered once, deregistered once.
+        let ret = unsafe { ibv_dereg_mr(self.ptr.as_ptr()) };
+        log_destroy("ibv_dereg_mr", "memory region", ret);
+    }
+}
+
+/// A completion queue (`ibv_create_cq`).
+pub struct Cq {
+    ptr: NonNull<ibv_cq>,
+    ctx: Arc<Context>,
+    what: String,
+}
+
+// SAFETY: as for `Pd`.
+unsafe impl Send for Cq {}
+// SAFETY: as for `Pd`.
+unsafe impl Sync for Cq {}
+
+impl Cq {
+    /// A CQ of at least `cqe` entries; `what` names it in errors.
+    ///
+    /// # Errors
+    /// `ibv_create_cq` failed.
+    pub fn create(ctx: &Arc<Context>, cqe: u32, what: String) -> Result<Arc<Self>, VerbsError> {
+        let n = i32::try_from(cqe).unwrap_or(i32::MAX);
+        // SAFETY: the context is live; no channel, no user context.
+        let p = unsafe { ibv_create_cq(ctx.as_ptr(), n, null_mut(), null_mut(), 0) };
+        let ptr = NonNull::new(p)
+            .ok_or_else(|| VerbsError::new("ibv_create_cq", what.clone(), errno()))?;
+        Ok(Arc::new(Self {
+            ptr,
+            ctx: Arc::clone(ctx),
+            what,
+        }))
+    }
+
+    /// The raw CQ.
+    pub fn as_ptr(&self) -> *mut ibv_cq {
+        self.ptr.as_ptr()
+    }
+
+    /// Its context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // SAFETY: QPs and WQs using the CQ hold an `Arc` of it, so none is left.
+        let ret = unsafe { ibv_destroy_cq(self.ptr.as_ptr()) };
+        log_destroy("ibv_destroy_cq", &self.what, ret);
+    }
+}
+
+/// A receive work queue (`ibv_create_wq`).
+pub struct Wq {
+    ptr: NonNull<ibv_wq>,
+    _domain: Arc<ParentDomain>,
+    _cq: Arc<Cq>,
+    what: String,
+}
+
+// SAFETY: as for `Pd`.
+unsafe impl Send for Wq {}
+// SAFETY: as for `Pd`.
+unsafe impl Sync for Wq {}
+
+impl Wq {
+    /// A receive WQ of `max_wr` WQEs of `max_sge` SGEs on `domain`, completing on `cq`.
+    ///
+    /// # Errors
+    /// `ibv_create_wq` failed.
+    pub fn create(
+        domain: &Arc<ParentDomain>,
+        cq: &Arc<Cq>,
+        max_wr: u32,
+        max_sge: u32,
+        what: String,
+    ) -> Result<Arc<Self>, VerbsError> {
+        // SAFETY: all-zero is a valid init attr.
+        let mut attr: rdma_sys::ibv_wq_init_attr = unsafe { std::mem::zeroed() };
+        attr.wq_type = rdma_sys::ibv_wq_type::IBV_WQT_RQ;
+        attr.max_wr = max_wr;
+        attr.max_sge = max_sge;
+        attr.pd = domain.as_ptr();
+        attr.cq = cq.as_ptr();
+        // SAFETY: context, domain and CQ are live; `attr` is initialised.
+        let p = unsafe { inl::ibv_create_wq(domain.context().as_ptr(), &mut attr) };
+        let ptr = NonNull::new(p)
+            .ok_or_else(|| VerbsError::new("ibv_create_wq", what.clone(), errno()))?;
+        Ok(Arc::new(Self {
+            ptr,
+            _domain: Arc::clone(domain),
+            _cq: Arc::clone(cq),
+            what,
+        }))
+    }
+
+    /// The raw WQ.
+    pub fn as_ptr(&self) -> *mut ibv_wq {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for Wq {
+    fn drop(&mut self) {
+        // SAFETY: indirection tables using the WQ hold an `Arc` of it, so none is left.
+        let ret = unsafe { inl::ibv_destroy_wq(self.ptr.as_ptr()) };
+        log_destroy("ibv_destroy_wq", &self.what, ret);
+    }
+}
+
+/// An RSS indirection table (`ibv_create_rwq_ind_table`) over receive WQs.
+pub struct IndTable {
+    ptr: NonNull<ibv_rwq_ind_table>,
+    _wqs: Vec<Arc<Wq>>,
+}
+
+// SAFETY: as for `Pd`.
+unsafe impl Send for IndTable {}
+// SAFETY: as for `Pd`.
+unsafe impl Sync for IndTable {}
+
+impl IndTable {
+    /// A table of `wqs.len()` entries (a power of two), in order.
+    ///
+    /// # Errors
+    /// `ibv_create_rwq_ind_table` failed (`EINVAL` when the length is not a power of two).
+    pub fn create(ctx: &Arc<Context>, wqs: Vec<Arc<Wq>>) -> Result<Arc<Self>, VerbsError> {
+        let what = format!("indirection table of {} entries on {}", wqs.len(), ctx.name);
+        if !wqs.len().is_power_of_two() {
+            return Err(VerbsError::new(
+                "ibv_create_rwq_ind_table",
+                what,
+                libc::EINVAL,
+            ));
+        }
+        let mut table: Vec<*mut ibv_wq> = wqs.iter().map(|w| w.as_ptr()).collect();
+        // SAFETY: all-zero is a valid init attr.
+        let mut attr: rdma_sys::ibv_rwq_ind_table_init_attr = unsafe { std::mem::zeroed() };
+        attr.log_ind_tbl_size = wqs.len().trailing_zeros();
+        attr.ind_tbl = table.as_mut_ptr();
+        // SAFETY: context and WQs are live; `table` has `1 << log_ind_tbl_size` entries and
+        // outlives the call (the provider copies what it needs).
+        let p = unsafe { inl::ibv_create_rwq_ind_table(ctx.as_ptr(), &mut attr) };
+        let ptr = NonNull::new(p)
+            .ok_or_else(|| VerbsError::new("ibv_create_rwq_ind_table", what, errno()))?;
+        Ok(Arc::new(Self { ptr, _wqs: wqs }))
+    }
+}
+
+impl Drop for IndTable {
+    fn drop(&mut self) {
+        // SAFETY: the RSS QP using the table holds an `Arc` of it, so it is gone.
+        let ret = unsafe { inl::ibv_destroy_rwq_ind_table(self.ptr.as_ptr()) };
+        log_destroy("ibv_destroy_rwq_ind_table", "indirection table", ret);
+    }
+}
+
+/// A queue pair: a raw-packet send QP, or an RSS receive QP over an indirection table.
+pub struct Qp {
+    ptr: NonNull<ibv_qp>,
+    _domain: Arc<ParentDomain>,
+    _cq: Option<Arc<Cq>>,
+    _table: Option<Arc<IndTable>>,
+    what: String,
+}
+
+// SAFETY: as for `Pd`.
+unsafe impl Send for Qp {}
+// SAFETY: as for `Pd`.
+unsafe impl Sync for Qp {}
+
+impl Qp {
+    /// A raw-packet QP sending up to `max_send_wr` WQEs of `max_send_sge` SGEs, completing on
+    /// `cq`.
+    ///
+    /// # Errors
+    /// `ibv_create_qp` failed (on MANA `ENODEV`/`EBUSY` while the kernel holds the vPort).
+    pub fn raw_packet(
+        domain: &Arc<ParentDomain>,
+        cq: &Arc<Cq>,
+        max_send_wr: u32,
+        max_send_sge: u32,
+        what: String,
+    ) -> Result<Arc<Self>, VerbsError> {
+        // SAFETY: all-zero is a valid init attr.
+        let mut attr: rdma_sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        attr.send_cq = cq.as_ptr();
+        attr.recv_cq = cq.as_ptr();
+        attr.qp_type = rdma_sys::ibv_qp_type::IBV_QPT_RAW_PACKET;
+        attr.cap.max_send_wr = max_send_wr;
+        attr.cap.max_send_sge = max_send_sge;
+        // SAFETY: domain and CQ are live; `attr` is initialised.
+        let p = unsafe { ibv_create_qp(domain.as_ptr(), &mut attr) };
+        let ptr = NonNull::new(p)
+            .ok_or_else(|| VerbsError::new("ibv_create_qp", what.clone(), errno()))?;
+        Ok(Arc::new(Self {
+            ptr,
+            _domain: Arc::clone(domain),
+            _cq: Some(Arc::clone(cq)),
+            _table: None,
+            what,
+        }))
+    }
+
+    /// A raw-packet RSS QP spreading received frames over `table` by the Toeplitz hash of
+    /// `fields` (`IBV_RX_HASH_*`) with `key`.
+    ///
+    /// # Errors
+    /// `ibv_create_qp_ex` failed.
+    pub fn rss(
+        domain: &Arc<ParentDomain>,
+        table: &Arc<IndTable>,
+        key: &[u8; 40],
+        fields: u64,
+        what: String,
+    ) -> Result<Arc<Self>, VerbsError> {
+        use rdma_sys::ibv_qp_init_attr_mask as m;
+        let mut key = *key;
+        // SAFETY: all-zero is a valid init attr.
+        let mut attr: rdma_sys::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        attr.qp_type = rdma_sys::ibv_qp_type::IBV_QPT_RAW_PACKET;
+        attr.comp_mask =
+            (m::IBV_QP_INIT_ATTR_PD | m::IBV_QP_INIT_ATTR_IND_TABLE | m::IBV_QP_INIT_ATTR_RX_HASH)
+                .0;
+        attr.pd = domain.as_ptr();
+        attr.rwq_ind_tbl = table.ptr.as_ptr();
+        attr.rx_hash_conf.rx_hash_function =
+            rdma_sys::ibv_rx_hash_function_flags::IBV_RX_HASH_FUNC_TOEPLITZ.0 as u8;
+        attr.rx_hash_conf.rx_hash_key_len = key.len() as u8;
+        attr.rx_hash_conf.rx_hash_key = key.as_mut_ptr();
+        attr.rx_hash_conf.rx_hash_fields_mask = fields;
+        // SAFETY: context, domain and table are live; `attr` and the key it points to are
+        // initialised and outlive the call (the provider copies the key).
+        let p = unsafe { inl::ibv_create_qp_ex(domain.context().as_ptr(), &mut attr) };
+        let ptr = NonNull::new(p)
+            .ok_or_else(|| VerbsError::new("ibv_create_qp_ex", what.clone(), errno()))?;
+        Ok(Arc::new(Self {
+            ptr,
+            _domain: Arc::clone(domain),
+            _cq: None,
+            _table: Some(Arc::clone(table)),
+            what,
+        }))
+    }
+
+    /// The raw QP.
+    pub fn as_ptr(&self) -> *mut ibv_qp {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: created once, destroyed once; nothing is created on a QP.
+        let ret = unsafe { ibv_destroy_qp(self.ptr.as_ptr()) };
+        log_destroy("ibv_destroy_qp", &self.what, ret);
+    }
+}
