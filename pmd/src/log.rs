@@ -25,5 +25,7 @@ pub fn init(default_filter: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(true)
+        // Colours only for a terminal: logs piped to a file or a script stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }

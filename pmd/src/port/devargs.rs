@@ -5,7 +5,7 @@
 //!
 //! | kind | keys |
 //! |---|---|
-//! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based), `takeover=0\|1` |
+//! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based), `netdev=IFNAME` (the port's kernel netdev), `takeover=0\|1` |
 //! | `mlx5` | `dev=IBDEV`, `port=N` |
 //! | `emu-mana`, `emu-mlx5` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture), `netdev=IFNAME` (the modelled kernel netdev), `takeover=0\|1` |
 //! | `null` | `size=BYTES` (frame size, 14..=9600, default 64), `mac=MAC` |
@@ -36,8 +36,9 @@ pub struct PortSpec {
     pub txq: Option<u16>,
     /// `pcap=FILE` (device-model kinds): record every frame the port sends and receives.
     pub pcap: Option<String>,
-    /// `netdev=IFNAME` (device-model kinds): a Linux interface that plays the kernel's netdev
-    /// of the modelled port: while it is up, it holds the port (as on MANA).
+    /// `netdev=IFNAME`: for `mana`, select the port whose kernel netdev this is; for the
+    /// device-model kinds, a Linux interface that plays the kernel's netdev of the modelled
+    /// port: while it is up, it holds the port (as on MANA).
     pub netdev: Option<String>,
     /// `takeover=1` (mana, device-model kinds): when the kernel's netdev holds the port, bring
     /// it down and give it back when the port closes.
@@ -158,7 +159,7 @@ pub const KINDS: &[&str] = &["mana", "mlx5", "emu-mana", "emu-mlx5", "null"];
 
 fn accepted_keys(kind: &str) -> &'static [&'static str] {
     match kind {
-        "mana" => &["mac", "dev", "port", "takeover", "rxq", "txq"],
+        "mana" => &["mac", "dev", "port", "netdev", "takeover", "rxq", "txq"],
         "mlx5" => &["dev", "port", "rxq", "txq"],
         "emu-mana" | "emu-mlx5" => &["wire", "mac", "pcap", "netdev", "takeover", "rxq", "txq"],
         _ => &["size", "mac", "rxq", "txq"],
@@ -543,7 +544,8 @@ mod tests {
             // takeover and netdev only where the kind takes them.
             let emu = matches!(kind, PortKind::EmuMana { .. } | PortKind::EmuMlx5 { .. });
             let takeover = t && (emu || matches!(kind, PortKind::Mana { .. }));
-            let netdev = (t && emu).then(|| "veth9".to_string());
+            let netdev =
+                (t && (emu || matches!(kind, PortKind::Mana { .. }))).then(|| "veth9".to_string());
             PortSpec {
                 kind,
                 rxq,

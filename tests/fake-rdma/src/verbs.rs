@@ -532,6 +532,19 @@ pub extern "C" fn fake_rdma_dump_live() {
     }
 }
 
+/// The line printed at exit: `fake-rdma: at exit: N live objects` and, when N > 0, which.
+pub fn report_at_exit() {
+    let g = lock();
+    let n = g.as_ref().map_or(0, |s| s.objects.len());
+    match g.as_ref() {
+        Some(s) if n > 0 => eprintln!(
+            "fake-rdma: at exit: {n} live objects {} (not destroyed by the program)",
+            json!(s.live_by_kind())
+        ),
+        _ => eprintln!("fake-rdma: at exit: 0 live objects"),
+    }
+}
+
 /// The C name of a device, for messages.
 pub fn device_name(dev: &Device) -> String {
     // SAFETY: `name` is NUL-terminated (copy_str leaves the last byte 0).

@@ -9,73 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-/// The cdylib cargo built next to this test (`target/<profile>/deps/libfake_rdma.so`).
-fn fake_so() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("deps directory");
-    let so = deps.join("libfake_rdma.so");
-    assert!(
-        so.exists(),
-        "{} missing: cargo test builds the cdylib",
-        so.display()
-    );
-    so
-}
+mod common;
 
-/// `target/<profile>`.
-fn profile_dir() -> PathBuf {
-    fake_so()
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>")
-        .to_path_buf()
-}
-
-struct Fake {
-    dir: tempfile::TempDir,
-}
-
-impl Fake {
-    /// A fake world: the default one, or `FAKE_RDMA_PORTS = ports`.
-    fn new(ports: Option<&str>) -> Fake {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let lib = dir.path().join("lib");
-        std::fs::create_dir(&lib).unwrap();
-        std::fs::copy(fake_so(), lib.join("libibverbs.so.1")).unwrap();
-        std::os::unix::fs::symlink("libibverbs.so.1", lib.join("libmana.so.1")).unwrap();
-        std::os::unix::fs::symlink("libibverbs.so.1", lib.join("libmlx5.so.1")).unwrap();
-        let mut world = Command::new(env!("CARGO_BIN_EXE_fake-rdma-world"));
-        world.arg("--sysfs").arg(dir.path().join("sys"));
-        match ports {
-            Some(p) => world.env("FAKE_RDMA_PORTS", p),
-            None => world.env_remove("FAKE_RDMA_PORTS"),
-        };
-        let out = world.output().expect("run fake-rdma-world");
-        assert!(
-            out.status.success(),
-            "fake-rdma-world: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Fake { dir }
-    }
-
-    /// `prog` with the fake in place (and no fake knobs from the caller's environment).
-    fn cmd(&self, prog: &Path) -> Command {
-        let mut c = Command::new(prog);
-        self.place(&mut c);
-        c
-    }
-
-    fn place(&self, c: &mut Command) {
-        let sys = self.dir.path().join("sys");
-        c.env("LD_LIBRARY_PATH", self.dir.path().join("lib"))
-            .env("SYSFS_PATH", &sys)
-            .env("PMD_SYSFS_ROOT", &sys);
-        for k in ["FAKE_RDMA_PROFILE", "FAKE_RDMA_FAIL", "FAKE_RDMA_TRACE"] {
-            c.env_remove(k);
-        }
-    }
-}
+use common::{fake_so, profile_dir, Fake};
 
 /// The C bring-up program, compiled once per test process with the real headers and
 /// linked against the real libraries.

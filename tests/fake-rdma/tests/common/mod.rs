@@ -1,0 +1,112 @@
+//! What the fake's integration tests share: the fake installed in a temporary directory with
+//! a world, and the binaries cargo built beside the tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The cdylib cargo built next to this test (`target/<profile>/deps/libfake_rdma.so`).
+pub fn fake_so() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps directory");
+    let so = deps.join("libfake_rdma.so");
+    assert!(
+        so.exists(),
+        "{} missing: cargo test builds the cdylib",
+        so.display()
+    );
+    so
+}
+
+/// `target/<profile>`.
+pub fn profile_dir() -> PathBuf {
+    fake_so()
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf()
+}
+
+/// A binary of the workspace (`l2fwd`, `pktgen`, `pmd-devices`), built by
+/// `cargo test --workspace`.
+pub fn bin(name: &str) -> PathBuf {
+    let p = profile_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} missing: run the workspace's tests (cargo test --workspace) so that cargo builds it",
+        p.display()
+    );
+    p
+}
+
+/// The fake installed under its three library names, with a world.
+pub struct Fake {
+    pub dir: tempfile::TempDir,
+}
+
+impl Fake {
+    /// A fake world: the default one, or `FAKE_RDMA_PORTS = ports`.
+    pub fn new(ports: Option<&str>) -> Fake {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let lib = dir.path().join("lib");
+        std::fs::create_dir(&lib).unwrap();
+        std::fs::copy(fake_so(), lib.join("libibverbs.so.1")).unwrap();
+        std::os::unix::fs::symlink("libibverbs.so.1", lib.join("libmana.so.1")).unwrap();
+        std::os::unix::fs::symlink("libibverbs.so.1", lib.join("libmlx5.so.1")).unwrap();
+        let mut world = Command::new(env!("CARGO_BIN_EXE_fake-rdma-world"));
+        world.arg("--sysfs").arg(dir.path().join("sys"));
+        match ports {
+            Some(p) => world.env("FAKE_RDMA_PORTS", p),
+            None => world.env_remove("FAKE_RDMA_PORTS"),
+        };
+        let out = world.output().expect("run fake-rdma-world");
+        assert!(
+            out.status.success(),
+            "fake-rdma-world: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Fake { dir }
+    }
+
+    /// `prog` with the fake in place (and no fake knobs from the caller's environment).
+    pub fn cmd(&self, prog: &Path) -> Command {
+        let mut c = Command::new(prog);
+        self.place(&mut c);
+        c
+    }
+
+    /// Puts the fake in place for `c`.
+    pub fn place(&self, c: &mut Command) {
+        let sys = self.dir.path().join("sys");
+        c.env("LD_LIBRARY_PATH", self.dir.path().join("lib"))
+            .env("SYSFS_PATH", &sys)
+            .env("PMD_SYSFS_ROOT", &sys);
+        for k in [
+            "FAKE_RDMA_PROFILE",
+            "FAKE_RDMA_FAIL",
+            "FAKE_RDMA_TRACE",
+            "PMD_LOG",
+        ] {
+            c.env_remove(k);
+        }
+    }
+}
+
+/// stdout and stderr of a finished process, for messages.
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The number in the fake's exit line (`fake-rdma: at exit: N live objects`).
+pub fn live_at_exit(o: &Output) -> Option<u32> {
+    let err = String::from_utf8_lossy(&o.stderr);
+    err.lines()
+        .find_map(|l| l.strip_prefix("fake-rdma: at exit: "))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}

@@ -1,0 +1,227 @@
+//! The `mana:` port on rdma-core, run by the unchanged apps on the fake rdma-core: the
+//! bring-up in DPDK net/mana's order, a clear error and nothing left alive when any step
+//! fails, in both rdma-core profiles, port selection, and a port held by its netdev.
+
+mod common;
+
+use common::{bin, live_at_exit, text, Fake};
+use std::process::{Command, Output};
+
+const PORT1: &str = "mana:dev=mana_0,port=1";
+const PORT2: &str = "mana:dev=mana_0,port=2";
+
+/// l2fwd between two `mana:` ports for a moment, on `fake`, with `env`.
+fn l2fwd(fake: &Fake, ports: [&str; 2], env: &[(&str, &str)]) -> Output {
+    let mut c: Command = fake.cmd(&bin("l2fwd"));
+    c.args(["--port", ports[0], "--port", ports[1]]).args([
+        "--duration",
+        "0.3",
+        "--stats-interval",
+        "0",
+    ]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run l2fwd")
+}
+
+/// Every verbs call the bring-up makes, one run per call and per profile, fails the way the
+/// kernel would fail it: l2fwd exits 1 with a message naming the call, the object and the
+/// errno, and every object created before the failure is destroyed again.
+#[test]
+fn a_failure_at_each_bringup_step_is_clear_and_leaves_nothing_alive() {
+    let fake = Fake::new(None);
+    // (injected call, what the message must name)
+    let steps = [
+        ("ibv_open_device", "device mana_0"),
+        ("ibv_query_device_ex", "device mana_0"),
+        ("ibv_query_port", "mana_0 port 1"),
+        ("ibv_alloc_pd", "protection domain"),
+        ("ibv_alloc_parent_domain", "parent domain (port 1)"),
+        ("ibv_reg_mr", "registering the mbuf pool"),
+        ("ibv_create_cq", "tx queue 0 of mana_0 port 1: CQ"),
+        ("ibv_create_qp", "tx queue 0 of mana_0 port 1: QP"),
+        ("ibv_create_cq#2", "rx queue 0 of mana_0 port 1: CQ"),
+        ("ibv_create_wq", "rx queue 0 of mana_0 port 1: WQ"),
+        ("ibv_create_rwq_ind_table", "indirection table"),
+        ("ibv_create_qp_ex", "RSS QP of mana_0 port 1"),
+        // The second port's context: the first port is torn down as well.
+        ("ibv_create_qp#2", "tx queue 0 of mana_0 port 2: QP"),
+    ];
+    for profile in ["v44", "main"] {
+        for (call, names) in steps {
+            let o = l2fwd(
+                &fake,
+                [PORT1, PORT2],
+                &[
+                    ("FAKE_RDMA_PROFILE", profile),
+                    ("FAKE_RDMA_FAIL", &format!("{call}:ENOMEM")),
+                ],
+            );
+            let err = String::from_utf8_lossy(&o.stderr);
+            let bare = call.split('#').next().unwrap();
+            assert_eq!(o.status.code(), Some(1), "{profile} {call}: {}", text(&o));
+            assert!(
+                err.contains(&format!("{bare} failed")) && err.contains(names),
+                "{profile} {call}: the message names the call and {names:?}: {}",
+                text(&o)
+            );
+            assert!(
+                err.contains("Cannot allocate memory (os error 12)"),
+                "{profile} {call}: the errno: {}",
+                text(&o)
+            );
+            assert_eq!(
+                live_at_exit(&o),
+                Some(0),
+                "{profile} {call}: objects left alive: {}",
+                text(&o)
+            );
+        }
+    }
+}
+
+/// The calls of one clean run, in order, from the fake's trace.
+fn traced_calls(fake: &Fake, profile: &str) -> Vec<String> {
+    let trace = fake.dir.path().join(format!("trace-{profile}.jsonl"));
+    let o = l2fwd(
+        fake,
+        [PORT1, PORT2],
+        &[
+            ("FAKE_RDMA_PROFILE", profile),
+            ("FAKE_RDMA_TRACE", trace.to_str().unwrap()),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
+    std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["errno"], 0, "a call failed in a clean run: {l}");
+            v["call"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// A clean bring-up makes DPDK net/mana's calls in its order (allocators before any queue;
+/// `manadv_init_obj` only after the QPs exist), and tears everything down children first.
+#[test]
+fn bringup_and_teardown_follow_rdma_cores_order_in_both_profiles() {
+    let fake = Fake::new(None);
+    for profile in ["v44", "main"] {
+        let calls = traced_calls(&fake, profile);
+        let port = [
+            "ibv_get_device_list",
+            "ibv_open_device",
+            "ibv_query_device_ex",
+            "ibv_query_port",
+            "manadv_set_context_attr",
+            "ibv_alloc_pd",
+            "ibv_alloc_parent_domain",
+            "ibv_reg_mr",
+            "ibv_create_cq",
+            "ibv_create_qp",
+            "manadv_init_obj",
+            "ibv_create_cq",
+            "ibv_create_wq",
+            "ibv_create_rwq_ind_table",
+            "ibv_create_qp_ex",
+            "manadv_init_obj",
+        ];
+        let bringup: Vec<&str> = calls
+            .iter()
+            .take(2 * port.len())
+            .map(String::as_str)
+            .collect();
+        assert_eq!(bringup[..port.len()], port, "{profile}: port 1: {calls:?}");
+        assert_eq!(bringup[port.len()..], port, "{profile}: port 2: {calls:?}");
+        let teardown = [
+            "ibv_destroy_qp",
+            "ibv_destroy_cq",
+            "ibv_destroy_qp",
+            "ibv_destroy_rwq_ind_table",
+            "ibv_destroy_wq",
+            "ibv_destroy_cq",
+            "ibv_dealloc_pd",
+            "ibv_dereg_mr",
+            "ibv_dealloc_pd",
+            "ibv_close_device",
+        ];
+        let down: Vec<&str> = calls
+            .iter()
+            .map(String::as_str)
+            .filter(|c| teardown.contains(c))
+            .collect();
+        assert_eq!(down[..teardown.len()], teardown, "{profile}: {calls:?}");
+        assert_eq!(down[teardown.len()..], teardown, "{profile}: {calls:?}");
+    }
+}
+
+/// A port is found by device and port, by its netdev's MAC, or by its netdev's name; a
+/// selector that matches nothing lists the ports there are.
+#[test]
+fn ports_are_found_by_device_mac_or_netdev_and_a_miss_lists_the_ports() {
+    let fake = Fake::new(None);
+    let o = l2fwd(
+        &fake,
+        ["mana:mac=02:00:00:00:10:01", "mana:netdev=eth-mana_0-2"],
+        &[("PMD_LOG", "pmd::verbs=info")],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    for want in [
+        "port=1 mac=02:00:00:00:10:01",
+        "port=2 mac=02:00:00:00:10:02",
+    ] {
+        assert!(err.contains(want), "{want}: {}", text(&o));
+    }
+    let o = l2fwd(&fake, [PORT1, "mana:dev=mana_0,port=3"], &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        err.contains("no MANA port matches dev=mana_0,port=3")
+            && err.contains("mana_0 port 1 (eth-mana_0-1, 02:00:00:00:10:01)")
+            && err.contains("mana_0 port 2 (eth-mana_0-2, 02:00:00:00:10:02)"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
+}
+
+/// Ring sizes above what the device takes (rdma-core v44: 256) are reduced, and the log says
+/// so, requested and effective.
+#[test]
+fn ring_sizes_above_the_device_limit_are_reduced_and_said() {
+    let fake = Fake::new(None);
+    let o = l2fwd(&fake, [PORT1, PORT2], &[("PMD_LOG", "pmd::port=warn")]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("rx ring size 512 requested, the device takes at most 256: using 256")
+            && err.contains("tx ring size 512 requested, the device takes at most 256: using 256"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// While the port's netdev is up the raw QP is refused (ENODEV on released kernels): the
+/// port is busy, and the message names the netdev and the command that frees it.
+#[test]
+fn a_port_held_by_its_netdev_is_busy_naming_the_netdev_and_the_command() {
+    // `lo` is always up: it plays a netdev that holds port 1.
+    let fake = Fake::new(Some(
+        "mana_0/1:mac=02:00:00:00:10:01,wire=none,netdev=lo;\
+         mana_0/2:mac=02:00:00:00:10:02,wire=none",
+    ));
+    let o = l2fwd(&fake, [PORT1, PORT2], &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        err.contains("kernel netdev lo holds it") && err.contains("ip link set lo down"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
+}
