@@ -98,6 +98,12 @@ struct Args {
     /// Print the final report as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// A shell command (`sh -c`) to start once the links are up and traffic starts, e.g. a
+    /// capture or a script that acts during the run; pktgen waits for it at the end (at most
+    /// --drain-timeout, then kills it) and reports its exit status. Spawning a child makes
+    /// pktgen register memory fork-safe (ibv_fork_init on hardware ports).
+    #[arg(long, value_name = "CMD")]
+    run: Option<String>,
 }
 
 /// Counters the main core reads while workers run.
@@ -237,6 +243,8 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     let cfg = PortConfig {
         rx_ring_size: args.ring_size,
         tx_ring_size: args.ring_size,
+        // A child process must never share pages the NIC writes.
+        fork_safe: args.run.is_some(),
         ..Default::default()
     };
     let mut ports = open_ports(&args.ports, &cfg, &pool)?;
@@ -294,6 +302,15 @@ fn run(args: &Args) -> Result<ExitCode, String> {
             args.flows
         );
     }
+    let mut child = match &args.run {
+        Some(cmd) => Some(
+            std::process::Command::new("sh")
+                .args(["-c", cmd])
+                .spawn()
+                .map_err(|e| format!("--run {cmd:?}: {e}"))?,
+        ),
+        None => None,
+    };
     let sh = Arc::clone(&shared);
     let busy = args.busy_poll;
     let results = launch_each(
@@ -352,6 +369,9 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     drop(ports);
     lcache::flush();
     let in_use = pool.in_use();
+    if let Some(c) = child.as_mut() {
+        reap(c, Duration::from_secs_f64(args.drain_timeout));
+    }
     report(args, &shared, &tracker, &hist, epoch, in_use);
     if in_use != 0 {
         return Err(format!("{in_use} mbufs were not returned to the pool"));
@@ -506,6 +526,29 @@ impl RxSide {
                 .store(self.hist.value_at_quantile(0.99), Ordering::Relaxed);
         }
         n > 0
+    }
+}
+
+/// Waits up to `limit` for the `--run` child, then kills it; says how it ended.
+fn reap(c: &mut std::process::Child, limit: Duration) {
+    let end = Instant::now() + limit;
+    let status = loop {
+        match c.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) => {
+                eprintln!("pktgen: --run child {} still running: killed", c.id());
+                let _ = c.kill();
+                break c.wait().ok();
+            }
+            Err(e) => {
+                eprintln!("pktgen: --run child {}: {e}", c.id());
+                break None;
+            }
+        }
+    };
+    if let Some(s) = status {
+        eprintln!("pktgen: --run child {} exited: {s}", c.id());
     }
 }
 

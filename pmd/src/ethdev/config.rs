@@ -106,6 +106,11 @@ pub struct PortConfig {
     /// Receive frames for any destination MAC (only where [`Caps::promiscuous`] says the
     /// device can; MANA cannot).
     pub promiscuous: bool,
+    /// Make memory registration safe for a process that forks (`ibv_fork_init` before the
+    /// first registration, on hardware ports): a child then never shares pages the device
+    /// writes. Also on when `RDMAV_FORK_SAFE` or `IBV_FORK_SAFE` is set. Not needed on
+    /// kernels that copy pinned pages on fork (5.13 and later), which rdma-core detects.
+    pub fork_safe: bool,
 }
 
 impl Default for PortConfig {
@@ -120,6 +125,7 @@ impl Default for PortConfig {
             rss: RssConfig::default(),
             mtu: 1500,
             promiscuous: false,
+            fork_safe: false,
         }
     }
 }

@@ -196,6 +196,14 @@ pub trait PortDriver: Send {
     }
 }
 
+/// Whether the environment asks for fork-safe memory registration, as libibverbs reads it:
+/// `RDMAV_FORK_SAFE` or `IBV_FORK_SAFE` set (to anything).
+pub fn fork_safe_from_env() -> bool {
+    ["RDMAV_FORK_SAFE", "IBV_FORK_SAFE"]
+        .iter()
+        .any(|k| std::env::var_os(k).is_some())
+}
+
 /// Checks `cfg` against `caps` and the pool's size.
 ///
 /// # Errors

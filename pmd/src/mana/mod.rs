@@ -181,6 +181,11 @@ impl PortDriver for Driver {
         self.provider
             .set_mtu(cfg.mtu)
             .map_err(|e| setup_err("setting the mtu", e))?;
+        if cfg.fork_safe || crate::ethdev::fork_safe_from_env() {
+            self.provider
+                .fork_safe()
+                .map_err(|e| setup_err("making memory registration fork-safe", e))?;
+        }
         let keys = self.keys_for(pool)?;
         let raw_tx = self.create_tx(cfg)?;
         let raw_rx = self

@@ -165,6 +165,15 @@ pub trait Provider: Send {
     /// # Errors
     /// The device (or the netdev) refused the value.
     fn set_mtu(&mut self, mtu: u16) -> Result<(), SetupError>;
+    /// Makes later registrations fork-safe (`ibv_fork_init`); called before the first
+    /// [`Provider::reg_mr`] when the port's configuration asks. A device model has nothing
+    /// to do.
+    ///
+    /// # Errors
+    /// The device layer could not be made fork-safe.
+    fn fork_safe(&mut self) -> Result<(), SetupError> {
+        Ok(())
+    }
     /// Registers one pool chunk for DMA (`ibv_reg_mr`) and returns its key; the registration
     /// lasts until the returned guard drops.
     ///

@@ -345,6 +345,10 @@ impl Provider for ManaProvider {
         }
     }
 
+    fn fork_safe(&mut self) -> Result<(), SetupError> {
+        super::fork_init().map(|_| ()).map_err(verbs)
+    }
+
     fn reg_mr(&mut self, chunk: &ChunkInfo) -> Result<Registration, SetupError> {
         let mr = Mr::register(&self.pd, chunk.addr, chunk.len).map_err(verbs)?;
         Ok(Registration::with_guard(mr.lkey(), mr))

@@ -98,6 +98,42 @@ pub(crate) fn ret_errno(ret: i32) -> i32 {
     }
 }
 
+/// Makes memory registration fork-safe for the whole process (`ibv_fork_init`), once; later
+/// calls return the first answer. Must come before the first registration. Returns what
+/// rdma-core says of the process afterwards: enabled, or unneeded (the kernel copies pinned
+/// pages on fork, 5.13 and later).
+///
+/// # Errors
+/// `ibv_fork_init` failed (for instance `EINVAL` after memory was already registered).
+pub fn fork_init() -> Result<ForkSafety, VerbsError> {
+    static DONE: std::sync::OnceLock<Result<ForkSafety, i32>> = std::sync::OnceLock::new();
+    let r = DONE.get_or_init(|| {
+        let ret = objects::fork_init();
+        if ret != 0 {
+            return Err(ret_errno(ret));
+        }
+        let s = match objects::fork_status() {
+            rdma_sys::IBV_FORK_UNNEEDED => ForkSafety::Unneeded,
+            rdma_sys::IBV_FORK_ENABLED => ForkSafety::Enabled,
+            _ => ForkSafety::Disabled,
+        };
+        tracing::info!(target: "pmd::verbs", status = ?s, "ibv_fork_init: memory registration is fork-safe");
+        Ok(s)
+    });
+    r.map_err(|e| VerbsError::new("ibv_fork_init", "the process", e))
+}
+
+/// What rdma-core says of fork safety (`ibv_is_fork_initialized`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForkSafety {
+    /// Registered memory is marked so that a child does not share it.
+    Enabled,
+    /// The kernel copies pinned pages on fork: nothing to do.
+    Unneeded,
+    /// Not fork-safe.
+    Disabled,
+}
+
 /// The root of the sysfs tree libibverbs reads: `PMD_SYSFS_ROOT`, else libibverbs'
 /// `SYSFS_PATH`, else `/sys`.
 pub fn sysfs_root() -> std::path::PathBuf {

@@ -621,3 +621,15 @@ impl Drop for Qp {
         log_destroy("ibv_destroy_qp", &self.what, ret);
     }
 }
+
+/// `ibv_fork_init()`: 0 or an errno value.
+pub(crate) fn fork_init() -> i32 {
+    // SAFETY: no arguments; rdma-core serialises it internally.
+    unsafe { rdma_sys::ibv_fork_init() }
+}
+
+/// `ibv_is_fork_initialized()`.
+pub(crate) fn fork_status() -> rdma_sys::ibv_fork_status {
+    // SAFETY: no arguments; reads rdma-core's process state.
+    unsafe { rdma_sys::ibv_is_fork_initialized() }
+}
