@@ -39,6 +39,10 @@ pub fn devices_json(devices: &[DeviceInfo], verbs_names: &[String]) -> Value {
         "devices": devs,
         "verbs_devices": verbs_names,
         "rdma_core": pmd::sys::RDMA_CORE_VERSION,
+        "multi_process": pmd::verbs::multi_process_support()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Value::Bool(v)))
+            .collect::<serde_json::Map<_, _>>(),
         "device_model": model,
     })
 }

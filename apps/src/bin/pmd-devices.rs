@@ -45,6 +45,14 @@ fn main() -> ExitCode {
             pmd::sys::RDMA_CORE_VERSION,
             pmd::sys::verbs_device_names().len()
         );
+        let mp: Vec<String> = pmd::verbs::multi_process_support()
+            .into_iter()
+            .map(|(k, v)| format!("{k} {}", if v { "yes" } else { "no" }))
+            .collect();
+        println!(
+            "multi-process groundwork (secondary processes are not supported yet): {}",
+            mp.join(", ")
+        );
     }
     ExitCode::SUCCESS
 }

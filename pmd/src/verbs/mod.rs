@@ -134,6 +134,24 @@ pub enum ForkSafety {
     Disabled,
 }
 
+/// What the installed rdma-core offers for sharing a port between processes (a primary that
+/// opens the device and secondaries that attach to its objects), looked up at run time:
+/// `(symbol, present)` for `ibv_import_device` (a secondary rebuilds the context from the
+/// primary's command fd, passed over a Unix socket with `SCM_RIGHTS`; then `ibv_import_pd` and
+/// `ibv_import_mr` attach the PD and the registrations) and `mlx5dv_var_export`. Not used yet:
+/// the groundwork for multi-process support (see the README).
+pub fn multi_process_support() -> Vec<(&'static str, bool)> {
+    [
+        (c"ibv_import_device", "ibv_import_device"),
+        (c"ibv_import_pd", "ibv_import_pd"),
+        (c"ibv_import_mr", "ibv_import_mr"),
+        (c"mlx5dv_var_export", "mlx5dv_var_export"),
+    ]
+    .into_iter()
+    .map(|(c, n)| (n, objects::has_symbol(c)))
+    .collect()
+}
+
 /// The root of the sysfs tree libibverbs reads: `PMD_SYSFS_ROOT`, else libibverbs'
 /// `SYSFS_PATH`, else `/sys`.
 pub fn sysfs_root() -> std::path::PathBuf {

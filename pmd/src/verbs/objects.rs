@@ -633,3 +633,10 @@ pub(crate) fn fork_status() -> rdma_sys::ibv_fork_status {
     // SAFETY: no arguments; reads rdma-core's process state.
     unsafe { rdma_sys::ibv_is_fork_initialized() }
 }
+
+/// Whether the process can resolve `name` (a NUL-terminated symbol) in the libraries loaded,
+/// as `dlsym(RTLD_DEFAULT, ..)` sees them.
+pub(crate) fn has_symbol(name: &CStr) -> bool {
+    // SAFETY: `name` is NUL-terminated; `dlsym` only looks the symbol up.
+    !unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }.is_null()
+}
