@@ -1,0 +1,74 @@
+//! Tests on a real MANA NIC (an Azure VM with Accelerated Networking), ignored unless
+//! `PMD_TEST_MANA_PORT` names the port to use, e.g.
+//! `PMD_TEST_MANA_PORT=mana:dev=mana_0,port=2 cargo test -p integration-tests --test hw_mana -- --ignored`.
+//! The port's netdev must be down (or add `busy=takeover` to the spec). Never name the NIC that
+//! carries your SSH session.
+
+use mempool::{MbufPool, MbufPoolConfig};
+use pmd::ethdev::Burst;
+use pmd::port::{Port, PortConfig};
+use std::time::{Duration, Instant};
+
+fn port_spec() -> String {
+    std::env::var("PMD_TEST_MANA_PORT")
+        .expect("set PMD_TEST_MANA_PORT to a mana: port spec to run the hardware tests")
+}
+
+/// The port opens, configures, comes up and closes again, twice (nothing leaks between the
+/// two bring-ups), with the pool whole at the end.
+#[test]
+#[ignore = "needs a MANA NIC: set PMD_TEST_MANA_PORT"]
+fn bringup_and_teardown_twice() {
+    let spec = port_spec();
+    let pool = MbufPool::new(MbufPoolConfig::new("hw-mana-up", 4096)).unwrap();
+    for _ in 0..2 {
+        let mut port = Port::open(0, &spec.parse().unwrap()).unwrap();
+        port.configure(&PortConfig::default(), &pool).unwrap();
+        port.start().unwrap();
+        assert!(port.link().up, "{spec}: link down");
+        port.stop();
+        drop(port);
+    }
+    assert_eq!(pool.in_use(), 0);
+}
+
+/// 10,000 broadcast frames leave the port: every one completes without error and every
+/// buffer comes back.
+#[test]
+#[ignore = "needs a MANA NIC: set PMD_TEST_MANA_PORT"]
+fn broadcast_frames_complete_and_buffers_come_back() {
+    let spec = port_spec();
+    let pool = MbufPool::new(MbufPoolConfig::new("hw-mana-tx", 4096)).unwrap();
+    let mut port = Port::open(0, &spec.parse().unwrap()).unwrap();
+    port.configure(&PortConfig::default(), &pool).unwrap();
+    let mut txq = port.tx_queue(0).unwrap();
+    port.start().unwrap();
+    let mac = port.mac().0;
+    let mut frame = vec![0u8; 60];
+    frame[..6].fill(0xff);
+    frame[6..12].copy_from_slice(&mac);
+    frame[12..14].copy_from_slice(&0x88b5u16.to_be_bytes()); // local experimental ethertype
+    let (mut sent, want) = (0u64, 10_000u64);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut b = Burst::with_capacity(32);
+    while sent < want && Instant::now() < deadline {
+        while b.len() < 32 {
+            let Some(mut m) = mempool::lcache::alloc(&pool) else {
+                break;
+            };
+            m.extend_from_slice(&frame).unwrap();
+            b.push(m).unwrap();
+        }
+        sent += txq.tx_burst(&mut b) as u64;
+    }
+    drop(b);
+    std::thread::sleep(Duration::from_millis(100));
+    txq.tx_burst(&mut Burst::with_capacity(1));
+    let stats = port.stats();
+    port.stop();
+    drop(txq);
+    drop(port);
+    assert_eq!(sent, want);
+    assert_eq!(stats.oerrors, 0, "{stats:?}");
+    assert_eq!(pool.in_use(), 0);
+}
