@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 /// from the [`QueueAllocator`] the driver sets (page-aligned and zeroed), and is held here
 /// until rdma-core frees it.
 pub struct Allocators {
+    device: String,
     source: Mutex<Arc<dyn QueueAllocator>>,
     live: Mutex<HashMap<usize, Arc<DevMem>>>,
     allocs: AtomicU64,
@@ -41,6 +42,7 @@ impl Allocators {
     /// `manadv_set_context_attr` failed.
     pub fn install(ctx: &Arc<Context>) -> Result<Arc<Self>, VerbsError> {
         let me = Arc::new(Self {
+            device: ctx.name().to_string(),
             source: Mutex::new(Arc::new(PageAllocator)),
             live: Mutex::new(HashMap::new()),
             allocs: AtomicU64::new(0),
@@ -127,6 +129,19 @@ impl Allocators {
             self.frees.fetch_add(1, Ordering::Relaxed);
         } else if !p.is_null() {
             tracing::error!(target: "pmd::verbs", addr = p as usize, "rdma-core freed a queue buffer these allocators did not hand out");
+        }
+    }
+}
+
+impl Drop for Allocators {
+    /// After the context is closed: every buffer handed out must have come back.
+    fn drop(&mut self) {
+        let (a, f) = self.counts();
+        let live = self.live.get_mut().map_or(0, |m| m.len());
+        if a == f && live == 0 {
+            tracing::debug!(target: "pmd::verbs", device = %self.device, allocs = a, frees = f, "queue-buffer allocators: every buffer given back");
+        } else {
+            tracing::warn!(target: "pmd::verbs", device = %self.device, allocs = a, frees = f, live, "queue-buffer allocators: buffers never given back by rdma-core");
         }
     }
 }
