@@ -121,6 +121,7 @@ pub struct EngineThread {
 
 impl EngineThread {
     /// Starts a thread named `name` (Linux keeps its first 15 bytes) that runs `engine`.
+    /// When this returns the thread runs, under its name.
     ///
     /// # Errors
     /// The thread could not be spawned.
@@ -131,9 +132,16 @@ impl EngineThread {
             paused: AtomicBool::new(false),
         });
         let t = Arc::clone(&core);
+        let (started, running) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name(name.to_string())
-            .spawn(move || t.run())?;
+            .spawn(move || {
+                // std names the thread before it runs this closure.
+                let _ = started.send(());
+                t.run()
+            })?;
+        // Only a thread that died before its first statement fails to answer.
+        let _ = running.recv();
         Ok(Self {
             core,
             thread: Some(thread),

@@ -385,9 +385,6 @@ static int traffic(struct world *w)
 	double deadline;
 	int i, got = -1;
 
-	/* the engine thread names itself once it runs: give it a moment */
-	for (deadline = now() + 5; engine_threads() < 1 && now() < deadline;)
-		usleep(1000);
 	CHECK(engines() == 1 && engine_threads() == 1,
 	      "one device-model engine for port 1, on its thread (%d, %d)", engines(),
 	      engine_threads());
