@@ -50,6 +50,7 @@ macro_rules! export {
 mod guard;
 mod mana;
 mod mlx5;
+mod nic;
 pub mod state;
 mod verbs;
 pub mod world;

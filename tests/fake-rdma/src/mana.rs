@@ -6,6 +6,7 @@
 //! `drivers/infiniband/hw/mana` or `drivers/infiniband/core` they copy.
 
 use crate::ffi::*;
+use crate::nic::{CqRing, Ring};
 use crate::state::{addr, call_int, call_ptr, die, Kind, Profile, State};
 use crate::verbs::{ctx_of, device_name, Ctx};
 use crate::world;
@@ -503,7 +504,10 @@ fn reg_mr(
         },
         pd: real,
     }));
-    let _ = iova;
+    // The NIC can now reach the region through WQE addresses iova.. under the key.
+    let dev = ctx_of(st, context, "ibv_reg_mr").device().index;
+    st.nics
+        .add_mr(dev, context as usize, key, iova, a as usize, length);
     st.register(m as usize, Kind::Mr, context as usize);
     Ok(m.cast::<ibv_mr>())
 }
@@ -530,6 +534,8 @@ export!("IBVERBS_1.1" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     call_int("ibv_dereg_mr", json!({"mr": addr(mr)}), |st| {
         let m = obj(st, mr.cast::<Mr>(), &[Kind::Mr], "ibv_dereg_mr");
         st.kernel("ibv_dereg_mr")?;
+        // The NIC loses the region before ibv_dereg_mr returns (and the memory may go).
+        st.nics.remove_mr(m.mr.lkey);
         // SAFETY: `m.pd` is the live PD counted at registration.
         unsafe { (*m.pd).users -= 1 };
         st.unregister(mr as usize);
@@ -982,6 +988,7 @@ fn create_tx_qp(
     let dev = ctx.device();
     let real = real_pd(p);
     let key = (dev.index, port);
+    let (sqid, cqid);
     {
         let mut vports = VPORTS.lock().unwrap_or_else(|e| e.into_inner());
         match vports.get(&key) {
@@ -1005,10 +1012,41 @@ fn create_tx_qp(
         if let Err(e) = kernel_pin(buf, size as usize) {
             return fail(e);
         }
+        sqid = st.next_id();
+        cqid = st.next_id();
+        // mana_ib_create_qp_raw creates the SQ and its CQ on the NIC: the device model
+        // serves them from now on.
+        let vp_offset = dev.view.ports[port as usize - 1].vp_offset;
+        // SAFETY: `buf` is this QP's send buffer, given back to the allocator only by
+        // ibv_destroy_qp after `remove_tx`; the send CQ cannot be destroyed before the QP.
+        let added = unsafe {
+            st.nics.add_tx(
+                dev,
+                port,
+                context as usize,
+                ctx.db_page,
+                Ring {
+                    buf,
+                    len: size as usize,
+                    id: sqid,
+                },
+                u16::try_from(vp_offset).unwrap_or(u16::MAX),
+                CqRing {
+                    ring: Ring {
+                        buf: scq.buf,
+                        len: scq.buf_size,
+                        id: cqid,
+                    },
+                    count: scq.cqe,
+                },
+                CALL,
+            )
+        };
+        if let Err(e) = added {
+            return fail(e);
+        }
         vports.entry(key).or_insert((real as *mut Pd as usize, 0)).1 += 1;
     }
-    let sqid = st.next_id();
-    let cqid = st.next_id();
     scq.cqid = cqid; // v44 qp.c:118: send_cq->cqid = resp.cqid
     scq.installed = true;
     scq.users += 1;
@@ -1120,8 +1158,51 @@ pub unsafe extern "C" fn create_qp_ex(
             cqs.push(cq);
         }
         // Response entries: wq->wqid and wq->cq->cqid (v44 qp.c:236–243).
-        for &w in &t.wqs {
-            let (wqid, cqid) = (st.next_id(), st.next_id());
+        let ids: Vec<(u32, u32)> = t.wqs.iter().map(|_| (st.next_id(), st.next_id())).collect();
+        // mana_ib_create_qp_rss creates each WQ's RQ and CQ on the NIC and configures the
+        // vPort's steering: the device model serves them from now on.
+        // SAFETY: the table's WQs and their CQs are live and cannot be destroyed while this
+        // QP exists; ibv_destroy_qp calls `remove_rss` first.
+        let rqs: Vec<(Ring, CqRing)> = t
+            .wqs
+            .iter()
+            .zip(&ids)
+            .map(|(&w, &(wqid, cqid))| unsafe {
+                let cq = &*(*w).cq;
+                (
+                    Ring {
+                        buf: (*w).buf,
+                        len: (*w).buf_size,
+                        id: wqid,
+                    },
+                    CqRing {
+                        ring: Ring {
+                            buf: cq.buf,
+                            len: cq.buf_size,
+                            id: cqid,
+                        },
+                        count: cq.cqe,
+                    },
+                )
+            })
+            .collect();
+        let key_ptr = non_null(a.rx_hash_conf.rx_hash_key, CALL, "rx_hash_key");
+        let mut rss_key = [0u8; TOEPLITZ_KEY_LEN as usize];
+        // SAFETY: the caller's key has rx_hash_key_len = 40 bytes (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(key_ptr, rss_key.as_mut_ptr(), rss_key.len()) };
+        // SAFETY: as above: the buffers outlive the QP, whose destruction removes them.
+        unsafe {
+            st.nics.add_rss(
+                ctx.device(),
+                port,
+                context as usize,
+                ctx.db_page,
+                &rqs,
+                rss_key,
+                CALL,
+            )
+        }?;
+        for (&w, &(wqid, cqid)) in t.wqs.iter().zip(&ids) {
             // SAFETY: as above.
             unsafe {
                 (*w).wqid = wqid;
@@ -1171,8 +1252,17 @@ export!("IBVERBS_1.1" fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, a
     })
 });
 
-/// Releases what a QP holds in the kernel (its CQ slots, table, PD, vPort).
-fn release_qp(q: &mut Qp) {
+/// Releases what a QP holds in the kernel (its queues on the NIC, CQ slots, table, PD,
+/// vPort). The NIC lets go of the queues first, so their memory may be freed afterwards.
+fn release_qp(st: &mut State, q: &mut Qp) {
+    match q.rss {
+        None => st.nics.remove_tx(q.device, q.port, q.sqid),
+        Some(t) => {
+            // SAFETY: the table and its WQs cannot be destroyed while the QP uses them.
+            let ids: Vec<u32> = unsafe { (*t).wqs.iter().map(|&w| (*w).wqid).collect() };
+            st.nics.remove_rss(q.device, q.port, &ids);
+        }
+    }
     // A send QP counts as a user of its send and receive CQs and installed only the send
     // CQ (the first); an RSS QP installed every CQ of its table's WQs, whose users they are.
     for (i, &c) in q.cqs.iter().enumerate() {
@@ -1212,7 +1302,7 @@ export!("IBVERBS_1.1" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             return Ok(-libc::EINVAL);
         }
         st.kernel("ibv_destroy_qp")?;
-        release_qp(q);
+        release_qp(st, q);
         if q.rss.is_none() {
             user_free(ctx, q.send_buf);
         }
@@ -1226,10 +1316,18 @@ export!("IBVERBS_1.1" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 /// Called for each object left on a context at `ibv_close_device`: the kernel tears it
 /// down (the vPort is released), user-space memory stays with its owner.
 pub fn forget(st: &mut State, a: usize) {
-    if st.kind_of(a) == Some(Kind::Qp) {
-        // SAFETY: a registered QP.
-        let q = unsafe { &mut *(a as *mut Qp) };
-        release_qp(q);
+    match st.kind_of(a) {
+        Some(Kind::Qp) => {
+            // SAFETY: a registered QP.
+            let q = unsafe { &mut *(a as *mut Qp) };
+            release_qp(st, q);
+        }
+        Some(Kind::Mr) => {
+            // SAFETY: a registered MR.
+            let m = unsafe { &*(a as *const Mr) };
+            st.nics.remove_mr(m.mr.lkey);
+        }
+        _ => {}
     }
 }
 

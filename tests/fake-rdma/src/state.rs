@@ -190,6 +190,8 @@ pub struct State {
     /// Devices, built from sysfs at the first `ibv_get_device_list` (addresses of boxed
     /// devices, which live as long as the process).
     pub devices: Option<Vec<usize>>,
+    /// The device model behind the MANA queues: one engine per vPort.
+    pub nics: crate::nic::Nics,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -216,6 +218,7 @@ pub fn lock() -> MutexGuard<'static, Option<State>> {
             trace,
             seq: 0,
             devices: None,
+            nics: Default::default(),
         });
     }
     g

@@ -404,6 +404,8 @@ export!("IBVERBS_1.1" fn ibv_close_device(context: *mut ibv_context) -> c_int {
             mana::forget(st, a);
             st.unregister(a);
         }
+        // The NIC forgets the context's memory regions and doorbell page before it goes.
+        st.nics.close_context(context as usize);
         // SAFETY: the doorbell page and the fds were created by ibv_open_device and are
         // released once, here; the context box is freed after it was unregistered.
         unsafe {
@@ -520,6 +522,14 @@ export!("IBVERBS_1.0" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
 pub extern "C" fn fake_rdma_live_objects() -> c_int {
     let g = lock();
     c_int::try_from(g.as_ref().map_or(0, |s| s.objects.len())).unwrap_or(c_int::MAX)
+}
+
+/// Device-model engines running in this process (one per vPort with queues); unversioned,
+/// for tests.
+#[no_mangle]
+pub extern "C" fn fake_rdma_engines() -> c_int {
+    let g = lock();
+    c_int::try_from(g.as_ref().map_or(0, |s| s.nics.running())).unwrap_or(c_int::MAX)
 }
 
 /// Writes a JSON object with the live objects by kind (`{"cq":1,...}`) to stderr; for

@@ -1,13 +1,16 @@
 //! The fake rdma-core, from the outside: a C program built against the real rdma-core
 //! headers and linked against the real libraries runs the MANA bring-up on it (and finds
 //! nothing without it), every errno of the table, both profiles, fault injection, the trace,
-//! a port held by its netdev, a process without `CAP_NET_RAW`, and the exported symbols
-//! against the installed libraries and what our binaries import.
+//! a port held by its netdev, a process without `CAP_NET_RAW`, the exported symbols
+//! against the installed libraries and what our binaries import, and frames through the
+//! queues to the port's wire and back (the device model behind the fake).
 
+use pmd::emu::wire::{Shm, Wire as _};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 mod common;
 
@@ -87,6 +90,74 @@ fn bringup_passes_on_the_fake_and_finds_no_device_without_it() {
     assert!(t.contains("device 0: mana_0"), "{t}");
     assert!(!t.contains("FAIL"), "{t}");
     assert_eq!(accounting(&o), (6, 6, 0), "{t}");
+    assert!(t.contains("engines 0 threads 0\n"), "{t}");
+    assert!(t.contains("\nOK\n"), "{t}");
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!(" {b:02x}")).collect()
+}
+
+/// The queues an unchanged program creates with verbs calls are served by the device
+/// model: a TX WQE and its doorbell put the frame on port 1's wire, where the test holds
+/// the peer end; the frame the peer sends back lands in a posted RX buffer with a CQE (on
+/// the default RX object: the last WQ of the RSS table, as the frame has no hash). After
+/// the teardown no engine or engine thread is left, and nothing is alive.
+#[test]
+fn frames_cross_port_1s_wire_through_the_device_model() {
+    let fake = Fake::new(Some(
+        "mana_0/1:mac=02:00:00:00:10:01,wire=shm:fake-mana_0-1,vp_offset=7",
+    ));
+    let mut peer = Shm::open_at(
+        "fake-mana_0-1",
+        &fake.shm_dir().join("pmd-wire-fake-mana_0-1"),
+    )
+    .expect("the peer end of port 1's wire");
+    let mut child = fake
+        .cmd(c_program())
+        .arg("traffic")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // What the C program sends (its `tx_frame`): to ..:10:02 from ..:10:01, EtherType
+    // 0x88b5 (local experimental), then text, zero-padded to 60 bytes.
+    let mut sent = [0u8; 60];
+    sent[..14].copy_from_slice(&[2, 0, 0, 0, 0x10, 2, 2, 0, 0, 0, 0x10, 1, 0x88, 0xb5]);
+    sent[14..32].copy_from_slice(b"from the C program");
+    let mut buf = [0u8; 2048];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let n = loop {
+        if let Some(n) = peer.recv(&mut buf) {
+            break n;
+        }
+        if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("no frame on the wire:\n{}", text(&o));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(&buf[..n], &sent[..], "the frame on the wire");
+    let mut answer = [0u8; 60];
+    answer[..14].copy_from_slice(&[2, 0, 0, 0, 0x10, 1, 2, 0, 0, 0, 0x10, 2, 0x88, 0xb5]);
+    answer[14..28].copy_from_slice(b"from the peer!");
+    assert!(peer.send(&answer));
+    let o = child.wait_with_output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(!t.contains("FAIL"), "{t}");
+    assert!(
+        t.contains("ok   one device-model engine for port 1, on its thread"),
+        "{t}"
+    );
+    assert!(t.contains("ok   tx: one frame sent"), "{t}");
+    assert!(
+        t.contains(&format!("rx1: 60 bytes:{}\n", hex(&answer))),
+        "{t}"
+    );
+    assert!(t.contains("engines 0 threads 0\n"), "{t}");
+    assert_eq!(accounting(&o), (6, 6, 0), "{t}");
     assert!(t.contains("\nOK\n"), "{t}");
 }
 
@@ -158,6 +229,22 @@ fn injected_failures_fail_cleanly_and_leave_nothing_alive() {
         assert_eq!(a, f, "{fault}: allocator buffers not given back:\n{t}");
         assert_eq!(live, 0, "{fault}: objects left alive:\n{t}");
     }
+}
+
+/// Queues the program does not manage to destroy stay on their engine until the context is
+/// closed, which takes them (and the memory regions) off it and stops it.
+#[test]
+fn queues_left_at_close_leave_the_engine_with_the_context() {
+    let fake = Fake::new(None);
+    let o = fake
+        .cmd(c_program())
+        .env("FAKE_RDMA_FAIL", "ibv_destroy_qp:EIO")
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(t.contains("\nengines 1 threads 1\n"), "{t}");
+    assert!(t.contains("after close: engines 0 threads 0\n"), "{t}");
+    assert_eq!(accounting(&o).2, 0, "{t}");
 }
 
 #[test]

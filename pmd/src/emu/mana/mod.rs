@@ -5,18 +5,33 @@
 //! It allocates queue memory the way the `manadv_set_context_attr` allocator contract asks
 //! (page-aligned, zero-filled, sizes rounded as rdma-core rounds them, §1.3), hands out the
 //! same raw queue descriptions `manadv_init_obj` would, and runs an [`Engine`] that plays the
-//! hardware's side. The engine runs on its own thread (busy-polling with back-off, so it can
-//! share a 2-core machine with the application) or, for tests, step by step.
+//! hardware's side. The engine runs on its own thread ([`EngineThread`]: busy-polling with
+//! back-off, so it can share a 2-core machine with the application) or, for tests, step by
+//! step.
 //!
-//! One deliberate difference from hardware: each queue gets its own doorbell page. On a
-//! real NIC a doorbell write is an event that carries the queue id; a model that watches
-//! memory would lose one of two doorbells written to a shared page in quick succession.
-//! The driver code is unchanged by this (it writes `db_page + offset` with the id, as always).
+//! The engine also serves queues whose memory someone else owns: [`Engine::add_sq`],
+//! [`Engine::add_rq`] (each with its CQ), [`Engine::add_mr`], [`Engine::set_rss`] and their
+//! removals take views of foreign memory ([`DevMem::from_raw`], made by the owner under its
+//! own `SAFETY` argument). The fake rdma-core (`tests/fake-rdma`) puts it behind the queues
+//! an unchanged application creates with verbs calls.
+//!
+//! Doorbells: rdma-core maps one doorbell page per context and every queue of the context
+//! rings on it, with the queue id in the value (§6.1). The engine handles shared pages
+//! ([`DoorbellPage`]): it samples each page once per step and latches the tail of a new
+//! value into the queue with that id; a value whose id matches no queue on the page is
+//! counted in `bad_doorbells`. A deviation from hardware, where each doorbell write is an
+//! event: two queues ringing the same page between two samples leave only the second value,
+//! so the first queue's doorbell is missed, until that queue rings again (each doorbell
+//! carries the absolute tail, so the next one recovers everything). [`Model`] itself still
+//! gives each queue a page of its own, so its queues never lose a doorbell that way; the
+//! driver code is the same either way (it writes `db_page + offset` with the id).
 #![deny(unsafe_code)]
 
 pub mod engine;
+mod thread;
 
-pub use engine::{Engine, Faults, ModelStats};
+pub use engine::{CqSpec, DoorbellPage, Engine, EngineError, Faults, ModelStats, RqSpec, SqSpec};
+pub use thread::{EngineCore, EngineThread};
 
 use crate::emu::wire::Wire as _;
 use crate::emu::wire::{self, WireSpec};
@@ -26,13 +41,9 @@ use crate::hw::mana::{CQE_BYTES, MAX_TX_SGES, MIN_QUEUE_BYTES, RSS_TABLE_ENTRIES
 use crate::mana::{Provider, QueueAllocator, QueueOwner, RawRxQueue, RawTxQueue, SetupError};
 use crate::net::MacAddr;
 use crate::sys::DevMem;
-use engine::{Cq, Mr, Rq, Sq};
 use mempool::{ChunkInfo, Registration};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 /// Descriptor limit of the model (newer kernels take the adapter's limit; rdma-core v44
 /// capped user queues at 256, §1.11).
@@ -85,9 +96,7 @@ pub enum OpenError {
 }
 
 struct Shared {
-    engine: Mutex<Engine>,
-    stop: AtomicBool,
-    paused: AtomicBool,
+    core: Arc<EngineCore>,
     /// Who holds the vPort ("the kernel"), if anyone: queue creation then fails like EBUSY.
     held_by: Mutex<Option<String>>,
     /// The raw queues handed out since the last `destroy_queues`, for tests acting as the NIC.
@@ -97,7 +106,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Engine> {
-        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+        self.core.lock()
     }
 }
 
@@ -114,36 +123,27 @@ impl std::fmt::Debug for ModelHandle {
 impl ModelHandle {
     /// Stops the engine thread from running steps (it keeps sleeping); drive with [`step`].
     /// When this returns no step of the thread is in progress and none starts until
-    /// [`resume`]: the thread reads the flag under the engine lock.
+    /// [`resume`] (see [`EngineCore::pause`]).
     ///
     /// [`step`]: ModelHandle::step
     /// [`resume`]: ModelHandle::resume
     pub fn pause(&self) {
-        let _engine = self.0.lock();
-        self.0.paused.store(true, Ordering::SeqCst);
+        self.0.core.pause();
     }
 
     /// Lets the engine thread run again.
     pub fn resume(&self) {
-        self.0.paused.store(false, Ordering::SeqCst);
+        self.0.core.resume();
     }
 
     /// One engine pass; returns the work done.
     pub fn step(&self) -> usize {
-        self.0.lock().step()
+        self.0.core.step()
     }
 
     /// Steps until a pass does nothing (at most `max` passes); returns the total work.
     pub fn run_until_idle(&self, max: usize) -> usize {
-        let mut total = 0;
-        for _ in 0..max {
-            let w = self.step();
-            if w == 0 {
-                break;
-            }
-            total += w;
-        }
-        total
+        self.0.core.run_until_idle(max)
     }
 
     /// Sets the faults.
@@ -190,7 +190,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The MANA device model as a [`Provider`].
 pub struct Model {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    /// Runs the engine; dropped (stopped and joined) with the model.
+    _thread: EngineThread,
     mac: MacAddr,
     next_id: u32,
     next_lkey: u32,
@@ -201,14 +202,25 @@ pub struct Model {
 }
 
 /// A doorbell page (one per queue in the model; see the module docs).
-fn doorbell_page() -> Result<Arc<DevMem>, SetupError> {
-    DevMem::anon(crate::hw::mana::doorbell::PAGE_BYTES)
-        .map(Arc::new)
-        .map_err(|source| SetupError::Verbs {
+fn doorbell_page() -> Result<Arc<DoorbellPage>, SetupError> {
+    let mem = DevMem::anon(crate::hw::mana::doorbell::PAGE_BYTES).map_err(|source| {
+        SetupError::Verbs {
             call: "mmap",
             object: "doorbell page",
             source,
-        })
+        }
+    })?;
+    DoorbellPage::new(Arc::new(mem)).map_err(engine_refused("doorbell page"))
+}
+
+/// The engine refused something the model built: a bug of the model, reported as the
+/// kernel would report a refusal.
+fn engine_refused(object: &'static str) -> impl FnOnce(EngineError) -> SetupError {
+    move |e| SetupError::Verbs {
+        call: "device model",
+        object,
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+    }
 }
 
 /// The error the kernel gives while its netdev holds the vPort, with what to do about it.
@@ -252,21 +264,16 @@ impl Model {
 
     /// A model on an already opened wire.
     pub fn with_wire(wire: Box<dyn wire::Wire>, mac: MacAddr, port_id: u16) -> Self {
+        let thread = EngineThread::spawn(Engine::new(wire), &format!("emu-mana-{port_id}"))
+            .expect("spawning the model's engine thread");
         let shared = Arc::new(Shared {
-            engine: Mutex::new(Engine::new(wire)),
-            stop: AtomicBool::new(false),
-            paused: AtomicBool::new(false),
+            core: Arc::clone(thread.core()),
             held_by: Mutex::new(None),
             queues: Mutex::new((Vec::new(), Vec::new())),
         });
-        let t = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
-            .name(format!("emu-mana-{port_id}"))
-            .spawn(move || engine_loop(&t))
-            .expect("spawning the model's engine thread");
         Self {
             shared,
-            thread: Some(thread),
+            _thread: thread,
             mac,
             // Distinct, 24-bit ids per port, so a driver mixing them up is caught.
             next_id: 0x10_0000 + (u32::from(port_id) << 12),
@@ -369,18 +376,14 @@ impl Model {
         Ok(mem)
     }
 
-    fn new_cq(&mut self, nb_desc: u32) -> Result<(Arc<DevMem>, usize, u32), SetupError> {
+    /// A CQ for a queue of `nb_desc` entries (the engine serves it with its queue).
+    fn new_cq(&mut self, nb_desc: u32) -> Result<CqSpec, SetupError> {
         let mem = self.alloc(queue_bytes(nb_desc as usize * CQE_BYTES), "CQ")?;
-        let id = self.id();
-        let mut e = self.shared.lock();
-        e.cqs.push(Cq {
-            mem: Arc::clone(&mem),
+        Ok(CqSpec {
+            mem,
             count: nb_desc,
-            id,
-            written: 0,
-            delayed: Default::default(),
-        });
-        Ok((mem, e.cqs.len() - 1, id))
+            id: self.id(),
+        })
     }
 }
 
@@ -429,12 +432,10 @@ impl Provider for Model {
         // returned below (which mempool drops before unmapping the chunk) removes it; the
         // engine touches the bytes only for posted RX buffers and in-flight TX frames.
         let mem = unsafe { DevMem::for_registered_chunk(chunk) };
-        self.shared.lock().mrs.push(Mr {
-            lkey,
-            addr: chunk.addr,
-            len: chunk.len,
-            mem,
-        });
+        self.shared
+            .lock()
+            .add_mr(lkey, chunk.addr as u64, mem)
+            .map_err(engine_refused("memory region"))?;
         tracing::debug!(target: "pmd::emu", lkey, addr = chunk.addr, len = chunk.len, "memory region registered");
         Ok(Registration::with_guard(
             lkey,
@@ -450,7 +451,7 @@ impl Provider for Model {
         self.check_held()?;
         let mut out = Vec::new();
         for _ in 0..n {
-            let (cq, cq_idx, cq_id) = self.new_cq(nb_desc)?;
+            let cq = self.new_cq(nb_desc)?;
             // rdma-core sizes the SQ for max_send_wr WQEs of max_send_sge SGEs, computed with
             // the small OOB (§1.3).
             let sq = self.alloc(
@@ -459,22 +460,24 @@ impl Provider for Model {
             )?;
             let db = doorbell_page()?;
             let sq_id = self.id();
-            self.shared.lock().sqs.push(Sq {
-                mem: Arc::clone(&sq),
-                id: sq_id,
-                cq: cq_idx,
-                db: Arc::clone(&db),
-                vp_offset: self.vp_offset,
-                consumed: 0,
-            });
+            self.shared
+                .lock()
+                .add_sq(SqSpec {
+                    mem: Arc::clone(&sq),
+                    id: sq_id,
+                    doorbell: Arc::clone(&db),
+                    vp_offset: self.vp_offset,
+                    cq: cq.clone(),
+                })
+                .map_err(engine_refused("SQ"))?;
             out.push(RawTxQueue {
                 sq,
                 sq_id,
                 tx_vp_offset: self.vp_offset,
-                db_page: db,
-                cq,
+                db_page: Arc::clone(db.mem()),
+                cq: cq.mem,
                 cq_count: nb_desc,
-                cq_id,
+                cq_id: cq.id,
                 owner: self.owner(),
             });
         }
@@ -497,52 +500,57 @@ impl Provider for Model {
             });
         }
         let mut out = Vec::new();
-        let mut first = None;
+        let mut ids = Vec::new();
         for _ in 0..n {
-            let (cq, cq_idx, cq_id) = self.new_cq(nb_desc)?;
+            let cq = self.new_cq(nb_desc)?;
             let rq = self.alloc(
                 queue_bytes(nb_desc as usize * wqe_bytes(SHORT_OOB_BYTES, 1)),
                 "RQ",
             )?;
             let db = doorbell_page()?;
             let rq_id = self.id();
-            let mut e = self.shared.lock();
-            e.rqs.push(Rq {
-                mem: Arc::clone(&rq),
-                id: rq_id,
-                cq: cq_idx,
-                db: Arc::clone(&db),
-                consumed: 0,
-            });
-            first.get_or_insert(e.rqs.len() - 1);
+            self.shared
+                .lock()
+                .add_rq(RqSpec {
+                    mem: Arc::clone(&rq),
+                    id: rq_id,
+                    doorbell: Arc::clone(&db),
+                    cq: cq.clone(),
+                })
+                .map_err(engine_refused("RQ"))?;
+            ids.push(rq_id);
             out.push(RawRxQueue {
                 rq,
                 rq_id,
-                db_page: db,
-                cq,
+                db_page: Arc::clone(db.mem()),
+                cq: cq.mem,
                 cq_count: nb_desc,
-                cq_id,
+                cq_id: cq.id,
                 owner: self.owner(),
             });
         }
         lock(&self.shared.queues).1.extend(out.iter().cloned());
-        let base = first.unwrap_or(0);
-        let mut e = self.shared.lock();
-        e.rss.key = rss.key;
-        e.rss.enabled = n > 1;
-        for (k, entry) in e.rss.table.iter_mut().enumerate() {
-            *entry = (base + k % usize::from(n)) as u16;
-        }
+        // The indirection table `entry[k] = rq[k mod n]`; the last RQ is the default RX
+        // object (§1.6 step 6).
+        self.shared
+            .lock()
+            .set_rss(rss.key, &ids)
+            .map_err(engine_refused("RSS indirection table"))?;
         Ok(out)
     }
 
     fn destroy_queues(&mut self) {
         *lock(&self.shared.queues) = (Vec::new(), Vec::new());
         let mut e = self.shared.lock();
-        e.sqs.clear();
-        e.rqs.clear();
-        e.cqs.clear();
-        e.rss.enabled = false;
+        e.clear_rss();
+        let sqs: Vec<u32> = e.sqs.iter().map(|q| q.id).collect();
+        let rqs: Vec<u32> = e.rqs.iter().map(|q| q.id).collect();
+        for id in sqs {
+            let _ = e.remove_sq(id);
+        }
+        for id in rqs {
+            let _ = e.remove_rq(id);
+        }
     }
 
     fn xstats(&self) -> Vec<(String, u64)> {
@@ -569,11 +577,8 @@ impl Provider for Model {
 
 impl Drop for Model {
     fn drop(&mut self) {
+        // The engine thread stops when `_thread` is dropped, after this.
         *lock(&self.shared.queues) = (Vec::new(), Vec::new());
-        self.shared.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
@@ -586,37 +591,7 @@ struct MrGuard {
 impl Drop for MrGuard {
     fn drop(&mut self) {
         if let Some(s) = self.shared.upgrade() {
-            s.lock().mrs.retain(|m| m.lkey != self.lkey);
-        }
-    }
-}
-
-/// The engine thread: busy-polls while there is work, backs off (spin, yield, then sleeps
-/// growing to 200 µs) when idle so it can share a small machine.
-fn engine_loop(s: &Shared) {
-    let mut idle = 0u32;
-    while !s.stop.load(Ordering::Relaxed) {
-        let work = {
-            // Read under the lock, so `pause()` (which sets it under the lock) is never
-            // followed by a step of this thread.
-            let mut e = s.lock();
-            if s.paused.load(Ordering::Relaxed) {
-                0
-            } else {
-                e.step()
-            }
-        };
-        if work > 0 {
-            idle = 0;
-            continue;
-        }
-        idle = idle.saturating_add(1);
-        if idle < 64 {
-            std::hint::spin_loop();
-        } else if idle < 128 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(u64::from((idle - 127).min(200))));
+            s.lock().remove_mr(self.lkey);
         }
     }
 }

@@ -5,17 +5,24 @@
  *
  * usage: mana_bringup bringup   full sequence; exit 0 OK, 2 no device, 1 a step failed
  *        mana_bringup errno     the error table: every check prints "ok" or "FAIL"
- * Either way it prints "allocs A frees F live L" at the end (live = the fake's live objects,
- * -1 when not on the fake). */
+ *        mana_bringup traffic   bring-up, then one frame out and one in through the queues
+ *                               (the peer end of port 1's wire answers the frame it sees)
+ * Every mode prints "allocs A frees F live L" at the end (live = the fake's live objects,
+ * -1 when not on the fake), and before that "engines E threads T" after the teardown (the
+ * fake's device-model engines and their threads). */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <infiniband/manadv.h>
 #include <infiniband/mlx5dv.h>
 #include <infiniband/verbs.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 static int allocs, frees, alloc_null, alloc_misaligned, fails;
 static size_t sizes[32];
@@ -49,6 +56,38 @@ static int live(void)
 {
 	int (*f)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fake_rdma_live_objects");
 	return f ? f() : -1;
+}
+
+/* the fake's running device-model engines, -1 when not on the fake */
+static int engines(void)
+{
+	int (*f)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fake_rdma_engines");
+	return f ? f() : -1;
+}
+
+/* threads of this process named like the fake's engine threads ("fakenic-D-P") */
+static int engine_threads(void)
+{
+	char path[300], comm[32];
+	struct dirent *e;
+	int n = 0;
+	DIR *d = opendir("/proc/self/task");
+	if (!d)
+		return -1;
+	while ((e = readdir(d))) {
+		FILE *f;
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		if (fgets(comm, sizeof(comm), f) && strncmp(comm, "fakenic-", 8) == 0)
+			n++;
+		fclose(f);
+	}
+	closedir(d);
+	return n;
 }
 
 static const char *profile(void)
@@ -101,6 +140,10 @@ struct world {
 	struct ibv_wq *wq[2];
 	struct ibv_rwq_ind_table *ind;
 	struct ibv_qp *rss, *tx;
+	/* what manadv_init_obj said about the queues */
+	struct manadv_qp mq;
+	struct manadv_cq mc, rc[2];
+	struct manadv_rwq mw[2];
 };
 
 static struct ibv_cq *cq(struct ibv_context *ctx, int n)
@@ -168,7 +211,7 @@ static void teardown(struct world *w)
 		ibv_dealloc_pd(w->parent);
 	if (w->pd)
 		ibv_dealloc_pd(w->pd);
-	memset(&w->pd, 0, sizeof(*w) - sizeof(w->ctx));
+	memset(&w->pd, 0, sizeof(*w) - offsetof(struct world, pd));
 }
 
 #define STEP(what, cond)                                                                  \
@@ -265,9 +308,122 @@ static int bringup(struct world *w)
 	WANT_RET(EBUSY, ibv_destroy_rwq_ind_table(w->ind));
 	WANT_RET(EBUSY, ibv_destroy_wq(w->wq[0]));
 	WANT_RET(EBUSY, ibv_dealloc_pd(w->pd));
+	w->mq = mq;
+	w->mc = mc;
+	for (i = 0; i < 2; i++) {
+		w->mw[i] = mw[i];
+		w->rc[i] = rc[i];
+	}
 	ok = fails == 0;
 out:
 	return ok;
+}
+
+/* The datapath through the fake's device model, as a driver drives the queues that
+ * manadv_init_obj describes. Formats from the MANA spec (pmd::hw::mana has the same, as
+ * field tables): a WQE is an 8-byte header (dword 1: num_sge [7:0], inline OOB size / 4
+ * [10:8]), an 8-byte OOB (TX short OOB: vcq_num [31:8] of dword 0; VSQ_frame = sq_id
+ * [23:10] in [23:10] and the vPort offset in [31:24] of dword 1; zero on RX) and 16-byte
+ * SGEs (address, memory key, size). A doorbell is one 64-bit store into the context's
+ * page, SQ at 0x000, RQ at 0x400: queue id [23:0], producer position in bytes [63:32]. A
+ * CQE is 64 bytes: cqe_type [5:0] of dword 0, RX packet length [15:0] at byte 8, and the
+ * info dword at byte 60 with wq_num [23:0] and owner bits [31:29] (1 on the first lap). */
+enum { WQE_BYTES = 32, SQ_DB = 0x000, RQ_DB = 0x400, CQE_TX_OKAY = 32, CQE_RX_OKAY = 1 };
+
+static const uint8_t tx_frame[60] = { 0x02, 0, 0, 0, 0x10, 0x02, 0x02, 0, 0, 0, 0x10, 0x01,
+				      0x88, 0xb5, 'f', 'r', 'o', 'm', ' ', 't', 'h', 'e', ' ',
+				      'C', ' ', 'p', 'r', 'o', 'g', 'r', 'a', 'm' };
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	memcpy(p, &v, 4); /* little-endian hosts only, like the PMD */
+}
+
+static void write_wqe(void *ring, uint32_t oob0, uint32_t oob1, void *buf, uint32_t lkey,
+		      uint32_t len)
+{
+	uint8_t wqe[WQE_BYTES] = { 0 };
+	uint64_t a = (uintptr_t)buf;
+	put32(wqe + 4, 1 | (8 / 4) << 8);
+	put32(wqe + 8, oob0);
+	put32(wqe + 12, oob1);
+	memcpy(wqe + 16, &a, 8);
+	put32(wqe + 24, lkey);
+	put32(wqe + 28, len);
+	memcpy(ring, wqe, sizeof(wqe)); /* the first WQE: at offset 0, no wrap */
+}
+
+static void ring_doorbell(void *page, size_t off, uint32_t id, uint32_t tail)
+{
+	/* the WQE is in memory before the NIC can see the doorbell */
+	__atomic_store_n((uint64_t *)((char *)page + off),
+			 (uint64_t)(id & 0xffffff) | (uint64_t)tail << 32, __ATOMIC_RELEASE);
+}
+
+/* the first CQE of `cq` once its owner bits say it is written, into `out`; 0 if none */
+static int first_cqe(const struct manadv_cq *cq, uint8_t out[64])
+{
+	const uint8_t *e = cq->buf;
+	uint32_t info = __atomic_load_n((const uint32_t *)(e + 60), __ATOMIC_ACQUIRE);
+	if (info >> 29 != 1)
+		return 0;
+	memcpy(out, e, 64);
+	return 1;
+}
+
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static int traffic(struct world *w)
+{
+	uint8_t *mem = w->mem, cqe[64];
+	uint32_t lkey = w->mr->lkey, info, len, k;
+	double deadline;
+	int i, got = -1;
+
+	CHECK(engines() == 1 && engine_threads() == 1,
+	      "one device-model engine for port 1, on its thread (%d, %d)", engines(),
+	      engine_threads());
+	/* one 2048-byte buffer on each RQ (registered memory at 4 KiB and 8 KiB) */
+	for (i = 0; i < 2; i++) {
+		write_wqe(w->mw[i].buf, 0, 0, mem + 4096 * (i + 1), lkey, 2048);
+		ring_doorbell(w->mw[i].db_page, RQ_DB, w->mw[i].wq_id, WQE_BYTES);
+	}
+	/* one frame out of registered memory at 0 */
+	memcpy(mem, tx_frame, sizeof(tx_frame));
+	write_wqe(w->mq.sq_buf, w->mc.cq_id << 8,
+		  ((w->mq.sq_id >> 10) & 0x3fff) << 10 | (w->mq.tx_vp_offset & 0xff) << 24, mem, lkey,
+		  sizeof(tx_frame));
+	ring_doorbell(w->mq.db_page, SQ_DB, w->mq.sq_id, WQE_BYTES);
+	for (deadline = now() + 10; !first_cqe(&w->mc, cqe) && now() < deadline;)
+		usleep(100);
+	memcpy(&info, cqe + 60, 4);
+	CHECK((cqe[0] & 0x3f) == CQE_TX_OKAY && (info & 0xffffff) == w->mq.sq_id,
+	      "tx: one frame sent, its CQE is TX_OKAY for the SQ (type %d)", cqe[0] & 0x3f);
+	/* the peer answers; the frame lands in an RX buffer with a CQE */
+	for (deadline = now() + 20; got < 0 && now() < deadline;) {
+		for (i = 0; i < 2 && got < 0; i++)
+			if (first_cqe(&w->rc[i], cqe))
+				got = i;
+		usleep(100);
+	}
+	CHECK(got >= 0, "rx: a CQE arrived");
+	if (got < 0)
+		return 0;
+	memcpy(&info, cqe + 60, 4);
+	memcpy(&len, cqe + 8, 4);
+	len &= 0xffff;
+	CHECK((cqe[0] & 0x3f) == CQE_RX_OKAY && (info & 0xffffff) == w->mw[got].wq_id && len <= 2048,
+	      "rx%d: CQE RX_OKAY for its WQ (type %d)", got, cqe[0] & 0x3f);
+	printf("rx%d: %u bytes:", got, len);
+	for (k = 0; k < len && k < 2048; k++)
+		printf(" %02x", mem[4096 * (got + 1) + k]);
+	printf("\n");
+	return fails == 0;
 }
 
 static void errno_table(struct world *w)
@@ -426,11 +582,15 @@ int main(int argc, char **argv)
 		ok = fails == 0;
 	} else {
 		ok = bringup(&w);
+		if (ok && strcmp(mode, "traffic") == 0)
+			ok = traffic(&w);
 	}
 	teardown(&w);
 	free(w.mem);
+	printf("engines %d threads %d\n", engines(), engine_threads());
 	printf("before close: live %d\n", live());
 	ibv_close_device(w.ctx);
+	printf("after close: engines %d threads %d\n", engines(), engine_threads());
 	printf("allocs %d frees %d live %d\n", allocs, frees, live());
 	if (ok && allocs == frees && live() <= 0)
 		printf("OK\n");

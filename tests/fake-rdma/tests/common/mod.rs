@@ -50,6 +50,7 @@ impl Fake {
         let dir = tempfile::tempdir().expect("temp dir");
         let lib = dir.path().join("lib");
         std::fs::create_dir(&lib).unwrap();
+        std::fs::create_dir(dir.path().join("shm")).unwrap();
         std::fs::copy(fake_so(), lib.join("libibverbs.so.1")).unwrap();
         std::os::unix::fs::symlink("libibverbs.so.1", lib.join("libmana.so.1")).unwrap();
         std::os::unix::fs::symlink("libibverbs.so.1", lib.join("libmlx5.so.1")).unwrap();
@@ -68,6 +69,11 @@ impl Fake {
         Fake { dir }
     }
 
+    /// Where this world's shared-memory wires live (`PMD_SHM_DIR`).
+    pub fn shm_dir(&self) -> PathBuf {
+        self.dir.path().join("shm")
+    }
+
     /// `prog` with the fake in place (and no fake knobs from the caller's environment).
     pub fn cmd(&self, prog: &Path) -> Command {
         let mut c = Command::new(prog);
@@ -80,7 +86,10 @@ impl Fake {
         let sys = self.dir.path().join("sys");
         c.env("LD_LIBRARY_PATH", self.dir.path().join("lib"))
             .env("SYSFS_PATH", &sys)
-            .env("PMD_SYSFS_ROOT", &sys);
+            .env("PMD_SYSFS_ROOT", &sys)
+            // Each world's shm wires in its own directory: tests running side by side (and
+            // anything else on the machine) use the same wire names.
+            .env("PMD_SHM_DIR", self.shm_dir());
         for k in [
             "FAKE_RDMA_PROFILE",
             "FAKE_RDMA_FAIL",

@@ -2,7 +2,7 @@
 //! back for `completion_delay_steps` (slow completions).
 #![deny(unsafe_code)]
 
-use super::{Cq, Engine};
+use super::{Cq, CqOf, Engine};
 use crate::hw::mana::cqe::{owner_for, Cqe};
 use crate::hw::mana::CQE_BYTES;
 use crate::sys::barrier::fence_before_owner_write;
@@ -12,8 +12,14 @@ impl Engine {
     /// Writes the delayed completions that are due; returns how many.
     pub(super) fn release_delayed(&mut self) -> usize {
         let mut n = 0;
-        for cq in &mut self.cqs {
-            while cq.delayed.front().is_some_and(|d| d.0 <= self.steps) {
+        let steps = self.steps;
+        let cqs = self
+            .sqs
+            .iter_mut()
+            .map(|q| &mut q.cq)
+            .chain(self.rqs.iter_mut().map(|q| &mut q.cq));
+        for cq in cqs {
+            while cq.delayed.front().is_some_and(|d| d.0 <= steps) {
                 if let Some((_, body, wq, is_sq)) = cq.delayed.pop_front() {
                     write_cqe_now(cq, &body, wq, is_sq);
                     n += 1;
@@ -25,14 +31,15 @@ impl Engine {
 
     /// Completes work queue `wq` on CQ `cq` with `body`: now, or after the configured delay
     /// (and never ahead of completions already waiting, so a CQ stays in order).
-    pub(super) fn complete(&mut self, cq: usize, body: [u8; CQE_BYTES], wq: u32, is_sq: bool) {
+    pub(super) fn complete(&mut self, cq: CqOf, body: [u8; CQE_BYTES], wq: u32, is_sq: bool) {
         if !is_sq {
             self.stats.rx_cqes += 1;
         }
         let delay = u64::from(self.faults.completion_delay_steps);
-        let cq = &mut self.cqs[cq];
+        let steps = self.steps;
+        let cq = self.cq_mut(cq);
         if delay > 0 || !cq.delayed.is_empty() {
-            cq.delayed.push_back((self.steps + delay, body, wq, is_sq));
+            cq.delayed.push_back((steps + delay, body, wq, is_sq));
         } else {
             write_cqe_now(cq, &body, wq, is_sq);
         }

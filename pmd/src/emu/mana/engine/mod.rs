@@ -11,12 +11,16 @@
 #![deny(unsafe_code)]
 
 mod cq;
+mod doorbell;
 mod rx;
 mod tx;
 
+pub use doorbell::DoorbellPage;
+
 use crate::emu::wire::faults::FaultyWire;
 use crate::emu::wire::{Wire, MAX_FRAME};
-use crate::hw::mana::{CQE_BYTES, RSS_TABLE_ENTRIES};
+use crate::hw::mana::doorbell::DoorbellKind;
+use crate::hw::mana::{CQE_BYTES, MIN_QUEUE_BYTES, RSS_TABLE_ENTRIES};
 use crate::sys::DevMem;
 use std::sync::Arc;
 
@@ -70,28 +74,136 @@ pub struct ModelStats {
     pub rx_fault_drops: u64,
     /// TX frames over the MTU (completed with TX_MTU_DROP).
     pub tx_mtu_drops: u64,
-    /// Doorbells whose queue id did not match the queue.
+    /// Doorbell values whose queue id matches no queue on their page (each value counted
+    /// once; a doorbell of a sibling queue on a shared page is not bad).
     pub bad_doorbells: u64,
     /// RX CQEs written (fewer than frames when coalescing).
     pub rx_cqes: u64,
 }
 
+/// A completion queue handed to the engine: its ring (`count` entries of 64 bytes) and id.
+#[derive(Debug, Clone)]
+pub struct CqSpec {
+    /// The ring.
+    pub mem: Arc<DevMem>,
+    /// Entries in the ring (what `manadv_init_obj` reports as `count`).
+    pub count: u32,
+    /// CQ id (written into each TX OOB by the driver, checked by the engine).
+    pub id: u32,
+}
+
+/// A send queue handed to the engine, with the completion queue it completes on (on MANA a
+/// CQ serves exactly one queue).
+#[derive(Debug, Clone)]
+pub struct SqSpec {
+    /// The ring (a power of two bytes).
+    pub mem: Arc<DevMem>,
+    /// SQ id: the id its doorbells carry.
+    pub id: u32,
+    /// The page its doorbells are rung on (possibly shared with other queues).
+    pub doorbell: Arc<DoorbellPage>,
+    /// The vPort offset its TX OOBs must carry (`manadv_qp.tx_vp_offset`).
+    pub vp_offset: u16,
+    /// Its completion queue.
+    pub cq: CqSpec,
+}
+
+/// A receive queue handed to the engine, with its completion queue.
+#[derive(Debug, Clone)]
+pub struct RqSpec {
+    /// The ring (a power of two bytes).
+    pub mem: Arc<DevMem>,
+    /// RQ id: the id its doorbells carry.
+    pub id: u32,
+    /// The page its doorbells are rung on (possibly shared with other queues).
+    pub doorbell: Arc<DoorbellPage>,
+    /// Its completion queue.
+    pub cq: CqSpec,
+}
+
+/// Why the engine refused a queue, memory region or RSS setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// A queue of that kind and id is already served (queue ids are unique per device).
+    #[error("{kind} {id:#x} is already served by this engine")]
+    DuplicateQueue {
+        /// `SQ` or `RQ`.
+        kind: &'static str,
+        /// The id.
+        id: u32,
+    },
+    /// No queue of that kind and id is served.
+    #[error("{kind} {id:#x} is not served by this engine")]
+    NoSuchQueue {
+        /// `SQ` or `RQ`.
+        kind: &'static str,
+        /// The id.
+        id: u32,
+    },
+    /// A work queue ring whose size is not a power of two of at least one 4 KiB page.
+    #[error(
+        "{kind} {id:#x}: ring of {bytes} bytes: need a power of two, at least 4096 (spec §1.3)"
+    )]
+    RingSize {
+        /// `SQ` or `RQ`.
+        kind: &'static str,
+        /// The queue id.
+        id: u32,
+        /// The ring's length.
+        bytes: usize,
+    },
+    /// A completion queue ring too small for its entry count.
+    #[error("CQ {id:#x}: {count} entries of 64 bytes do not fit in {bytes} bytes")]
+    CqSize {
+        /// The CQ id.
+        id: u32,
+        /// Entries asked for.
+        count: u32,
+        /// The ring's length.
+        bytes: usize,
+    },
+    /// A doorbell page shorter than 4 KiB or not 8-byte aligned.
+    #[error("doorbell page at {addr:#x} of {bytes} bytes: need 4096 bytes, 8-byte aligned")]
+    DoorbellPage {
+        /// Its address.
+        addr: usize,
+        /// Its length.
+        bytes: usize,
+    },
+    /// A memory key registered twice.
+    #[error("memory key {lkey:#x} is already registered")]
+    DuplicateKey {
+        /// The key.
+        lkey: u32,
+    },
+    /// An indirection table with no entries or more than the device's 64.
+    #[error("RSS indirection table of {entries} entries: need 1 to 64")]
+    RssTable {
+        /// Entries given.
+        entries: usize,
+    },
+}
+
 pub(crate) struct Sq {
     pub mem: Arc<DevMem>,
     pub id: u32,
-    pub cq: usize,
-    pub db: Arc<DevMem>,
+    pub cq: Cq,
+    pub db: Arc<DoorbellPage>,
     pub vp_offset: u16,
     /// Consumer position in bytes (free-running).
     pub consumed: u32,
+    /// Producer position of the last doorbell latched for this queue.
+    pub tail: u32,
 }
 
 pub(crate) struct Rq {
     pub mem: Arc<DevMem>,
     pub id: u32,
-    pub cq: usize,
-    pub db: Arc<DevMem>,
+    pub cq: Cq,
+    pub db: Arc<DoorbellPage>,
     pub consumed: u32,
+    /// Producer position of the last doorbell latched for this queue.
+    pub tail: u32,
 }
 
 pub(crate) struct Cq {
@@ -104,27 +216,71 @@ pub(crate) struct Cq {
     pub delayed: std::collections::VecDeque<(u64, [u8; CQE_BYTES], u32, bool)>,
 }
 
+impl Cq {
+    fn new(spec: CqSpec) -> Result<Self, EngineError> {
+        let fits = (spec.count as usize)
+            .checked_mul(CQE_BYTES)
+            .is_some_and(|n| n <= spec.mem.len());
+        if spec.count == 0 || !fits {
+            return Err(EngineError::CqSize {
+                id: spec.id,
+                count: spec.count,
+                bytes: spec.mem.len(),
+            });
+        }
+        Ok(Self {
+            mem: spec.mem,
+            count: spec.count,
+            id: spec.id,
+            written: 0,
+            delayed: Default::default(),
+        })
+    }
+}
+
+/// Which queue's completion queue a completion goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CqOf {
+    /// The CQ of `sqs[i]`.
+    Sq(usize),
+    /// The CQ of `rqs[i]`.
+    Rq(usize),
+}
+
 pub(crate) struct Mr {
     pub lkey: u32,
+    /// The device address of the region's first byte (its IOVA; the virtual address unless
+    /// registered with another).
     pub addr: usize,
     pub len: usize,
     pub mem: DevMem,
 }
 
-/// RSS state (§1.6 step 6): key and the 64-entry table `entry[k] = rq[k mod n]`.
+/// RSS state (§1.6 step 6): key, the RQ ids of the indirection table (the device's 64-entry
+/// table is `entry[k] = rqs[k mod n]`) and the default RX object (the last RQ of the table).
 pub(crate) struct Rss {
     pub key: [u8; 40],
+    /// The table as set, by RQ id.
+    pub rq_ids: Vec<u32>,
+    /// The 64 entries as indices into `Engine::rqs` (`NO_RQ` where the RQ is gone), rebuilt
+    /// whenever the table or the RQs change.
     pub table: [u16; RSS_TABLE_ENTRIES],
+    /// Index into `Engine::rqs` of the default RX object, if any.
+    pub default: Option<usize>,
     pub enabled: bool,
 }
+
+/// An RSS table entry whose RQ is gone: frames hashed to it find no WQE.
+const NO_RQ: u16 = u16::MAX;
 
 /// The engine: every queue, memory region and the wire of one modelled port.
 pub struct Engine {
     pub(crate) sqs: Vec<Sq>,
     pub(crate) rqs: Vec<Rq>,
-    pub(crate) cqs: Vec<Cq>,
     pub(crate) mrs: Vec<Mr>,
     pub(crate) rss: Rss,
+    /// The doorbell pages of the queues, each with the last values seen on it.
+    pub(crate) pages: Vec<doorbell::WatchedPage>,
     /// The port's wire, wrapped so that the wire-level [`Faults`] apply to it.
     pub(crate) wire: FaultyWire,
     pub(crate) faults: Faults,
@@ -143,21 +299,35 @@ pub struct Engine {
 /// Largest packet a TSO WQE may describe (the IPv4 total length limit plus headers).
 pub const LSO_MAX_BYTES: usize = 65536 + 256;
 
+/// A work queue ring the engine can wrap around in: a power of two, at least one page.
+fn check_ring(kind: &'static str, id: u32, mem: &DevMem) -> Result<(), EngineError> {
+    let bytes = mem.len();
+    if !bytes.is_power_of_two() || bytes < MIN_QUEUE_BYTES {
+        return Err(EngineError::RingSize { kind, id, bytes });
+    }
+    Ok(())
+}
+
 /// Frames or WQEs handled per queue per step, so one busy queue cannot starve the others.
 const BUDGET: usize = 64;
 
 impl Engine {
-    pub(crate) fn new(wire: Box<dyn Wire>) -> Self {
+    /// An engine with no queues on `wire`: MTU 1500 (the kernel netdev's default on MANA),
+    /// no RSS, no faults. Give it queues and memory regions, then [`step`](Engine::step) it
+    /// or run it on an [`EngineThread`](crate::emu::mana::EngineThread).
+    pub fn new(wire: Box<dyn Wire>) -> Self {
         Self {
             sqs: Vec::new(),
             rqs: Vec::new(),
-            cqs: Vec::new(),
             mrs: Vec::new(),
             rss: Rss {
                 key: [0; 40],
-                table: [0; RSS_TABLE_ENTRIES],
+                rq_ids: Vec::new(),
+                table: [NO_RQ; RSS_TABLE_ENTRIES],
+                default: None,
                 enabled: false,
             },
+            pages: Vec::new(),
             wire: FaultyWire::new(wire),
             faults: Faults::default(),
             stats: ModelStats::default(),
@@ -171,10 +341,201 @@ impl Engine {
         }
     }
 
+    /// Serves a send queue and its CQ from now on (what the kernel's QP creation does on the
+    /// NIC). Its doorbells are latched from `sq.doorbell`, which it may share with other
+    /// queues (see [`DoorbellPage`]).
+    ///
+    /// # Errors
+    /// A duplicate SQ id, or a ring of the wrong size.
+    pub fn add_sq(&mut self, sq: SqSpec) -> Result<(), EngineError> {
+        check_ring("SQ", sq.id, &sq.mem)?;
+        if self.sqs.iter().any(|q| q.id == sq.id) {
+            return Err(EngineError::DuplicateQueue {
+                kind: "SQ",
+                id: sq.id,
+            });
+        }
+        let cq = Cq::new(sq.cq)?;
+        if !sq.doorbell.register(DoorbellKind::Sq, sq.id) {
+            return Err(EngineError::DuplicateQueue {
+                kind: "SQ",
+                id: sq.id,
+            });
+        }
+        self.watch(&sq.doorbell);
+        self.sqs.push(Sq {
+            mem: sq.mem,
+            id: sq.id,
+            cq,
+            db: sq.doorbell,
+            vp_offset: sq.vp_offset,
+            consumed: 0,
+            tail: 0,
+        });
+        Ok(())
+    }
+
+    /// Stops serving send queue `id` and its CQ (completions still held back are dropped).
+    /// When this returns the engine holds no reference to their memory.
+    ///
+    /// # Errors
+    /// No SQ of that id.
+    pub fn remove_sq(&mut self, id: u32) -> Result<(), EngineError> {
+        let i = self
+            .sqs
+            .iter()
+            .position(|q| q.id == id)
+            .ok_or(EngineError::NoSuchQueue { kind: "SQ", id })?;
+        let q = self.sqs.remove(i);
+        q.db.unregister(DoorbellKind::Sq, id);
+        self.unwatch(&q.db);
+        Ok(())
+    }
+
+    /// Serves a receive queue and its CQ from now on. It receives frames once an RSS
+    /// setting names it ([`set_rss`](Engine::set_rss)).
+    ///
+    /// # Errors
+    /// A duplicate RQ id, or a ring of the wrong size.
+    pub fn add_rq(&mut self, rq: RqSpec) -> Result<(), EngineError> {
+        check_ring("RQ", rq.id, &rq.mem)?;
+        if self.rqs.iter().any(|q| q.id == rq.id) {
+            return Err(EngineError::DuplicateQueue {
+                kind: "RQ",
+                id: rq.id,
+            });
+        }
+        let cq = Cq::new(rq.cq)?;
+        if !rq.doorbell.register(DoorbellKind::Rq, rq.id) {
+            return Err(EngineError::DuplicateQueue {
+                kind: "RQ",
+                id: rq.id,
+            });
+        }
+        self.watch(&rq.doorbell);
+        self.rqs.push(Rq {
+            mem: rq.mem,
+            id: rq.id,
+            cq,
+            db: rq.doorbell,
+            consumed: 0,
+            tail: 0,
+        });
+        self.rebuild_rss();
+        Ok(())
+    }
+
+    /// Stops serving receive queue `id` and its CQ; RSS entries naming it find no WQE from
+    /// now on. When this returns the engine holds no reference to their memory.
+    ///
+    /// # Errors
+    /// No RQ of that id.
+    pub fn remove_rq(&mut self, id: u32) -> Result<(), EngineError> {
+        let i = self
+            .rqs
+            .iter()
+            .position(|q| q.id == id)
+            .ok_or(EngineError::NoSuchQueue { kind: "RQ", id })?;
+        let q = self.rqs.remove(i);
+        q.db.unregister(DoorbellKind::Rq, id);
+        self.unwatch(&q.db);
+        self.rebuild_rss();
+        Ok(())
+    }
+
+    /// Sets the Toeplitz key and the indirection table (RQ ids, in order; the device's 64
+    /// entries are `rqs[k mod n]`), and makes the table's last RQ the default RX object, for
+    /// frames without a hash (what the kernel does when it creates an RSS QP, §1.6 step 6).
+    ///
+    /// # Errors
+    /// A table of 0 or more than 64 entries, or an id no RQ of this engine has.
+    pub fn set_rss(&mut self, key: [u8; 40], rqs: &[u32]) -> Result<(), EngineError> {
+        if rqs.is_empty() || rqs.len() > RSS_TABLE_ENTRIES {
+            return Err(EngineError::RssTable { entries: rqs.len() });
+        }
+        if let Some(&id) = rqs.iter().find(|&&id| !self.rqs.iter().any(|q| q.id == id)) {
+            return Err(EngineError::NoSuchQueue { kind: "RQ", id });
+        }
+        self.rss.key = key;
+        self.rss.rq_ids = rqs.to_vec();
+        self.rss.enabled = rqs.len() > 1;
+        self.rebuild_rss();
+        Ok(())
+    }
+
+    /// Forgets the RSS setting: frames from the wire find no RQ (and count as `rx_no_wqe`).
+    pub fn clear_rss(&mut self) {
+        self.rss.rq_ids.clear();
+        self.rss.enabled = false;
+        self.rebuild_rss();
+    }
+
+    /// Recomputes the table's indices into `rqs` after the table or the RQs changed.
+    fn rebuild_rss(&mut self) {
+        let index = |id: u32| self.rqs.iter().position(|q| q.id == id);
+        let n = self.rss.rq_ids.len();
+        for (k, e) in self.rss.table.iter_mut().enumerate() {
+            *e = if n == 0 {
+                NO_RQ
+            } else {
+                index(self.rss.rq_ids[k % n]).map_or(NO_RQ, |i| i as u16)
+            };
+        }
+        self.rss.default = self.rss.rq_ids.last().and_then(|&id| index(id));
+    }
+
+    /// Registers a memory region: WQE addresses `iova..iova + mem.len()` under key `lkey`
+    /// reach `mem` (what `ibv_reg_mr` makes the NIC able to do).
+    ///
+    /// # Errors
+    /// The key is registered already.
+    pub fn add_mr(&mut self, lkey: u32, iova: u64, mem: DevMem) -> Result<(), EngineError> {
+        if self.mrs.iter().any(|m| m.lkey == lkey) {
+            return Err(EngineError::DuplicateKey { lkey });
+        }
+        self.mrs.push(Mr {
+            lkey,
+            addr: iova as usize,
+            len: mem.len(),
+            mem,
+        });
+        Ok(())
+    }
+
+    /// Deregisters the memory region of `lkey`; `false` if there was none. When this returns
+    /// the engine holds no view of that memory.
+    pub fn remove_mr(&mut self, lkey: u32) -> bool {
+        let before = self.mrs.len();
+        self.mrs.retain(|m| m.lkey != lkey);
+        self.mrs.len() != before
+    }
+
+    /// Sets the vPort's MTU: TX frames (or TSO segments) with more L3 bytes complete with
+    /// TX_MTU_DROP.
+    pub fn set_mtu(&mut self, mtu: u16) {
+        self.mtu = mtu;
+    }
+
+    /// Sets the faults.
+    pub fn set_faults(&mut self, f: Faults) {
+        self.faults = f;
+    }
+
+    /// Device-side counters.
+    pub fn stats(&self) -> ModelStats {
+        self.stats
+    }
+
+    /// How many send and receive queues the engine serves.
+    pub fn queue_counts(&self) -> (usize, usize) {
+        (self.sqs.len(), self.rqs.len())
+    }
+
     /// One pass over every queue and the wire; returns the work done (WQEs + frames + CQEs).
     pub fn step(&mut self) -> usize {
         self.steps += 1;
         self.forward_wire_faults();
+        self.scan_doorbells();
         let mut work = 0;
         for i in 0..self.sqs.len() {
             work += self.process_sq(i);
@@ -182,6 +543,14 @@ impl Engine {
         work += self.process_wire();
         work += self.release_delayed();
         work
+    }
+
+    /// The completion queue a completion goes to.
+    pub(crate) fn cq_mut(&mut self, of: CqOf) -> &mut Cq {
+        match of {
+            CqOf::Sq(i) => &mut self.sqs[i].cq,
+            CqOf::Rq(i) => &mut self.rqs[i].cq,
+        }
     }
 
     /// Hands the wire-level fields of [`Faults`] to the wire's knobs. `faults` is set from

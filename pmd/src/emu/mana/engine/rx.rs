@@ -3,16 +3,14 @@
 //! coalescing (§7.4).
 #![deny(unsafe_code)]
 
-use super::{Engine, BUDGET, VENDOR_ERR_INJECTED};
+use super::{CqOf, Engine, BUDGET, VENDOR_ERR_INJECTED};
 use crate::emu::wire::faults::Arrival;
 use crate::hw::mana::cqe::{hash_type, Cqe, CqeType, RxCsum, CLIENT_TYPE_COMPLETION};
-use crate::hw::mana::doorbell::{self, DoorbellKind};
 use crate::hw::mana::wqe::{Sge, WqeHeader, SGE_BYTES, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
 use crate::hw::mana::{BU_BYTES, CQE_BYTES, RSS_TABLE_ENTRIES};
 use crate::net::parse::{self, L3, L4};
 use crate::net::toeplitz;
 use crate::ring::read_wrapped;
-use std::sync::atomic::Ordering;
 
 impl Engine {
     /// Takes up to [`BUDGET`] frames off the wire (dropped ones count) into RQ buffers.
@@ -57,19 +55,15 @@ impl Engine {
         let rq_idx = if self.rss.enabled && info.hash_type != 0 {
             usize::from(self.rss.table[(info.hash & (RSS_TABLE_ENTRIES as u32 - 1)) as usize])
         } else {
-            // The default RX object is the last RQ created (§1.6 step 6).
-            self.rqs.len().wrapping_sub(1)
+            // Frames without a hash go to the default RX object (§1.6 step 6).
+            self.rss.default.unwrap_or(usize::MAX)
         };
         let Some(rq) = self.rqs.get(rq_idx) else {
             self.stats.rx_no_wqe += 1;
             return;
         };
-        let db = doorbell::decode(
-            DoorbellKind::Rq,
-            rq.db.load_u64(doorbell::RQ_OFFSET, Ordering::Acquire),
-        );
-        let pending = db.index.wrapping_sub(rq.consumed);
-        if db.id != rq.id || pending < BU_BYTES as u32 || pending > 1 << 30 {
+        let pending = rq.tail.wrapping_sub(rq.consumed);
+        if pending < BU_BYTES as u32 || pending > 1 << 30 {
             self.stats.rx_no_wqe += 1;
             return;
         }
@@ -82,7 +76,7 @@ impl Engine {
         let nsge = usize::from(h.num_sge());
         let oob = h.inline_oob_bytes();
         read_wrapped(&rq.mem, rq.consumed, &mut wqe[..bytes]);
-        let (pos, cq, id) = (rq.consumed, rq.cq, rq.id);
+        let (pos, cq, id) = (rq.consumed, CqOf::Rq(rq_idx), rq.id);
         self.rqs[rq_idx].consumed = pos.wrapping_add(bytes as u32);
 
         // Scatter into the SGEs.
@@ -182,7 +176,7 @@ impl Engine {
 /// An RX_COALESCED_4 CQE being filled.
 pub(super) struct Coalescing {
     rq: usize,
-    cq: usize,
+    cq: CqOf,
     wq_id: u32,
     flags: [u8; 4],
     body: [u8; CQE_BYTES],

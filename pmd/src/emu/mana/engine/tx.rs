@@ -3,10 +3,9 @@
 //! the wire, TX CQEs.
 #![deny(unsafe_code)]
 
-use super::{Engine, BUDGET, VENDOR_ERR_BAD_MKEY, VENDOR_ERR_BAD_WQE, VENDOR_ERR_INJECTED};
+use super::{CqOf, Engine, BUDGET, VENDOR_ERR_BAD_MKEY, VENDOR_ERR_BAD_WQE, VENDOR_ERR_INJECTED};
 use crate::emu::wire::Wire;
 use crate::hw::mana::cqe::{Cqe, CqeType, CLIENT_TYPE_COMPLETION};
-use crate::hw::mana::doorbell::{self, DoorbellKind};
 use crate::hw::mana::wqe::{
     Sge, TxOob, WqeHeader, LONG_OOB_BYTES, SGE_BYTES, SHORT_OOB_BYTES, WQE_HEADER_BYTES,
 };
@@ -15,29 +14,14 @@ use crate::net::csum::{self, TxCsum};
 use crate::net::parse;
 use crate::net::tso::{self, Tso};
 use crate::ring::read_wrapped;
-use std::sync::atomic::Ordering;
 
 impl Engine {
     /// Consumes the WQEs the SQ doorbell announces (at most [`BUDGET`]); returns how many.
     pub(super) fn process_sq(&mut self, i: usize) -> usize {
-        let db = self.sqs[i]
-            .db
-            .load_u64(doorbell::SQ_OFFSET, Ordering::Acquire);
-        let d = doorbell::decode(DoorbellKind::Sq, db);
-        if db == 0 {
-            return 0;
-        }
-        if d.id != self.sqs[i].id {
-            // A doorbell for another queue id: the hardware would ring that queue; ours has
-            // one page per queue, so it is a driver bug. Count it and ignore it.
-            if d.index != self.sqs[i].consumed {
-                self.stats.bad_doorbells += 1;
-            }
-            return 0;
-        }
+        let tail = self.sqs[i].tail;
         let mut done = 0;
-        while self.sqs[i].consumed != d.index && done < BUDGET {
-            let pending = d.index.wrapping_sub(self.sqs[i].consumed);
+        while self.sqs[i].consumed != tail && done < BUDGET {
+            let pending = tail.wrapping_sub(self.sqs[i].consumed);
             let mut wqe = [0u8; MAX_SQ_WQE_BYTES];
             let sq = &self.sqs[i];
             read_wrapped(&sq.mem, sq.consumed, &mut wqe[..WQE_HEADER_BYTES]);
@@ -53,14 +37,14 @@ impl Engine {
                 && bytes as u32 <= pending;
             if !wqe_ok {
                 // Malformed or runs past the producer: complete with an error, skip 1 BU.
-                let (cq, id) = (sq.cq, sq.id);
+                let id = sq.id;
                 let skip = if bytes as u32 <= pending && bytes <= MAX_SQ_WQE_BYTES {
                     bytes as u32
                 } else {
                     pending
                 };
                 self.tx_error(
-                    cq,
+                    CqOf::Sq(i),
                     id,
                     CqeType::TxInvalidOob,
                     VENDOR_ERR_BAD_WQE,
@@ -86,7 +70,7 @@ impl Engine {
     }
 
     /// Completes the WQE at byte position `pos` with error `t`.
-    fn tx_error(&mut self, cq: usize, sq_id: u32, t: CqeType, vendor_err: u32, pos: u32) {
+    fn tx_error(&mut self, cq: CqOf, sq_id: u32, t: CqeType, vendor_err: u32, pos: u32) {
         self.stats.tx_errors += 1;
         tracing::debug!(target: "pmd::emu", sq_id, ?t, vendor_err, pos, "TX WQE completed with an error");
         let mut body = [0u8; CQE_BYTES];
@@ -108,7 +92,7 @@ impl Engine {
         pos: u32,
         lso: Option<(usize, usize)>,
     ) {
-        let (cq, sq_id, vp) = (self.sqs[i].cq, self.sqs[i].id, self.sqs[i].vp_offset);
+        let (cq, sq_id, vp) = (CqOf::Sq(i), self.sqs[i].id, self.sqs[i].vp_offset);
         let Some(o) = TxOob::new_checked(&wqe[WQE_HEADER_BYTES..WQE_HEADER_BYTES + oob_bytes])
         else {
             return;
@@ -119,7 +103,8 @@ impl Engine {
         } else {
             u16::from(o.short_vp_offset()) == vp
         };
-        if o.vcq_num() != self.cqs[cq].id || o.vsq_frame() != crate::hw::mana::wqe::vsq_frame(sq_id)
+        if o.vcq_num() != self.sqs[i].cq.id
+            || o.vsq_frame() != crate::hw::mana::wqe::vsq_frame(sq_id)
         {
             return self.tx_error(cq, sq_id, CqeType::TxInvalidOob, VENDOR_ERR_BAD_WQE, pos);
         }

@@ -1,0 +1,361 @@
+//! The NIC behind the fake's MANA queues: pmd's device model ([`Engine`]) plays the hardware
+//! for the queues an application creates with verbs calls, so that WQEs it posts and
+//! doorbells it rings put frames on the port's wire, and frames from the wire land in its
+//! posted buffers with CQEs, as on a MANA VF.
+//!
+//! One engine per vPort, i.e. per (device, IB port): a vPort is one NIC port with one wire
+//! (`ports/N/fake_rdma_wire` of the world), whichever contexts create queues on it, so two
+//! contexts on one port share an engine instead of opening the wire twice. The engine starts
+//! (on its own thread, `fakenic-D-P`) when the first queue of the vPort is created and stops
+//! when the last one goes, or when the contexts that held them are closed.
+//!
+//! What reaches the engine, and when (the hardware objects `mana_ib` creates):
+//! * a send QP adds its SQ and send CQ when it is created (`mana_ib_create_qp_raw` creates
+//!   both on the NIC); `ibv_destroy_qp` removes them before the send buffer goes back to
+//!   the application's allocator;
+//! * an RSS QP adds the RQ and CQ of each WQ of its indirection table, then sets the
+//!   Toeplitz key, the table (the WQs in order) and the default RX object (`mana_ib_create_qp_rss`
+//!   creates the WQ objects and configures the vPort's steering only then: a WQ alone is
+//!   pinned memory, and its id and its CQ's id are unknown until this point, v44); its
+//!   destruction removes them, before any WQ or CQ memory can be freed (`EBUSY` until then);
+//! * memory regions of the device, whatever the PD, are registered in each of its engines
+//!   (the model does not check that a WQE's key belongs to the queue's PD).
+//!
+//! Every doorbell of a context is rung on its one page ([`DoorbellPage`], shared by its
+//! queues on every vPort). The MTU is 1500, the kernel netdev's default on MANA.
+//!
+//! Two differences from hardware, both of the memory-watching kind: the engine may miss a
+//! doorbell that a sibling queue overwrote before it looked, until that queue rings again
+//! (see `pmd::emu::mana`); and registered memory must stay mapped until `ibv_dereg_mr`
+//! (hardware keeps its pinned pages alive instead: a program that frees registered memory
+//! and still has buffers of it posted would make the engine write into freed memory).
+
+use crate::verbs::{device_name, Device};
+use pmd::emu::mana::{CqSpec, DoorbellPage, Engine, EngineThread, RqSpec, SqSpec};
+use pmd::emu::wire;
+use pmd::sys::DevMem;
+use std::collections::BTreeMap;
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+
+/// The vPort MTU the engines enforce (the kernel netdev's default MTU on MANA).
+pub const MTU: u16 = 1500;
+/// Bytes of a doorbell page (`mana_alloc_context` maps one page).
+const DB_PAGE_BYTES: usize = 4096;
+
+/// A queue ring as the fake created it: the application's buffer and the queue id.
+#[derive(Debug, Clone, Copy)]
+pub struct Ring {
+    /// Start of the buffer (from the application's allocator, page-aligned).
+    pub buf: *mut c_void,
+    /// Its length (what `manadv_init_obj` reports).
+    pub len: usize,
+    /// The queue id (the id its doorbells carry).
+    pub id: u32,
+}
+
+/// A completion queue as the fake created it.
+#[derive(Debug, Clone, Copy)]
+pub struct CqRing {
+    /// The ring.
+    pub ring: Ring,
+    /// Entries (`manadv_cq.count`).
+    pub count: u32,
+}
+
+/// A memory region the engines may reach.
+struct MrRec {
+    dev: u32,
+    ctx: usize,
+    iova: u64,
+    addr: usize,
+    len: usize,
+}
+
+/// The engine of one vPort and how many queues it serves.
+struct PortNic {
+    thread: EngineThread,
+    queues: usize,
+}
+
+/// Every engine of the process, the memory regions they may reach, and the contexts'
+/// doorbell pages as the engines see them.
+#[derive(Default)]
+pub struct Nics {
+    engines: BTreeMap<(u32, u32), PortNic>,
+    mrs: BTreeMap<u32, MrRec>,
+    pages: BTreeMap<usize, Arc<DoorbellPage>>,
+}
+
+impl std::fmt::Debug for Nics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Nics({} engines, {} MRs, {} doorbell pages)",
+            self.engines.len(),
+            self.mrs.len(),
+            self.pages.len()
+        )
+    }
+}
+
+/// A view of queue memory for the engine.
+///
+/// # Safety
+/// `r.buf..r.buf + r.len` must stay valid until the queue has been removed from its engine
+/// (under the engine lock), and nothing may hold Rust references into it meanwhile.
+unsafe fn ring_mem(r: Ring) -> Arc<DevMem> {
+    // SAFETY: forwarded to the caller.
+    Arc::new(unsafe { DevMem::from_raw(r.buf.cast(), r.len) })
+}
+
+fn cq_spec(c: CqRing) -> CqSpec {
+    CqSpec {
+        // SAFETY: a CQ's buffer is freed by `ibv_destroy_cq`, which refuses (EBUSY) while
+        // the QP or WQ it serves exists; the engine gets it with that queue, and the queue's
+        // removal (QP destruction) comes first. The application reads it through raw
+        // pointers (C, or pmd's `DevMem`), never through Rust references.
+        mem: unsafe { ring_mem(c.ring) },
+        count: c.count,
+        id: c.ring.id,
+    }
+}
+
+impl Nics {
+    /// The doorbell page of context `ctx` (mapped at `db`), shared by all its queues.
+    fn page(&mut self, ctx: usize, db: *mut c_void) -> Arc<DoorbellPage> {
+        let p = self.pages.entry(ctx).or_insert_with(|| {
+            // SAFETY: `db` is the context's doorbell page, one page mapped read/write by
+            // `ibv_open_device`; `ibv_close_device` unmaps it only after `close_context`
+            // dropped this record and every queue of the context left its engine (the
+            // engines drop a page with its last queue). The application only stores to it.
+            let mem = unsafe { DevMem::from_raw(db.cast(), DB_PAGE_BYTES) };
+            DoorbellPage::new(Arc::new(mem)).expect("a mapped page is page-aligned and 4 KiB")
+        });
+        Arc::clone(p)
+    }
+
+    /// The engine of `port` on `dev`, started (wire opened, the device's memory regions
+    /// registered) if it is not running.
+    fn engine(&mut self, dev: &Device, port: u32, call: &str) -> Result<&mut PortNic, c_int> {
+        let key = (dev.index, port);
+        if !self.engines.contains_key(&key) {
+            let spec = &dev.view.ports[port as usize - 1].wire;
+            let w = wire::open(spec).map_err(|e| {
+                eprintln!(
+                    "fake-rdma: {call}: {} port {port}: the device model cannot open its wire {spec}: {e}",
+                    device_name(dev)
+                );
+                libc::EIO
+            })?;
+            let mut e = Engine::new(w);
+            e.set_mtu(MTU);
+            for (&lkey, m) in self.mrs.iter().filter(|(_, m)| m.dev == dev.index) {
+                // SAFETY: as in `add_mr`: the application keeps registered memory mapped until
+                // `ibv_dereg_mr`, which removes the view from every engine first.
+                let mem = unsafe { DevMem::from_raw(m.addr as *mut u8, m.len) };
+                let _ = e.add_mr(lkey, m.iova, mem);
+            }
+            let thread =
+                EngineThread::spawn(e, &format!("fakenic-{}-{port}", dev.index)).map_err(|e| {
+                    eprintln!("fake-rdma: {call}: starting the device model's thread: {e}");
+                    libc::ENOMEM
+                })?;
+            self.engines.insert(key, PortNic { thread, queues: 0 });
+        }
+        Ok(self.engines.get_mut(&key).expect("inserted above"))
+    }
+
+    /// Stops the engine of `key` if it serves no queue any more.
+    fn stop_if_idle(&mut self, key: (u32, u32)) {
+        if self.engines.get(&key).is_some_and(|n| n.queues == 0) {
+            // Dropping the thread stops and joins it (its step, if any, is over).
+            self.engines.remove(&key);
+        }
+    }
+
+    /// A send QP's SQ and send CQ, on `port` of `dev`, rung on `ctx`'s doorbell page `db`.
+    ///
+    /// # Safety
+    /// `sq.buf` and `cq.ring.buf` are the QP's send buffer and its send CQ's buffer, valid
+    /// until [`Nics::remove_tx`] (the send buffer) and until the CQ is destroyed, which
+    /// cannot happen before the QP.
+    ///
+    /// # Errors
+    /// `EIO` if the wire cannot be opened, `EINVAL` if the engine refuses the rings.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn add_tx(
+        &mut self,
+        dev: &Device,
+        port: u32,
+        ctx: usize,
+        db: *mut c_void,
+        sq: Ring,
+        vp_offset: u16,
+        cq: CqRing,
+        call: &str,
+    ) -> Result<(), c_int> {
+        let doorbell = self.page(ctx, db);
+        let key = (dev.index, port);
+        let nic = self.engine(dev, port, call)?;
+        let spec = SqSpec {
+            // SAFETY: the caller's contract: the send buffer lives until `remove_tx`.
+            mem: unsafe { ring_mem(sq) },
+            id: sq.id,
+            doorbell,
+            vp_offset,
+            cq: cq_spec(cq),
+        };
+        let r = nic.thread.core().lock().add_sq(spec);
+        match r {
+            Ok(()) => {
+                nic.queues += 1;
+                Ok(())
+            }
+            Err(e) => {
+                eprintln!("fake-rdma: {call}: the device model refuses the send queue: {e}");
+                self.stop_if_idle(key);
+                Err(libc::EINVAL)
+            }
+        }
+    }
+
+    /// Removes a send QP's SQ and CQ from its engine (under the engine lock: once this
+    /// returns the engine never touches them again), stopping the engine with its last queue.
+    pub fn remove_tx(&mut self, dev: u32, port: u32, sq_id: u32) {
+        let key = (dev, port);
+        if let Some(nic) = self.engines.get_mut(&key) {
+            if nic.thread.core().lock().remove_sq(sq_id).is_ok() {
+                nic.queues -= 1;
+            }
+        }
+        self.stop_if_idle(key);
+    }
+
+    /// An RSS QP's receive queues (each WQ's RQ and CQ, in table order) and its steering:
+    /// Toeplitz `key`, the table, the default RX object.
+    ///
+    /// # Safety
+    /// Every WQ and CQ buffer stays valid until [`Nics::remove_rss`]: WQs and CQs cannot be
+    /// destroyed while the RSS QP exists.
+    ///
+    /// # Errors
+    /// As [`Nics::add_tx`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn add_rss(
+        &mut self,
+        dev: &Device,
+        port: u32,
+        ctx: usize,
+        db: *mut c_void,
+        rqs: &[(Ring, CqRing)],
+        rss_key: [u8; 40],
+        call: &str,
+    ) -> Result<(), c_int> {
+        let doorbell = self.page(ctx, db);
+        let key = (dev.index, port);
+        let nic = self.engine(dev, port, call)?;
+        let mut e = nic.thread.core().lock();
+        let mut added = Vec::new();
+        let mut r = Ok(());
+        for &(rq, cq) in rqs {
+            let spec = RqSpec {
+                // SAFETY: the caller's contract: the WQ buffer lives until `remove_rss`.
+                mem: unsafe { ring_mem(rq) },
+                id: rq.id,
+                doorbell: Arc::clone(&doorbell),
+                cq: cq_spec(cq),
+            };
+            r = e.add_rq(spec);
+            if r.is_err() {
+                break;
+            }
+            added.push(rq.id);
+        }
+        let ids: Vec<u32> = rqs.iter().map(|(rq, _)| rq.id).collect();
+        r = r.and_then(|()| e.set_rss(rss_key, &ids));
+        match r {
+            Ok(()) => {
+                nic.queues += added.len();
+                Ok(())
+            }
+            Err(err) => {
+                for id in added {
+                    let _ = e.remove_rq(id);
+                }
+                drop(e);
+                eprintln!("fake-rdma: {call}: the device model refuses the receive queues: {err}");
+                self.stop_if_idle(key);
+                Err(libc::EINVAL)
+            }
+        }
+    }
+
+    /// Removes an RSS QP's receive queues from their engine (under its lock), stopping the
+    /// engine with its last queue. Table entries that named them find no WQE from then on.
+    pub fn remove_rss(&mut self, dev: u32, port: u32, rq_ids: &[u32]) {
+        let key = (dev, port);
+        if let Some(nic) = self.engines.get_mut(&key) {
+            let mut e = nic.thread.core().lock();
+            for &id in rq_ids {
+                if e.remove_rq(id).is_ok() {
+                    nic.queues -= 1;
+                }
+            }
+        }
+        self.stop_if_idle(key);
+    }
+
+    /// A memory region of `dev`, registered by context `ctx`: `addr..addr + len` reached
+    /// through WQE addresses `iova..` under `lkey`, in every engine of the device (now and
+    /// when one starts).
+    pub fn add_mr(&mut self, dev: u32, ctx: usize, lkey: u32, iova: u64, addr: usize, len: usize) {
+        for (_, nic) in self.engines.iter().filter(|((d, _), _)| *d == dev) {
+            // SAFETY: `ibv_reg_mr` checked that the range is mapped; the application keeps it
+            // mapped until `ibv_dereg_mr` (the verbs contract; see the module docs), which
+            // removes this view from every engine under its lock first (`remove_mr`). The
+            // engine touches it only for buffers the application posted.
+            let mem = unsafe { DevMem::from_raw(addr as *mut u8, len) };
+            let _ = nic.thread.core().lock().add_mr(lkey, iova, mem);
+        }
+        self.mrs.insert(
+            lkey,
+            MrRec {
+                dev,
+                ctx,
+                iova,
+                addr,
+                len,
+            },
+        );
+    }
+
+    /// Deregisters `lkey` from every engine (under their locks) and forgets it.
+    pub fn remove_mr(&mut self, lkey: u32) {
+        if let Some(m) = self.mrs.remove(&lkey) {
+            for (_, nic) in self.engines.iter().filter(|((d, _), _)| *d == m.dev) {
+                nic.thread.core().lock().remove_mr(lkey);
+            }
+        }
+    }
+
+    /// Context `ctx` is being closed: its memory regions leave the engines and its doorbell
+    /// page is forgotten. Its queues must have been removed already.
+    pub fn close_context(&mut self, ctx: usize) {
+        let keys: Vec<u32> = self
+            .mrs
+            .iter()
+            .filter(|(_, m)| m.ctx == ctx)
+            .map(|(&k, _)| k)
+            .collect();
+        for k in keys {
+            self.remove_mr(k);
+        }
+        self.pages.remove(&ctx);
+    }
+
+    /// Running engines (for the tests' "nothing left" checks).
+    pub fn running(&self) -> usize {
+        self.engines.len()
+    }
+}
