@@ -52,7 +52,7 @@ fn broadcast_frames_complete_and_buffers_come_back() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut b = Burst::with_capacity(32);
     while sent < want && Instant::now() < deadline {
-        while b.len() < 32 {
+        while b.len() < 32 && sent + (b.len() as u64) < want {
             let Some(mut m) = mempool::lcache::alloc(&pool) else {
                 break;
             };
