@@ -29,6 +29,8 @@ Environment:
                      call without #N) fails with ERRNO (a name like ENOMEM, or a number)
                      where rdma-core would have asked the kernel.
   FAKE_RDMA_TRACE    a file to append a JSON line per call to (call, args, ret, errno).
+  FAKE_RDMA_BUSY_ERRNO  ENODEV (default, released kernels) or EBUSY (newer kernels): what a
+                     raw QP fails with while the port's netdev is up.
   FAKE_RDMA_LIB      use this libfake_rdma.so instead of building one.
 
 Example:

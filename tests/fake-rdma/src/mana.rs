@@ -996,15 +996,18 @@ fn create_tx_qp(
             Some(_) => {}
             None => {
                 // mana_cfg_vport refuses (EBUSY) while the Ethernet driver uses the vPort;
-                // mana_ib_create_qp_raw turns any error into ENODEV.
+                // released kernels' mana_ib_create_qp_raw turn any error into ENODEV, newer
+                // ones pass EBUSY through (FAKE_RDMA_BUSY_ERRNO).
                 let netdev = &dev.view.ports[port as usize - 1].netdev;
                 if let Some((name, flags)) = netdev {
                     if world::netdev_up(flags) {
+                        let e = st.cfg.busy_errno;
                         eprintln!(
-                            "fake-rdma: {CALL}: {} port {port} is held by its netdev {name} (up): ENODEV",
-                            device_name(dev)
+                            "fake-rdma: {CALL}: {} port {port} is held by its netdev {name} (up): {}",
+                            device_name(dev),
+                            if e == libc::EBUSY { "EBUSY" } else { "ENODEV" }
                         );
-                        return fail(libc::ENODEV);
+                        return fail(e);
                     }
                 }
             }

@@ -98,6 +98,10 @@ pub struct Config {
     pub faults: Vec<Fault>,
     /// `SYSFS_PATH` (as libibverbs reads it), default `/sys`.
     pub sysfs: std::path::PathBuf,
+    /// `FAKE_RDMA_BUSY_ERRNO`: what a raw QP on a vPort held by the netdev fails with:
+    /// `ENODEV` (default: released kernels, where mana_ib_create_qp_raw turns every vPort
+    /// error into it) or `EBUSY` (newer kernels, which pass mana_cfg_vport's EBUSY through).
+    pub busy_errno: c_int,
 }
 
 /// A knob the fake cannot use: the program stops with status 2 at its first verbs call
@@ -121,9 +125,15 @@ impl Config {
                 parse_faults(&s).unwrap_or_else(|e| die_config(&format!("FAKE_RDMA_FAIL: {e}")))
             }
         };
+        let busy_errno = match var("FAKE_RDMA_BUSY_ERRNO").as_deref() {
+            None | Some("ENODEV") => libc::ENODEV,
+            Some("EBUSY") => libc::EBUSY,
+            Some(o) => die_config(&format!("FAKE_RDMA_BUSY_ERRNO={o}: use ENODEV or EBUSY")),
+        };
         Config {
             profile,
             faults,
+            busy_errno,
             sysfs: var("SYSFS_PATH").unwrap_or_else(|| "/sys".into()).into(),
         }
     }

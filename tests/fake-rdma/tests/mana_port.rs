@@ -215,15 +215,31 @@ fn a_port_held_by_its_netdev_is_busy_naming_the_netdev_and_the_command() {
         "mana_0/1:mac=02:00:00:00:10:01,wire=none,netdev=lo;\
          mana_0/2:mac=02:00:00:00:10:02,wire=none",
     ));
-    let o = l2fwd(&fake, [PORT1, PORT2], &[]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(
-        err.contains("kernel netdev lo holds it") && err.contains("ip link set lo down"),
-        "{}",
-        text(&o)
-    );
-    assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
+    for (errno, name) in [
+        ("ENODEV", "No such device"),
+        ("EBUSY", "Device or resource busy"),
+    ] {
+        for profile in ["v44", "main"] {
+            let o = l2fwd(
+                &fake,
+                [PORT1, PORT2],
+                &[
+                    ("FAKE_RDMA_BUSY_ERRNO", errno),
+                    ("FAKE_RDMA_PROFILE", profile),
+                ],
+            );
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "{errno} {profile}: {}", text(&o));
+            assert!(
+                err.contains("kernel netdev lo holds it")
+                    && err.contains("ip link set lo down")
+                    && err.contains(name),
+                "{errno} {profile}: {}",
+                text(&o)
+            );
+            assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
+        }
+    }
 }
 
 /// Which process holds the `mana:` ports (on the fake); the other runs device-model ports
