@@ -113,6 +113,19 @@ pub enum DeviceError {
 /// The sysfs root of this machine.
 pub const DEFAULT_SYSFS_ROOT: &str = "/sys";
 
+/// The environment variable that points sysfs look-ups at another tree (tests, the fake
+/// rdma-core's world); `pmd-devices --sysfs-root` reads it too.
+pub const SYSFS_ROOT_ENV: &str = "PMD_SYSFS_ROOT";
+
+/// The sysfs root to read: `$PMD_SYSFS_ROOT` when set and not empty, else
+/// [`DEFAULT_SYSFS_ROOT`].
+pub fn sysfs_root() -> PathBuf {
+    match std::env::var_os(SYSFS_ROOT_ENV) {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => PathBuf::from(DEFAULT_SYSFS_ROOT),
+    }
+}
+
 /// Lists every RDMA device under `<sysfs_root>/class/infiniband`, sorted by name.
 ///
 /// A missing `class/infiniband` directory means "no devices" (an empty list), not an error.

@@ -37,6 +37,7 @@ pub use crate::ethdev::{
     Burst, Caps, Link, PortConfig, PortError, PortState, QueueStats, RssConfig, RssFields,
     RxOffloads, Stats, TxOffloads,
 };
+pub use crate::takeover::BusyPolicy;
 pub use devargs::{DevargsError, PortKind, PortSpec};
 
 use crate::ethdev::{check_config, Counters, PortDriver, QueueSetup, RxBurst, TxBurst};

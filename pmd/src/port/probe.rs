@@ -70,9 +70,7 @@ pub fn mana(
 
 #[cfg(feature = "emu")]
 fn mana_options(spec: &PortSpec) -> crate::mana::Options {
-    crate::mana::Options {
-        takeover: spec.takeover,
-    }
+    crate::mana::Options { busy: spec.busy }
 }
 
 fn hardware_unavailable(spec: &PortSpec) -> PortError {
