@@ -342,7 +342,12 @@ fn second_l2fwd_on_the_same_port_is_refused_naming_the_pid() {
     // process takes the stale file silently.
     send_signal(pid, SIGKILL).unwrap();
     let _ = finish(first, Duration::from_secs(10));
+    assert!(ns.lock_file().is_some(), "SIGKILL leaves the file behind");
     ns.set(false);
     let out = ns.l2fwd("", &["--duration", "0.3"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        ns.lock_file().is_none(),
+        "a clean exit removes its lock file"
+    );
 }

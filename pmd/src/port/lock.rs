@@ -10,7 +10,9 @@
 //!
 //! The key names the port, not the way the spec reached it ([`key_for`]):
 //! * `mana`: the RDMA device and IB port the spec selects in sysfs ([`mana_key`]), so
-//!   `mana:mac=..` and `mana:dev=mana_0,port=1` for the same port share one lock.
+//!   `mana:mac=..` and `mana:dev=mana_0,port=1` for the same port share one lock. Under a
+//!   sysfs root other than `/sys` (`PMD_SYSFS_ROOT`: a fake rdma-core's world) the devices
+//!   are that tree's, so the key also names the tree.
 //! * `emu-mana` with `netdev=IF`: the modelled port is the one whose kernel netdev is `IF`, in
 //!   this network namespace. The wire is no port identity: the two ends of a `shm:NAME` cable
 //!   are two ports in two processes with the same wire spec.
@@ -143,6 +145,17 @@ pub fn mana_key(ibdev: &str, port: u32) -> String {
     format!("mana.{ibdev}.port{port}")
 }
 
+/// FNV-1a of a path: a short, stable name for a sysfs tree.
+fn fnv1a(path: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    path.as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
 /// The inode of this process's network namespace (what tells two `eth0`s apart).
 #[cfg(feature = "emu")]
 fn netns_id() -> Option<u64> {
@@ -156,8 +169,13 @@ fn netns_id() -> Option<u64> {
 pub fn key_for(spec: &PortSpec) -> Option<String> {
     match &spec.kind {
         PortKind::Mana { mac, dev, port } => {
-            mana_port(&devices::sysfs_root(), mac.as_ref(), dev.as_deref(), *port)
-                .map(|(d, p)| mana_key(&d, p))
+            let root = devices::sysfs_root();
+            let (d, p) = mana_port(&root, mac.as_ref(), dev.as_deref(), *port)?;
+            Some(if root == Path::new(devices::DEFAULT_SYSFS_ROOT) {
+                mana_key(&d, p)
+            } else {
+                format!("{}.sysfs-{:016x}", mana_key(&d, p), fnv1a(&root))
+            })
         }
         #[cfg(feature = "emu")]
         PortKind::EmuMana { .. } => spec.netdev.as_ref().map(|n| {
@@ -169,7 +187,7 @@ pub fn key_for(spec: &PortSpec) -> Option<String> {
 }
 
 /// The (RDMA device, IB port) a `mana:` spec selects: the first MANA port (devices by name,
-/// ports ascending) that matches every key given.
+/// ports ascending) that matches every key given; `None` when sysfs shows none.
 fn mana_port(
     sysfs_root: &Path,
     mac: Option<&crate::net::MacAddr>,
@@ -177,20 +195,14 @@ fn mana_port(
     port: Option<u32>,
 ) -> Option<(String, u32)> {
     let devs = devices::list(sysfs_root).unwrap_or_default();
-    let found = devs
-        .iter()
+    devs.iter()
         .filter(|d| d.family == Family::Mana && dev.is_none_or(|n| n == d.name))
         .flat_map(|d| d.ports.iter().map(move |p| (d, p)))
         .find(|(_, p)| {
             port.is_none_or(|n| n == p.number)
                 && mac.is_none_or(|m| p.netdev.as_ref().and_then(|n| n.mac) == Some(*m))
         })
-        .map(|(d, p)| (d.name.clone(), p.number));
-    // A device named outright is locked by name even if sysfs does not show it (yet).
-    found.or_else(|| match (dev, mac) {
-        (Some(d), None) => Some((d.to_string(), port.unwrap_or(1))),
-        _ => None,
-    })
+        .map(|(d, p)| (d.name.clone(), p.number))
 }
 
 #[cfg(test)]
@@ -232,13 +244,13 @@ mod tests {
             mana_port(r, None, Some("mana_0"), Some(2)),
             Some(("mana_0".into(), 2))
         );
-        assert_eq!(
-            mana_port(r, None, Some("mana_9"), None),
-            Some(("mana_9".into(), 1))
-        );
+        // Nothing in sysfs, nothing to lock: opening it fails with NoDevice anyway.
+        assert_eq!(mana_port(r, None, Some("mana_9"), None), None);
+        assert_eq!(mana_port(r, None, Some("mana_0"), Some(3)), None);
         let other: crate::net::MacAddr = "00:15:5d:00:00:09".parse().unwrap();
         assert_eq!(mana_port(r, Some(&other), None, None), None);
         assert_eq!(mana_key("mana_0", 2), "mana.mana_0.port2");
+        assert_ne!(fnv1a(Path::new("/tmp/a")), fnv1a(Path::new("/tmp/b")));
     }
 
     #[cfg(feature = "emu")]

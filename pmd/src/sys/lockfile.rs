@@ -2,18 +2,22 @@
 //!
 //! The lock belongs to the open file: the kernel drops it when the holder closes the file or
 //! dies, however it dies (SIGKILL included). A file left behind by a dead holder is therefore
-//! simply locked again by the next process; its stale pid is overwritten. Files are never
-//! deleted: deleting a lock file lets two processes lock two different inodes of one name.
+//! simply locked again by the next process; its stale pid is overwritten.
+//!
+//! A holder that lets go removes the file while it still holds the lock. Someone who opened
+//! the old file just before may then lock that unlinked inode, so a lock only counts once the
+//! path still names the very inode locked (same device and inode number); otherwise the
+//! locker starts over with a fresh open. Two processes can thus never hold "the same" name.
 #![allow(unsafe_code)]
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// A held lock; dropping it releases the lock (the file stays, emptied).
+/// A held lock; dropping it removes the file and releases the lock.
 #[derive(Debug)]
 pub struct LockFile {
     file: File,
@@ -58,12 +62,36 @@ fn read_pid(file: &mut File) -> Option<u32> {
     s.trim().parse().ok().filter(|&p| p > 0)
 }
 
+/// Whether `path` still names the inode `file` has open.
+fn still_named(file: &File, path: &Path) -> io::Result<bool> {
+    let open = file.metadata()?;
+    Ok(match std::fs::metadata(path) {
+        Ok(named) => named.dev() == open.dev() && named.ino() == open.ino(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => return Err(e),
+    })
+}
+
 /// Tries to lock `path` (created with mode 0644 if missing) without waiting; on success
 /// writes this process's pid into it.
 ///
 /// # Errors
 /// The file cannot be opened or written, or `flock` failed for another reason than "held".
 pub fn try_lock(path: &Path) -> io::Result<TryLock> {
+    // Each retry means a holder let go (and removed the file) between our open and our lock.
+    for _ in 0..100 {
+        if let Some(r) = try_lock_once(path)? {
+            return Ok(r);
+        }
+    }
+    Err(io::Error::other(format!(
+        "{}: the lock file keeps being replaced under us",
+        path.display()
+    )))
+}
+
+/// One attempt; `None` when the locked inode is no longer the one `path` names.
+fn try_lock_once(path: &Path) -> io::Result<Option<TryLock>> {
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -81,16 +109,19 @@ pub fn try_lock(path: &Path) -> io::Result<TryLock> {
             std::thread::sleep(Duration::from_millis(5));
             pid = read_pid(&mut file);
         }
-        return Ok(TryLock::Held { pid });
+        return Ok(Some(TryLock::Held { pid }));
+    }
+    if !still_named(&file, path)? {
+        return Ok(None);
     }
     file.set_len(0)?;
     file.seek(SeekFrom::Start(0))?;
     writeln!(file, "{}", std::process::id())?;
     file.flush()?;
-    Ok(TryLock::Acquired(LockFile {
+    Ok(Some(TryLock::Acquired(LockFile {
         file,
         path: path.to_path_buf(),
-    }))
+    })))
 }
 
 impl LockFile {
@@ -102,8 +133,13 @@ impl LockFile {
 
 impl Drop for LockFile {
     fn drop(&mut self) {
-        // Empty the file so no stale pid is shown; closing it releases the lock.
-        let _ = self.file.set_len(0);
+        // Removed while still locked (see the module docs); closing the file then releases
+        // the lock.
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            if e.kind() != io::ErrorKind::NotFound {
+                let _ = self.file.set_len(0);
+            }
+        }
     }
 }
 
@@ -128,7 +164,33 @@ mod tests {
             TryLock::Acquired(_) => panic!("locked twice"),
         }
         drop(held);
+        assert!(!path.exists(), "a released lock leaves no file behind");
         assert!(matches!(try_lock(&path).unwrap(), TryLock::Acquired(_)));
+    }
+
+    #[test]
+    fn a_lock_on_a_removed_file_does_not_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gone.lock");
+        // Someone opened the file, then its holder let go and removed it.
+        let old = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(!still_named(&old, &path).unwrap());
+        std::fs::write(&path, "").unwrap();
+        assert!(
+            !still_named(&old, &path).unwrap(),
+            "a new inode of the same name"
+        );
+        let TryLock::Acquired(l) = try_lock(&path).unwrap() else {
+            panic!("the new file is free");
+        };
+        assert!(still_named(&l.file, &path).unwrap());
     }
 
     #[test]
