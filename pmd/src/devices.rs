@@ -113,6 +113,100 @@ pub enum DeviceError {
 /// The sysfs root of this machine.
 pub const DEFAULT_SYSFS_ROOT: &str = "/sys";
 
+/// The environment variable that points sysfs look-ups at another tree (tests, the fake
+/// rdma-core's world); `pmd-devices --sysfs-root` reads it too.
+pub const SYSFS_ROOT_ENV: &str = "PMD_SYSFS_ROOT";
+
+/// The sysfs root to read: `$PMD_SYSFS_ROOT` when set and not empty, else libibverbs' own
+/// `$SYSFS_PATH` (so both see the same tree), else [`DEFAULT_SYSFS_ROOT`].
+pub fn sysfs_root() -> PathBuf {
+    [SYSFS_ROOT_ENV, "SYSFS_PATH"]
+        .iter()
+        .find_map(|k| std::env::var_os(k).filter(|v| !v.is_empty()))
+        .map_or_else(|| PathBuf::from(DEFAULT_SYSFS_ROOT), PathBuf::from)
+}
+
+/// Which port to open: by MAC, by netdev name, or by device and port (any may be combined;
+/// all given must match).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortSelector {
+    /// IB device name (`mana_0`).
+    pub dev: Option<String>,
+    /// IB port number (1-based).
+    pub port: Option<u32>,
+    /// The MAC of the port's netdev.
+    pub mac: Option<MacAddr>,
+    /// The port's kernel netdev (`eth1`).
+    pub netdev: Option<String>,
+}
+
+impl fmt::Display for PortSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        parts.extend(self.dev.as_ref().map(|d| format!("dev={d}")));
+        parts.extend(self.port.map(|p| format!("port={p}")));
+        parts.extend(self.mac.map(|m| format!("mac={m}")));
+        parts.extend(self.netdev.as_ref().map(|n| format!("netdev={n}")));
+        if parts.is_empty() {
+            f.write_str("the first MANA port")
+        } else {
+            f.write_str(&parts.join(","))
+        }
+    }
+}
+
+/// The MANA port `sel` names under `root` (devices by name, ports ascending; the first that
+/// matches every key given): (device, port, netdev). What the `mana:` provider opens and
+/// what the port lock is keyed on.
+///
+/// # Errors
+/// No MANA port matches (the message lists what there is), or sysfs cannot be read.
+pub fn resolve_mana_port(
+    root: &Path,
+    sel: &PortSelector,
+) -> Result<(String, u32, Option<Netdev>), String> {
+    let devs = list(root).map_err(|e| format!("reading {}: {e}", root.display()))?;
+    let mut seen = Vec::new();
+    for d in devs.iter().filter(|d| d.family == Family::Mana) {
+        for p in &d.ports {
+            let nd = p.netdev.as_ref();
+            seen.push(format!(
+                "{} port {}{}",
+                d.name,
+                p.number,
+                nd.map(|n| {
+                    format!(
+                        " ({}{})",
+                        n.name,
+                        n.mac.map(|m| format!(", {m}")).unwrap_or_default()
+                    )
+                })
+                .unwrap_or_default()
+            ));
+            let ok = sel.dev.as_ref().is_none_or(|x| *x == d.name)
+                && sel.port.is_none_or(|x| x == p.number)
+                && sel.mac.is_none_or(|m| nd.and_then(|n| n.mac) == Some(m))
+                && sel
+                    .netdev
+                    .as_ref()
+                    .is_none_or(|x| nd.is_some_and(|n| n.name == *x));
+            if ok {
+                return Ok((d.name.clone(), p.number, p.netdev.clone()));
+            }
+        }
+    }
+    Err(if seen.is_empty() {
+        format!(
+            "no MANA RDMA device under {} (load mana_ib and ib_uverbs; pmd-devices lists \
+             what there is); without hardware use the device model, e.g. \
+             --port emu-mana:wire=shm:demo0",
+            root.display()
+        )
+    } else {
+        format!("no MANA port matches {sel}; there is {}", seen.join("; "))
+    })
+}
+
 /// Lists every RDMA device under `<sysfs_root>/class/infiniband`, sorted by name.
 ///
 /// A missing `class/infiniband` directory means "no devices" (an empty list), not an error.

@@ -1,5 +1,6 @@
 //! Logical cores: pin worker threads to CPU cores, run one closure per core, keep the calling
-//! thread as the main core (statistics, control), and stop everything on SIGINT / SIGTERM.
+//! thread as the main core (statistics, control), and stop everything on SIGINT, SIGTERM,
+//! SIGHUP or SIGQUIT.
 //!
 //! ```
 //! use pmd::lcore::{CoreList, StopFlag, launch};
@@ -37,7 +38,7 @@ pub enum LcoreError {
     #[error("could not pin a thread to core {0}")]
     PinFailed(usize),
     /// The signal handlers could not be installed.
-    #[error("could not install SIGINT/SIGTERM handlers: {0}")]
+    #[error("could not install SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers: {0}")]
     Signals(#[source] std::io::Error),
     /// A worker panicked (only with `panic = "unwind"`; release builds abort instead).
     #[error("the worker on core {0} panicked")]
@@ -138,7 +139,7 @@ pub fn available_cores() -> Vec<usize> {
     v
 }
 
-/// A shared stop request, set by the main core, by a worker, or by SIGINT / SIGTERM.
+/// A shared stop request, set by the main core, by a worker, or by a stop signal.
 #[derive(Debug, Clone, Default)]
 pub struct StopFlag(Arc<AtomicBool>);
 
@@ -148,19 +149,16 @@ impl StopFlag {
         Self::default()
     }
 
-    /// Sets the flag on SIGINT or SIGTERM. A second signal while the flag is already set
-    /// terminates the process at once (for a loop that does not check the flag).
+    /// Sets the flag on SIGINT, SIGTERM, SIGHUP or SIGQUIT. A second signal ends the process
+    /// at once (for a loop that does not check the flag), but only after every netdev taken
+    /// over is given back ([`crate::takeover::exit`]); a stop signal also ends a `busy=wait`.
+    /// Call it before opening the first port, so no moment leaves a taken-over netdev
+    /// unguarded.
     ///
     /// # Errors
     /// [`LcoreError::Signals`] if a handler cannot be installed.
     pub fn on_signals(&self) -> Result<(), LcoreError> {
-        use signal_hook::consts::{SIGINT, SIGTERM};
-        for sig in [SIGINT, SIGTERM] {
-            signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&self.0))
-                .map_err(LcoreError::Signals)?;
-            signal_hook::flag::register(sig, Arc::clone(&self.0)).map_err(LcoreError::Signals)?;
-        }
-        Ok(())
+        crate::takeover::exit::on_stop_signal(Arc::clone(&self.0)).map_err(LcoreError::Signals)
     }
 
     /// Whether a stop was requested. A relaxed load: cheap enough for every loop iteration.

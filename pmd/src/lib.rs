@@ -13,8 +13,9 @@
 //!   providers   emu::mana (device model + wires, feature `emu`); verbs::mana next
 //!   ethdev      the contract: PortDriver, RxBurst/TxBurst, Burst, Counters, Caps,
 //!               PortConfig, PortError; names no driver
-//!   lcore       pinned worker threads, main core, stop on SIGINT/SIGTERM
-//!   takeover    port exclusivity: bring the kernel netdev down and back up
+//!   lcore       pinned worker threads, main core, stop on SIGINT/SIGTERM/SIGHUP/SIGQUIT
+//!   takeover    port exclusivity: busy=fail|wait|takeover, the netdevs taken down and
+//!               given back on every way out (close, signals, panic)
 //!   devices     discovery: RDMA devices, families, ports, netdevs (sysfs)
 //!   ring        queue mechanics shared by every NIC: wrap copy, work queue, owner-bit CQ
 //!   hw          hardware formats as byte views (MANA GDMA), pinned by golden vectors

@@ -12,7 +12,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("net", &[]),
     ("ring", &["sys"]),
     ("ethdev", &["net"]),
-    ("lcore", &["sys", "log"]),
+    // lcore's stop signals give taken-over netdevs back before a second signal ends the process.
+    ("lcore", &["sys", "log", "takeover"]),
     ("devices", &["net", "sys"]),
     ("takeover", &["devices", "sys"]),
     // Drivers: the contract below them, shared mechanics, formats; never a provider or port.
@@ -23,7 +24,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // The port layer; only the composition root names kinds (see KIND_NAMERS).
     (
         "port",
-        &["ethdev", "net", "devices", "log", "mana", "null", "emu"],
+        &[
+            "ethdev", "net", "devices", "log", "mana", "null", "emu", "sys", "takeover",
+        ],
     ),
 ];
 

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 /// `emu-mana:wire=afpacket:IFACE`, `null`, `mana:mac=..` (hardware). With MAC updating (the
 /// default, as in DPDK's l2fwd) the destination MAC becomes `02:00:00:00:00:<egress port>` and
 /// the source MAC the egress port's MAC; `--no-mac-updating` forwards frames untouched.
-/// Stops on SIGINT/SIGTERM or after `--duration`, and prints a summary (`--json` for machines).
+/// Stops on SIGINT/SIGTERM/SIGHUP/SIGQUIT or after `--duration`, and prints a summary (`--json`
+/// for machines). A port taken over from its kernel netdev (`busy=takeover`) gives it back on
+/// exit, also on a second signal.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Args {
@@ -48,7 +50,7 @@ struct Args {
     /// port is down until the far end of its cable is attached); after that, warn and go on.
     #[arg(long, default_value_t = 10.0, value_name = "S")]
     link_timeout: f64,
-    /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
+    /// Stop after this many seconds (default: run until a stop signal).
     #[arg(long)]
     duration: Option<f64>,
     /// Never yield the CPU when idle (for dedicated cores).
@@ -109,6 +111,10 @@ fn run(args: &Args) -> Result<(), String> {
         tx_ring_size: args.ring_size,
         ..Default::default()
     };
+    // Stop signals are guarded before the first port opens: from then on a taken-over netdev
+    // is given back however the process stops (first signal: clean stop; second: at once).
+    let stop = StopFlag::new();
+    stop.on_signals().map_err(|e| e.to_string())?;
     let mut ports = open_ports(&args.ports, &cfg, &pool)?;
     let macs: Vec<[u8; 6]> = ports.iter().map(|p| p.mac().0).collect();
 
@@ -147,8 +153,6 @@ fn run(args: &Args) -> Result<(), String> {
             .map(|_| (0..np).map(|_| PortCounters::default()).collect())
             .collect(),
     );
-    let stop = StopFlag::new();
-    stop.on_signals().map_err(|e| e.to_string())?;
     if !args.json {
         eprintln!(
             "l2fwd: {np} ports, lcores {}, burst {}, mac updating {}",

@@ -247,6 +247,10 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         fork_safe: args.run.is_some(),
         ..Default::default()
     };
+    // Stop signals are guarded before the first port opens: from then on a taken-over netdev
+    // is given back however the process stops (first signal: clean stop; second: at once).
+    let stop = StopFlag::new();
+    stop.on_signals().map_err(|e| e.to_string())?;
     let mut ports = open_ports(&args.ports, &cfg, &pool)?;
     let txq = ports[0].tx_queue(0).map_err(|e| e.to_string())?;
     let rxq = ports[np - 1].rx_queue(0).map_err(|e| e.to_string())?;
@@ -286,8 +290,6 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     if args.rx_only {
         shared.tx_done.store(true, Ordering::Release);
     }
-    let stop = StopFlag::new();
-    stop.on_signals().map_err(|e| e.to_string())?;
     let epoch = Instant::now();
     if !args.json {
         eprintln!(

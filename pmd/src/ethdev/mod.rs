@@ -45,6 +45,20 @@ pub enum PortError {
         /// What to do about it.
         hint: String,
     },
+    /// Another process of ours has the port open (it holds the port's lock file).
+    #[error(
+        "{spec}: port is in use by {}, which holds {}: stop it first, or pick another port",
+        holder_text(*.pid),
+        .lock.display()
+    )]
+    InUse {
+        /// The spec.
+        spec: String,
+        /// The holder's pid, when it has written it.
+        pid: Option<u32>,
+        /// The lock file.
+        lock: std::path::PathBuf,
+    },
     /// A configuration value outside what the device can do.
     #[error("{what}: {requested} requested, the port allows {allowed}")]
     BadConfig {
@@ -100,6 +114,14 @@ pub enum PortError {
         /// What to check.
         hint: String,
     },
+}
+
+fn holder_text(pid: Option<u32>) -> String {
+    match pid {
+        Some(p) if p == std::process::id() => format!("pid {p} (this process: opened twice)"),
+        Some(p) => format!("process pid {p}"),
+        None => "another process (pid not written yet)".into(),
+    }
 }
 
 /// Where a port is in its lifecycle.

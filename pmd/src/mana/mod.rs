@@ -29,8 +29,10 @@ use crate::ethdev::{
     TxBurst, TxOffloads,
 };
 use crate::net::MacAddr;
+use crate::takeover::{BusyPolicy, NetdevGuard, Seconds};
 use mempool::{ChunkKeys, MbufPool};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Smallest queue the device takes (64 descriptors, DPDK's minimum).
 pub const MIN_DESC: u16 = 64;
@@ -38,17 +40,20 @@ pub const MIN_DESC: u16 = 64;
 /// How the driver treats the port beyond its queues.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Options {
-    /// Take the port over from the kernel netdev when it holds it (`takeover=1`): bring it
-    /// down, and up again when the driver goes.
-    pub takeover: bool,
+    /// What to do when the kernel's netdev holds the port (`busy=`): fail, wait for it, or
+    /// take the port over (bring the netdev down, and up again when the driver goes).
+    pub busy: BusyPolicy,
 }
+
+/// Back-off of `busy=wait` between two tries: from the first to the last, doubling.
+const BUSY_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(500));
 
 /// The MANA port driver over a [`Provider`].
 pub struct Driver {
     provider: Box<dyn Provider>,
     opts: Options,
     /// The netdevs taken over, given back when the driver goes (after its queues).
-    taken: Option<crate::takeover::NetdevGuard>,
+    taken: Option<NetdevGuard>,
     /// The pool registered with the provider, its keys, and the guards (via the pool).
     registered: Option<(Arc<MbufPool>, ChunkKeys)>,
     /// Per-queue driver counters of the current configuration (RX queues, then TX queues).
@@ -96,27 +101,81 @@ impl Driver {
         Ok(keys)
     }
 
-    /// Creates the TX queues; where the kernel holds the vPort and `takeover` is on, takes
-    /// the port over and tries once more. The raw TX QP is where the hold shows (§2.1).
+    /// Creates the TX queues. The raw TX QP is where the kernel's hold on the vPort shows
+    /// (§2.1); what happens then is the port's [`BusyPolicy`]: fail; retry with back-off
+    /// until the port is free (a stop signal ends the wait); or take the port over and try
+    /// once more.
     fn create_tx(&mut self, cfg: &PortConfig) -> Result<Vec<RawTxQueue>, PortError> {
         let nb_desc = u32::from(cfg.tx_ring_size);
-        match self.provider.create_tx_queues(cfg.tx_queues, nb_desc) {
-            Err(SetupError::PortBusy {
-                netdev: Some(netdev),
-                ..
-            }) if self.opts.takeover && self.taken.is_none() => {
-                let guard = crate::takeover::NetdevGuard::take_over(&netdev).map_err(|e| {
-                    PortError::Setup {
-                        what: "taking the port over".into(),
-                        source: Box::new(e),
+        let t0 = Instant::now();
+        let mut backoff = BUSY_BACKOFF.0;
+        loop {
+            let busy = match self.provider.create_tx_queues(cfg.tx_queues, nb_desc) {
+                Err(e @ SetupError::PortBusy { .. }) => e,
+                other => return other.map_err(|e| setup_err("creating tx queues", e)),
+            };
+            match (self.opts.busy, &busy) {
+                (
+                    BusyPolicy::Takeover,
+                    SetupError::PortBusy {
+                        netdev: Some(netdev),
+                        master,
+                        ..
+                    },
+                ) if self.taken.is_none() => {
+                    let holder = crate::takeover::Holder {
+                        netdev: netdev.clone(),
+                        master: master.clone(),
+                    };
+                    let guard =
+                        NetdevGuard::take_over_holder(&holder).map_err(|e| PortError::Setup {
+                            what: format!("taking the port over from {}", holder.describe()),
+                            source: Box::new(e),
+                        })?;
+                    self.taken = Some(guard);
+                }
+                (BusyPolicy::Wait { timeout }, SetupError::PortBusy { holder, .. }) => {
+                    let waited = t0.elapsed();
+                    if backoff == BUSY_BACKOFF.0 {
+                        // Once per wait: the first try.
+                        tracing::warn!(target: "pmd::mana::init", "busy=wait: {holder} holds the port; waiting up to {} s for it to be free", Seconds(timeout));
                     }
-                })?;
-                self.taken = Some(guard);
-                self.provider.create_tx_queues(cfg.tx_queues, nb_desc)
+                    if waited >= timeout {
+                        return Err(waited_too_long(busy, waited));
+                    }
+                    if crate::takeover::exit::stop_requested() {
+                        return Err(PortError::Setup {
+                            what: "waiting for the port to be free (busy=wait)".into(),
+                            source: "stopped by a signal".into(),
+                        });
+                    }
+                    std::thread::sleep(backoff.min(timeout - waited));
+                    backoff = (backoff * 2).min(BUSY_BACKOFF.1);
+                }
+                _ => return Err(setup_err("creating tx queues", busy)),
             }
-            other => other,
         }
-        .map_err(|e| setup_err("creating tx queues", e))
+    }
+}
+
+/// The busy error after `busy=wait` gave up.
+fn waited_too_long(busy: SetupError, waited: Duration) -> PortError {
+    match busy {
+        SetupError::PortBusy {
+            netdev,
+            master,
+            errno,
+            holder,
+            ..
+        } => {
+            let h = netdev.map(|netdev| crate::takeover::Holder { netdev, master });
+            PortError::Busy {
+                spec: "creating tx queues".into(),
+                holder,
+                hint: crate::takeover::busy::hint_after_wait(h.as_ref(), errno, waited),
+            }
+        }
+        other => setup_err("creating tx queues", other),
     }
 }
 

@@ -85,13 +85,19 @@ impl std::fmt::Debug for RawRxQueue {
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     /// Raw-packet QP creation failed with EBUSY / ENODEV: someone else holds the vPort.
+    /// Build it with [`SetupError::port_busy`] (or [`SetupError::raw_qp`]), which fill in the
+    /// master, the holder and the hint.
     #[error("{holder} holds the port")]
     PortBusy {
         /// The kernel netdev that holds the port, when known (what a take-over brings down).
         netdev: Option<String>,
-        /// Who (e.g. "kernel netdev eth1").
+        /// The netdev's master (the `hv_netvsc` interface on Azure), when it has one.
+        master: Option<String>,
+        /// What QP creation returned (EBUSY or ENODEV).
+        errno: i32,
+        /// Who, e.g. "kernel netdev enP7s1 (master eth1)".
         holder: String,
-        /// What to do.
+        /// What to do: the exact command, and the `busy=` policies.
         hint: String,
     },
     /// Queue sizes or counts outside the device's limits.
@@ -121,6 +127,56 @@ pub enum SetupError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl SetupError {
+    /// The error for a port whose raw-packet QP creation failed with `errno` (EBUSY or
+    /// ENODEV, see [`crate::takeover::is_port_busy_errno`]) because `netdev` (the port's
+    /// kernel interface, when the provider knows it) holds the vPort. Names the netdev, its
+    /// master (read from `<sysfs>/class/net/<netdev>/master` under
+    /// [`crate::devices::sysfs_root`]), the command that frees the port and the `busy=`
+    /// policies. For providers:
+    ///
+    /// ```
+    /// use pmd::mana::SetupError;
+    /// let e = SetupError::port_busy(Some("eth9"), libc::ENODEV);
+    /// assert!(matches!(e, SetupError::PortBusy { .. }));
+    /// assert!(e.to_string().contains("kernel netdev eth9"));
+    /// ```
+    pub fn port_busy(netdev: Option<&str>, errno: i32) -> Self {
+        let holder = netdev.map(crate::takeover::Holder::find);
+        Self::PortBusy {
+            netdev: netdev.map(str::to_string),
+            master: holder.as_ref().and_then(|h| h.master.clone()),
+            errno,
+            holder: holder.as_ref().map_or_else(
+                || "another user (the port's kernel netdev, or another process)".to_string(),
+                crate::takeover::Holder::describe,
+            ),
+            hint: crate::takeover::busy::hint(holder.as_ref(), errno),
+        }
+    }
+
+    /// Classifies a failed raw-packet QP creation (`call`, e.g. `ibv_create_qp_ex`, for
+    /// `object`, e.g. "tx queue 0"): EBUSY and ENODEV become [`SetupError::port_busy`], any
+    /// other error [`SetupError::Verbs`].
+    pub fn raw_qp(
+        call: &'static str,
+        object: &'static str,
+        netdev: Option<&str>,
+        source: std::io::Error,
+    ) -> Self {
+        match source.raw_os_error() {
+            Some(errno) if crate::takeover::is_port_busy_errno(errno) => {
+                Self::port_busy(netdev, errno)
+            }
+            _ => Self::Verbs {
+                call,
+                object,
+                source,
+            },
+        }
+    }
 }
 
 /// The queue-buffer allocator contract of `manadv_set_context_attr(ctx,
@@ -205,5 +261,51 @@ pub trait Provider: Send {
     /// Frames the device dropped because no receive WQE was posted.
     fn rx_missed(&self) -> u64 {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_qp_errors_enodev_and_ebusy_mean_port_busy() {
+        for errno in [libc::ENODEV, libc::EBUSY] {
+            let e = SetupError::raw_qp(
+                "ibv_create_qp_ex",
+                "tx queue",
+                Some("nosuchif9"),
+                std::io::Error::from_raw_os_error(errno),
+            );
+            let SetupError::PortBusy {
+                netdev,
+                master,
+                errno: got,
+                holder,
+                hint,
+            } = e
+            else {
+                panic!("errno {errno} must mean busy");
+            };
+            assert_eq!(
+                (netdev.as_deref(), master, got),
+                (Some("nosuchif9"), None, errno)
+            );
+            assert_eq!(holder, "kernel netdev nosuchif9");
+            assert!(hint.contains("`ip link set nosuchif9 down`"), "{hint}");
+            assert!(
+                hint.contains("busy=wait") && hint.contains("busy=takeover"),
+                "{hint}"
+            );
+        }
+        let other = SetupError::raw_qp(
+            "ibv_create_qp_ex",
+            "tx queue",
+            None,
+            std::io::Error::from_raw_os_error(libc::EINVAL),
+        );
+        assert!(matches!(other, SetupError::Verbs { .. }), "{other}");
+        let unknown = SetupError::port_busy(None, libc::ENODEV).to_string();
+        assert!(unknown.contains("another user"), "{unknown}");
     }
 }

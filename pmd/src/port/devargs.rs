@@ -5,20 +5,36 @@
 //!
 //! | kind | keys |
 //! |---|---|
-//! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based), `netdev=IFNAME` (the port's kernel netdev), `takeover=0\|1` |
+//! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based), `netdev=IFNAME` (the port's kernel netdev), `busy=...` (below) |
 //! | `mlx5` | `dev=IBDEV`, `port=N` |
-//! | `emu-mana`, `emu-mlx5` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture), `netdev=IFNAME` (the modelled kernel netdev), `takeover=0\|1` |
+//! | `emu-mana` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture), `netdev=IFNAME` (the modelled kernel netdev), `busy=...` (below) |
+//! | `emu-mlx5` | `wire=...`, `mac=MAC`, `pcap=FILE`, `netdev=IFNAME` |
 //! | `null` | `size=BYTES` (frame size, 14..=9600, default 64), `mac=MAC` |
 //!
 //! Every kind also takes `rxq=N` and `txq=N` (queue counts, 1..=64), which override the
 //! application's defaults for that port.
+//!
+//! What a MANA port does when the kernel's netdev holds it ([`BusyPolicy`], see
+//! [`crate::takeover`]):
+//!
+//! | keys | policy |
+//! |---|---|
+//! | `busy=fail` (default) | fail at once, naming the netdev, its master and the command that frees the port |
+//! | `busy=wait`, `busy-timeout=SECONDS` | retry queue creation until the port is free, at most SECONDS (default 30, up to 86400, millisecond precision) |
+//! | `busy=takeover`, or `takeover=1` | bring the netdev and its master down now, up again when the port closes |
+//!
+//! `takeover=0|1` is the older spelling: `takeover=1` with `busy=fail|wait`, or `takeover=0`
+//! with `busy=takeover`, is refused as a contradiction; `busy-timeout` without `busy=wait`
+//! too.
 #![deny(unsafe_code)]
 
 #[cfg(feature = "emu")]
 use crate::emu::wire::{WireSpec, WireSpecError};
 use crate::net::MacAddr;
+use crate::takeover::{BusyPolicy, DEFAULT_BUSY_TIMEOUT, MAX_BUSY_TIMEOUT};
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 /// Frame size a `null` port hands out when `size=` is not given.
 pub const NULL_DEFAULT_SIZE: u16 = 64;
@@ -40,9 +56,8 @@ pub struct PortSpec {
     /// device-model kinds, a Linux interface that plays the kernel's netdev of the modelled
     /// port: while it is up, it holds the port (as on MANA).
     pub netdev: Option<String>,
-    /// `takeover=1` (mana, device-model kinds): when the kernel's netdev holds the port, bring
-    /// it down and give it back when the port closes.
-    pub takeover: bool,
+    /// `busy=` (mana, emu-mana): what to do when the kernel's netdev holds the port.
+    pub busy: BusyPolicy,
 }
 
 /// The device part of a [`PortSpec`].
@@ -141,6 +156,16 @@ pub enum DevargsError {
         /// The cargo feature that brings it.
         feature: &'static str,
     },
+    /// Two keys that contradict each other.
+    #[error("'{first}' and '{second}' contradict each other: {why}")]
+    Conflict {
+        /// One key=value.
+        first: String,
+        /// The other.
+        second: String,
+        /// Why, and what to write instead.
+        why: &'static str,
+    },
     /// A key the kind cannot do without.
     #[error("'{kind}' ports need '{key}=': {hint}")]
     MissingKey {
@@ -159,9 +184,30 @@ pub const KINDS: &[&str] = &["mana", "mlx5", "emu-mana", "emu-mlx5", "null"];
 
 fn accepted_keys(kind: &str) -> &'static [&'static str] {
     match kind {
-        "mana" => &["mac", "dev", "port", "netdev", "takeover", "rxq", "txq"],
+        "mana" => &[
+            "mac",
+            "dev",
+            "port",
+            "netdev",
+            "busy",
+            "busy-timeout",
+            "takeover",
+            "rxq",
+            "txq",
+        ],
         "mlx5" => &["dev", "port", "rxq", "txq"],
-        "emu-mana" | "emu-mlx5" => &["wire", "mac", "pcap", "netdev", "takeover", "rxq", "txq"],
+        "emu-mana" => &[
+            "wire",
+            "mac",
+            "pcap",
+            "netdev",
+            "busy",
+            "busy-timeout",
+            "takeover",
+            "rxq",
+            "txq",
+        ],
+        "emu-mlx5" => &["wire", "mac", "pcap", "netdev", "rxq", "txq"],
         _ => &["size", "mac", "rxq", "txq"],
     }
 }
@@ -199,6 +245,81 @@ fn parse_mac(value: &str) -> Result<MacAddr, DevargsError> {
         value: value.to_string(),
         expected: "six hex byte pairs like 00:15:5d:01:02:03",
     })
+}
+
+/// `busy-timeout=SECONDS`: a positive number of seconds, millisecond precision.
+fn parse_timeout(value: &str) -> Result<Duration, DevargsError> {
+    let bad = || DevargsError::BadValue {
+        key: "busy-timeout",
+        value: value.to_string(),
+        expected: "a number of seconds from 0.001 to 86400, e.g. 30 or 2.5",
+    };
+    let secs: f64 = value.parse().map_err(|_| bad())?;
+    if !secs.is_finite() {
+        return Err(bad());
+    }
+    let ms = (secs * 1000.0).round();
+    if ms < 1.0 || ms > MAX_BUSY_TIMEOUT.as_millis() as f64 {
+        return Err(bad());
+    }
+    Ok(Duration::from_millis(ms as u64))
+}
+
+/// `busy=`, `busy-timeout=` and the older `takeover=` together.
+fn parse_busy(
+    busy: Option<&str>,
+    timeout: Option<&str>,
+    takeover: Option<&str>,
+) -> Result<BusyPolicy, DevargsError> {
+    let takeover = match takeover {
+        None => None,
+        Some("0" | "no" | "false") => Some(false),
+        Some("1" | "yes" | "true") => Some(true),
+        Some(v) => {
+            return Err(DevargsError::BadValue {
+                key: "takeover",
+                value: v.into(),
+                expected: "1 or 0 (yes/no); or write busy=takeover",
+            })
+        }
+    };
+    let wait_timeout = timeout.map(parse_timeout).transpose()?;
+    let policy = match busy {
+        None => None,
+        Some("fail") => Some(BusyPolicy::Fail),
+        Some("wait") => Some(BusyPolicy::Wait {
+            timeout: wait_timeout.unwrap_or(DEFAULT_BUSY_TIMEOUT),
+        }),
+        Some("takeover") => Some(BusyPolicy::Takeover),
+        Some(v) => {
+            return Err(DevargsError::BadValue {
+                key: "busy",
+                value: v.into(),
+                expected: "fail, wait or takeover",
+            })
+        }
+    };
+    if let (Some(t), false) = (timeout, matches!(policy, Some(BusyPolicy::Wait { .. }))) {
+        return Err(DevargsError::Conflict {
+            first: format!("busy-timeout={t}"),
+            second: format!("busy={}", policy.map_or("fail", |p| p.name())),
+            why: "busy-timeout is how long busy=wait waits; add busy=wait or drop busy-timeout",
+        });
+    }
+    match (policy, takeover) {
+        (Some(p), None) => Ok(p),
+        (None, t) => Ok(if t == Some(true) {
+            BusyPolicy::Takeover
+        } else {
+            BusyPolicy::Fail
+        }),
+        (Some(p), Some(t)) if (p == BusyPolicy::Takeover) == t => Ok(p),
+        (Some(p), Some(t)) => Err(DevargsError::Conflict {
+            first: format!("takeover={}", u8::from(t)),
+            second: format!("busy={}", p.name()),
+            why: "takeover=1 is the older spelling of busy=takeover; give only busy=",
+        }),
+    }
 }
 
 fn parse_dev(value: &str) -> Result<String, DevargsError> {
@@ -319,24 +440,14 @@ impl FromStr for PortSpec {
                 }
             })
             .transpose()?;
-        let takeover = match get("takeover") {
-            None | Some("0" | "no" | "false") => false,
-            Some("1" | "yes" | "true") => true,
-            Some(v) => {
-                return Err(DevargsError::BadValue {
-                    key: "takeover",
-                    value: v.into(),
-                    expected: "1 or 0 (yes/no)",
-                })
-            }
-        };
+        let busy = parse_busy(get("busy"), get("busy-timeout"), get("takeover"))?;
         Ok(PortSpec {
             kind,
             rxq: queues("rxq")?,
             txq: queues("txq")?,
             pcap,
             netdev,
-            takeover,
+            busy,
         })
     }
 }
@@ -375,8 +486,8 @@ impl fmt::Display for PortSpec {
         };
         parts.extend(self.pcap.as_ref().map(|p| format!("pcap={p}")));
         parts.extend(self.netdev.as_ref().map(|n| format!("netdev={n}")));
-        if self.takeover {
-            parts.push("takeover=1".into());
+        if self.busy != BusyPolicy::Fail {
+            parts.push(self.busy.to_string());
         }
         parts.extend(self.rxq.map(|q| format!("rxq={q}")));
         parts.extend(self.txq.map(|q| format!("txq={q}")));
@@ -455,8 +566,14 @@ mod tests {
         assert_eq!(c.pcap.as_deref(), Some("/tmp/cap.pcap"));
         assert_eq!(c.to_string(), "emu-mana:wire=shm:x,pcap=/tmp/cap.pcap");
         let t = p("emu-mana:wire=none,netdev=eth1,takeover=yes").unwrap();
-        assert_eq!((t.netdev.as_deref(), t.takeover), (Some("eth1"), true));
-        assert_eq!(t.to_string(), "emu-mana:wire=none,netdev=eth1,takeover=1");
+        assert_eq!(
+            (t.netdev.as_deref(), t.busy),
+            (Some("eth1"), BusyPolicy::Takeover)
+        );
+        assert_eq!(
+            t.to_string(),
+            "emu-mana:wire=none,netdev=eth1,busy=takeover"
+        );
         assert!(p("mana:takeover=maybe")
             .unwrap_err()
             .to_string()
@@ -511,6 +628,99 @@ mod tests {
         }
     }
 
+    #[test]
+    fn busy_policies_parse_print_and_conflict() {
+        let busy = |s: &str| p(s).map(|s| s.busy);
+        assert_eq!(busy("mana"), Ok(BusyPolicy::Fail));
+        assert_eq!(busy("mana:busy=fail"), Ok(BusyPolicy::Fail));
+        assert_eq!(busy("mana:busy=takeover"), Ok(BusyPolicy::Takeover));
+        assert_eq!(busy("mana:takeover=1"), Ok(BusyPolicy::Takeover));
+        assert_eq!(busy("mana:takeover=0"), Ok(BusyPolicy::Fail));
+        assert_eq!(
+            busy("mana:busy=takeover,takeover=1"),
+            Ok(BusyPolicy::Takeover)
+        );
+        assert_eq!(
+            busy("mana:busy=wait,takeover=0").map(|b| b.name()),
+            Ok("wait")
+        );
+        assert_eq!(
+            busy("emu-mana:wire=none,busy=wait"),
+            Ok(BusyPolicy::Wait {
+                timeout: DEFAULT_BUSY_TIMEOUT
+            })
+        );
+        assert_eq!(
+            busy("emu-mana:wire=none,busy=wait,busy-timeout=2.5"),
+            Ok(BusyPolicy::Wait {
+                timeout: Duration::from_millis(2500)
+            })
+        );
+        assert_eq!(
+            p("emu-mana:wire=none,netdev=eth1,busy=wait,busy-timeout=0.25")
+                .unwrap()
+                .to_string(),
+            "emu-mana:wire=none,netdev=eth1,busy=wait,busy-timeout=0.25"
+        );
+        assert_eq!(
+            p("mana:dev=mana_0,busy=wait").unwrap().to_string(),
+            "mana:dev=mana_0,busy=wait,busy-timeout=30"
+        );
+        assert_eq!(p("mana:busy=fail").unwrap().to_string(), "mana");
+    }
+
+    #[test]
+    fn bad_busy_values_say_what_is_expected() {
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "mana:busy=maybe",
+                &["'maybe'", "'busy'", "fail, wait or takeover"],
+            ),
+            (
+                "mana:busy-timeout=abc,busy=wait",
+                &["'abc'", "0.001 to 86400"],
+            ),
+            ("mana:busy=wait,busy-timeout=0", &["'0'", "0.001 to 86400"]),
+            ("mana:busy=wait,busy-timeout=-1", &["'-1'"]),
+            ("mana:busy=wait,busy-timeout=86401", &["'86401'"]),
+            ("mana:busy=wait,busy-timeout=inf", &["'inf'"]),
+            ("mana:busy=wait,busy-timeout=NaN", &["'NaN'"]),
+            (
+                "mana:busy-timeout=5",
+                &[
+                    "'busy-timeout=5' and 'busy=fail' contradict",
+                    "add busy=wait",
+                ],
+            ),
+            (
+                "mana:busy=takeover,busy-timeout=5",
+                &["'busy-timeout=5' and 'busy=takeover'"],
+            ),
+            (
+                "mana:takeover=1,busy=wait",
+                &["'takeover=1' and 'busy=wait' contradict", "older spelling"],
+            ),
+            (
+                "mana:takeover=1,busy=fail",
+                &["'takeover=1' and 'busy=fail'"],
+            ),
+            (
+                "emu-mana:wire=none,takeover=0,busy=takeover",
+                &["'takeover=0' and 'busy=takeover'"],
+            ),
+            ("mlx5:busy=wait", &["'mlx5' ports take no key 'busy'"]),
+            ("null:busy=fail", &["no key 'busy'"]),
+            ("emu-mlx5:wire=none,takeover=1", &["no key 'takeover'"]),
+            ("mana:busy=wait,busy=fail", &["'busy' given more than once"]),
+        ];
+        for (input, needles) in cases {
+            let e = p(input).expect_err(input).to_string();
+            for n in *needles {
+                assert!(e.contains(n), "{input:?}: error {e:?} lacks {n:?}");
+            }
+        }
+    }
+
     fn arb_name() -> impl Strategy<Value = String> {
         "[a-z][a-z0-9_]{0,14}"
     }
@@ -540,19 +750,25 @@ mod tests {
             (wire, mac.clone()).prop_map(|(wire, mac)| PortKind::EmuMlx5 { wire, mac }),
             (14u16..=9600, mac).prop_map(|(size, mac)| PortKind::Null { size, mac }),
         ];
-        (kind, q.clone(), q, any::<bool>()).prop_map(|(kind, rxq, txq, t)| {
-            // takeover and netdev only where the kind takes them.
+        let busy = prop_oneof![
+            Just(BusyPolicy::Fail),
+            Just(BusyPolicy::Takeover),
+            (1u64..=MAX_BUSY_TIMEOUT.as_millis() as u64).prop_map(|ms| BusyPolicy::Wait {
+                timeout: Duration::from_millis(ms)
+            }),
+        ];
+        (kind, q.clone(), q, any::<bool>(), busy).prop_map(|(kind, rxq, txq, t, busy)| {
+            // busy and netdev only where the kind takes them.
             let emu = matches!(kind, PortKind::EmuMana { .. } | PortKind::EmuMlx5 { .. });
-            let takeover = t && (emu || matches!(kind, PortKind::Mana { .. }));
-            let netdev =
-                (t && (emu || matches!(kind, PortKind::Mana { .. }))).then(|| "veth9".to_string());
+            let mana = matches!(kind, PortKind::EmuMana { .. } | PortKind::Mana { .. });
+            let netdev = (t && mana).then(|| "veth9".to_string());
             PortSpec {
                 kind,
                 rxq,
                 txq,
                 pcap: None,
                 netdev,
-                takeover,
+                busy: if mana { busy } else { BusyPolicy::Fail },
             }
         })
     }
@@ -571,7 +787,9 @@ mod tests {
 
         #[test]
         fn kind_with_garbage_keys_is_refused(key in "[a-z]{1,8}", value in "[a-z0-9]{1,8}") {
-            prop_assume!(!["mac", "dev", "port", "rxq", "txq"].contains(&key.as_str()));
+            prop_assume!(
+                !["mac", "dev", "port", "busy", "takeover", "rxq", "txq"].contains(&key.as_str())
+            );
             let r = format!("mana:{key}={value}").parse::<PortSpec>();
             let is_unknown_key = matches!(r, Err(DevargsError::UnknownKey { .. }));
             prop_assert!(is_unknown_key);

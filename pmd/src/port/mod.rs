@@ -31,13 +31,16 @@
 #![deny(unsafe_code)]
 
 pub mod devargs;
+pub mod lock;
 pub mod probe;
 
 pub use crate::ethdev::{
     Burst, Caps, Link, PortConfig, PortError, PortState, QueueStats, RssConfig, RssFields,
     RxOffloads, Stats, TxOffloads,
 };
+pub use crate::takeover::BusyPolicy;
 pub use devargs::{DevargsError, PortKind, PortSpec};
+pub use lock::PortLock;
 
 use crate::ethdev::{check_config, Counters, PortDriver, QueueSetup, RxBurst, TxBurst};
 use crate::net::MacAddr;
@@ -135,6 +138,9 @@ pub struct Port {
     tx: Vec<Option<Box<dyn TxBurst>>>,
     rx_counters: Vec<Arc<Counters>>,
     tx_counters: Vec<Arc<Counters>>,
+    /// The port's lock (see [`lock`]). Declared after `driver`: fields drop in order, so the
+    /// driver (and a netdev it took over) is gone before another process may open the port.
+    lock: Option<PortLock>,
 }
 
 impl std::fmt::Debug for Port {
@@ -145,15 +151,28 @@ impl std::fmt::Debug for Port {
 
 impl Port {
     /// Opens the device `spec` names, as port `id` (the number mbufs are stamped with).
+    /// First takes the port's lock ([`lock`]), before anything touches the device.
     ///
     /// # Errors
+    /// [`PortError::InUse`] when another process of ours has the port open;
     /// [`PortError::NoDevice`] when nothing matches (with what to do instead), or a driver's
     /// set-up error.
     pub fn open(id: u16, spec: &PortSpec) -> Result<Self, PortError> {
+        let lock = lock::key_for(spec)
+            .map(|key| PortLock::acquire(&key, &spec.to_string()))
+            .transpose()?;
         let driver = probe::probe(id, spec)?;
         let mut port = Self::from_driver(id, spec.to_string(), driver);
         port.spec = Some(spec.clone());
+        port.lock = lock;
         Ok(port)
+    }
+
+    /// Hands the port a lock taken by hand (a port built with [`Port::from_driver`] has
+    /// none); it is released after the driver when the port goes.
+    pub fn with_lock(mut self, lock: PortLock) -> Self {
+        self.lock = Some(lock);
+        self
     }
 
     /// A port over a driver built by hand (see [`probe::mana`] for a MANA driver over any
@@ -172,6 +191,7 @@ impl Port {
             tx: Vec::new(),
             rx_counters: Vec::new(),
             tx_counters: Vec::new(),
+            lock: None,
         }
     }
 

@@ -55,7 +55,7 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
         }),
         #[cfg(feature = "verbs")]
         PortKind::Mana { mac, dev, port } => {
-            let sel = crate::verbs::mana::Selector {
+            let sel = crate::devices::PortSelector {
                 dev: dev.clone(),
                 port: *port,
                 mac: *mac,
@@ -95,9 +95,7 @@ pub fn mana(
 
 #[cfg(any(feature = "emu", feature = "verbs"))]
 fn mana_options(spec: &PortSpec) -> crate::mana::Options {
-    crate::mana::Options {
-        takeover: spec.takeover,
-    }
+    crate::mana::Options { busy: spec.busy }
 }
 
 fn hardware_unavailable(spec: &PortSpec) -> PortError {

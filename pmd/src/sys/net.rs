@@ -40,7 +40,7 @@ pub fn send_signal(pid: u32, sig: i32) -> io::Result<()> {
 }
 
 /// The signal numbers [`send_signal`] takes.
-pub use libc::{SIGINT, SIGKILL, SIGTERM};
+pub use libc::{SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM};
 
 /// `IFF_UP`: the interface is administratively up.
 pub const IFF_UP: u32 = libc::IFF_UP as u32;

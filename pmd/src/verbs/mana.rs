@@ -13,91 +13,15 @@
 
 use super::manadv::{self, Allocators};
 use super::objects::{Context, Cq, IndTable, Mr, ParentDomain, Pd, Qp, Wq};
-use super::{sysfs_root, VerbsError};
-use crate::devices::{self, Family};
+use super::VerbsError;
+use crate::devices::sysfs_root;
+use crate::devices::{self, resolve_mana_port as resolve, PortSelector as Selector};
 use crate::ethdev::{Link, RssConfig, RssFields};
 use crate::hw::mana::MAX_TX_SGES;
 use crate::mana::{Provider, QueueAllocator, QueueOwner, RawRxQueue, RawTxQueue, SetupError};
 use crate::net::MacAddr;
 use mempool::{ChunkInfo, Registration};
 use std::sync::Arc;
-
-/// Which port to open: by MAC, by netdev name, or by device and port (any may be combined;
-/// all given must match).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Selector {
-    /// IB device name (`mana_0`).
-    pub dev: Option<String>,
-    /// IB port number (1-based).
-    pub port: Option<u32>,
-    /// The MAC of the port's netdev.
-    pub mac: Option<MacAddr>,
-    /// The port's kernel netdev (`eth1`).
-    pub netdev: Option<String>,
-}
-
-impl std::fmt::Display for Selector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut parts = Vec::new();
-        parts.extend(self.dev.as_ref().map(|d| format!("dev={d}")));
-        parts.extend(self.port.map(|p| format!("port={p}")));
-        parts.extend(self.mac.map(|m| format!("mac={m}")));
-        parts.extend(self.netdev.as_ref().map(|n| format!("netdev={n}")));
-        if parts.is_empty() {
-            f.write_str("the first MANA port")
-        } else {
-            f.write_str(&parts.join(","))
-        }
-    }
-}
-
-/// The port `sel` names, from the sysfs tree libibverbs reads: (device, port, netdev).
-///
-/// # Errors
-/// No MANA port matches (the message lists what there is).
-pub fn resolve(sel: &Selector) -> Result<(String, u32, Option<devices::Netdev>), String> {
-    let root = sysfs_root();
-    let devs = devices::list(&root).map_err(|e| format!("reading {}: {e}", root.display()))?;
-    let mut seen = Vec::new();
-    for d in devs.iter().filter(|d| d.family == Family::Mana) {
-        for p in &d.ports {
-            let nd = p.netdev.as_ref();
-            seen.push(format!(
-                "{} port {}{}",
-                d.name,
-                p.number,
-                nd.map(|n| {
-                    format!(
-                        " ({}{})",
-                        n.name,
-                        n.mac.map(|m| format!(", {m}")).unwrap_or_default()
-                    )
-                })
-                .unwrap_or_default()
-            ));
-            let ok = sel.dev.as_ref().is_none_or(|x| *x == d.name)
-                && sel.port.is_none_or(|x| x == p.number)
-                && sel.mac.is_none_or(|m| nd.and_then(|n| n.mac) == Some(m))
-                && sel
-                    .netdev
-                    .as_ref()
-                    .is_none_or(|x| nd.is_some_and(|n| n.name == *x));
-            if ok {
-                return Ok((d.name.clone(), p.number, p.netdev.clone()));
-            }
-        }
-    }
-    Err(if seen.is_empty() {
-        format!(
-            "no MANA RDMA device under {} (load mana_ib and ib_uverbs; pmd-devices lists \
-             what there is); without hardware use the device model, e.g. \
-             --port emu-mana:wire=shm:demo0",
-            root.display()
-        )
-    } else {
-        format!("no MANA port matches {sel}; there is {}", seen.join("; "))
-    })
-}
 
 /// The device's limits, from `ibv_query_device_ex`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,7 +82,7 @@ impl ManaProvider {
     /// # Errors
     /// No such port, or a verbs call failed (everything opened so far is closed again).
     pub fn open(sel: &Selector) -> Result<Self, SetupError> {
-        let (dev, port, netdev) = resolve(sel).map_err(SetupError::NoPort)?;
+        let (dev, port, netdev) = resolve(&sysfs_root(), sel).map_err(SetupError::NoPort)?;
         let mac = netdev.as_ref().and_then(|n| n.mac).ok_or_else(|| {
             SetupError::NoPort(format!(
                 "{dev} port {port} has no netdev with a MAC address in sysfs; the MAC of a MANA \
@@ -228,7 +152,7 @@ impl ManaProvider {
     /// (mana_ib turns any vPort configuration error into it), `EBUSY` on newer ones.
     fn busy_or(&self, e: VerbsError) -> SetupError {
         if matches!(e.errno(), libc::ENODEV | libc::EBUSY) {
-            port_busy(self.netdev(), e.errno())
+            SetupError::port_busy(self.netdev(), e.errno())
         } else {
             verbs(e)
         }
@@ -251,21 +175,6 @@ impl ManaProvider {
             });
         }
         Ok(())
-    }
-}
-
-/// The kernel holds the vPort (its netdev is up).
-fn port_busy(netdev: Option<&str>, errno: i32) -> SetupError {
-    let name = netdev.unwrap_or("the port's netdev");
-    SetupError::PortBusy {
-        netdev: netdev.map(str::to_string),
-        holder: format!("kernel netdev {name}"),
-        hint: format!(
-            "raw-packet QP creation failed with {} while {name} is up: bring it down (ip link \
-             set {name} down; on Azure also its hv_netvsc master), or add busy=takeover to \
-             the port spec",
-            std::io::Error::from_raw_os_error(errno)
-        ),
     }
 }
 

@@ -151,15 +151,3 @@ pub fn multi_process_support() -> Vec<(&'static str, bool)> {
     .map(|(c, n)| (n, objects::has_symbol(c)))
     .collect()
 }
-
-/// The root of the sysfs tree libibverbs reads: `PMD_SYSFS_ROOT`, else libibverbs'
-/// `SYSFS_PATH`, else `/sys`.
-pub fn sysfs_root() -> std::path::PathBuf {
-    ["PMD_SYSFS_ROOT", "SYSFS_PATH"]
-        .iter()
-        .find_map(|k| std::env::var_os(k).filter(|v| !v.is_empty()))
-        .map_or_else(
-            || std::path::PathBuf::from(crate::devices::DEFAULT_SYSFS_ROOT),
-            std::path::PathBuf::from,
-        )
-}

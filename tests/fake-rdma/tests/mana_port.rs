@@ -10,8 +10,17 @@ use std::process::{Command, Output};
 const PORT1: &str = "mana:dev=mana_0,port=1";
 const PORT2: &str = "mana:dev=mana_0,port=2";
 
+/// One run at a time in this file: on a 2-core machine, traffic runs beside other runs (six
+/// processes and their engine threads) starve l2fwd's TX ring of 256 descriptors (the v44
+/// maximum), which then drops what it cannot send, and counts it.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// l2fwd between two `mana:` ports for a moment, on `fake`, with `env`.
 fn l2fwd(fake: &Fake, ports: [&str; 2], env: &[(&str, &str)]) -> Output {
+    let _one = serial();
     let mut c: Command = fake.cmd(&bin("l2fwd"));
     c.args(["--port", ports[0], "--port", ports[1]]).args([
         "--duration",
@@ -233,7 +242,7 @@ fn a_port_held_by_its_netdev_is_busy_naming_the_netdev_and_the_command() {
             assert!(
                 err.contains("kernel netdev lo holds it")
                     && err.contains("ip link set lo down")
-                    && err.contains(name),
+                    && err.contains(&format!("failed with {errno}")),
                 "{errno} {profile}: {}",
                 text(&o)
             );
@@ -258,11 +267,7 @@ enum ManaSide {
 /// pktgen's `--run` (a child forked and exec'd while traffic flows). Returns the fake's trace
 /// of the process with the `mana:` ports.
 fn forward(profile: &str, frames: u64, side: ManaSide, run: Option<&str>) -> Vec<String> {
-    // One traffic run at a time: on a 2-core machine three of them side by side (six
-    // processes and their engine threads) starve l2fwd's TX ring of 256 descriptors (the
-    // v44 maximum), which drops what it cannot send and counts it.
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = serial();
     let tag = format!("fm{}-{profile}", std::process::id());
     let fake = Fake::new(Some(&format!(
         "mana_0/1:mac=02:00:00:00:10:01,wire=shm:{tag}-1;mana_0/2:mac=02:00:00:00:10:02,wire=shm:{tag}-2"

@@ -223,17 +223,10 @@ fn engine_refused(object: &'static str) -> impl FnOnce(EngineError) -> SetupErro
     }
 }
 
-/// The error the kernel gives while its netdev holds the vPort, with what to do about it.
+/// The error the kernel gives while its netdev holds the vPort (EBUSY, as newer kernels
+/// report it), naming the netdev, its master and what to do.
 fn busy(netdev: &str) -> SetupError {
-    SetupError::PortBusy {
-        netdev: Some(netdev.to_string()),
-        holder: format!("kernel netdev {netdev}"),
-        hint: format!(
-            "raw-packet queue creation failed with EBUSY while {netdev} is up: bring it down \
-             (ip link set {netdev} down; on Azure also its hv_netvsc master), or add takeover=1 \
-             to the port spec to have it brought down now and up again when the port closes"
-        ),
-    }
+    SetupError::port_busy(Some(netdev), libc::EBUSY)
 }
 
 impl Model {
