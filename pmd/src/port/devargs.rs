@@ -761,7 +761,7 @@ mod tests {
             // busy and netdev only where the kind takes them.
             let emu = matches!(kind, PortKind::EmuMana { .. } | PortKind::EmuMlx5 { .. });
             let mana = matches!(kind, PortKind::EmuMana { .. } | PortKind::Mana { .. });
-            let netdev = (t && mana).then(|| "veth9".to_string());
+            let netdev = (t && (mana || emu)).then(|| "veth9".to_string());
             PortSpec {
                 kind,
                 rxq,
