@@ -224,10 +224,7 @@ fn a_port_held_by_its_netdev_is_busy_naming_the_netdev_and_the_command() {
         "mana_0/1:mac=02:00:00:00:10:01,wire=none,netdev=lo;\
          mana_0/2:mac=02:00:00:00:10:02,wire=none",
     ));
-    for (errno, name) in [
-        ("ENODEV", "No such device"),
-        ("EBUSY", "Device or resource busy"),
-    ] {
+    for errno in ["ENODEV", "EBUSY"] {
         for profile in ["v44", "main"] {
             let o = l2fwd(
                 &fake,
