@@ -8,182 +8,39 @@
 //! Needs root and `ip netns`; each test prints SKIPPED and passes otherwise (unless
 //! PMD_REQUIRE_PRIVILEGED is set, where a skip would hide a failure).
 
+use integration_tests::{eventually, finish, Netns, IF};
 use pmd::sys::net::{send_signal, SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM};
-use std::io::Read;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
-/// A network namespace with the port's netdev `pmd0` (and its master `br0`, when bridges
-/// exist), and a lock directory of its own; deleted on drop.
-struct Netns {
-    name: String,
-    master: Option<&'static str>,
-    locks: tempfile::TempDir,
-}
-
-const IF: &str = "pmd0";
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-impl Netns {
-    fn create(tag: &str) -> Option<Self> {
-        let name = format!("pmdx{tag}{}", std::process::id());
-        if !ip(&["netns", "add", &name]) {
-            let why = "cannot create a network namespace here (needs root and `ip netns`)";
-            assert!(
-                std::env::var_os("PMD_REQUIRE_PRIVILEGED").is_none(),
-                "PMD_REQUIRE_PRIVILEGED is set but {why}"
-            );
-            eprintln!("SKIPPED {tag}: {why}");
-            return None;
-        }
-        let mut ns = Netns {
-            name,
-            master: None,
-            locks: tempfile::tempdir().unwrap(),
-        };
-        let made = ns.ip(&["link", "add", IF, "type", "dummy"])
-            || ns.ip(&[
-                "link", "add", IF, "type", "veth", "peer", "name", "pmd0peer",
-            ]);
-        assert!(made, "cannot create {IF} in namespace {}", ns.name);
-        if ns.ip(&["link", "add", "br0", "type", "bridge"])
-            && ns.ip(&["link", "set", IF, "master", "br0"])
-        {
-            ns.master = Some("br0");
-        } else {
-            eprintln!("note: no bridge support here: the master half of the test is left out");
-        }
-        Some(ns)
-    }
-
-    fn ip(&self, args: &[&str]) -> bool {
-        let mut all = vec!["netns", "exec", &self.name, "ip"];
-        all.extend_from_slice(args);
-        ip(&all)
-    }
-
-    /// Whether `ifname` is administratively up (`UP` among its flags).
-    fn up(&self, ifname: &str) -> bool {
-        let out = Command::new("ip")
-            .args([
-                "netns", "exec", &self.name, "ip", "-o", "link", "show", "dev", ifname,
-            ])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let flags = text
-            .split_once('<')
-            .and_then(|(_, r)| r.split_once('>'))
-            .map_or("", |(f, _)| f);
-        flags.split(',').any(|f| f == "UP")
-    }
-
-    /// Brings the netdev (and its master) up or down, as the kernel's own interface would be.
-    fn set(&self, up: bool) {
-        let state = if up { "up" } else { "down" };
-        for n in self.master.iter().chain(std::iter::once(&IF)) {
-            assert!(
-                self.ip(&["link", "set", n, state]),
-                "ip link set {n} {state}"
-            );
-        }
-    }
-
-    /// Whether the netdev and its master are all up (`true`) or all down (`false`).
-    fn all(&self, up: bool) -> bool {
-        self.master
-            .iter()
-            .chain(std::iter::once(&IF))
-            .all(|n| self.up(n) == up)
-    }
-
-    /// l2fwd inside the namespace: port 0 is the model port with netdev pmd0 and `policy`
-    /// (e.g. `busy=takeover`), port 1 its in-process cable peer.
-    fn l2fwd(&self, policy: &str, extra: &[&str]) -> Command {
-        let port0 = if policy.is_empty() {
-            format!("emu-mana:wire=loop:x,netdev={IF}")
-        } else {
-            format!("emu-mana:wire=loop:x,netdev={IF},{policy}")
-        };
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name, env!("CARGO_BIN_EXE_l2fwd")])
-            .args(["--port", &port0, "--port", "emu-mana:wire=loop:x"])
-            .args([
-                "--lcores",
-                "0",
-                "--ring-size",
-                "256",
-                "--stats-interval",
-                "0",
-            ])
-            .args(["--link-timeout", "2"])
-            .args(extra)
-            .env("PMD_LOCK_DIR", self.locks.path())
-            .env("PMD_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c
-    }
-
-    /// The lock file of the port, once a process holds it.
-    fn lock_file(&self) -> Option<PathBuf> {
-        std::fs::read_dir(self.locks.path())
-            .ok()?
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .find(|p| p.to_string_lossy().ends_with(&format!(".{IF}.lock")))
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.name]);
-    }
+/// l2fwd inside the namespace: port 0 is the model port with netdev pmd0 and `policy`
+/// (e.g. `busy=takeover`), port 1 its in-process cable peer.
+fn l2fwd(ns: &Netns, policy: &str, extra: &[&str]) -> Command {
+    let port0 = if policy.is_empty() {
+        format!("emu-mana:wire=loop:x,netdev={IF}")
+    } else {
+        format!("emu-mana:wire=loop:x,netdev={IF},{policy}")
+    };
+    let mut c = ns.exec(std::path::Path::new(env!("CARGO_BIN_EXE_l2fwd")));
+    c.args(["--port", &port0, "--port", "emu-mana:wire=loop:x"])
+        .args([
+            "--lcores",
+            "0",
+            "--ring-size",
+            "256",
+            "--stats-interval",
+            "0",
+        ])
+        .args(["--link-timeout", "2"])
+        .args(extra)
+        .env("PMD_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
 }
 
 fn stderr_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Waits for `child` to exit (at most `limit`), killing it past that; returns its output.
-fn finish(mut child: Child, limit: Duration) -> (ExitStatus, String) {
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            panic!("l2fwd still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut err);
-    }
-    (status, err)
-}
-
-/// Polls `cond` every 20 ms for at most `limit`.
-fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let t0 = Instant::now();
-    while t0.elapsed() < limit {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    cond()
 }
 
 #[test]
@@ -192,7 +49,7 @@ fn busy_fail_names_the_netdev_its_master_and_the_command() {
         return;
     };
     ns.set(true);
-    let out = ns.l2fwd("", &["--duration", "0.5"]).output().unwrap();
+    let out = l2fwd(&ns, "", &["--duration", "0.5"]).output().unwrap();
     let err = stderr_of(&out);
     assert!(!out.status.success(), "must fail while pmd0 is up: {err}");
     let (holder, command) = match ns.master {
@@ -211,13 +68,12 @@ fn busy_fail_names_the_netdev_its_master_and_the_command() {
     assert!(ns.all(true), "busy=fail touches nothing");
 
     // Explicit busy=fail is the same; and the command it printed does free the port.
-    let out = ns
-        .l2fwd("busy=fail", &["--duration", "0.5"])
+    let out = l2fwd(&ns, "busy=fail", &["--duration", "0.5"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     ns.set(false);
-    let out = ns.l2fwd("", &["--duration", "0.3"]).output().unwrap();
+    let out = l2fwd(&ns, "", &["--duration", "0.3"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
 }
 
@@ -227,8 +83,7 @@ fn busy_wait_succeeds_once_the_netdev_goes_down_and_gives_up_at_its_timeout() {
         return;
     };
     ns.set(true);
-    let out = ns
-        .l2fwd("busy=wait,busy-timeout=0.3", &["--duration", "0.3"])
+    let out = l2fwd(&ns, "busy=wait,busy-timeout=0.3", &["--duration", "0.3"])
         .output()
         .unwrap();
     let err = stderr_of(&out);
@@ -238,8 +93,7 @@ fn busy_wait_succeeds_once_the_netdev_goes_down_and_gives_up_at_its_timeout() {
         "{err}"
     );
 
-    let child = ns
-        .l2fwd("busy=wait,busy-timeout=20", &["--duration", "0.3"])
+    let child = l2fwd(&ns, "busy=wait,busy-timeout=20", &["--duration", "0.3"])
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(800));
@@ -267,8 +121,7 @@ fn busy_takeover_gives_the_netdev_back_on_every_way_out() {
     ns.set(true);
 
     // Normal end (--duration): down while running, up again after.
-    let child = ns
-        .l2fwd("busy=takeover", &["--duration", "1.5"])
+    let child = l2fwd(&ns, "busy=takeover", &["--duration", "1.5"])
         .spawn()
         .unwrap();
     assert!(
@@ -287,7 +140,7 @@ fn busy_takeover_gives_the_netdev_back_on_every_way_out() {
         ("busy=takeover", SIGHUP),
         ("busy=takeover", SIGQUIT),
     ] {
-        let child = ns.l2fwd(policy, &[]).spawn().unwrap();
+        let child = l2fwd(&ns, policy, &[]).spawn().unwrap();
         assert!(
             eventually(Duration::from_secs(10), || ns.all(false)),
             "{policy}: netdev taken down"
@@ -299,7 +152,7 @@ fn busy_takeover_gives_the_netdev_back_on_every_way_out() {
     }
 
     // A second signal ends the process at once, but never before giving the netdev back.
-    let child = ns.l2fwd("busy=takeover", &[]).spawn().unwrap();
+    let child = l2fwd(&ns, "busy=takeover", &[]).spawn().unwrap();
     assert!(eventually(Duration::from_secs(10), || ns.all(false)));
     send_signal(child.id(), SIGINT).unwrap();
     send_signal(child.id(), SIGTERM).unwrap();
@@ -313,7 +166,7 @@ fn second_l2fwd_on_the_same_port_is_refused_naming_the_pid() {
         return;
     };
     ns.set(false);
-    let first = ns.l2fwd("", &[]).spawn().unwrap();
+    let first = l2fwd(&ns, "", &[]).spawn().unwrap();
     let pid = first.id();
     assert!(
         eventually(Duration::from_secs(10), || ns
@@ -325,8 +178,7 @@ fn second_l2fwd_on_the_same_port_is_refused_naming_the_pid() {
     // The kernel netdev comes back while the first runs (its queues exist already). A second
     // process that would take the port over must be refused before it touches anything.
     ns.set(true);
-    let out = ns
-        .l2fwd("busy=takeover", &["--duration", "0.3"])
+    let out = l2fwd(&ns, "busy=takeover", &["--duration", "0.3"])
         .output()
         .unwrap();
     let err = stderr_of(&out);
@@ -344,7 +196,7 @@ fn second_l2fwd_on_the_same_port_is_refused_naming_the_pid() {
     let _ = finish(first, Duration::from_secs(10));
     assert!(ns.lock_file().is_some(), "SIGKILL leaves the file behind");
     ns.set(false);
-    let out = ns.l2fwd("", &["--duration", "0.3"]).output().unwrap();
+    let out = l2fwd(&ns, "", &["--duration", "0.3"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(
         ns.lock_file().is_none(),

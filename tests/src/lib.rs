@@ -1,1 +1,166 @@
-//! Cross-crate integration tests live in `tests/`.
+//! Support for the cross-process tests of the workspace (this crate's `tests/`, and the
+//! apps' and the fake rdma-core's tests): a network namespace with a netdev that plays a
+//! MANA port's kernel interface, and helpers to wait on processes.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// The port's netdev in a [`Netns`].
+pub const IF: &str = "pmd0";
+
+/// Runs `ip ARGS`; whether it succeeded.
+pub fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A network namespace with the port's netdev `pmd0` (and its master `br0`, when bridges
+/// exist), and a lock directory of its own; deleted on drop.
+pub struct Netns {
+    /// The namespace's name.
+    pub name: String,
+    /// The netdev's master, when bridges exist.
+    pub master: Option<&'static str>,
+    /// The port-lock directory (`PMD_LOCK_DIR`) of the processes run in it.
+    pub locks: tempfile::TempDir,
+}
+
+impl Netns {
+    /// Creates the namespace `pmdx<tag><pid>` with its netdev; `None` (after saying why)
+    /// where the machine cannot (not root, no `ip netns`), unless PMD_REQUIRE_PRIVILEGED is
+    /// set.
+    pub fn create(tag: &str) -> Option<Self> {
+        let name = format!("pmdx{tag}{}", std::process::id());
+        if !ip(&["netns", "add", &name]) {
+            let why = "cannot create a network namespace here (needs root and `ip netns`)";
+            assert!(
+                std::env::var_os("PMD_REQUIRE_PRIVILEGED").is_none(),
+                "PMD_REQUIRE_PRIVILEGED is set but {why}"
+            );
+            eprintln!("SKIPPED {tag}: {why}");
+            return None;
+        }
+        let mut ns = Netns {
+            name,
+            master: None,
+            locks: tempfile::tempdir().unwrap(),
+        };
+        let made = ns.ip(&["link", "add", IF, "type", "dummy"])
+            || ns.ip(&[
+                "link", "add", IF, "type", "veth", "peer", "name", "pmd0peer",
+            ]);
+        assert!(made, "cannot create {IF} in namespace {}", ns.name);
+        if ns.ip(&["link", "add", "br0", "type", "bridge"])
+            && ns.ip(&["link", "set", IF, "master", "br0"])
+        {
+            ns.master = Some("br0");
+        } else {
+            eprintln!("note: no bridge support here: the master half of the test is left out");
+        }
+        Some(ns)
+    }
+
+    /// Runs `ip ARGS` inside the namespace.
+    pub fn ip(&self, args: &[&str]) -> bool {
+        let mut all = vec!["netns", "exec", &self.name, "ip"];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+
+    /// Whether `ifname` is administratively up (`UP` among its flags).
+    pub fn up(&self, ifname: &str) -> bool {
+        let out = Command::new("ip")
+            .args([
+                "netns", "exec", &self.name, "ip", "-o", "link", "show", "dev", ifname,
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let flags = text
+            .split_once('<')
+            .and_then(|(_, r)| r.split_once('>'))
+            .map_or("", |(f, _)| f);
+        flags.split(',').any(|f| f == "UP")
+    }
+
+    /// Brings the netdev (and its master) up or down, as the kernel's own interface would be.
+    pub fn set(&self, up: bool) {
+        let state = if up { "up" } else { "down" };
+        for n in self.master.iter().chain(std::iter::once(&IF)) {
+            assert!(
+                self.ip(&["link", "set", n, state]),
+                "ip link set {n} {state}"
+            );
+        }
+    }
+
+    /// Whether the netdev and its master are all up (`true`) or all down (`false`).
+    pub fn all(&self, up: bool) -> bool {
+        self.master
+            .iter()
+            .chain(std::iter::once(&IF))
+            .all(|n| self.up(n) == up)
+    }
+
+    /// `prog` run inside the namespace (`ip netns exec`), with the namespace's lock directory.
+    pub fn exec(&self, prog: &std::path::Path) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name])
+            .arg(prog)
+            .env("PMD_LOCK_DIR", self.locks.path());
+        c
+    }
+
+    /// The lock file of the port, once a process holds it.
+    pub fn lock_file(&self) -> Option<PathBuf> {
+        std::fs::read_dir(self.locks.path())
+            .ok()?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().ends_with(&format!(".{IF}.lock")))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.name]);
+    }
+}
+
+/// Waits for `child` to exit (at most `limit`), killing it past that; returns its output.
+pub fn finish(mut child: Child, limit: Duration) -> (ExitStatus, String) {
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            panic!("l2fwd still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    (status, err)
+}
+
+/// Polls `cond` every 20 ms for at most `limit`.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}

@@ -239,6 +239,16 @@ pub fn write_sysfs(root: &Path, ports: &[PortSpec]) -> io::Result<()> {
                         ));
                     }
                     symlink(&live, &ndir.join("flags"))?;
+                    // Its master (a bridge here, `hv_netvsc` on Azure), as the kernel shows
+                    // it: the same link text, so the name it ends in is the master's.
+                    let master = Path::new("/sys/class/net").join(real).join("master");
+                    if let Ok(target) = fs::read_link(&master) {
+                        symlink(&target, &ndir.join("master"))?;
+                    }
+                    // `class/net/IF`, where the take-over looks for the master.
+                    let class = root.join("class/net");
+                    fs::create_dir_all(&class)?;
+                    symlink(&ndir, &class.join(real))?;
                 }
                 None => write(&ndir.join("flags"), FLAGS_DOWN)?,
             }

@@ -47,6 +47,11 @@ pub struct Fake {
 impl Fake {
     /// A fake world: the default one, or `FAKE_RDMA_PORTS = ports`.
     pub fn new(ports: Option<&str>) -> Fake {
+        Self::new_in(ports, None)
+    }
+
+    /// A fake world written from inside `ns` (where its `netdev=` interfaces live).
+    pub fn new_in(ports: Option<&str>, ns: Option<&integration_tests::Netns>) -> Fake {
         let dir = tempfile::tempdir().expect("temp dir");
         let lib = dir.path().join("lib");
         std::fs::create_dir(&lib).unwrap();
@@ -54,7 +59,8 @@ impl Fake {
         std::fs::copy(fake_so(), lib.join("libibverbs.so.1")).unwrap();
         std::os::unix::fs::symlink("libibverbs.so.1", lib.join("libmana.so.1")).unwrap();
         std::os::unix::fs::symlink("libibverbs.so.1", lib.join("libmlx5.so.1")).unwrap();
-        let mut world = Command::new(env!("CARGO_BIN_EXE_fake-rdma-world"));
+        let tool = Path::new(env!("CARGO_BIN_EXE_fake-rdma-world"));
+        let mut world = ns.map_or_else(|| Command::new(tool), |n| n.exec(tool));
         world.arg("--sysfs").arg(dir.path().join("sys"));
         match ports {
             Some(p) => world.env("FAKE_RDMA_PORTS", p),
