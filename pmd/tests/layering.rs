@@ -20,10 +20,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("null", &["ethdev", "net"]),
     // Providers: implement a driver's provider trait; never name a port type.
     ("emu", &["mana", "ethdev", "ring", "hw", "net", "sys"]),
+    ("verbs", &["mana", "ethdev", "hw", "net", "sys", "devices"]),
     // The port layer; only the composition root names kinds (see KIND_NAMERS).
     (
         "port",
-        &["ethdev", "net", "devices", "log", "mana", "null", "emu"],
+        &["ethdev", "net", "devices", "log", "mana", "null", "emu", "verbs"],
     ),
 ];
 
