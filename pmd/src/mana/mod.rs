@@ -25,11 +25,12 @@ pub use txq::TxQueue;
 pub use xstats::Xstats;
 
 use crate::ethdev::{
-    Caps, Link, PortConfig, PortDriver, PortError, QueueSetup, Queues, RxBurst, RxOffloads,
-    TxBurst, TxOffloads,
+    Caps, Link, PortConfig, PortDriver, PortError, PortEvent, QueueSetup, Queues, RxBurst,
+    RxOffloads, TxBurst, TxOffloads,
 };
 use crate::net::MacAddr;
 use mempool::{ChunkKeys, MbufPool};
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 /// Smallest queue the device takes (64 descriptors, DPDK's minimum).
@@ -240,6 +241,14 @@ impl PortDriver for Driver {
         let mut v = Xstats::sum(&self.xstats);
         v.extend(self.provider.xstats());
         v
+    }
+
+    fn event_fd(&self) -> Option<RawFd> {
+        self.provider.event_fd()
+    }
+
+    fn take_events(&mut self, out: &mut Vec<PortEvent>) {
+        self.provider.take_events(out);
     }
 }
 
