@@ -7,7 +7,10 @@
 //! * `<ibdev_path>/ports/N/fake_rdma_link`: `down` takes port N's link down; `up`, anything
 //!   else, or no file: up.
 //! * `<ibdev_path>/fake_rdma_fatal`: `1` makes the device fail (`IBV_EVENT_DEVICE_FATAL`,
-//!   once per context).
+//!   once per context); `removed` removes it: `DEVICE_FATAL` (if not raised yet), then the
+//!   event channel closes, as on a hot removal: once the queued events are fetched,
+//!   `ibv_get_async_event` fails with `EIO` and the descriptor stays readable (the kernel
+//!   polls `EPOLLERR` there; `ib_uverbs_event_read`, `ib_uverbs_event_poll`).
 //!
 //! A watcher thread, started with the first context, reads the knobs every
 //! [`WATCH_INTERVAL`] and queues an event on every open context of the device for each
@@ -25,7 +28,7 @@
 //! ibv_get_async_event(3)).
 
 use crate::ffi::*;
-use crate::state::die;
+use crate::state::{die, set_errno};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_int;
 use std::mem::{offset_of, size_of};
@@ -50,17 +53,20 @@ struct Watched {
     link_up: Vec<bool>,
     /// The fatal event was queued.
     fatal: bool,
+    /// The channel is closed (device removed): no new events; reads fail with EIO once
+    /// the queue is empty. The eventfd then holds one extra count that is never taken.
+    closed: bool,
     /// Events not yet fetched: (`ibv_event_type`, element: the port number, 0 for the device).
     queue: VecDeque<(ibv_event_type, c_int)>,
 }
 
 impl Watched {
     fn push(&mut self, event_type: ibv_event_type, element: c_int) {
+        if self.closed {
+            return;
+        }
         self.queue.push_back((event_type, element));
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a local to the context's eventfd, open while the
-        // context is registered (ibv_close_device unregisters before closing it).
-        let _ = unsafe { libc::write(self.fd, (&raw const one).cast(), 8) };
+        signal(self.fd);
     }
 }
 
@@ -78,9 +84,32 @@ pub fn link_up(ibdev: &Path, port: u8) -> bool {
         .map_or(true, |s| s.trim() != "down")
 }
 
-/// Whether `<ibdev>/fake_rdma_fatal` says the device failed.
-pub fn fatal(ibdev: &Path) -> bool {
-    std::fs::read_to_string(ibdev.join(FATAL_FILE)).is_ok_and(|s| s.trim() == "1")
+/// What `<ibdev>/fake_rdma_fatal` says of the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// No knob (or another value): working.
+    Ok,
+    /// `1`: failed.
+    Fatal,
+    /// `removed`: failed and gone.
+    Removed,
+}
+
+/// Reads `<ibdev>/fake_rdma_fatal`.
+pub fn health(ibdev: &Path) -> Health {
+    match std::fs::read_to_string(ibdev.join(FATAL_FILE)) {
+        Ok(s) if s.trim() == "1" => Health::Fatal,
+        Ok(s) if s.trim() == "removed" => Health::Removed,
+        _ => Health::Ok,
+    }
+}
+
+/// Adds one count to an eventfd.
+fn signal(fd: c_int) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a local to the context's eventfd, open while the context
+    // is registered (ibv_close_device unregisters before closing it).
+    let _ = unsafe { libc::write(fd, (&raw const one).cast(), 8) };
 }
 
 /// The async fd of a new context: an eventfd counting queued events (semaphore mode: each
@@ -107,7 +136,8 @@ pub fn register(ctx: usize, fd: c_int, ibdev: &Path, nports: u8) {
         fd,
         ibdev: ibdev.to_path_buf(),
         link_up: (1..=nports).map(|p| link_up(ibdev, p)).collect(),
-        fatal: fatal(ibdev),
+        fatal: health(ibdev) != Health::Ok,
+        closed: false,
         queue: VecDeque::new(),
     };
     contexts().insert(ctx, w);
@@ -133,13 +163,13 @@ pub fn unregister(ctx: usize) {
 /// looked. Each device's files are read once per look.
 fn watch_once() {
     let mut reg = contexts();
-    let mut seen: HashMap<PathBuf, (Vec<bool>, bool)> = HashMap::new();
+    let mut seen: HashMap<PathBuf, (Vec<bool>, Health)> = HashMap::new();
     for w in reg.values_mut() {
         let nports = u8::try_from(w.link_up.len()).unwrap_or(u8::MAX);
         let (links, dev_fatal) = seen.entry(w.ibdev.clone()).or_insert_with(|| {
             (
                 (1..=nports).map(|p| link_up(&w.ibdev, p)).collect(),
-                fatal(&w.ibdev),
+                health(&w.ibdev),
             )
         });
         for (i, &up) in links.iter().enumerate() {
@@ -155,11 +185,16 @@ fn watch_once() {
                 w.push(t, c_int::try_from(i + 1).unwrap_or(0));
             }
         }
-        if *dev_fatal && !w.fatal {
+        if *dev_fatal != Health::Ok && !w.fatal {
             w.fatal = true;
             // The uverbs core queues DEVICE_FATAL with element 0 (kernel
             // `ib_uverbs_free_hw_resources` / `uverbs_async_event_destroy_uobj`).
             w.push(IBV_EVENT_DEVICE_FATAL, 0);
+        }
+        if *dev_fatal == Health::Removed && !w.closed {
+            // Then it closes the queue: what is queued is still read, then EIO.
+            w.closed = true;
+            signal(w.fd);
         }
     }
 }
@@ -176,13 +211,23 @@ pub unsafe fn get(ctx: usize, fd: c_int, event: *mut ibv_async_event) -> c_int {
     if unsafe { libc::read(fd, (&raw mut token).cast(), 8) } != 8 {
         return -1;
     }
-    let next = contexts().get_mut(&ctx).and_then(|w| w.queue.pop_front());
-    let Some((event_type, element)) = next else {
+    let mut reg = contexts();
+    let Some(w) = reg.get_mut(&ctx) else {
+        die("ibv_get_async_event", "context closed during the call");
+    };
+    let Some((event_type, element)) = w.queue.pop_front() else {
+        if w.closed {
+            // The closed channel's count goes back: it stays readable, and fails.
+            signal(fd);
+            set_errno(libc::EIO);
+            return -1;
+        }
         die(
             "ibv_get_async_event",
             "the async fd had a count but no event was queued (fake bug)",
         );
     };
+    drop(reg);
     // SAFETY: the caller's struct is writable (checked non-NULL by the caller); for port
     // and device events libibverbs sets `element.port_num` (libibverbs/device.c:488–490).
     unsafe {

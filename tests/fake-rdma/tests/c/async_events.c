@@ -1,7 +1,8 @@
 /* Asynchronous events on the fake rdma-core, the way an application sees them through the
  * real libibverbs API: a non-blocking async fd that is readable exactly while events wait,
  * ibv_get_async_event / ibv_ack_async_event, ibv_query_port following the link, every
- * context of the device getting the device's events, and a blocking fetch that waits.
+ * context of the device getting the device's events, a blocking fetch that waits, and a
+ * removal that closes the channel.
  *
  * usage: async_events IBDEV_DIR   (the device's sysfs directory, where the knobs live)
  * Prints one line per observation; exits 0 when every step ran, 1 on a failed call. */
@@ -126,6 +127,18 @@ int main(int argc, char **argv)
 		ibv_ack_async_event(&ev);
 	}
 	printf(" (then %s)\n", strerror(errno));
+
+	/* Removal: the channel closes; reads fail with EIO and the fd stays readable. */
+	knob("fake_rdma_fatal", "removed");
+	int was = readable(fd, 2000);
+	r = ibv_get_async_event(ctx, &ev);
+	int e1 = errno;
+	int still = readable(fd, 0);
+	int r2 = ibv_get_async_event(ctx, &ev);
+	printf("removed: readable %d, ret %d %s, still readable %d, again %d\n", was, r,
+	       strerror(e1), still, r2);
+	r = ibv_get_async_event(other, &ev);
+	printf("removed other: ret %d %s\n", r, strerror(errno));
 
 	ibv_close_device(other);
 	ibv_close_device(ctx);
