@@ -33,6 +33,16 @@ Environment:
                      raw QP fails with while the port's netdev is up.
   FAKE_RDMA_LIB      use this libfake_rdma.so instead of building one.
 
+Asynchronous events: while COMMAND runs, files in the tree ($SYSFS_PATH as COMMAND sees it)
+raise them on every open context of the device (checked every 20 ms):
+  class/infiniband/DEV/ports/N/fake_rdma_link   down | up: IBV_EVENT_PORT_ERR / PORT_ACTIVE
+                                                (ibv_query_port then says DOWN / ACTIVE)
+  class/infiniband/DEV/fake_rdma_fatal          1: IBV_EVENT_DEVICE_FATAL; removed: that,
+                                                then the event channel fails with EIO
+  e.g. scripts/fake-rdma.sh sh -c 'l2fwd --port mana:dev=mana_0,port=1 \
+         --port mana:dev=mana_0,port=2 --duration 3 & sleep 1;
+         echo down > "$SYSFS_PATH/class/infiniband/mana_0/ports/1/fake_rdma_link"; wait'
+
 Example:
   scripts/fake-rdma.sh target/release/pmd-devices
 HELP

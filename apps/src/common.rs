@@ -1,11 +1,13 @@
-//! What the tools share: pool and port set-up, idle back-off, counters, formatting.
+//! What the tools share: pool and port set-up, port events, idle back-off, counters,
+//! formatting.
 #![deny(unsafe_code)]
 
 use mempool::{MbufPool, MbufPoolConfig};
-use pmd::port::{Port, PortConfig, PortSpec};
+use pmd::port::{wait_events, Port, PortConfig, PortEvent, PortSpec};
+use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A counter with one writer (a polling core) and any number of readers.
 #[derive(Debug, Default)]
@@ -90,6 +92,98 @@ pub fn wait_links(ports: &[Port], timeout: Duration) -> Result<(), String> {
         Ok(())
     } else {
         Err(down.join("\n"))
+    }
+}
+
+/// One port event as a tool saw it.
+#[derive(Debug, Clone)]
+pub struct SeenEvent {
+    /// Seconds since the tool started watching.
+    pub t_s: f64,
+    /// Port index (as given on the command line).
+    pub port: usize,
+    /// What happened.
+    pub event: PortEvent,
+}
+
+/// The ports' events, watched from a tool's main (statistics) loop, never from a polling
+/// core: [`EventWatch::wait`] takes the place of the loop's sleep, logs every event on
+/// stderr (`TOOL: port N (SPEC): EVENT`) and keeps them for the final report.
+#[derive(Debug)]
+pub struct EventWatch {
+    tool: &'static str,
+    names: Vec<String>,
+    t0: Instant,
+    seen: Vec<SeenEvent>,
+    poll_failed: bool,
+}
+
+impl EventWatch {
+    /// Watches `ports` for `tool` (the log prefix), timing events from `t0`.
+    pub fn new(tool: &'static str, ports: &[Port], t0: Instant) -> Self {
+        Self {
+            tool,
+            names: ports.iter().map(|p| p.name().to_string()).collect(),
+            t0,
+            seen: Vec::new(),
+            poll_failed: false,
+        }
+    }
+
+    /// Waits up to `timeout` for events on `ports`, logs and records them. Returns the
+    /// message of the first fatal one (device failed or removed), after which the tool
+    /// should stop; link changes are only logged.
+    pub fn wait(&mut self, ports: &mut [Port], timeout: Duration) -> Option<String> {
+        let got = if self.poll_failed {
+            std::thread::sleep(timeout);
+            Vec::new()
+        } else {
+            wait_events(ports, timeout).unwrap_or_else(|e| {
+                eprintln!(
+                    "{}: warning: watching port events failed ({e}); events are no longer reported",
+                    self.tool
+                );
+                self.poll_failed = true;
+                Vec::new()
+            })
+        };
+        let mut fatal = None;
+        for (port, event) in got {
+            let what = format!("port {port} ({}): {event}", self.names[port]);
+            eprintln!("{}: {what}", self.tool);
+            if event.is_fatal() && fatal.is_none() {
+                fatal = Some(format!("{what}: stopping"));
+            }
+            self.seen.push(SeenEvent {
+                t_s: self.t0.elapsed().as_secs_f64(),
+                port,
+                event,
+            });
+        }
+        fatal
+    }
+
+    /// The events seen so far, oldest first.
+    pub fn seen(&self) -> &[SeenEvent] {
+        &self.seen
+    }
+
+    /// The events as a JSON array for `--json` reports:
+    /// `[{"t_s": .., "port": N, "event": "link_down", "message": "link down"}, ..]`.
+    pub fn json(&self) -> Value {
+        Value::Array(
+            self.seen
+                .iter()
+                .map(|e| {
+                    json!({
+                        "t_s": e.t_s,
+                        "port": e.port,
+                        "event": e.event.name(),
+                        "message": e.event.to_string(),
+                    })
+                })
+                .collect(),
+        )
     }
 }
 

@@ -129,6 +129,60 @@ fn demo_topology_loses_nothing_and_every_count_agrees() {
     assert_eq!(l["pool_in_use"], 0);
 }
 
+/// The far end of both cables goes away and comes back (pktgen exits, a second pktgen
+/// starts): l2fwd logs each port's link going down and up again, keeps running, and
+/// forwards the second run as completely as the first.
+#[test]
+fn l2fwd_keeps_forwarding_across_a_link_flap() {
+    let t = Topology::new("flap");
+    let l2 = t.l2fwd(&[]);
+    for run in 1..=2 {
+        let out = t.pktgen(&["--count", "3000", "--rate", "20000"]);
+        assert!(
+            out.status.success(),
+            "pktgen run {run} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let p = json(&out.stdout);
+        assert_eq!(p["rx_packets"], 3000, "run {run}: {p}");
+        assert_eq!(p["lost"], 0, "run {run}: {p}");
+        // l2fwd sees the far ends go (the model looks every 10 ms) before the next run.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let l = stop(l2);
+    let err = String::from_utf8_lossy(&l.stderr).into_owned();
+    assert!(l.status.success(), "l2fwd failed: {err}");
+    let j = json(&l.stdout);
+    assert_eq!(j["rx_packets"], 6000, "{j}");
+    assert_eq!(j["tx_packets"], 6000, "{j}");
+    for port in 0..2u64 {
+        let mut seen: Vec<&str> = j["events"]
+            .as_array()
+            .expect("events in the report")
+            .iter()
+            .filter(|e| e["port"] == port)
+            .map(|e| e["event"].as_str().unwrap())
+            .collect();
+        // The first pktgen may attach before l2fwd opens the port: then the port starts up
+        // and there is no first link_up.
+        if seen.first() == Some(&"link_up") {
+            seen.remove(0);
+        }
+        assert_eq!(
+            seen,
+            ["link_down", "link_up", "link_down"],
+            "port {port}: the peer went, came again and went: {j}"
+        );
+        assert!(
+            err.contains(&format!(
+                "l2fwd: port {port} ({}): link down",
+                [&t.a, &t.b][port as usize]
+            )),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn l2fwd_killed_midway_pktgen_reports_loss_and_exits() {
     let t = Topology::new("kill");

@@ -22,7 +22,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // Providers: implement a driver's provider trait; never name a port type.
     ("emu", &["mana", "ethdev", "ring", "hw", "net", "sys"]),
     ("verbs", &["mana", "ethdev", "hw", "net", "sys", "devices"]),
-    // The port layer; only the composition root names kinds (see KIND_NAMERS).
+    // The port layer; only the composition root names kinds (see KIND_NAMERS). `sys` for
+    // poll(2) over the ports' event descriptors (`port::wait_events`) and the lock files.
     (
         "port",
         &[

@@ -1,11 +1,11 @@
 //! l2fwd: forwards every frame that arrives on a port to its paired port (0<->1, 2<->3, ...),
 //! optionally rewriting the MAC addresses, like DPDK's examples/l2fwd.
 
-use apps::common::{make_pool, open_ports, si, wait_links, Counter, Idle};
+use apps::common::{make_pool, open_ports, si, wait_links, Counter, EventWatch, Idle};
 use clap::Parser;
 use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
-use pmd::port::{Burst, PortConfig, PortSpec, RxQueue, TxQueue};
+use pmd::port::{Burst, Port, PortConfig, PortSpec, RxQueue, TxQueue};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +19,11 @@ use std::time::{Duration, Instant};
 /// Stops on SIGINT/SIGTERM/SIGHUP/SIGQUIT or after `--duration`, and prints a summary (`--json`
 /// for machines). A port taken over from its kernel netdev (`busy=takeover`) gives it back on
 /// exit, also on a second signal.
+///
+/// Port events (link down/up, device failure or removal, queue errors) are logged on stderr
+/// as they happen and listed in the `--json` report. A link that goes down does not stop
+/// forwarding (frames are lost until it is back); a failed or removed device stops l2fwd
+/// with exit status 1.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Args {
@@ -163,6 +168,8 @@ fn run(args: &Args) -> Result<(), String> {
     }
 
     let t0 = Instant::now();
+    let mut events = EventWatch::new("l2fwd", &ports, t0);
+    let mut fatal = None;
     let stopped_at = std::cell::Cell::new(None);
     let burst = usize::from(args.burst);
     let busy = args.busy_poll;
@@ -217,7 +224,7 @@ fn run(args: &Args) -> Result<(), String> {
             lcache::flush();
         },
         |stop| {
-            main_loop(args, &counters, np, t0, stop);
+            fatal = main_loop(args, &counters, t0, stop, &mut ports, &mut events);
             stopped_at.set(Some(t0.elapsed()));
         },
     )
@@ -231,7 +238,10 @@ fn run(args: &Args) -> Result<(), String> {
     }
     drop(ports);
     let in_use = pool.in_use();
-    report(args, &counters, np, secs, in_use);
+    report(args, &counters, np, secs, in_use, &events);
+    if let Some(f) = fatal {
+        return Err(f);
+    }
     if in_use != 0 {
         return Err(format!("{in_use} mbufs were not returned to the pool"));
     }
@@ -248,20 +258,28 @@ fn totals(counters: &[Vec<PortCounters>], np: usize) -> Vec<(u64, u64, u64)> {
         .collect()
 }
 
+/// Statistics and port events until a stop, the deadline or a fatal port event (whose
+/// message it returns).
 fn main_loop(
     args: &Args,
     counters: &Arc<Vec<Vec<PortCounters>>>,
-    np: usize,
     t0: Instant,
     stop: &StopFlag,
-) {
+    ports: &mut [Port],
+    events: &mut EventWatch,
+) -> Option<String> {
+    let np = ports.len();
     let deadline = args.duration.map(Duration::from_secs_f64);
     let interval = (args.stats_interval > 0.0 && !args.json)
         .then(|| Duration::from_secs_f64(args.stats_interval));
     let mut last = totals(counters, np);
     let mut last_t = Instant::now();
     while !stop.is_set() && deadline.is_none_or(|d| t0.elapsed() < d) {
-        std::thread::sleep(Duration::from_millis(20));
+        // Port events are watched here, never on the polling cores: a link that goes down
+        // is logged and forwarding goes on; a device that failed stops the run.
+        if let Some(f) = events.wait(ports, Duration::from_millis(20)) {
+            return Some(f);
+        }
         if let Some(iv) = interval {
             if last_t.elapsed() >= iv {
                 let now = totals(counters, np);
@@ -281,9 +299,17 @@ fn main_loop(
             }
         }
     }
+    None
 }
 
-fn report(args: &Args, counters: &[Vec<PortCounters>], np: usize, secs: f64, in_use: u32) {
+fn report(
+    args: &Args,
+    counters: &[Vec<PortCounters>],
+    np: usize,
+    secs: f64,
+    in_use: u32,
+    events: &EventWatch,
+) {
     let t = totals(counters, np);
     let rx: u64 = t.iter().map(|x| x.0).sum();
     let tx: u64 = t.iter().map(|x| x.1).sum();
@@ -299,6 +325,7 @@ fn report(args: &Args, counters: &[Vec<PortCounters>], np: usize, secs: f64, in_
             serde_json::json!({
                 "rx_packets": rx, "tx_packets": tx, "dropped": dropped, "duration_s": secs,
                 "pps": tx as f64 / secs, "ports": ports, "pool_in_use": in_use,
+                "events": events.json(),
             })
         );
     } else {
@@ -310,5 +337,8 @@ fn report(args: &Args, counters: &[Vec<PortCounters>], np: usize, secs: f64, in_
             println!("  port {p}: rx {r} tx {x} dropped {d}");
         }
         println!("  mbufs still in use at exit: {in_use}");
+        if !events.seen().is_empty() {
+            println!("  port events: {}", events.seen().len());
+        }
     }
 }

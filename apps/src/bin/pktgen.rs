@@ -1,6 +1,6 @@
 //! pktgen: a traffic generator with sequence numbers, loss and latency measurement.
 
-use apps::common::{make_pool, open_ports, si, wait_links, Counter, Idle};
+use apps::common::{make_pool, open_ports, si, wait_links, Counter, EventWatch, Idle};
 use apps::pktgen::{
     load_pcap, read_stamp, FrameGen, FrameSpec, IpRange, PortRange, SeqTracker, MIN_SIZE,
 };
@@ -8,7 +8,7 @@ use clap::Parser;
 use hdrhistogram::Histogram;
 use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
-use pmd::port::{Burst, PortConfig, PortSpec, RxQueue, TxQueue};
+use pmd::port::{Burst, Port, PortConfig, PortSpec, RxQueue, TxQueue};
 use pmd::MacAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,6 +22,10 @@ use std::time::{Duration, Instant};
 ///
 /// Every generated frame carries a sequence number and a TX timestamp in its first 16 payload
 /// bytes. Replayed pcap frames are sent byte-exact (no stamps: only counts are compared).
+///
+/// Port events (link down/up, device failure or removal, queue errors) are logged on stderr
+/// as they happen and listed in the `--json` report; a failed or removed device stops the
+/// run, which then exits with status 1 after its report.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Args {
@@ -315,6 +319,8 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     };
     let sh = Arc::clone(&shared);
     let busy = args.busy_poll;
+    let mut events = EventWatch::new("pktgen", &ports, epoch);
+    let mut fatal = None;
     let results = launch_each(
         &args.lcores,
         &stop,
@@ -350,7 +356,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
             lcache::flush();
             out
         },
-        |stop| main_loop(args, &shared, stop, epoch),
+        |stop| fatal = main_loop(args, &shared, stop, epoch, &mut ports, &mut events),
     )
     .map_err(|e| e.to_string())?;
     let rx = results.into_iter().find_map(|o| match o {
@@ -374,9 +380,13 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     if let Some(c) = child.as_mut() {
         reap(c, Duration::from_secs_f64(args.drain_timeout));
     }
-    report(args, &shared, &tracker, &hist, epoch, in_use);
+    report(args, &shared, &tracker, &hist, epoch, in_use, &events);
     if in_use != 0 {
         return Err(format!("{in_use} mbufs were not returned to the pool"));
+    }
+    if let Some(f) = fatal {
+        eprintln!("pktgen: {f}");
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -554,7 +564,16 @@ fn reap(c: &mut std::process::Child, limit: Duration) {
     }
 }
 
-fn main_loop(args: &Args, sh: &Shared, stop: &StopFlag, epoch: Instant) {
+/// Statistics, port events and the end of the run (time, drain); returns the message of a
+/// fatal port event that ended it early.
+fn main_loop(
+    args: &Args,
+    sh: &Shared,
+    stop: &StopFlag,
+    epoch: Instant,
+    ports: &mut [Port],
+    events: &mut EventWatch,
+) -> Option<String> {
     let interval = (args.stats_interval > 0.0 && !args.json)
         .then(|| Duration::from_secs_f64(args.stats_interval));
     let rx_only_until = args
@@ -564,7 +583,10 @@ fn main_loop(args: &Args, sh: &Shared, stop: &StopFlag, epoch: Instant) {
     let mut last = (sh.tx_packets.get(), sh.rx_packets.get(), Instant::now());
     let mut drain: Option<(Instant, u64, Instant)> = None;
     loop {
-        std::thread::sleep(Duration::from_millis(10));
+        // Port events are watched here, never on the polling cores.
+        if let Some(f) = events.wait(ports, Duration::from_millis(10)) {
+            return Some(f);
+        }
         if stop.is_set() {
             break;
         }
@@ -606,6 +628,7 @@ fn main_loop(args: &Args, sh: &Shared, stop: &StopFlag, epoch: Instant) {
             }
         }
     }
+    None
 }
 
 fn report(
@@ -615,6 +638,7 @@ fn report(
     hist: &Histogram<u64>,
     epoch: Instant,
     in_use: u32,
+    events: &EventWatch,
 ) {
     let tx_packets = sh.tx_packets.get();
     let tx_bytes = sh.tx_bytes.get();
@@ -652,6 +676,7 @@ fn report(
                 "tx_gbps": tx_bytes as f64 * 8.0 / secs / 1e9,
                 "latency_ns": {"min": min, "p50": p50, "p99": p99, "max": max},
                 "pool_in_use": in_use,
+                "events": events.json(),
             })
         );
     } else {
@@ -674,5 +699,8 @@ fn report(
             );
         }
         println!("  mbufs still in use at exit: {in_use}");
+        if !events.seen().is_empty() {
+            println!("  port events: {}", events.seen().len());
+        }
     }
 }

@@ -8,20 +8,24 @@
 //!   `rte_eth_fp_ops` does; nothing is dispatched per packet.
 //! * Plain data: [`Burst`], [`PortConfig`], [`Caps`], [`Link`], [`Stats`], per-queue
 //!   [`Counters`].
+//! * Events: [`PortEvent`]s behind one pollable descriptor per port ([`events`]).
 #![deny(unsafe_code)]
 
 pub mod burst;
 pub mod config;
 pub mod counters;
+pub mod events;
 
 pub use burst::Burst;
 pub use config::{
     Caps, Link, PortConfig, QueueStats, RssConfig, RssFields, RxOffloads, Stats, TxOffloads,
 };
 pub use counters::Counters;
+pub use events::{PortEvent, QueueFault, QueueRef};
 
 use crate::net::MacAddr;
 use mempool::MbufPool;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 /// Errors of the port slow path.
@@ -215,6 +219,16 @@ pub trait PortDriver: Send {
     /// Frames the device dropped for lack of posted RX buffers.
     fn imissed(&self) -> u64 {
         0
+    }
+    /// A descriptor that becomes readable when [`PortDriver::take_events`] has something
+    /// (level-triggered, non-blocking; see [`events`]). `None`: the driver reports no events.
+    fn event_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// Appends the events that happened since the last call, oldest first, and clears the
+    /// descriptor. Cheap when there are none (no allocation); never blocks.
+    fn take_events(&mut self, out: &mut Vec<PortEvent>) {
+        let _ = out;
     }
 }
 

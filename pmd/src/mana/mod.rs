@@ -25,12 +25,13 @@ pub use txq::TxQueue;
 pub use xstats::Xstats;
 
 use crate::ethdev::{
-    Caps, Link, PortConfig, PortDriver, PortError, QueueSetup, Queues, RxBurst, RxOffloads,
-    TxBurst, TxOffloads,
+    Caps, Link, PortConfig, PortDriver, PortError, PortEvent, QueueSetup, Queues, RxBurst,
+    RxOffloads, TxBurst, TxOffloads,
 };
 use crate::net::MacAddr;
 use crate::takeover::{BusyPolicy, NetdevGuard, Seconds};
 use mempool::{ChunkKeys, MbufPool};
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -299,6 +300,14 @@ impl PortDriver for Driver {
         let mut v = Xstats::sum(&self.xstats);
         v.extend(self.provider.xstats());
         v
+    }
+
+    fn event_fd(&self) -> Option<RawFd> {
+        self.provider.event_fd()
+    }
+
+    fn take_events(&mut self, out: &mut Vec<PortEvent>) {
+        self.provider.take_events(out);
     }
 }
 

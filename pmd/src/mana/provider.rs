@@ -3,11 +3,12 @@
 //! describes them. Names no provider implementation.
 #![deny(unsafe_code)]
 
-use crate::ethdev::{Link, RssConfig};
+use crate::ethdev::{Link, PortEvent, RssConfig};
 use crate::net::MacAddr;
 use crate::sys::DevMem;
 use mempool::{ChunkInfo, Registration};
 use std::any::Any;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 /// What keeps one queue's device objects alive (on hardware: QP or WQ, CQ, the context and
@@ -261,6 +262,16 @@ pub trait Provider: Send {
     /// Frames the device dropped because no receive WQE was posted.
     fn rx_missed(&self) -> u64 {
         0
+    }
+    /// The port's event descriptor (on hardware the context's async-event fd, made
+    /// non-blocking); see [`crate::ethdev::PortDriver::event_fd`]. `None`: no events.
+    fn event_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// Appends the port's events since the last call and clears the descriptor; never
+    /// blocks. See [`crate::ethdev::PortDriver::take_events`].
+    fn take_events(&mut self, out: &mut Vec<PortEvent>) {
+        let _ = out;
     }
 }
 

@@ -7,6 +7,11 @@
 //!   a configured port. A handle is `Send` but not `Sync`: one polling core owns each queue,
 //!   so the datapath takes no lock. Dispatch to the driver is one `match` per burst.
 //!
+//! * Events: [`Port::event_fd`] is one pollable descriptor per port (put it in your poll or
+//!   epoll set); when it is readable, [`Port::take_events`] returns the [`PortEvent`]s (link
+//!   up/down, device fatal/removed, queue errors). [`wait_events`] does both for a set of
+//!   ports, for a main loop that has nothing else to wait on.
+//!
 //! Queue lifecycle: `Opened --configure--> Configured --start--> Started --stop--> Configured`;
 //! `close` from any state. Bursts on a queue whose port is not started (stopped, closed,
 //! reconfigured) return 0 and never panic, like DPDK's `*_burst_removed` stubs.
@@ -35,8 +40,8 @@ pub mod lock;
 pub mod probe;
 
 pub use crate::ethdev::{
-    Burst, Caps, Link, PortConfig, PortError, PortState, QueueStats, RssConfig, RssFields,
-    RxOffloads, Stats, TxOffloads,
+    Burst, Caps, Link, PortConfig, PortError, PortEvent, PortState, QueueFault, QueueRef,
+    QueueStats, RssConfig, RssFields, RxOffloads, Stats, TxOffloads,
 };
 pub use crate::takeover::BusyPolicy;
 pub use devargs::{DevargsError, PortKind, PortSpec};
@@ -45,6 +50,7 @@ pub use lock::PortLock;
 use crate::ethdev::{check_config, Counters, PortDriver, QueueSetup, RxBurst, TxBurst};
 use crate::net::MacAddr;
 use mempool::MbufPool;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -468,6 +474,26 @@ impl Port {
         }
     }
 
+    /// A descriptor that becomes readable when the port has [`PortEvent`]s to take
+    /// (level-triggered, non-blocking), for poll(2) or epoll(7); `None` when the port reports
+    /// no events (a `null` port), or no longer (after [`PortEvent::DeviceRemoved`]). It stays
+    /// valid while the port is open; never read it, call [`Port::take_events`].
+    pub fn event_fd(&self) -> Option<RawFd> {
+        self.driver.event_fd()
+    }
+
+    /// The events since the last call, oldest first, and clears the descriptor. Slow path
+    /// (a system call or two), never blocks, allocates nothing when there are none. Call it
+    /// when [`Port::event_fd`] is readable, from a control thread, not from a polling core.
+    pub fn take_events(&mut self) -> Vec<PortEvent> {
+        let mut out = Vec::new();
+        self.driver.take_events(&mut out);
+        for e in &out {
+            tracing::debug!(target: "pmd::port", port = self.id, event = %e, "port event");
+        }
+        out
+    }
+
     /// Statistics: per queue and summed, plus the driver's extended counters.
     pub fn stats(&self) -> Stats {
         let rx: Vec<QueueStats> = self.rx_counters.iter().map(|c| c.snapshot()).collect();
@@ -493,6 +519,33 @@ impl Port {
         self.stop();
         self.detach_queues();
     }
+}
+
+/// Waits up to `timeout` for an event on any of `ports` (poll(2) on their
+/// [`Port::event_fd`]s), then takes the events of every port whose descriptor is readable:
+/// `(index in ports, event)`, each port's in order. With no port that has a descriptor, it
+/// just sleeps for `timeout`, so a main loop can call it in place of its sleep.
+///
+/// # Errors
+/// poll(2) failed (not for a signal, which returns early with nothing).
+pub fn wait_events(
+    ports: &mut [Port],
+    timeout: Duration,
+) -> std::io::Result<Vec<(usize, PortEvent)>> {
+    let watched: Vec<(usize, RawFd)> = ports
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.event_fd().map(|fd| (i, fd)))
+        .collect();
+    let fds: Vec<RawFd> = watched.iter().map(|w| w.1).collect();
+    let ready = crate::sys::event::poll_readable(&fds, timeout)?;
+    let mut out = Vec::new();
+    for ((i, _), r) in watched.into_iter().zip(ready) {
+        if r {
+            out.extend(ports[i].take_events().into_iter().map(|e| (i, e)));
+        }
+    }
+    Ok(out)
 }
 
 impl Drop for Port {

@@ -1,7 +1,7 @@
 //! The only FFI and raw memory access in the project: rdma-core verbs, the direct-verbs APIs
 //! `manadv.h` / `mlx5dv.h` (bindgen, see `build.rs`), all with feature `verbs` only;
 //! [`DevMem`] for queue memory; [`barrier`]s; ioctl helpers for netdevs ([`net`]); per-port
-//! lock files ([`lockfile`]).
+//! lock files ([`lockfile`]); [`event`] descriptors (eventfd, poll) for port events.
 //!
 //! Verbs come from two places. `rdma-sys` supplies the types and the functions libibverbs
 //! exports (`ibv_open_device`, `ibv_alloc_pd`, …). The `static inline` functions of
@@ -30,6 +30,7 @@ pub mod dv {
 }
 
 pub mod barrier;
+pub mod event;
 #[cfg(all(test, feature = "verbs"))]
 mod layout;
 pub mod lockfile;

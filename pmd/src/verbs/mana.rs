@@ -9,18 +9,26 @@
 //! WQ, then the indirection table and the RSS QP with the 40-byte Toeplitz key; only then
 //! `manadv_init_obj` (rdma-core v44 learns the CQ ids from the QPs). Sizes are clamped to
 //! the device's limits by the port layer, which says so.
+//!
+//! Events: the context's async-event descriptor, made non-blocking at open, is the port's
+//! event descriptor; [`super::events`] fetches, acknowledges and maps each event. Every
+//! context of a device sees every port's events, so the provider keeps its own port's;
+//! queue errors name the queue whose CQ, QP or WQ they are about.
 #![deny(unsafe_code)]
 
+use super::events::{self, Fetched};
 use super::manadv::{self, Allocators};
 use super::objects::{Context, Cq, IndTable, Mr, ParentDomain, Pd, Qp, Wq};
 use super::VerbsError;
 use crate::devices::sysfs_root;
 use crate::devices::{self, resolve_mana_port as resolve, PortSelector as Selector};
-use crate::ethdev::{Link, RssConfig, RssFields};
+use crate::ethdev::{Link, PortEvent, QueueRef, RssConfig, RssFields};
 use crate::hw::mana::MAX_TX_SGES;
 use crate::mana::{Provider, QueueAllocator, QueueOwner, RawRxQueue, RawTxQueue, SetupError};
 use crate::net::MacAddr;
 use mempool::{ChunkInfo, Registration};
+use std::collections::HashMap;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 /// The device's limits, from `ibv_query_device_ex`.
@@ -63,7 +71,16 @@ pub struct ManaProvider {
     limits: Limits,
     tx: Vec<QueueOwner>,
     rx: Option<QueueOwner>,
+    /// The queue each live CQ, QP and WQ belongs to, by address (what an async event names).
+    objects: HashMap<usize, QueueRef>,
+    /// Whether the async-event descriptor can be polled: made non-blocking at open, and the
+    /// device not gone since.
+    events_live: bool,
 }
+
+/// Most events one `take_events` call fetches; the rest wait for the next call (the
+/// descriptor stays readable).
+const EVENTS_PER_CALL: usize = 1024;
 
 impl std::fmt::Debug for ManaProvider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -106,6 +123,13 @@ impl ManaProvider {
         let alloc = Allocators::install(&ctx).map_err(verbs)?;
         let pd = Pd::alloc(&ctx).map_err(verbs)?;
         let domain = ParentDomain::alloc(&pd, port as usize).map_err(verbs)?;
+        let events_live = match events::set_nonblocking(&ctx) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(target: "pmd::verbs", device = %dev, port, "async event fd cannot be made non-blocking ({e}): the port reports no events");
+                false
+            }
+        };
         tracing::info!(
             target: "pmd::verbs",
             device = %dev, port, mac = %mac,
@@ -126,6 +150,8 @@ impl ManaProvider {
             limits,
             tx: Vec::new(),
             rx: None,
+            objects: HashMap::new(),
+            events_live,
         })
     }
 
@@ -272,6 +298,8 @@ impl Provider for ManaProvider {
             let sge = (MAX_TX_SGES as u32).min(self.limits.max_sge.max(1));
             let qp = Qp::raw_packet(&self.domain, &cq, nb_desc, sge, format!("{what}: QP"))
                 .map_err(|e| self.busy_or(e))?;
+            self.objects.insert(cq.as_ptr() as usize, QueueRef::Tx(q));
+            self.objects.insert(qp.as_ptr() as usize, QueueRef::Tx(q));
             objs.push((what, Arc::new(TxObjects { qp, cq })));
         }
         let mut out = Vec::new();
@@ -313,6 +341,8 @@ impl Provider for ManaProvider {
             let cq = Cq::create(&self.ctx, nb_desc, format!("{what}: CQ")).map_err(verbs)?;
             let wq =
                 Wq::create(&self.domain, &cq, nb_desc, 1, format!("{what}: WQ")).map_err(verbs)?;
+            self.objects.insert(cq.as_ptr() as usize, QueueRef::Rx(q));
+            self.objects.insert(wq.as_ptr() as usize, QueueRef::Rx(q));
             wqs.push((what, wq, cq));
         }
         let table = IndTable::create(&self.ctx, wqs.iter().map(|w| Arc::clone(&w.1)).collect())
@@ -325,6 +355,8 @@ impl Provider for ManaProvider {
             format!("RSS QP of {}", self.name()),
         )
         .map_err(|e| self.busy_or(e))?;
+        self.objects
+            .insert(rss_qp.as_ptr() as usize, QueueRef::RxAll);
         let owner: QueueOwner = Arc::new(RxObjects { _rss: rss_qp });
         let mut out = Vec::new();
         for (what, wq, cq) in &wqs {
@@ -346,6 +378,34 @@ impl Provider for ManaProvider {
     fn destroy_queues(&mut self) {
         self.tx.clear();
         self.rx = None;
+        self.objects.clear();
+    }
+
+    fn event_fd(&self) -> Option<RawFd> {
+        self.events_live.then(|| self.ctx.async_fd())
+    }
+
+    fn take_events(&mut self, out: &mut Vec<PortEvent>) {
+        if !self.events_live {
+            return;
+        }
+        for _ in 0..EVENTS_PER_CALL {
+            match events::fetch(&self.ctx) {
+                Fetched::Empty => return,
+                Fetched::Event(ev) => {
+                    let mapped =
+                        events::map_event(ev, self.port, |a| self.objects.get(&a).copied());
+                    tracing::debug!(target: "pmd::verbs", port = %self.name(), event = %events::type_name(ev.event_type), element = ?ev.element, mapped = ?mapped, "async event");
+                    out.extend(mapped);
+                }
+                Fetched::Failed(errno) => {
+                    tracing::warn!(target: "pmd::verbs", port = %self.name(), "async event channel failed: {}; the device is gone", std::io::Error::from_raw_os_error(errno));
+                    self.events_live = false;
+                    out.push(PortEvent::DeviceRemoved);
+                    return;
+                }
+            }
+        }
     }
 }
 

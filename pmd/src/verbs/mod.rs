@@ -10,9 +10,12 @@
 //! * [`manadv`]: the MANA direct-verbs calls: queue-buffer allocators backed by our memory
 //!   (`manadv_set_context_attr`) and the raw queue descriptions (`manadv_init_obj`).
 //! * [`mana`]: the MANA provider (`mana:` ports), implementing [`crate::mana::Provider`].
+//! * [`events`]: the context's asynchronous events (`ibv_get_async_event`), fetched,
+//!   acknowledged and mapped to [`crate::ethdev::PortEvent`]s for one port.
 //!
-//! The unsafe FFI lives in `objects` and `manadv` only; the provider is safe code.
+//! The unsafe FFI lives in `objects`, `manadv` and `events` only; the provider is safe code.
 
+pub mod events;
 pub mod mana;
 pub mod manadv;
 pub mod objects;

@@ -2,6 +2,7 @@
 //! out, the dummy op table, and the exported wrappers with their bookkeeping. The provider
 //! behind every context is `providers/mana` ([`crate::mana`]).
 
+use crate::events;
 use crate::ffi::*;
 use crate::mana;
 use crate::state::{addr, call_int, call_ptr, die, lock, set_errno, Kind, State};
@@ -137,7 +138,8 @@ extern "C" fn d_placeholder() {}
 /// `verbs_set_ops(&mana_ctx_ops)` + `set_lib_ops` leave them (rdma-core v44.0
 /// libibverbs/device.c l. 230–320, libibverbs/dummy_ops.c, providers/mana/mana.c l. 321–344).
 fn fill_ops(v: &mut verbs_context) {
-    v.query_port = Some(mana::query_port_slot);
+    // MANA's query_port, with the port reported down while the world's link knob says so.
+    v.query_port = Some(events::query_port_slot);
     v.advise_mr = Some(d_advise_mr);
     v.alloc_null_mr = Some(d_alloc_null_mr);
     v.read_counters = Some(d_read_counters);
@@ -334,7 +336,8 @@ export!("IBVERBS_1.1" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         // async event fd (libibverbs/cmd_device.c).
         st.kernel("ibv_open_device")?;
         let cmd_fd = eventfd()?;
-        let async_fd = eventfd().inspect_err(|_| {
+        // The async fd delivers the world's link and fatal events (events.rs).
+        let async_fd = events::async_fd().inspect_err(|_| {
             // SAFETY: `cmd_fd` was opened just above and is not shared.
             unsafe { libc::close(cmd_fd) };
         })?;
@@ -384,6 +387,8 @@ export!("IBVERBS_1.1" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         // SAFETY: just allocated; the address of its `ibv_context` is what callers hold.
         let ibctx = unsafe { &raw mut (*ctx).vctx.context };
         st.register(ibctx as usize, Kind::Context, ibctx as usize);
+        let nports = u8::try_from(dev.view.ports.len()).unwrap_or(u8::MAX);
+        events::register(ibctx as usize, async_fd, &dev.view.ibdev_path, nports);
         Ok(ibctx)
     })
 });
@@ -406,6 +411,8 @@ export!("IBVERBS_1.1" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         }
         // The NIC forgets the context's memory regions and doorbell page before it goes.
         st.nics.close_context(context as usize);
+        // No more events for this context; its async fd is closed below.
+        events::unregister(context as usize);
         // SAFETY: the doorbell page and the fds were created by ibv_open_device and are
         // released once, here; the context box is freed after it was unregistered.
         unsafe {
@@ -437,7 +444,7 @@ export!("IBVERBS_1.1" fn ibv_query_port(context: *mut ibv_context, port_num: u8,
     // (rdma-core v44.0 libibverbs/verbs.c l. 197–219).
     let len = offset_of!(ibv_port_attr, port_cap_flags2);
     // SAFETY: same contract as the slot; `len` bytes of the caller's struct are written.
-    unsafe { mana::query_port_slot(context, port_num, port_attr.cast(), len) }
+    unsafe { events::query_port_slot(context, port_num, port_attr.cast(), len) }
 });
 
 export!("IBVERBS_1.1" fn ibv_query_gid(context: *mut ibv_context, port_num: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
@@ -470,23 +477,29 @@ export!("IBVERBS_1.13" fn ibv_is_fork_initialized() -> ibv_fork_status {
 });
 
 export!("IBVERBS_1.1" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
-    // Reads the async fd like libibverbs (libibverbs/device.c ibv_get_async_event); the fake
-    // never raises events, so this blocks, or fails with EAGAIN on a non-blocking fd.
+    // A read of the async fd, as libibverbs does (rdma-core v44.0 libibverbs/device.c:452–496):
+    // it blocks until an event is queued, or fails with EAGAIN when the application made the
+    // descriptor non-blocking; the events come from the world's knobs (events.rs). Not
+    // traced: a program polls it, and the trace shows the bring-up.
     let fd = {
         let mut g = lock();
         let st = g.as_mut().expect("state initialised by lock()");
         ctx_of(st, context, "ibv_get_async_event").vctx.context.async_fd
     };
-    let _ = event;
-    let mut v = 0u64;
-    // SAFETY: reads 8 bytes into a local from the context's eventfd. Nothing ever writes it,
-    // so this returns only on a signal or with EAGAIN (errno set by read).
-    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
-    -1
+    if event.is_null() {
+        die("ibv_get_async_event", "event is NULL (real rdma-core would crash)");
+    }
+    // SAFETY: `event` is non-NULL and, per the API, points to a writable ibv_async_event.
+    unsafe { events::get(context as usize, fd, event) }
 });
 
 export!("IBVERBS_1.1" fn ibv_ack_async_event(event: *mut ibv_async_event) -> () {
-    let _ = event;
+    // libibverbs counts acknowledgements of CQ, QP, SRQ and WQ events (their destroy waits
+    // for them) and does nothing for port and device events (rdma-core v44.0
+    // libibverbs/device.c:498–562), the only ones the fake raises.
+    if event.is_null() {
+        die("ibv_ack_async_event", "event is NULL (real rdma-core would crash)");
+    }
 });
 
 export!("IBVERBS_1.0" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {

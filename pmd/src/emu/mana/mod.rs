@@ -25,6 +25,12 @@
 //! carries the absolute tail, so the next one recovers everything). [`Model`] itself still
 //! gives each queue a page of its own, so its queues never lose a doorbell that way; the
 //! driver code is the same either way (it writes `db_page + offset` with the id).
+//!
+//! Port events: the model has an eventfd that it signals when its link changes (the
+//! link-down fault set or cleared through [`ModelHandle::set_faults`], or the far end of the
+//! wire attaching or going away, which the engine thread looks at every
+//! [`LINK_POLL`]), and hands out [`PortEvent::LinkUp`] / [`PortEvent::LinkDown`] for each
+//! transition, in order.
 #![deny(unsafe_code)]
 
 pub mod engine;
@@ -35,21 +41,27 @@ pub use thread::{EngineCore, EngineThread};
 
 use crate::emu::wire::Wire as _;
 use crate::emu::wire::{self, WireSpec};
-use crate::ethdev::{Link, RssConfig};
+use crate::ethdev::{Link, PortEvent, RssConfig};
 use crate::hw::mana::wqe::{wqe_bytes, SHORT_OOB_BYTES};
 use crate::hw::mana::{CQE_BYTES, MAX_TX_SGES, MIN_QUEUE_BYTES, RSS_TABLE_ENTRIES};
 use crate::mana::{Provider, QueueAllocator, QueueOwner, RawRxQueue, RawTxQueue, SetupError};
 use crate::net::MacAddr;
+use crate::sys::event::EventFd;
 use crate::sys::DevMem;
 use mempool::{ChunkInfo, Registration};
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 /// Descriptor limit of the model (newer kernels take the adapter's limit; rdma-core v44
 /// capped user queues at 256, §1.11).
 pub const MODEL_MAX_DESC: u32 = 4096;
 /// Queue limit of the model.
 pub const MODEL_MAX_QUEUES: u16 = 16;
+/// How often the engine thread looks at the wire's link state (the far end attaching or
+/// going away); link-down faults are seen at once.
+pub const LINK_POLL: Duration = Duration::from_millis(10);
 
 /// Queue memory as the allocator contract sizes it: rounded up to a power of two and to a
 /// multiple of 4096 (§1.3).
@@ -102,11 +114,45 @@ struct Shared {
     /// The raw queues handed out since the last `destroy_queues`, for tests acting as the NIC.
     /// (Their owners point back here; `destroy_queues` and the model's drop clear the list.)
     queues: Mutex<(Vec<RawTxQueue>, Vec<RawRxQueue>)>,
+    /// Port events not yet taken, and the link state they last reported.
+    events: Mutex<Events>,
+    /// Readable while `events` holds some (`None` if no eventfd could be had: no events).
+    efd: Option<EventFd>,
+}
+
+struct Events {
+    link_up: bool,
+    pending: Vec<PortEvent>,
+}
+
+/// The model's link: a cable's (down until the far end is attached, and after it goes), and
+/// down while the link-down fault is set. MANA itself reports no carrier state; DPDK
+/// presents it as always up, 100G (§1.11).
+fn link_up(e: &Engine) -> bool {
+    !e.faults.link_down && e.wire.peer_attached()
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Engine> {
         self.core.lock()
+    }
+
+    /// Records the link state `e` shows, queueing an event when it changed. Called with the
+    /// engine locked (`e`), so that observers from two threads cannot report out of order.
+    fn note_link(&self, e: &Engine) {
+        let up = link_up(e);
+        let mut ev = lock(&self.events);
+        if ev.link_up != up {
+            ev.link_up = up;
+            ev.pending.push(if up {
+                PortEvent::LinkUp
+            } else {
+                PortEvent::LinkDown
+            });
+            if let Some(fd) = &self.efd {
+                fd.signal();
+            }
+        }
     }
 }
 
@@ -146,9 +192,12 @@ impl ModelHandle {
         self.0.core.run_until_idle(max)
     }
 
-    /// Sets the faults.
+    /// Sets the faults. Setting or clearing `link_down` changes the link at once and queues
+    /// a [`PortEvent`] when it changed.
     pub fn set_faults(&self, f: Faults) {
-        self.0.lock().faults = f;
+        let mut e = self.0.lock();
+        e.faults = f;
+        self.0.note_link(&e);
     }
 
     /// Device-side counters.
@@ -257,13 +306,35 @@ impl Model {
 
     /// A model on an already opened wire.
     pub fn with_wire(wire: Box<dyn wire::Wire>, mac: MacAddr, port_id: u16) -> Self {
-        let thread = EngineThread::spawn(Engine::new(wire), &format!("emu-mana-{port_id}"))
+        let engine = Engine::new(wire);
+        let efd = EventFd::new()
+            .inspect_err(|e| {
+                tracing::warn!(target: "pmd::emu", port = port_id, "no eventfd for port events ({e}): the port reports none");
+            })
+            .ok();
+        let events = Mutex::new(Events {
+            link_up: link_up(&engine),
+            pending: Vec::new(),
+        });
+        let thread = EngineThread::spawn(engine, &format!("emu-mana-{port_id}"))
             .expect("spawning the model's engine thread");
         let shared = Arc::new(Shared {
             core: Arc::clone(thread.core()),
+            events,
+            efd,
             held_by: Mutex::new(None),
             queues: Mutex::new((Vec::new(), Vec::new())),
         });
+        // The engine thread looks at the link (the far end of the wire) every LINK_POLL.
+        let weak = Arc::downgrade(&shared);
+        thread.core().set_watch(
+            LINK_POLL,
+            Box::new(move |e: &Engine| {
+                if let Some(s) = weak.upgrade() {
+                    s.note_link(e);
+                }
+            }),
+        );
         Self {
             shared,
             _thread: thread,
@@ -390,13 +461,8 @@ impl Provider for Model {
     }
 
     fn link(&self) -> Link {
-        let e = self.shared.lock();
-        // MANA reports no carrier state; DPDK presents it as always up, 100G (§1.11). The
-        // model adds what a cable would: down until the far end is attached (and after it
-        // goes), or when the link-down fault is set.
-        let up = !e.faults.link_down && e.wire.peer_attached();
         Link {
-            up,
+            up: link_up(&self.shared.lock()),
             speed_mbps: 100_000,
             full_duplex: true,
         }
@@ -565,6 +631,18 @@ impl Provider for Model {
 
     fn rx_missed(&self) -> u64 {
         self.shared.lock().stats.rx_no_wqe
+    }
+
+    fn event_fd(&self) -> Option<RawFd> {
+        self.shared.efd.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    fn take_events(&mut self, out: &mut Vec<PortEvent>) {
+        let mut ev = lock(&self.shared.events);
+        if let Some(fd) = &self.shared.efd {
+            fd.clear();
+        }
+        out.append(&mut ev.pending);
     }
 }
 

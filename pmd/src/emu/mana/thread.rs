@@ -9,7 +9,7 @@ use crate::emu::wire::Wire as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// An engine behind its lock, with the flags its thread obeys. Shared by the thread and
 /// every handle on it.
@@ -17,7 +17,15 @@ pub struct EngineCore {
     engine: Mutex<Engine>,
     stop: AtomicBool,
     paused: AtomicBool,
+    /// Called by the thread with the engine locked, about every `.0` (see [`set_watch`]).
+    ///
+    /// [`set_watch`]: EngineCore::set_watch
+    watch: Mutex<Option<(Duration, Watch)>>,
 }
+
+/// What the engine thread calls now and then with the engine locked (the model's link
+/// watch: the far end of its wire attaching or going away).
+pub type Watch = Box<dyn FnMut(&Engine) + Send>;
 
 impl std::fmt::Debug for EngineCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -69,11 +77,29 @@ impl EngineCore {
         total
     }
 
+    /// Has the engine thread call `f` with the engine locked about every `every` (when idle,
+    /// or every 1024 passes while busy, so the clock is rarely read under load).
+    pub fn set_watch(&self, every: Duration, f: Watch) {
+        *self.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some((every, f));
+    }
+
     /// The thread's loop: busy-polls while there is work, backs off (spin, yield, then
     /// sleeps growing to 200 µs) when idle so it can share a small machine.
     fn run(&self) {
         let mut idle = 0u32;
+        let mut passes = 0u32;
+        let mut watched = Instant::now();
         while !self.stop.load(Ordering::Relaxed) {
+            passes = passes.wrapping_add(1);
+            if idle >= 128 || passes.is_multiple_of(1024) {
+                let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some((every, f)) = w.as_mut() {
+                    if watched.elapsed() >= *every {
+                        watched = Instant::now();
+                        f(&self.lock());
+                    }
+                }
+            }
             let work = {
                 // Read under the lock, so `pause()` (which sets it under the lock) is never
                 // followed by a step of this thread.
@@ -130,6 +156,7 @@ impl EngineThread {
             engine: Mutex::new(engine),
             stop: AtomicBool::new(false),
             paused: AtomicBool::new(false),
+            watch: Mutex::new(None),
         });
         let t = Arc::clone(&core);
         let (started, running) = std::sync::mpsc::channel();
