@@ -10,6 +10,12 @@ use std::process::{Command, Output};
 const PORT1: &str = "mana:dev=mana_0,port=1";
 const PORT2: &str = "mana:dev=mana_0,port=2";
 
+/// The default world's ports (MACs, netdev names) without wires: the tests that carry no
+/// traffic need no 20 MiB shared-memory cable per port, which is slow to create on some
+/// filesystems (overlay in containers).
+const NO_WIRES: &str =
+    "mana_0/1:mac=02:00:00:00:10:01,wire=none;mana_0/2:mac=02:00:00:00:10:02,wire=none";
+
 /// One run at a time in this file: on a 2-core machine, traffic runs beside other runs (six
 /// processes and their engine threads) starve l2fwd's TX ring of 256 descriptors (the v44
 /// maximum), which then drops what it cannot send, and counts it.
@@ -39,7 +45,7 @@ fn l2fwd(fake: &Fake, ports: [&str; 2], env: &[(&str, &str)]) -> Output {
 /// errno, and every object created before the failure is destroyed again.
 #[test]
 fn a_failure_at_each_bringup_step_is_clear_and_leaves_nothing_alive() {
-    let fake = Fake::new(None);
+    let fake = Fake::new(Some(NO_WIRES));
     // (injected call, what the message must name)
     let steps = [
         ("ibv_open_device", "device mana_0"),
@@ -118,7 +124,7 @@ fn traced_calls(fake: &Fake, profile: &str) -> Vec<String> {
 /// `manadv_init_obj` only after the QPs exist), and tears everything down children first.
 #[test]
 fn bringup_and_teardown_follow_rdma_cores_order_in_both_profiles() {
-    let fake = Fake::new(None);
+    let fake = Fake::new(Some(NO_WIRES));
     for profile in ["v44", "main"] {
         let calls = traced_calls(&fake, profile);
         let port = [
@@ -172,7 +178,7 @@ fn bringup_and_teardown_follow_rdma_cores_order_in_both_profiles() {
 /// selector that matches nothing lists the ports there are.
 #[test]
 fn ports_are_found_by_device_mac_or_netdev_and_a_miss_lists_the_ports() {
-    let fake = Fake::new(None);
+    let fake = Fake::new(Some(NO_WIRES));
     let o = l2fwd(
         &fake,
         ["mana:mac=02:00:00:00:10:01", "mana:netdev=eth-mana_0-2"],
@@ -203,7 +209,7 @@ fn ports_are_found_by_device_mac_or_netdev_and_a_miss_lists_the_ports() {
 /// so, requested and effective.
 #[test]
 fn ring_sizes_above_the_device_limit_are_reduced_and_said() {
-    let fake = Fake::new(None);
+    let fake = Fake::new(Some(NO_WIRES));
     let o = l2fwd(&fake, [PORT1, PORT2], &[("PMD_LOG", "pmd::port=warn")]);
     assert!(o.status.success(), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
