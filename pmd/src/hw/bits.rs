@@ -144,6 +144,44 @@ pub fn set_le64(buf: &mut [u8], offset: usize, v: u64) {
     buf[offset..offset + 8].copy_from_slice(&v.to_le_bytes());
 }
 
+/// Reads a big-endian `u16` at `offset`.
+#[inline(always)]
+pub fn be16(buf: &[u8], offset: usize) -> u16 {
+    u16::from_be_bytes([buf[offset], buf[offset + 1]])
+}
+
+/// Writes a big-endian `u16` at `offset`.
+#[inline(always)]
+pub fn set_be16(buf: &mut [u8], offset: usize, v: u16) {
+    buf[offset..offset + 2].copy_from_slice(&v.to_be_bytes());
+}
+
+/// Reads a big-endian `u32` at `offset`.
+#[inline(always)]
+pub fn be32(buf: &[u8], offset: usize) -> u32 {
+    Bits32::be(offset, 31, 0).get(buf)
+}
+
+/// Writes a big-endian `u32` at `offset`.
+#[inline(always)]
+pub fn set_be32(buf: &mut [u8], offset: usize, v: u32) {
+    buf[offset..offset + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+/// Reads a big-endian `u64` at `offset`.
+#[inline(always)]
+pub fn be64(buf: &[u8], offset: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&buf[offset..offset + 8]);
+    u64::from_be_bytes(b)
+}
+
+/// Writes a big-endian `u64` at `offset`.
+#[inline(always)]
+pub fn set_be64(buf: &mut [u8], offset: usize, v: u64) {
+    buf[offset..offset + 8].copy_from_slice(&v.to_be_bytes());
+}
+
 /// Declares an enum for a hardware code with an `Unknown(raw)` variant, converting both ways,
 /// so decoding never fails on a value the spec did not list.
 #[macro_export]

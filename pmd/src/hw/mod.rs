@@ -13,5 +13,6 @@
 pub mod bits;
 pub mod hexdump;
 pub mod mana;
+pub mod mlx5;
 
 pub use hexdump::hexdump;
