@@ -82,6 +82,7 @@ pub mod hw;
 pub mod lcore;
 pub mod log;
 pub mod mana;
+pub mod mlx5;
 pub mod net;
 pub mod null;
 pub mod port;

@@ -18,9 +18,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("takeover", &["devices", "sys"]),
     // Drivers: the contract below them, shared mechanics, formats; never a provider or port.
     ("mana", &["ethdev", "ring", "hw", "net", "sys", "takeover"]),
+    ("mlx5", &["ethdev", "ring", "hw", "net", "sys"]),
     ("null", &["ethdev", "net"]),
     // Providers: implement a driver's provider trait; never name a port type.
-    ("emu", &["mana", "ethdev", "ring", "hw", "net", "sys"]),
+    (
+        "emu",
+        &["mana", "mlx5", "ethdev", "ring", "hw", "net", "sys"],
+    ),
     ("verbs", &["mana", "ethdev", "hw", "net", "sys", "devices"]),
     // The port layer; only the composition root names kinds (see KIND_NAMERS). `sys` for
     // poll(2) over the ports' event descriptors (`port::wait_events`) and the lock files.

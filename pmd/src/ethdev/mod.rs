@@ -232,6 +232,12 @@ pub trait PortDriver: Send {
     }
 }
 
+/// What keeps one queue's device objects alive (on hardware: QP or WQ, CQ, the context and
+/// its doorbell mapping; on a model: the model's queue record). A queue handle holds it, so
+/// a burst still in flight after `stop`, `configure` or `close` never touches a destroyed
+/// queue or an unmapped doorbell page; the objects go when the last handle drops.
+pub type QueueOwner = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+
 /// Whether the environment asks for fork-safe memory registration, as libibverbs reads it:
 /// `RDMAV_FORK_SAFE` or `IBV_FORK_SAFE` set (to anything).
 pub fn fork_safe_from_env() -> bool {

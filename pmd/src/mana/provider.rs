@@ -7,15 +7,10 @@ use crate::ethdev::{Link, PortEvent, RssConfig};
 use crate::net::MacAddr;
 use crate::sys::DevMem;
 use mempool::{ChunkInfo, Registration};
-use std::any::Any;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-/// What keeps one queue's device objects alive (on hardware: QP or WQ, CQ, the context and
-/// its doorbell mapping; on the model: the model's queue record). A queue handle holds it, so
-/// a burst still in flight after `stop`, `configure` or `close` never touches a destroyed
-/// queue or an unmapped doorbell page; the objects go when the last handle drops.
-pub type QueueOwner = Arc<dyn Any + Send + Sync>;
+pub use crate::ethdev::QueueOwner;
 
 /// A TX queue as `manadv_init_obj(QP | CQ)` describes it.
 #[derive(Clone)]
