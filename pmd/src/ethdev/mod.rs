@@ -232,6 +232,25 @@ pub trait PortDriver: Send {
     }
 }
 
+/// Puts a stripped 802.1Q tag back into the frame (the device stripped it, the port did not
+/// ask for VLAN stripping).
+pub fn reinsert_vlan(m: &mut mempool::Mbuf, vid: u16) {
+    if m.len() < 12 {
+        return;
+    }
+    if m.prepend(4).is_ok() {
+        let d = m.data_mut();
+        d.copy_within(4..16, 0);
+        d[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
+        d[14..16].copy_from_slice(&vid.to_be_bytes());
+    }
+}
+
+/// Frees `m` through this core's cache (the error paths of the datapaths).
+pub fn free_one(pool: &std::sync::Arc<MbufPool>, m: mempool::Mbuf) {
+    mempool::lcache::with_cache(pool, |cache| m.free_to(cache));
+}
+
 /// What keeps one queue's device objects alive (on hardware: QP or WQ, CQ, the context and
 /// its doorbell mapping; on a model: the model's queue record). A queue handle holds it, so
 /// a burst still in flight after `stop`, `configure` or `close` never touches a destroyed

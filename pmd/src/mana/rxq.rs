@@ -5,7 +5,7 @@
 
 use super::cq::CompletionQueue;
 use super::{QueueOwner, RawRxQueue, Xstats};
-use crate::ethdev::{Burst, Counters, PortConfig, RxBurst, RxOffloads};
+use crate::ethdev::{free_one, reinsert_vlan, Burst, Counters, PortConfig, RxBurst, RxOffloads};
 use crate::hw::mana::cqe::{Cqe, CqeType, RX_PPI_COUNT};
 use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{Sge, WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
@@ -296,24 +296,6 @@ impl RxBurst for RxQueue {
     fn rx_burst(&mut self, out: &mut Burst) -> usize {
         RxQueue::rx_burst(self, out)
     }
-}
-
-/// Puts a stripped 802.1Q tag back into the frame (VLAN strip not requested).
-fn reinsert_vlan(m: &mut Mbuf, vid: u16) {
-    if m.len() < 12 {
-        return;
-    }
-    if m.prepend(4).is_ok() {
-        let d = m.data_mut();
-        d.copy_within(4..16, 0);
-        d[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
-        d[14..16].copy_from_slice(&vid.to_be_bytes());
-    }
-}
-
-/// Frees `m` through this core's cache (error path).
-fn free_one(pool: &Arc<MbufPool>, m: Mbuf) {
-    with_cache(pool, |cache| m.free_to(cache));
 }
 
 impl Drop for RxQueue {

@@ -337,6 +337,24 @@ impl<R: OwnerRule> CompletionQueue<R> {
         Polled::Entry(off)
     }
 
+    /// Moves the consumer `n` entries on without looking at them (the rest of an mlx5
+    /// compressed session, whose slots carry no owner), forgetting any entries already
+    /// checked ahead.
+    pub fn skip(&mut self, n: u32) {
+        self.head = self.head.wrapping_add(n);
+        self.ready = 0;
+    }
+
+    /// The byte offset of free-running position `pos` in the ring.
+    pub fn offset_of(&self, pos: u32) -> usize {
+        self.offset(pos)
+    }
+
+    /// The ring memory.
+    pub fn mem(&self) -> &DevMem {
+        &self.mem
+    }
+
     /// Copies the first `out.len()` bytes of the entry at `off` (from [`Polled::Entry`]).
     #[inline]
     pub fn read(&self, off: usize, out: &mut [u8]) {

@@ -1,0 +1,673 @@
+//! mlx5 RX queue over a cyclic RQ (§4.1): one buffer per WQE (the WQE's other scatter
+//! entries closed with the invalid key), the RQ doorbell record written once per refill (no
+//! MMIO: the device reads the record itself), the CQ polled by owner bit, and compressed
+//! sessions of the basic layout decompressed (§6.2): the title gives the count and the fields
+//! the packets share, each mini CQE (HASH format) a packet's length and RSS hash; once a
+//! session is consumed its slots are poisoned (opcode INVALID) so that no later lap mistakes
+//! them for completions, and the consumer index jumps past it.
+//!
+//! Error CQEs (§5.3) consume one WQE; its buffer is freed and the error counted. The critical
+//! syndromes (LOCAL_QP_OP, LOCAL_PROT, WR_FLUSH) need the WQ reset through the provider,
+//! which this queue cannot do by itself: they are counted apart (`rx_critical_errors`).
+#![deny(unsafe_code)]
+
+use super::cq::CompletionQueue;
+use super::provider::RawRq;
+use crate::ethdev::{
+    free_one, reinsert_vlan, Burst, Counters, PortConfig, QueueOwner, RxBurst, RxOffloads,
+};
+use crate::hw::mlx5::cqe::{csum_ok, mini_slot, op_own, Cqe, CqeFormat, CqeOpcode, Syndrome};
+use crate::hw::mlx5::doorbell::{self, RCV_DBR};
+use crate::hw::mlx5::wqe::{DataSeg, INVALID_LKEY, SEG_BYTES};
+use crate::hw::mlx5::CQE_BYTES;
+use crate::ring::{DescRing, Polled, WorkQueue};
+use crate::sys::barrier::udma_to_device_barrier;
+use crate::sys::DevMem;
+use mempool::lcache::with_cache;
+use mempool::{ChunkKeys, CksumStatus, Mbuf, MbufPool, OffloadFlags};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Mbufs allocated per refill step.
+const REFILL_BULK: usize = 32;
+/// Largest RQ WQE stride we build (16 scatter entries).
+const MAX_STRIDE: usize = 256;
+
+/// RX counters by name.
+#[derive(Debug, Default)]
+pub struct RxXstats {
+    /// Error CQEs.
+    pub cqe_errors: AtomicU64,
+    /// Error CQEs with a syndrome that needs the WQ reset.
+    pub critical_errors: AtomicU64,
+    /// Buffers outside every registered chunk.
+    pub no_mkey: AtomicU64,
+    /// Compressed sessions decompressed.
+    pub compressed_sessions: AtomicU64,
+}
+
+impl RxXstats {
+    fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+    /// The counters by name.
+    pub fn list(&self) -> Vec<(String, u64)> {
+        [
+            ("rx_cqe_errors", &self.cqe_errors),
+            ("rx_critical_errors", &self.critical_errors),
+            ("rx_no_mkey", &self.no_mkey),
+            ("rx_compressed_sessions", &self.compressed_sessions),
+        ]
+        .iter()
+        .map(|(n, c)| ((*n).to_string(), c.load(Ordering::Relaxed)))
+        .collect()
+    }
+}
+
+/// A compressed session being delivered.
+struct Session {
+    /// The title CQE.
+    title: [u8; CQE_BYTES],
+    /// Its position (free-running).
+    t: u32,
+    /// Completions in the session.
+    n: u32,
+    /// The next mini to deliver.
+    next: u32,
+}
+
+/// An mlx5 RX queue, owned by one core.
+pub struct RxQueue {
+    wq: WorkQueue,
+    cq: CompletionQueue,
+    cq_dbrec: Arc<DevMem>,
+    dbrec: Arc<DevMem>,
+    stride: usize,
+    rqn: u32,
+    desc: DescRing<Mbuf>,
+    pool: Arc<MbufPool>,
+    keys: ChunkKeys,
+    counters: Arc<Counters>,
+    xstats: Arc<RxXstats>,
+    _owner: QueueOwner,
+    port_id: u16,
+    data_room: u32,
+    vlan_strip: bool,
+    session: Option<Session>,
+    scratch: Vec<Option<Mbuf>>,
+}
+
+impl std::fmt::Debug for RxQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "mlx5::RxQueue(rq {:#x}, {} posted)",
+            self.rqn,
+            self.desc.len()
+        )
+    }
+}
+
+impl RxQueue {
+    /// An RX queue over `raw` with `cfg.rx_ring_size` buffers; call [`RxQueue::fill`] first.
+    ///
+    /// # Panics
+    /// If the ring size is not a power of two or exceeds the RQ's or the CQ's entries, or the
+    /// WQE stride is not 16 to 256 bytes.
+    pub fn new(
+        raw: RawRq,
+        cfg: &PortConfig,
+        port_id: u16,
+        pool: Arc<MbufPool>,
+        keys: ChunkKeys,
+        counters: Arc<Counters>,
+        xstats: Arc<RxXstats>,
+    ) -> Self {
+        let n = u32::from(cfg.rx_ring_size);
+        let stride = raw.stride as usize;
+        assert!(
+            n.is_power_of_two()
+                && raw.wqe_cnt >= n
+                && raw.cq.cqe_cnt >= n
+                && stride.is_power_of_two()
+                && (SEG_BYTES..=MAX_STRIDE).contains(&stride),
+            "bad rx queue: {n} buffers on {raw:?}"
+        );
+        let data_room = u32::from(pool.data_room());
+        Self {
+            wq: WorkQueue::new(raw.buf, stride),
+            cq: CompletionQueue::new(raw.cq.buf, raw.cq.cqe_cnt),
+            cq_dbrec: raw.cq.dbrec,
+            dbrec: raw.dbrec,
+            stride,
+            rqn: raw.rqn,
+            desc: DescRing::new(n),
+            pool,
+            keys,
+            counters,
+            xstats,
+            _owner: raw.owner,
+            port_id,
+            data_room,
+            vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
+            session: None,
+            scratch: (0..REFILL_BULK).map(|_| None).collect(),
+        }
+    }
+
+    /// Buffers posted and not yet consumed.
+    pub fn posted(&self) -> u32 {
+        self.desc.len()
+    }
+
+    /// Posts buffers on every free descriptor.
+    ///
+    /// # Errors
+    /// How many buffers could not be posted for lack of mbufs.
+    pub fn fill(&mut self) -> Result<(), u32> {
+        match self.refill(self.desc.free()) {
+            0 => Ok(()),
+            missing => Err(missing),
+        }
+    }
+
+    /// Posts up to `n` buffers and writes the RQ record once; returns how many were missing.
+    fn refill(&mut self, n: u32) -> u32 {
+        let mut left = n.min(self.desc.free());
+        let mut wqe = [0u8; MAX_STRIDE];
+        // Entries after the first close the scatter list (§4.1).
+        for at in (SEG_BYTES..self.stride).step_by(SEG_BYTES) {
+            if let Some(mut d) = DataSeg::new_checked(&mut wqe[at..at + SEG_BYTES]) {
+                d.set(0, INVALID_LKEY, 0);
+            }
+        }
+        let mut posted = false;
+        while left > 0 {
+            let k = (left as usize).min(REFILL_BULK);
+            let pool = &self.pool;
+            let slots = &mut self.scratch[..k];
+            if !with_cache(pool, |cache| pool.alloc_mbufs(cache, slots)) {
+                break;
+            }
+            let mut unkeyed = 0u64;
+            for m in self.scratch[..k].iter_mut().filter_map(Option::take) {
+                let Some(key) = self.keys.key_of(m.raw().index()) else {
+                    RxXstats::bump(&self.xstats.no_mkey);
+                    unkeyed += 1;
+                    free_one(&self.pool, m);
+                    continue;
+                };
+                if let Some(mut d) = DataSeg::new_checked(&mut wqe[..SEG_BYTES]) {
+                    d.set(m.data_addr() as u64, key, self.data_room);
+                }
+                // The descriptor ring is no larger than the RQ: both have room.
+                let ok = self.wq.post(&wqe[..self.stride]).is_some();
+                debug_assert!(ok);
+                let _ = self.desc.push(m);
+                posted = true;
+            }
+            self.counters.add_errors(unkeyed);
+            left -= k as u32;
+        }
+        if posted {
+            udma_to_device_barrier();
+            self.dbrec.store_u32(
+                RCV_DBR,
+                u32::from_ne_bytes(doorbell::rq_record(self.wq.head())),
+                Ordering::Release,
+            );
+        }
+        left
+    }
+
+    #[inline]
+    fn take_desc(&mut self) -> Option<Mbuf> {
+        let m = self.desc.pop()?;
+        self.wq.complete(1);
+        Some(m)
+    }
+
+    /// Delivers the next packet of the current session; `false` when it is over.
+    fn session_next(&mut self, out: &mut Burst, bytes: &mut u64) -> bool {
+        let Some(s) = &self.session else {
+            return false;
+        };
+        let (t, n, i) = (s.t, s.n, s.next);
+        let title = s.title;
+        if i >= n {
+            // Poison the session's slots after the title, then move past them (§6.2).
+            for k in 1..n {
+                let off = self.cq.offset_of(t.wrapping_add(k));
+                self.cq
+                    .mem()
+                    .write(off + CQE_BYTES - 1, &[op_own(15, 0, false)]);
+            }
+            self.cq.skip(n - 1);
+            self.session = None;
+            return false;
+        }
+        let (slot, e) = mini_slot(t, i);
+        let mut mini = [0u8; 8];
+        self.cq
+            .mem()
+            .read(self.cq.offset_of(slot) + e * 8, &mut mini);
+        let len = u32::from_be_bytes([mini[4], mini[5], mini[6], mini[7]]);
+        let hash = u32::from_be_bytes([mini[0], mini[1], mini[2], mini[3]]);
+        if let Some(s) = &mut self.session {
+            s.next += 1;
+        }
+        if let Some(mut m) = self.take_desc() {
+            let c = Cqe::new_checked(&title[..]).expect("64 bytes");
+            if m.set_data_len(len as usize).is_err() {
+                self.counters.add_errors(1);
+                free_one(&self.pool, m);
+            } else {
+                self.annotate(&mut m, &c, hash);
+                *bytes += u64::from(m.pkt_len());
+                let _ = out.push(m);
+            }
+        }
+        true
+    }
+
+    /// See [`crate::ethdev::RxBurst::rx_burst`].
+    #[inline]
+    pub fn rx_burst(&mut self, out: &mut Burst) -> usize {
+        let start = out.len();
+        let mut bytes = 0u64;
+        let mut errors = 0u64;
+        let head0 = self.cq.head();
+        while out.spare() > 0 {
+            if self.session.is_some() {
+                // Delivers one packet, or ends the session (and then polls on).
+                self.session_next(out, &mut bytes);
+                continue;
+            }
+            let off = match self.cq.poll() {
+                Polled::Entry(off) => off,
+                Polled::Empty | Polled::Overflow => break,
+            };
+            let mut b = [0u8; CQE_BYTES];
+            self.cq.read(off, &mut b);
+            let c = Cqe::new_checked(&b[..]).expect("64 bytes");
+            match (c.opcode(), c.format()) {
+                (CqeOpcode::RespSend, CqeFormat::Compressed) => {
+                    RxXstats::bump(&self.xstats.compressed_sessions);
+                    self.session = Some(Session {
+                        title: b,
+                        t: self.cq.head().wrapping_sub(1),
+                        n: c.byte_cnt().max(1),
+                        next: 0,
+                    });
+                }
+                (CqeOpcode::RespSend, _) => {
+                    let Some(mut m) = self.take_desc() else { break };
+                    if m.set_data_len(c.byte_cnt() as usize).is_err() {
+                        errors += 1;
+                        free_one(&self.pool, m);
+                        continue;
+                    }
+                    self.annotate(&mut m, &c, c.rx_hash_res());
+                    bytes += u64::from(m.pkt_len());
+                    let _ = out.push(m);
+                }
+                (_op, _) => {
+                    crate::dp_trace!(rq = self.rqn, opcode = ?_op, "rx error completion\n{}", crate::hw::hexdump(&b));
+                    errors += 1;
+                    RxXstats::bump(&self.xstats.cqe_errors);
+                    if matches!(
+                        c.syndrome(),
+                        Syndrome::LocalQpOp | Syndrome::LocalProt | Syndrome::WrFlush
+                    ) {
+                        RxXstats::bump(&self.xstats.critical_errors);
+                    }
+                    if let Some(m) = self.take_desc() {
+                        free_one(&self.pool, m);
+                    }
+                }
+            }
+        }
+        // Mid-session the consumer index stays at the title until the session is done.
+        let ci = match &self.session {
+            Some(s) => s.t,
+            None => self.cq.head(),
+        };
+        if ci != head0 {
+            self.cq_dbrec.store_u32(
+                0,
+                u32::from_ne_bytes(doorbell::cq_set_ci(ci)),
+                Ordering::Release,
+            );
+        }
+        let delivered = out.len() - start;
+        self.counters.add(delivered as u64, bytes);
+        self.counters.add_errors(errors);
+        let want = self.desc.free();
+        if want >= REFILL_BULK as u32 || (want > 0 && self.posted() < REFILL_BULK as u32) {
+            let missing = self.refill(want);
+            if missing > 0 {
+                self.counters.add_nombuf(u64::from(missing));
+            }
+        }
+        delivered
+    }
+
+    /// Fills in what the completion (a normal CQE, or a session's title) says, with `hash`
+    /// (from the CQE or the packet's mini CQE).
+    #[inline]
+    fn annotate(&self, m: &mut Mbuf, c: &Cqe<&[u8]>, hash: u32) {
+        let mut fl = OffloadFlags::empty();
+        let ok = c.hds_ip_ext();
+        // The device reports good checksums only; a clear bit means "not checked" (§5.1).
+        fl.set_rx_ip_cksum(if ok & csum_ok::L3 != 0 {
+            CksumStatus::Good
+        } else {
+            CksumStatus::Unknown
+        });
+        fl.set_rx_l4_cksum(if ok & csum_ok::L4 != 0 {
+            CksumStatus::Good
+        } else {
+            CksumStatus::Unknown
+        });
+        if c.rx_hash_type() != 0 {
+            fl.insert(OffloadFlags::RX_RSS_HASH);
+            m.set_rss_hash(hash);
+        }
+        if let Some(tci) = c.vlan() {
+            fl.insert(OffloadFlags::RX_VLAN);
+            m.set_vlan_tci(tci);
+            if self.vlan_strip {
+                fl.insert(OffloadFlags::RX_VLAN_STRIPPED);
+            } else {
+                reinsert_vlan(m, tci);
+            }
+        }
+        m.set_ol_flags(fl);
+        m.set_port(self.port_id);
+    }
+}
+
+impl RxBurst for RxQueue {
+    #[inline]
+    fn rx_burst(&mut self, out: &mut Burst) -> usize {
+        RxQueue::rx_burst(self, out)
+    }
+}
+
+impl Drop for RxQueue {
+    fn drop(&mut self) {
+        let desc = &mut self.desc;
+        with_cache(&self.pool, |cache| {
+            desc.drain().for_each(|m| m.free_to(cache))
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hw::mlx5::cqe::{hash_type, CqeFields};
+    use crate::mlx5::RawCq;
+    use mempool::{MbufPoolConfig, Registration};
+
+    const N: u32 = 64;
+    const CQN: u32 = 64;
+
+    /// The device's side, by hand: reads posted WQEs, writes CQEs with the lap's owner bit.
+    struct Nic {
+        rq: Arc<DevMem>,
+        cq: Arc<DevMem>,
+        dbrec: Arc<DevMem>,
+        /// CQ producer (free-running).
+        pi: u32,
+        /// RQ consumer (free-running).
+        rq_ci: u32,
+    }
+
+    fn queue(pool: &Arc<MbufPool>) -> (RxQueue, Nic) {
+        let keys = pool
+            .register_chunks(|_| Ok(Registration::new(0x55)))
+            .unwrap();
+        let rq = Arc::new(DevMem::anon(N as usize * 32).unwrap());
+        let cq = Arc::new(DevMem::anon(CQN as usize * CQE_BYTES).unwrap());
+        for i in 0..CQN as usize {
+            cq.write(i * CQE_BYTES + 63, &[0xf0]);
+        }
+        let dbrec = Arc::new(DevMem::anon(4096).unwrap());
+        let cq_dbrec = Arc::new(DevMem::anon(4096).unwrap());
+        let raw = RawRq {
+            buf: Arc::clone(&rq),
+            wqe_cnt: N,
+            stride: 32,
+            rqn: 0x99,
+            dbrec: Arc::clone(&dbrec),
+            cq: RawCq {
+                buf: Arc::clone(&cq),
+                cqe_cnt: CQN,
+                dbrec: cq_dbrec,
+                cqn: 3,
+            },
+            owner: Arc::new(()),
+        };
+        let cfg = PortConfig {
+            rx_ring_size: N as u16,
+            rx_offloads: RxOffloads::VLAN_STRIP,
+            ..Default::default()
+        };
+        let mut q = RxQueue::new(
+            raw,
+            &cfg,
+            0,
+            Arc::clone(pool),
+            keys,
+            Arc::default(),
+            Arc::default(),
+        );
+        q.fill().unwrap();
+        (
+            q,
+            Nic {
+                rq,
+                cq,
+                dbrec,
+                pi: 0,
+                rq_ci: 0,
+            },
+        )
+    }
+
+    impl Nic {
+        fn posted(&self) -> u32 {
+            u32::from_be_bytes(
+                self.dbrec
+                    .load_u32(RCV_DBR, Ordering::Acquire)
+                    .to_ne_bytes(),
+            )
+        }
+        /// Takes the next WQE: its buffer (address, length, key), second entry's key.
+        fn take_wqe(&mut self) -> (u64, u32, u32, u32) {
+            assert!(self.posted().wrapping_sub(self.rq_ci) > 0, "no WQE posted");
+            let mut w = [0u8; 32];
+            self.rq.read((self.rq_ci % N) as usize * 32, &mut w);
+            self.rq_ci += 1;
+            let d = DataSeg::new_checked(&w[..16]).unwrap();
+            let d2 = DataSeg::new_checked(&w[16..]).unwrap();
+            (d.addr(), d.byte_count(), d.lkey(), d2.lkey())
+        }
+        fn slot(&self, pos: u32) -> usize {
+            (pos % CQN) as usize * CQE_BYTES
+        }
+        fn write_cqe(&mut self, f: CqeFields) {
+            let mut b = [0u8; 64];
+            Cqe::new_checked(&mut b[..]).unwrap().write(&CqeFields {
+                owner: (self.pi / CQN) & 1 == 1,
+                ..f
+            });
+            // Body first, op_own last.
+            self.cq.write(self.slot(self.pi), &b[..63]);
+            self.cq.write(self.slot(self.pi) + 63, &b[63..]);
+            self.pi += 1;
+        }
+        /// One packet of `len` bytes with `fill`, a normal CQE.
+        fn rx(&mut self, len: u32, fill: u8, f: CqeFields) {
+            let (addr, room, key, key2) = self.take_wqe();
+            assert_eq!((key, key2), (0x55, INVALID_LKEY));
+            assert!(room >= len);
+            // The device writes the frame into the posted buffer.
+            let buf = buffer_view(addr, len as usize);
+            buf.fill(0, len as usize, fill);
+            self.write_cqe(CqeFields {
+                opcode: 2,
+                byte_cnt: len,
+                wqe_counter: (self.rq_ci - 1) as u16,
+                ..f
+            });
+        }
+        /// A compressed session of `n` packets (lengths 60 + i, hashes i + 1), basic layout:
+        /// the title, mini arrays at t+1 and t+8k, holes left as they are.
+        fn rx_session(&mut self, n: u32) {
+            let t = self.pi;
+            for i in 0..n {
+                let (addr, _, _, _) = self.take_wqe();
+                buffer_view(addr, 60 + i as usize).fill(0, 60 + i as usize, i as u8);
+            }
+            for i in 0..n {
+                let (slot, e) = mini_slot(t, i);
+                let mut m = [0u8; 8];
+                m[..4].copy_from_slice(&(i + 1).to_be_bytes());
+                m[4..].copy_from_slice(&(60 + i).to_be_bytes());
+                self.cq.write(self.slot(slot) + e * 8, &m);
+            }
+            // The title last (it makes the session visible).
+            let mut b = [0u8; 64];
+            Cqe::new_checked(&mut b[..]).unwrap().write(&CqeFields {
+                opcode: 2,
+                format: 3,
+                owner: (t / CQN) & 1 == 1,
+                rx_hash_type: hash_type::IPV4 | hash_type::UDP,
+                hds_ip_ext: csum_ok::L3 | csum_ok::L4,
+                byte_cnt: n,
+                ..Default::default()
+            });
+            self.cq.write(self.slot(t), &b[..63]);
+            self.cq.write(self.slot(t) + 63, &b[63..]);
+            self.pi = t + n;
+        }
+    }
+
+    /// A view of a posted buffer (pool memory the test owns through the pool).
+    fn buffer_view(addr: u64, len: usize) -> DevMem {
+        #[allow(unsafe_code)]
+        // SAFETY: `addr..addr+len` lies in a posted mbuf of the test's pool, mapped for the
+        // test's life; only this test thread writes it, before handing it to the queue.
+        unsafe {
+            DevMem::from_raw(addr as *mut u8, len)
+        }
+    }
+
+    fn drain(q: &mut RxQueue, want: usize) -> Vec<Mbuf> {
+        let mut got = Vec::new();
+        for _ in 0..64 {
+            let mut b = Burst::with_capacity(7);
+            q.rx_burst(&mut b);
+            got.extend(b.drain_front(b.len()));
+            if got.len() >= want {
+                break;
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn normal_cqes_over_many_laps_deliver_every_packet_with_its_fields() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-rx-normal", 512)).unwrap();
+        let (mut q, mut nic) = queue(&pool);
+        assert_eq!(nic.posted(), N);
+        for k in 0..(CQN * 5) {
+            nic.rx(
+                60 + k % 40,
+                k as u8,
+                CqeFields {
+                    rx_hash_res: k,
+                    rx_hash_type: hash_type::IPV4,
+                    hds_ip_ext: csum_ok::L3,
+                    l4_l3_hdr_type: if k % 3 == 0 { 1 } else { 0 },
+                    vlan_info: 7,
+                    ..Default::default()
+                },
+            );
+            let got = drain(&mut q, 1);
+            assert_eq!(got.len(), 1, "packet {k}");
+            let m = &got[0];
+            assert_eq!(m.len() as u32, 60 + k % 40);
+            assert!(m.data().iter().all(|&b| b == k as u8));
+            assert_eq!(m.rss_hash(), k);
+            assert_eq!(m.ol_flags().contains(OffloadFlags::RX_VLAN), k % 3 == 0);
+            drop(got);
+        }
+        let ci = u32::from_be_bytes(q.cq_dbrec.load_u32(0, Ordering::Acquire).to_ne_bytes());
+        assert_eq!(ci, CQN * 5);
+        drop(q);
+        assert_eq!(pool.in_use(), 0);
+    }
+
+    /// Every session length from 2 to 32 (the queue keeps at least 32 buffers posted), back
+    /// to back so that sessions straddle the CQ's end over several laps: every packet arrives once, in order, with its mini's length
+    /// and hash; the consumer index skips whole sessions; nothing is read twice on a later
+    /// lap (the slots were poisoned).
+    #[test]
+    fn compressed_sessions_of_every_length_decompress_across_the_wrap() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-rx-zip", 512)).unwrap();
+        let (mut q, mut nic) = queue(&pool);
+        let mut sessions = 0;
+        for round in 0..4 {
+            for n in 2..=32u32 {
+                nic.rx_session(n);
+                let got = drain(&mut q, n as usize);
+                assert_eq!(got.len(), n as usize, "round {round} session {n}");
+                for (i, m) in got.iter().enumerate() {
+                    assert_eq!(m.len(), 60 + i, "round {round} session {n} packet {i}");
+                    assert!(m.data().iter().all(|&b| b == i as u8));
+                    assert_eq!(m.rss_hash(), i as u32 + 1);
+                }
+                sessions += 1;
+                // Nothing more.
+                let mut b = Burst::with_capacity(8);
+                assert_eq!(
+                    q.rx_burst(&mut b),
+                    0,
+                    "round {round} session {n}: a stale slot"
+                );
+            }
+        }
+        let ci = u32::from_be_bytes(q.cq_dbrec.load_u32(0, Ordering::Acquire).to_ne_bytes());
+        assert_eq!(ci, nic.pi);
+        assert_eq!(
+            q.xstats.compressed_sessions.load(Ordering::Relaxed),
+            sessions
+        );
+        drop(q);
+        assert_eq!(pool.in_use(), 0);
+    }
+
+    #[test]
+    fn an_error_cqe_consumes_one_buffer_and_is_counted() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-rx-err", 256)).unwrap();
+        let (mut q, mut nic) = queue(&pool);
+        nic.take_wqe();
+        nic.write_cqe(CqeFields {
+            opcode: 14,
+            syndrome: 0x01,
+            ..Default::default()
+        });
+        nic.rx(64, 9, CqeFields::default());
+        let got = drain(&mut q, 1);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].len(), 64);
+        assert_eq!(q.xstats.cqe_errors.load(Ordering::Relaxed), 1);
+        assert_eq!(q.xstats.critical_errors.load(Ordering::Relaxed), 0);
+        drop(got);
+        drop(q);
+        assert_eq!(pool.in_use(), 0);
+    }
+}
