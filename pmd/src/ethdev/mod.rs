@@ -232,6 +232,40 @@ pub trait PortDriver: Send {
     }
 }
 
+/// The pool a driver registered with its device, and the keys of its chunks: registration
+/// happens once per pool (at the first configure with it), whatever the driver.
+#[derive(Debug, Default)]
+pub struct PoolRegistration(Option<(std::sync::Arc<MbufPool>, mempool::ChunkKeys)>);
+
+impl PoolRegistration {
+    /// The keys of `pool`'s chunks, registering each chunk with `reg` the first time.
+    ///
+    /// # Errors
+    /// [`PortError::Setup`] naming the registration that failed.
+    pub fn keys_for<E>(
+        &mut self,
+        pool: &std::sync::Arc<MbufPool>,
+        mut reg: impl FnMut(&mempool::ChunkInfo) -> Result<mempool::Registration, E>,
+    ) -> Result<mempool::ChunkKeys, PortError>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        if let Some((p, keys)) = &self.0 {
+            if std::sync::Arc::ptr_eq(p, pool) {
+                return Ok(keys.clone());
+            }
+        }
+        let keys = pool
+            .register_chunks(|chunk| reg(chunk).map_err(|e| Box::new(e) as mempool::BoxError))
+            .map_err(|e| PortError::Setup {
+                what: "registering the mbuf pool for DMA".into(),
+                source: Box::new(e),
+            })?;
+        self.0 = Some((std::sync::Arc::clone(pool), keys.clone()));
+        Ok(keys)
+    }
+}
+
 /// Puts a stripped 802.1Q tag back into the frame (the device stripped it, the port did not
 /// ask for VLAN stripping).
 pub fn reinsert_vlan(m: &mut mempool::Mbuf, vid: u16) {

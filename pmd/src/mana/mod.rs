@@ -25,8 +25,8 @@ pub use txq::TxQueue;
 pub use xstats::Xstats;
 
 use crate::ethdev::{
-    Caps, Link, PortConfig, PortDriver, PortError, PortEvent, QueueSetup, Queues, RxBurst,
-    RxOffloads, TxBurst, TxOffloads,
+    Caps, Link, PoolRegistration, PortConfig, PortDriver, PortError, PortEvent, QueueSetup, Queues,
+    RxBurst, RxOffloads, TxBurst, TxOffloads,
 };
 use crate::net::MacAddr;
 use crate::takeover::{BusyPolicy, NetdevGuard, Seconds};
@@ -56,7 +56,7 @@ pub struct Driver {
     /// The netdevs taken over, given back when the driver goes (after its queues).
     taken: Option<NetdevGuard>,
     /// The pool registered with the provider, its keys, and the guards (via the pool).
-    registered: Option<(Arc<MbufPool>, ChunkKeys)>,
+    registered: PoolRegistration,
     /// Per-queue driver counters of the current configuration (RX queues, then TX queues).
     xstats: Vec<Arc<Xstats>>,
 }
@@ -76,30 +76,15 @@ impl Driver {
             provider,
             opts,
             taken: None,
-            registered: None,
+            registered: PoolRegistration::default(),
             xstats: Vec::new(),
         }
     }
 
     fn keys_for(&mut self, pool: &Arc<MbufPool>) -> Result<ChunkKeys, PortError> {
-        if let Some((p, keys)) = &self.registered {
-            if Arc::ptr_eq(p, pool) {
-                return Ok(keys.clone());
-            }
-        }
         let provider = &mut self.provider;
-        let keys = pool
-            .register_chunks(|chunk| {
-                provider
-                    .reg_mr(chunk)
-                    .map_err(|e| Box::new(e) as mempool::BoxError)
-            })
-            .map_err(|e| PortError::Setup {
-                what: "registering the mbuf pool for DMA".into(),
-                source: Box::new(e),
-            })?;
-        self.registered = Some((Arc::clone(pool), keys.clone()));
-        Ok(keys)
+        self.registered
+            .keys_for(pool, |chunk| provider.reg_mr(chunk))
     }
 
     /// Creates the TX queues. The raw TX QP is where the kernel's hold on the vPort shows

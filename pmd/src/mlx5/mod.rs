@@ -2,14 +2,17 @@
 //! `mlx5dv_init_obj` describes. Being built ([09]): the provider contract ([`provider`]),
 //! the CQ owner rule ([`cq`]) and the TX queue ([`txq`]: SEND/TSO, minimum inline, VLAN,
 //! checksum flags, multi-segment, completion moderation) and the RX queue ([`rxq`]: cyclic RQ,
-//! compressed sessions). Not yet: eMPW, MPRQ, error recovery, the driver and its port kinds. The formats live in [`crate::hw::mlx5`].
+//! compressed sessions). The [`Driver`] over a [`Provider`]. Not yet: a provider (device model or verbs), the port
+//! kinds, eMPW, MPRQ, error recovery. The formats live in [`crate::hw::mlx5`].
 #![deny(unsafe_code)]
 
 pub mod cq;
+pub mod driver;
 pub mod provider;
 pub mod rxq;
 pub mod txq;
 
+pub use driver::{Driver, Provider, SetupError};
 pub use provider::{RawCq, RawRq, RawSq};
 
 pub use rxq::{RxQueue, RxXstats};
