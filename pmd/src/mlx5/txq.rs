@@ -577,6 +577,47 @@ mod tests {
         }
     }
 
+    /// TSO: opcode TSO, the MSS and the whole L2–L4 header inline, the payload through one
+    /// pointer segment per mbuf segment (two here), checksum flags L3 and L4; ds and WQEBBs
+    /// as the reference (golden V3) counts them.
+    #[test]
+    fn tso_inlines_the_headers_and_points_at_every_payload_segment() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-tx-tso", 256)).unwrap();
+        let (mut q, nic) = queue(&pool, 0);
+        let mut m = frame(&pool, 54 + 100, 0x40);
+        let tail = frame(&pool, 1000, 0x80);
+        m.chain(tail).unwrap();
+        m.set_ol_flags(
+            OffloadFlags::TX_TCP_SEG | OffloadFlags::TX_IPV4 | OffloadFlags::TX_IP_CKSUM,
+        );
+        m.set_tx_offload(mempool::TxOffload {
+            l2_len: 14,
+            l3_len: 20,
+            l4_len: 20,
+            tso_segsz: 1448,
+            ..Default::default()
+        });
+        let mut b = Burst::with_capacity(1);
+        b.push(m).unwrap();
+        assert_eq!(q.tx_burst(&mut b), 1);
+        let w = nic.wqe(0, 128);
+        let c = CtrlSeg::new_checked(&w[..16]).unwrap();
+        assert_eq!((c.opcode(), c.ds()), (Opcode::Tso, 8));
+        let e = EthSeg::new_checked(&w[16..]).unwrap();
+        assert_eq!(
+            (e.mss(), e.inline_hdr_sz(), e.cs_flags()),
+            (1448, 54, CS_L3 | CS_L4)
+        );
+        let hdr: Vec<u8> = (0..54).map(|i| 0x40u8.wrapping_add(i)).collect();
+        assert_eq!(e.inline(), &hdr[..]);
+        let d0 = DataSeg::new_checked(&w[96..112]).unwrap();
+        let d1 = DataSeg::new_checked(&w[112..128]).unwrap();
+        assert_eq!((d0.byte_count(), d1.byte_count()), (100, 1000));
+        assert_eq!(nic.sq_record(), 2, "two WQEBBs");
+        drop(q);
+        assert_eq!(pool.in_use(), 0);
+    }
+
     /// Over many ring laps: a completion is requested on the last WQE of a burst once 32
     /// packets wait; its CQE frees every packet up to that WQE, in order, and the CQ's
     /// consumer index is written back.
