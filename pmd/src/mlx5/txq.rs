@@ -595,7 +595,6 @@ mod tests {
             l3_len: 20,
             l4_len: 20,
             tso_segsz: 1448,
-            ..Default::default()
         });
         let mut b = Burst::with_capacity(1);
         b.push(m).unwrap();
