@@ -1,5 +1,5 @@
 //! The mlx5 driver (ConnectX-4 … ConnectX-7): our own datapath over the raw queues
-//! `mlx5dv_init_obj` describes. Being built (issue 09): the provider contract ([`provider`]),
+//! `mlx5dv_init_obj` describes. Work in progress: the provider contract ([`provider`]),
 //! the CQ owner rule ([`cq`]) and the TX queue ([`txq`]: SEND/TSO, minimum inline, VLAN,
 //! checksum flags, multi-segment, completion moderation) and the RX queue ([`rxq`]: cyclic RQ,
 //! compressed sessions). The [`Driver`] over a [`Provider`]. Not yet: a provider (device model or verbs), the port
