@@ -5,5 +5,8 @@
 #![deny(unsafe_code)]
 
 pub mod mana;
+pub mod mlx5;
+pub mod mr;
 pub mod testing;
+pub mod thread;
 pub mod wire;

@@ -105,6 +105,31 @@ pub fn apply_tx(frame: &mut [u8], req: TxCsum) {
     frame[l4 + field..l4 + field + 2].copy_from_slice(&c.to_be_bytes());
 }
 
+/// Finishes the checksums `req` asks for as a device that ignores what the L4 checksum field
+/// holds (mlx5, spec mlx5.md §2.3: the device computes the whole TCP/UDP checksum, pseudo
+/// header included): the field is first set to the pseudo-header sum, then [`apply_tx`]
+/// completes it. Frames it cannot parse are left as [`apply_tx`] leaves them.
+pub fn apply_tx_full(frame: &mut [u8], req: TxCsum) {
+    if req.tcp || req.udp {
+        if let Some(ip) = parse::l3_start(frame).and_then(|(at, et)| IpHeader::parse(frame, at, et))
+        {
+            let field = match ip.proto {
+                parse::IPPROTO_TCP if req.tcp => Some(parse::TCP_CSUM_OFFSET),
+                parse::IPPROTO_UDP if req.udp => Some(parse::UDP_CSUM_OFFSET),
+                _ => None,
+            };
+            if let Some(field) = field {
+                let (l4, end) = (ip.l4_start, ip.l4_end);
+                if end >= l4 + field + 2 && !ip.fragment {
+                    let p = ip.pseudo_sum(frame, ip.proto, end - l4);
+                    frame[l4 + field..l4 + field + 2].copy_from_slice(&p.to_be_bytes());
+                }
+            }
+        }
+    }
+    apply_tx(frame, req);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
