@@ -857,3 +857,42 @@ fn compressed_sessions_put_minis_at_title_plus_one_and_every_eighth_slot() {
     assert_eq!(cqe(&c).format(), CqeFormat::Normal);
     assert_eq!(cqe(&c).wqe_counter(), 11);
 }
+
+#[test]
+fn compressed_sessions_straddle_the_ring_end_with_the_title_s_owner_bit() {
+    let (m, h, mut peer) = world(0);
+    let mut rq = Rq::new(&m, 32, 1, 15, false); // 16 CQEs
+    rq.post(32, RX_BUF as u32);
+    // 12 normal completions first, consumed.
+    for k in 0..12 {
+        assert!(peer.send(&udp_frame(k, 20)));
+        h.step();
+        assert_eq!(cqe(&rq.poll().unwrap()).format(), CqeFormat::Normal);
+    }
+    m.set_rx_compression(rq.q.rqn, Some(8)).unwrap();
+    for k in 0..10 {
+        assert!(peer.send(&udp_frame(1, 30 + k)));
+    }
+    h.step();
+    // Session 1: title at 12 (lap 0), 8 completions, its array at 13.
+    let t1 = poll_cq(&rq.q.cq, 12).expect("title 1");
+    assert_eq!(
+        (cqe(&t1).format(), cqe(&t1).byte_cnt()),
+        (CqeFormat::Compressed, 8)
+    );
+    assert_eq!(cqe(&t1).wqe_counter(), 12);
+    let mut a = [0u8; 64];
+    rq.q.cq.buf.read(13 * 64, &mut a);
+    for i in 0..8 {
+        assert_eq!(cqe(&a).mini(i).byte_cnt() as usize, 30 + i + 42);
+    }
+    // Session 2 starts at 20 = slot 4 of lap 1: owner 1; its array at 21 = slot 5.
+    set_ci(&rq.q.cq, 20);
+    let t2 = poll_cq(&rq.q.cq, 20).expect("title 2, owned by software on lap 1");
+    assert!(cqe(&t2).owner());
+    assert_eq!((cqe(&t2).byte_cnt(), cqe(&t2).wqe_counter()), (2, 20));
+    rq.q.cq.buf.read(5 * 64, &mut a);
+    assert_eq!(cqe(&a).mini(0).byte_cnt(), 38 + 42);
+    assert_eq!(cqe(&a).mini(1).byte_cnt(), 39 + 42);
+    assert_eq!(h.stats().rx_compressed_sessions, 2);
+}

@@ -283,6 +283,43 @@ mod tests {
         assert_eq!(f[40..42], prepared[40..42], "UDP field untouched");
     }
 
+    #[test]
+    fn apply_tx_full_ignores_what_the_l4_field_held() {
+        let m = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+        let payload = b"hello world, odd length";
+        for good in [
+            built!(
+                PacketBuilder::ethernet2(m.0, m.1)
+                    .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+                    .udp(1000, 2000),
+                payload
+            ),
+            built!(
+                PacketBuilder::ethernet2(m.0, m.1)
+                    .ipv6([3; 16], [4; 16], 64)
+                    .tcp(5, 6, 7, 8),
+                payload
+            ),
+        ] {
+            let mut f = good.clone();
+            let ipv4 = f[12..14] == [0x08, 0x00];
+            if ipv4 {
+                f[24..26].copy_from_slice(&[0x12, 0x34]);
+            }
+            let field = if ipv4 { 14 + 20 + 6 } else { 14 + 40 + 16 };
+            f[field..field + 2].copy_from_slice(&[0xde, 0xad]);
+            apply_tx_full(
+                &mut f,
+                TxCsum {
+                    ipv4: true,
+                    tcp: true,
+                    udp: true,
+                },
+            );
+            assert_eq!(f, good);
+        }
+    }
+
     proptest::proptest! {
         /// Any bytes, any request: no panic.
         #[test]

@@ -6,7 +6,7 @@
 //! provider: it creates CQs, SQs and RQs in memory it allocates (page-aligned, zero-filled,
 //! CQEs poisoned with `op_own = 0xF0` as rdma-core leaves them, §1.4), registers memory
 //! regions, sets RSS, and runs an [`Engine`] on its own thread (the generic
-//! [`EngineThread`](crate::emu::thread::EngineThread): busy-polls with back-off) or step by
+//! [`EngineThread`]: busy-polls with back-off) or step by
 //! step through a [`ModelHandle`].
 //!
 //! What the engine does, in short (details in its modules):
