@@ -105,6 +105,31 @@ pub fn apply_tx(frame: &mut [u8], req: TxCsum) {
     frame[l4 + field..l4 + field + 2].copy_from_slice(&c.to_be_bytes());
 }
 
+/// Finishes the checksums `req` asks for as a device that ignores what the L4 checksum field
+/// holds (mlx5, spec mlx5.md §2.3: the device computes the whole TCP/UDP checksum, pseudo
+/// header included): the field is first set to the pseudo-header sum, then [`apply_tx`]
+/// completes it. Frames it cannot parse are left as [`apply_tx`] leaves them.
+pub fn apply_tx_full(frame: &mut [u8], req: TxCsum) {
+    if req.tcp || req.udp {
+        if let Some(ip) = parse::l3_start(frame).and_then(|(at, et)| IpHeader::parse(frame, at, et))
+        {
+            let field = match ip.proto {
+                parse::IPPROTO_TCP if req.tcp => Some(parse::TCP_CSUM_OFFSET),
+                parse::IPPROTO_UDP if req.udp => Some(parse::UDP_CSUM_OFFSET),
+                _ => None,
+            };
+            if let Some(field) = field {
+                let (l4, end) = (ip.l4_start, ip.l4_end);
+                if end >= l4 + field + 2 && !ip.fragment {
+                    let p = ip.pseudo_sum(frame, ip.proto, end - l4);
+                    frame[l4 + field..l4 + field + 2].copy_from_slice(&p.to_be_bytes());
+                }
+            }
+        }
+    }
+    apply_tx(frame, req);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,6 +281,43 @@ mod tests {
         );
         assert_eq!(f[24..26], good[24..26]);
         assert_eq!(f[40..42], prepared[40..42], "UDP field untouched");
+    }
+
+    #[test]
+    fn apply_tx_full_ignores_what_the_l4_field_held() {
+        let m = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+        let payload = b"hello world, odd length";
+        for good in [
+            built!(
+                PacketBuilder::ethernet2(m.0, m.1)
+                    .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+                    .udp(1000, 2000),
+                payload
+            ),
+            built!(
+                PacketBuilder::ethernet2(m.0, m.1)
+                    .ipv6([3; 16], [4; 16], 64)
+                    .tcp(5, 6, 7, 8),
+                payload
+            ),
+        ] {
+            let mut f = good.clone();
+            let ipv4 = f[12..14] == [0x08, 0x00];
+            if ipv4 {
+                f[24..26].copy_from_slice(&[0x12, 0x34]);
+            }
+            let field = if ipv4 { 14 + 20 + 6 } else { 14 + 40 + 16 };
+            f[field..field + 2].copy_from_slice(&[0xde, 0xad]);
+            apply_tx_full(
+                &mut f,
+                TxCsum {
+                    ipv4: true,
+                    tcp: true,
+                    udp: true,
+                },
+            );
+            assert_eq!(f, good);
+        }
     }
 
     proptest::proptest! {

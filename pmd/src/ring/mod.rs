@@ -41,7 +41,14 @@ pub fn write_wrapped(mem: &DevMem, pos: u32, data: &[u8]) {
 /// wrapping like [`write_wrapped`].
 #[inline]
 pub fn read_wrapped(mem: &DevMem, pos: u32, out: &mut [u8]) {
-    let (start, first) = wrap(mem.len(), pos, out.len());
+    read_ring(mem, mem.len(), pos, out);
+}
+
+/// Like [`read_wrapped`], for a ring of `size` bytes (a power of two, at most `mem.len()`)
+/// at the start of `mem`: a queue description may hand out a buffer longer than its ring.
+#[inline]
+pub fn read_ring(mem: &DevMem, size: usize, pos: u32, out: &mut [u8]) {
+    let (start, first) = wrap(size, pos, out.len());
     mem.read(start, &mut out[..first]);
     if first < out.len() {
         mem.read(0, &mut out[first..]);

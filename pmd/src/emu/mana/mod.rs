@@ -34,10 +34,13 @@
 #![deny(unsafe_code)]
 
 pub mod engine;
-mod thread;
 
 pub use engine::{CqSpec, DoorbellPage, Engine, EngineError, Faults, ModelStats, RqSpec, SqSpec};
-pub use thread::{EngineCore, EngineThread};
+
+/// The MANA engine behind its lock (see [`crate::emu::thread::EngineCore`]).
+pub type EngineCore = crate::emu::thread::EngineCore<Engine>;
+/// The MANA engine on its own thread (see [`crate::emu::thread::EngineThread`]).
+pub type EngineThread = crate::emu::thread::EngineThread<Engine>;
 
 use crate::emu::wire::Wire as _;
 use crate::emu::wire::{self, WireSpec};

@@ -17,6 +17,7 @@ mod tx;
 
 pub use doorbell::DoorbellPage;
 
+use crate::emu::mr::MrTable;
 use crate::emu::wire::faults::FaultyWire;
 use crate::emu::wire::{Wire, MAX_FRAME};
 use crate::hw::mana::doorbell::DoorbellKind;
@@ -247,15 +248,6 @@ pub(crate) enum CqOf {
     Rq(usize),
 }
 
-pub(crate) struct Mr {
-    pub lkey: u32,
-    /// The device address of the region's first byte (its IOVA; the virtual address unless
-    /// registered with another).
-    pub addr: usize,
-    pub len: usize,
-    pub mem: DevMem,
-}
-
 /// RSS state (§1.6 step 6): key, the RQ ids of the indirection table (the device's 64-entry
 /// table is `entry[k] = rqs[k mod n]`) and the default RX object (the last RQ of the table).
 pub(crate) struct Rss {
@@ -277,7 +269,7 @@ const NO_RQ: u16 = u16::MAX;
 pub struct Engine {
     pub(crate) sqs: Vec<Sq>,
     pub(crate) rqs: Vec<Rq>,
-    pub(crate) mrs: Vec<Mr>,
+    pub(crate) mrs: MrTable,
     pub(crate) rss: Rss,
     /// The doorbell pages of the queues, each with the last values seen on it.
     pub(crate) pages: Vec<doorbell::WatchedPage>,
@@ -319,7 +311,7 @@ impl Engine {
         Self {
             sqs: Vec::new(),
             rqs: Vec::new(),
-            mrs: Vec::new(),
+            mrs: MrTable::new(),
             rss: Rss {
                 key: [0; 40],
                 rq_ids: Vec::new(),
@@ -490,24 +482,15 @@ impl Engine {
     /// # Errors
     /// The key is registered already.
     pub fn add_mr(&mut self, lkey: u32, iova: u64, mem: DevMem) -> Result<(), EngineError> {
-        if self.mrs.iter().any(|m| m.lkey == lkey) {
-            return Err(EngineError::DuplicateKey { lkey });
-        }
-        self.mrs.push(Mr {
-            lkey,
-            addr: iova as usize,
-            len: mem.len(),
-            mem,
-        });
-        Ok(())
+        self.mrs
+            .add(lkey, iova, Arc::new(mem))
+            .map_err(|e| EngineError::DuplicateKey { lkey: e.lkey })
     }
 
     /// Deregisters the memory region of `lkey`; `false` if there was none. When this returns
     /// the engine holds no view of that memory.
     pub fn remove_mr(&mut self, lkey: u32) -> bool {
-        let before = self.mrs.len();
-        self.mrs.retain(|m| m.lkey != lkey);
-        self.mrs.len() != before
+        self.mrs.remove(lkey)
     }
 
     /// Sets the vPort's MTU: TX frames (or TSO segments) with more L3 bytes complete with
@@ -560,25 +543,16 @@ impl Engine {
         knobs.set_rx_drop_every(self.faults.rx_drop_every);
         knobs.set_link_down(self.faults.link_down);
     }
+}
 
-    /// Reads `out.len()` bytes at `addr` through memory key `key`; `false` if that range is
-    /// not inside the key's region.
-    fn mr_read(&self, addr: u64, key: u32, out: &mut [u8]) -> bool {
-        match self.find_mr(addr, key, out.len()) {
-            Some((mr, off)) => {
-                mr.mem.read(off, out);
-                true
-            }
-            None => false,
-        }
+impl crate::emu::thread::Nic for Engine {
+    fn step(&mut self) -> usize {
+        Engine::step(self)
     }
 
-    /// The region of `key` and the offset of `addr` in it, if `len` bytes from there fit.
-    fn find_mr(&self, addr: u64, key: u32, len: usize) -> Option<(&Mr, usize)> {
-        let mr = self.mrs.iter().find(|m| m.lkey == key)?;
-        let addr = usize::try_from(addr).ok()?;
-        let off = addr.checked_sub(mr.addr)?;
-        (off.checked_add(len)? <= mr.len).then_some((mr, off))
+    fn describe(&self) -> String {
+        let (sqs, rqs) = self.queue_counts();
+        format!("mana {}, {sqs} SQs, {rqs} RQs", self.wire.describe())
     }
 }
 

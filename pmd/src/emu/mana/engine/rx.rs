@@ -104,7 +104,7 @@ impl Engine {
                 if n == 0 {
                     break;
                 }
-                match self.find_mr(s.address(), s.mem_key(), n) {
+                match self.mrs.find(s.address(), s.mem_key(), n) {
                     Some((mr, off)) => mr.mem.write(off, &frame[done..done + n]),
                     None => {
                         ok = false;

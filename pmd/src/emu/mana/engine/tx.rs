@@ -137,7 +137,9 @@ impl Engine {
             };
             let size = s.size() as usize;
             if len + size > frame.len()
-                || !self.mr_read(s.address(), s.mem_key(), &mut frame[len..len + size])
+                || !self
+                    .mrs
+                    .read(s.address(), s.mem_key(), &mut frame[len..len + size])
             {
                 ok = false;
                 break;

@@ -1,45 +1,51 @@
-//! Running an [`Engine`] on its own thread: the engine behind a lock, a thread that
-//! busy-polls it while there is work and backs off when idle, and pause / step controls for
-//! tests. Used by [`Model`](super::Model) and by anything that puts the engine behind queues
-//! it owns itself (the fake rdma-core).
+//! Running a device model's engine on its own thread, whatever the NIC: the engine behind a
+//! lock, a thread that busy-polls it while there is work and backs off when idle, and pause /
+//! step controls for tests. An engine only has to say how to make one pass ([`Nic::step`]).
+//! Used by the models (`emu::mana::Model`, `emu::mlx5::Model`) and by anything that puts an
+//! engine behind queues it owns itself (the fake rdma-core).
 #![deny(unsafe_code)]
 
-use super::engine::Engine;
-use crate::emu::wire::Wire as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// What an engine thread runs: a device model's engine, one pass at a time.
+pub trait Nic: Send + 'static {
+    /// One pass over every queue and the wire; returns the work done (0: idle, the thread
+    /// may back off).
+    fn step(&mut self) -> usize;
+    /// A short description for `Debug` output (the wire, the queue counts).
+    fn describe(&self) -> String;
+}
+
 /// An engine behind its lock, with the flags its thread obeys. Shared by the thread and
 /// every handle on it.
-pub struct EngineCore {
-    engine: Mutex<Engine>,
+pub struct EngineCore<E: Nic> {
+    engine: Mutex<E>,
     stop: AtomicBool,
     paused: AtomicBool,
     /// Called by the thread with the engine locked, about every `.0` (see [`set_watch`]).
     ///
     /// [`set_watch`]: EngineCore::set_watch
-    watch: Mutex<Option<(Duration, Watch)>>,
+    watch: Mutex<Option<(Duration, Watch<E>)>>,
 }
 
 /// What the engine thread calls now and then with the engine locked (the model's link
 /// watch: the far end of its wire attaching or going away).
-pub type Watch = Box<dyn FnMut(&Engine) + Send>;
+pub type Watch<E> = Box<dyn FnMut(&E) + Send>;
 
-impl std::fmt::Debug for EngineCore {
+impl<E: Nic> std::fmt::Debug for EngineCore<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let e = self.lock();
-        let (sqs, rqs) = e.queue_counts();
-        write!(f, "EngineCore({}, {sqs} SQs, {rqs} RQs)", e.wire.describe())
+        write!(f, "EngineCore({})", self.lock().describe())
     }
 }
 
-impl EngineCore {
+impl<E: Nic> EngineCore<E> {
     /// The engine, locked: add or remove queues and memory regions, read counters. While
     /// the guard lives the engine thread runs no step, so a queue removed under it is never
     /// touched again once the guard is dropped.
-    pub fn lock(&self) -> MutexGuard<'_, Engine> {
+    pub fn lock(&self) -> MutexGuard<'_, E> {
         self.engine.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -79,7 +85,7 @@ impl EngineCore {
 
     /// Has the engine thread call `f` with the engine locked about every `every` (when idle,
     /// or every 1024 passes while busy, so the clock is rarely read under load).
-    pub fn set_watch(&self, every: Duration, f: Watch) {
+    pub fn set_watch(&self, every: Duration, f: Watch<E>) {
         *self.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some((every, f));
     }
 
@@ -126,7 +132,7 @@ impl EngineCore {
     }
 }
 
-/// An [`Engine`] running on its own thread. Dropping it stops and joins the thread; the
+/// An engine running on its own thread. Dropping it stops and joins the thread; the
 /// engine (and every queue and memory view in it) lives on while an [`EngineCore`] handle
 /// does.
 ///
@@ -139,19 +145,26 @@ impl EngineCore {
 /// drop(nic); // the thread is joined here
 /// # Ok::<(), std::io::Error>(())
 /// ```
-#[derive(Debug)]
-pub struct EngineThread {
-    core: Arc<EngineCore>,
+pub struct EngineThread<E: Nic> {
+    core: Arc<EngineCore<E>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl EngineThread {
+impl<E: Nic> std::fmt::Debug for EngineThread<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineThread")
+            .field("core", &self.core)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: Nic> EngineThread<E> {
     /// Starts a thread named `name` (Linux keeps its first 15 bytes) that runs `engine`.
     /// When this returns the thread runs, under its name.
     ///
     /// # Errors
     /// The thread could not be spawned.
-    pub fn spawn(engine: Engine, name: &str) -> std::io::Result<Self> {
+    pub fn spawn(engine: E, name: &str) -> std::io::Result<Self> {
         let core = Arc::new(EngineCore {
             engine: Mutex::new(engine),
             stop: AtomicBool::new(false),
@@ -176,12 +189,12 @@ impl EngineThread {
     }
 
     /// The engine and its controls.
-    pub fn core(&self) -> &Arc<EngineCore> {
+    pub fn core(&self) -> &Arc<EngineCore<E>> {
         &self.core
     }
 }
 
-impl Drop for EngineThread {
+impl<E: Nic> Drop for EngineThread<E> {
     fn drop(&mut self) {
         self.core.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {

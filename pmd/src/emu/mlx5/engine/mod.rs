@@ -1,0 +1,686 @@
+//! The mlx5 NIC's side of the queues, written from the spec (mlx5.md §2–6, and §8 "What a
+//! faithful emulator must reproduce") as the device's behaviour, not from any driver's code.
+//!
+//! This file holds the engine's state, its queue table and its step; the roles live beside
+//! it: `tx.rs` (SQ WQEs, offloads, TSO, eMPW, requester CQEs), `rx.rs` (wire to RQ buffers,
+//! steering by RSS, responder CQEs) and `cq.rs` (writing CQEs, the owner rule, overrun,
+//! compressed sessions). Memory keys are the shared [`MrTable`]; L3/L4 arithmetic is
+//! [`crate::net`]; wire faults are a [`FaultyWire`] around the port's wire.
+#![deny(unsafe_code)]
+
+mod cq;
+mod rx;
+mod tx;
+
+use crate::emu::mr::MrTable;
+use crate::emu::wire::faults::FaultyWire;
+use crate::emu::wire::Wire;
+use crate::mlx5::{RawCq, RawRq, RawSq};
+use crate::sys::DevMem;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub(crate) use cq::Cq;
+
+/// `vendor_err_synd` the model puts in an error CQE it injected on purpose
+/// ([`Faults::tx_error_every`]); real devices use vendor syndromes for their own causes.
+pub const VENDOR_ERR_INJECTED: u8 = 0xfe;
+
+/// Largest packet a TSO WQE may describe (the IPv4 total length limit plus headers).
+pub const LSO_MAX_BYTES: usize = 65536 + 256;
+
+/// Most WQEBBs one queue may have: the 16-bit WQE counters (§2.1, §4.1) must tell a full
+/// ring from an empty one.
+pub const MAX_WQE_CNT: u32 = 1 << 15;
+
+/// WQEs or frames handled per queue per step, so one busy queue cannot starve the others.
+const BUDGET: usize = 64;
+
+/// Faults on demand; all deterministic.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Every n-th executed TX WQE completes with a LOCAL_QP_OP error CQE (vendor syndrome
+    /// [`VENDOR_ERR_INJECTED`]) instead of being sent, which puts its SQ in error (0: off).
+    pub tx_error_every: u32,
+    /// Every n-th frame from the wire is dropped before reaching an RQ (0: off). A wire fault:
+    /// forwarded to the engine's [`FaultyWire`].
+    pub rx_drop_every: u32,
+    /// Link down: frames in both directions are dropped (TX still completes, as on a NIC
+    /// whose cable is out). A wire fault.
+    pub link_down: bool,
+}
+
+/// Device-side counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelStats {
+    /// Send WQEs consumed (NOPs and failed ones included).
+    pub tx_wqes: u64,
+    /// Frames put on the wire (one per TSO segment, one per eMPW packet).
+    pub tx_frames: u64,
+    /// Their bytes.
+    pub tx_bytes: u64,
+    /// Send WQEs completed with an error CQE (not counting flushes).
+    pub tx_errors: u64,
+    /// Send WQEs flushed (WR_FLUSH_ERR) because their SQ was in error.
+    pub tx_flushed: u64,
+    /// Steps in which an SQ waited because its CQ had no free entry (overrun avoided).
+    pub tx_cq_stalls: u64,
+    /// Frames the wire refused (receiver full, link down).
+    pub tx_wire_drops: u64,
+    /// Frames with more L3 bytes than the MTU, dropped (their WQE completes normally).
+    pub tx_mtu_drops: u64,
+    /// Frames delivered into RQ buffers.
+    pub rx_frames: u64,
+    /// Their bytes.
+    pub rx_bytes: u64,
+    /// Frames dropped because their RQ had no posted WQE (the NIC's out-of-buffer counter,
+    /// DPDK's `imissed`), or because no RQ exists.
+    pub rx_no_wqe: u64,
+    /// Frames larger than the posted WQE (RESP_ERR LOCAL_LENGTH, WQE consumed).
+    pub rx_oversize: u64,
+    /// Frames whose scatter list names a bad key or range (RESP_ERR LOCAL_PROT).
+    pub rx_prot_errors: u64,
+    /// Frames dropped because their RQ's CQ had no free entry (a real device raises a CQ
+    /// error; the model counts and drops).
+    pub rx_cq_full: u64,
+    /// Frames dropped by wire faults (rx_drop_every, link down).
+    pub rx_fault_drops: u64,
+    /// RX CQEs and compressed-session slots written.
+    pub rx_cqes: u64,
+    /// Compressed sessions written (§6.2).
+    pub rx_compressed_sessions: u64,
+}
+
+/// A completion queue handed to the engine (what `mlx5dv_init_obj(CQ)` describes).
+#[derive(Debug, Clone)]
+pub struct CqSpec {
+    /// The ring: `cqe_cnt` × 64 bytes.
+    pub buf: Arc<DevMem>,
+    /// Entries, a power of two.
+    pub cqe_cnt: u32,
+    /// The doorbell record (`SET_CI` at byte 0).
+    pub dbrec: Arc<DevMem>,
+    /// CQ number.
+    pub cqn: u32,
+}
+
+impl From<&RawCq> for CqSpec {
+    fn from(c: &RawCq) -> Self {
+        Self {
+            buf: Arc::clone(&c.buf),
+            cqe_cnt: c.cqe_cnt,
+            dbrec: Arc::clone(&c.dbrec),
+            cqn: c.cqn,
+        }
+    }
+}
+
+/// A send queue handed to the engine, with its CQ.
+#[derive(Debug, Clone)]
+pub struct SqSpec {
+    /// The ring: `wqe_cnt` WQEBBs.
+    pub buf: Arc<DevMem>,
+    /// WQEBBs, a power of two.
+    pub wqe_cnt: u32,
+    /// SQ number: every control segment must carry it.
+    pub sqn: u32,
+    /// The doorbell record; the engine watches the SQ counter at byte 4.
+    pub dbrec: Arc<DevMem>,
+    /// Inline header bytes every SEND/TSO WQE must carry (§1.9).
+    pub min_inline: u16,
+    /// Its completion queue.
+    pub cq: CqSpec,
+}
+
+impl From<&RawSq> for SqSpec {
+    fn from(q: &RawSq) -> Self {
+        Self {
+            buf: Arc::clone(&q.buf),
+            wqe_cnt: q.wqe_cnt,
+            sqn: q.sqn,
+            dbrec: Arc::clone(&q.dbrec),
+            min_inline: q.min_inline,
+            cq: CqSpec::from(&q.cq),
+        }
+    }
+}
+
+/// A cyclic receive queue handed to the engine, with its CQ.
+#[derive(Debug, Clone)]
+pub struct RqSpec {
+    /// The ring: `wqe_cnt` WQEs of `stride` bytes.
+    pub buf: Arc<DevMem>,
+    /// WQEs, a power of two.
+    pub wqe_cnt: u32,
+    /// Bytes per WQE: a power of two, at least 16 (one scatter entry).
+    pub stride: u32,
+    /// RQ number.
+    pub rqn: u32,
+    /// The doorbell record; the engine reads the RQ counter at byte 0.
+    pub dbrec: Arc<DevMem>,
+    /// Strip the first C-VLAN tag and report it in the CQE (`CVLAN_STRIPPING`, §1.6).
+    pub vlan_strip: bool,
+    /// Its completion queue.
+    pub cq: CqSpec,
+}
+
+impl RqSpec {
+    /// The spec of a raw RQ, with or without VLAN stripping.
+    pub fn from_raw(q: &RawRq, vlan_strip: bool) -> Self {
+        Self {
+            buf: Arc::clone(&q.buf),
+            wqe_cnt: q.wqe_cnt,
+            stride: q.stride,
+            rqn: q.rqn,
+            dbrec: Arc::clone(&q.dbrec),
+            vlan_strip,
+            cq: CqSpec::from(&q.cq),
+        }
+    }
+}
+
+bitflags::bitflags! {
+    /// The fields an RSS TIR hashes (`ibv_rx_hash_conf.rx_hash_fields_mask`, §1.6 step 5).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub struct RxHashFields: u32 {
+        /// IPv4 source address.
+        const SRC_IPV4 = 1 << 0;
+        /// IPv4 destination address.
+        const DST_IPV4 = 1 << 1;
+        /// IPv6 source address.
+        const SRC_IPV6 = 1 << 2;
+        /// IPv6 destination address.
+        const DST_IPV6 = 1 << 3;
+        /// TCP source port.
+        const SRC_PORT_TCP = 1 << 4;
+        /// TCP destination port.
+        const DST_PORT_TCP = 1 << 5;
+        /// UDP source port.
+        const SRC_PORT_UDP = 1 << 6;
+        /// UDP destination port.
+        const DST_PORT_UDP = 1 << 7;
+    }
+}
+
+/// Why the engine refused a queue, memory region or RSS setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// A queue (or CQ) of that kind and number is already served.
+    #[error("{kind} {id:#x} is already served by this engine")]
+    DuplicateQueue {
+        /// `SQ`, `RQ` or `CQ`.
+        kind: &'static str,
+        /// Its number.
+        id: u32,
+    },
+    /// No queue of that kind and number is served.
+    #[error("{kind} {id:#x} is not served by this engine")]
+    NoSuchQueue {
+        /// `SQ`, `RQ` or `CQ`.
+        kind: &'static str,
+        /// Its number.
+        id: u32,
+    },
+    /// A ring whose entry count is not a power of two in range, or that does not fit its
+    /// buffer.
+    #[error("{kind} {id:#x}: {entries} entries of {entry_bytes} bytes: need a power of two up to {max}, within the {bytes}-byte buffer")]
+    RingSize {
+        /// `SQ`, `RQ` or `CQ`.
+        kind: &'static str,
+        /// Its number.
+        id: u32,
+        /// Entries asked for.
+        entries: u32,
+        /// Bytes per entry.
+        entry_bytes: u32,
+        /// Most entries allowed.
+        max: u32,
+        /// The buffer's length.
+        bytes: usize,
+    },
+    /// A doorbell record shorter than 8 bytes or not 4-byte aligned.
+    #[error("{kind} {id:#x}: doorbell record at {addr:#x} of {bytes} bytes: need 8 bytes, 4-byte aligned")]
+    Dbrec {
+        /// `SQ`, `RQ` or `CQ`.
+        kind: &'static str,
+        /// Its number.
+        id: u32,
+        /// Its address.
+        addr: usize,
+        /// Its length.
+        bytes: usize,
+    },
+    /// A memory key registered twice.
+    #[error("memory key {lkey:#x} is already registered")]
+    DuplicateKey {
+        /// The key.
+        lkey: u32,
+    },
+    /// An indirection table whose size is not a power of two (`log_ind_tbl_size`, §1.6).
+    #[error("RSS indirection table of {entries} entries: need a power of two, 1 to 65536")]
+    RssTable {
+        /// Entries given.
+        entries: usize,
+    },
+}
+
+/// Reads the big-endian dword at `off` of a doorbell record, with acquire ordering: what the
+/// driver wrote before its record store is visible after it.
+fn record(mem: &DevMem, off: usize) -> u32 {
+    u32::from_be(mem.load_u32(off, Ordering::Acquire))
+}
+
+pub(crate) struct Sq {
+    pub buf: Arc<DevMem>,
+    pub wqe_cnt: u32,
+    pub sqn: u32,
+    pub dbrec: Arc<DevMem>,
+    pub min_inline: u16,
+    pub cq: Cq,
+    /// The device's consumer counter in WQEBBs (16 bits, §2.1).
+    pub ci: u16,
+    /// In error after a failed WQE: the rest are flushed until [`Engine::reset_sq`].
+    pub error: bool,
+}
+
+pub(crate) struct Rq {
+    pub buf: Arc<DevMem>,
+    pub wqe_cnt: u32,
+    pub stride: u32,
+    pub rqn: u32,
+    pub dbrec: Arc<DevMem>,
+    pub vlan_strip: bool,
+    pub cq: Cq,
+    /// The device's consumer counter in WQEs (16 bits, §4.1).
+    pub ci: u16,
+}
+
+/// RSS state: key, hashed fields and the indirection table by RQ number, with the table
+/// resolved into indices of `Engine::rqs`.
+pub(crate) struct Rss {
+    pub key: [u8; 40],
+    pub fields: RxHashFields,
+    pub rqns: Vec<u32>,
+    /// `rqns` as indices into `Engine::rqs` (`usize::MAX` where the RQ is gone).
+    pub table: Vec<usize>,
+}
+
+/// The engine: every queue, memory region and the wire of one modelled port.
+pub struct Engine {
+    pub(crate) sqs: Vec<Sq>,
+    pub(crate) rqs: Vec<Rq>,
+    pub(crate) mrs: MrTable,
+    pub(crate) rss: Option<Rss>,
+    pub(crate) wire: FaultyWire,
+    pub(crate) faults: Faults,
+    pub(crate) stats: ModelStats,
+    pub(crate) mtu: u16,
+    /// Timestamps count nanoseconds from here (a free-running clock, §5.1 bytes 48–55).
+    epoch: Instant,
+    frame: Vec<u8>,
+    seg: Vec<u8>,
+    tx_executed: u64,
+}
+
+fn check_ring(
+    kind: &'static str,
+    id: u32,
+    buf: &DevMem,
+    entries: u32,
+    entry_bytes: u32,
+    max: u32,
+) -> Result<(), EngineError> {
+    let fits = (entries as usize)
+        .checked_mul(entry_bytes as usize)
+        .is_some_and(|n| n <= buf.len());
+    if !entries.is_power_of_two() || entries > max || !fits {
+        return Err(EngineError::RingSize {
+            kind,
+            id,
+            entries,
+            entry_bytes,
+            max,
+            bytes: buf.len(),
+        });
+    }
+    Ok(())
+}
+
+fn check_dbrec(kind: &'static str, id: u32, mem: &DevMem) -> Result<(), EngineError> {
+    if mem.len() < 8 || !mem.addr().is_multiple_of(4) {
+        return Err(EngineError::Dbrec {
+            kind,
+            id,
+            addr: mem.addr(),
+            bytes: mem.len(),
+        });
+    }
+    Ok(())
+}
+
+impl Engine {
+    /// An engine with no queues on `wire`: MTU 1500, no RSS, no faults. Give it queues and
+    /// memory regions, then [`step`](Engine::step) it or run it on an
+    /// [`EngineThread`](crate::emu::thread::EngineThread).
+    pub fn new(wire: Box<dyn Wire>) -> Self {
+        Self {
+            sqs: Vec::new(),
+            rqs: Vec::new(),
+            mrs: MrTable::new(),
+            rss: None,
+            wire: FaultyWire::new(wire),
+            faults: Faults::default(),
+            stats: ModelStats::default(),
+            mtu: 1500,
+            epoch: Instant::now(),
+            frame: vec![0; LSO_MAX_BYTES + 4],
+            seg: Vec::with_capacity(crate::emu::wire::MAX_FRAME + 4),
+            tx_executed: 0,
+        }
+    }
+
+    fn cq_in_use(&self, cqn: u32) -> bool {
+        self.sqs.iter().any(|q| q.cq.cqn == cqn) || self.rqs.iter().any(|q| q.cq.cqn == cqn)
+    }
+
+    fn new_cq(&self, spec: CqSpec) -> Result<Cq, EngineError> {
+        check_ring(
+            "CQ",
+            spec.cqn,
+            &spec.buf,
+            spec.cqe_cnt,
+            crate::hw::mlx5::CQE_BYTES as u32,
+            1 << 24,
+        )?;
+        check_dbrec("CQ", spec.cqn, &spec.dbrec)?;
+        if self.cq_in_use(spec.cqn) {
+            // The model serves one queue per CQ (as DPDK uses them).
+            return Err(EngineError::DuplicateQueue {
+                kind: "CQ",
+                id: spec.cqn,
+            });
+        }
+        Ok(Cq::new(spec))
+    }
+
+    /// Serves a send queue and its CQ from now on (the QP reached RTS): its WQEs are
+    /// consumed up to the SQ counter of its doorbell record, from the device's counter 0.
+    ///
+    /// # Errors
+    /// A duplicate SQ or CQ number, a bad ring size or doorbell record.
+    pub fn add_sq(&mut self, sq: SqSpec) -> Result<(), EngineError> {
+        check_ring(
+            "SQ",
+            sq.sqn,
+            &sq.buf,
+            sq.wqe_cnt,
+            crate::hw::mlx5::WQEBB_BYTES as u32,
+            MAX_WQE_CNT,
+        )?;
+        check_dbrec("SQ", sq.sqn, &sq.dbrec)?;
+        if self.sqs.iter().any(|q| q.sqn == sq.sqn) {
+            return Err(EngineError::DuplicateQueue {
+                kind: "SQ",
+                id: sq.sqn,
+            });
+        }
+        let cq = self.new_cq(sq.cq)?;
+        self.sqs.push(Sq {
+            buf: sq.buf,
+            wqe_cnt: sq.wqe_cnt,
+            sqn: sq.sqn,
+            dbrec: sq.dbrec,
+            min_inline: sq.min_inline,
+            cq,
+            ci: 0,
+            error: false,
+        });
+        Ok(())
+    }
+
+    /// Moves send queue `sqn` through RESET back to RTS (what DPDK does after an error CQE,
+    /// §2.8): the device's counter restarts at 0 and the error state is cleared.
+    ///
+    /// # Errors
+    /// No SQ of that number.
+    pub fn reset_sq(&mut self, sqn: u32) -> Result<(), EngineError> {
+        let q = self
+            .sqs
+            .iter_mut()
+            .find(|q| q.sqn == sqn)
+            .ok_or(EngineError::NoSuchQueue {
+                kind: "SQ",
+                id: sqn,
+            })?;
+        q.ci = 0;
+        q.error = false;
+        Ok(())
+    }
+
+    /// Stops serving send queue `sqn` and its CQ. When this returns the engine holds no
+    /// reference to their memory.
+    ///
+    /// # Errors
+    /// No SQ of that number.
+    pub fn remove_sq(&mut self, sqn: u32) -> Result<(), EngineError> {
+        let i = self
+            .sqs
+            .iter()
+            .position(|q| q.sqn == sqn)
+            .ok_or(EngineError::NoSuchQueue {
+                kind: "SQ",
+                id: sqn,
+            })?;
+        self.sqs.remove(i);
+        Ok(())
+    }
+
+    /// Serves a receive queue and its CQ from now on (the WQ reached RDY). Frames reach it
+    /// when it is the only RQ, or when the RSS table names it.
+    ///
+    /// # Errors
+    /// A duplicate RQ or CQ number, a bad ring size, stride or doorbell record.
+    pub fn add_rq(&mut self, rq: RqSpec) -> Result<(), EngineError> {
+        if !rq.stride.is_power_of_two() || rq.stride < 16 {
+            return Err(EngineError::RingSize {
+                kind: "RQ",
+                id: rq.rqn,
+                entries: rq.wqe_cnt,
+                entry_bytes: rq.stride,
+                max: MAX_WQE_CNT,
+                bytes: rq.buf.len(),
+            });
+        }
+        check_ring("RQ", rq.rqn, &rq.buf, rq.wqe_cnt, rq.stride, MAX_WQE_CNT)?;
+        check_dbrec("RQ", rq.rqn, &rq.dbrec)?;
+        if self.rqs.iter().any(|q| q.rqn == rq.rqn) {
+            return Err(EngineError::DuplicateQueue {
+                kind: "RQ",
+                id: rq.rqn,
+            });
+        }
+        let cq = self.new_cq(rq.cq)?;
+        self.rqs.push(Rq {
+            buf: rq.buf,
+            wqe_cnt: rq.wqe_cnt,
+            stride: rq.stride,
+            rqn: rq.rqn,
+            dbrec: rq.dbrec,
+            vlan_strip: rq.vlan_strip,
+            cq,
+            ci: 0,
+        });
+        self.rebuild_rss();
+        Ok(())
+    }
+
+    /// Stops serving receive queue `rqn` and its CQ; RSS entries naming it drop their
+    /// frames from now on.
+    ///
+    /// # Errors
+    /// No RQ of that number.
+    pub fn remove_rq(&mut self, rqn: u32) -> Result<(), EngineError> {
+        let i = self
+            .rqs
+            .iter()
+            .position(|q| q.rqn == rqn)
+            .ok_or(EngineError::NoSuchQueue {
+                kind: "RQ",
+                id: rqn,
+            })?;
+        let q = self.rqs.remove(i);
+        self.stats.rx_compressed_sessions += q.cq.sessions;
+        self.rebuild_rss();
+        Ok(())
+    }
+
+    /// Sets RSS (an indirection table and a Toeplitz hash QP, §1.6 (B)): frames hash over
+    /// `fields` under `key`, and go to `table[hash & (len - 1)]` (§8 item 8). A frame with
+    /// none of the fields (not IP, or fields of another family) hashes to 0: entry 0.
+    ///
+    /// # Errors
+    /// A table whose length is not a power of two, or naming an RQ this engine lacks.
+    pub fn set_rss(
+        &mut self,
+        key: [u8; 40],
+        fields: RxHashFields,
+        table: &[u32],
+    ) -> Result<(), EngineError> {
+        if !table.len().is_power_of_two() || table.len() > 1 << 16 {
+            return Err(EngineError::RssTable {
+                entries: table.len(),
+            });
+        }
+        if let Some(&id) = table
+            .iter()
+            .find(|&&id| !self.rqs.iter().any(|q| q.rqn == id))
+        {
+            return Err(EngineError::NoSuchQueue { kind: "RQ", id });
+        }
+        self.rss = Some(Rss {
+            key,
+            fields,
+            rqns: table.to_vec(),
+            table: Vec::new(),
+        });
+        self.rebuild_rss();
+        Ok(())
+    }
+
+    /// Forgets the RSS setting: frames go to the first RQ.
+    pub fn clear_rss(&mut self) {
+        self.rss = None;
+    }
+
+    fn rebuild_rss(&mut self) {
+        let rqs = &self.rqs;
+        if let Some(r) = &mut self.rss {
+            r.table = r
+                .rqns
+                .iter()
+                .map(|&id| rqs.iter().position(|q| q.rqn == id).unwrap_or(usize::MAX))
+                .collect();
+        }
+    }
+
+    /// Turns compressed CQEs (basic layout, HASH mini format, §6.2) on or off for the CQ of
+    /// receive queue `rqn`, with sessions of at most `max_num` completions (at least 2).
+    ///
+    /// # Errors
+    /// No RQ of that number.
+    pub fn set_rx_compression(
+        &mut self,
+        rqn: u32,
+        max_num: Option<u32>,
+    ) -> Result<(), EngineError> {
+        let q = self
+            .rqs
+            .iter_mut()
+            .find(|q| q.rqn == rqn)
+            .ok_or(EngineError::NoSuchQueue {
+                kind: "RQ",
+                id: rqn,
+            })?;
+        q.cq.set_compression(max_num.map(|n| n.max(2)));
+        Ok(())
+    }
+
+    /// Registers a memory region: data-segment addresses `iova..iova + mem.len()` under key
+    /// `lkey` reach `mem` (what `ibv_reg_mr` makes the NIC able to do, §1.3).
+    ///
+    /// # Errors
+    /// The key is registered already.
+    pub fn add_mr(&mut self, lkey: u32, iova: u64, mem: Arc<DevMem>) -> Result<(), EngineError> {
+        self.mrs
+            .add(lkey, iova, mem)
+            .map_err(|e| EngineError::DuplicateKey { lkey: e.lkey })
+    }
+
+    /// Deregisters `lkey`; `false` if there was none.
+    pub fn remove_mr(&mut self, lkey: u32) -> bool {
+        self.mrs.remove(lkey)
+    }
+
+    /// Sets the port's MTU: TX frames (or TSO segments) with more L3 bytes are dropped.
+    pub fn set_mtu(&mut self, mtu: u16) {
+        self.mtu = mtu;
+    }
+
+    /// Sets the faults (the wire-level ones take effect at the next step).
+    pub fn set_faults(&mut self, f: Faults) {
+        self.faults = f;
+    }
+
+    /// The faults set.
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
+    /// Device-side counters.
+    pub fn stats(&self) -> ModelStats {
+        let mut s = self.stats;
+        s.rx_compressed_sessions += self.rqs.iter().map(|q| q.cq.sessions).sum::<u64>();
+        s
+    }
+
+    /// How many send and receive queues the engine serves.
+    pub fn queue_counts(&self) -> (usize, usize) {
+        (self.sqs.len(), self.rqs.len())
+    }
+
+    /// The wire's link: up while the far end is attached and no link-down fault is set.
+    pub fn link_up(&self) -> bool {
+        !self.faults.link_down && self.wire.peer_attached()
+    }
+
+    /// One pass: every SQ up to its doorbell record, then frames from the wire; returns the
+    /// work done (WQEs + frames).
+    pub fn step(&mut self) -> usize {
+        let knobs = self.wire.faults();
+        knobs.set_rx_drop_every(self.faults.rx_drop_every);
+        knobs.set_link_down(self.faults.link_down);
+        let mut work = 0;
+        for i in 0..self.sqs.len() {
+            work += self.process_sq(i);
+        }
+        work += self.process_wire();
+        work
+    }
+
+    /// Nanoseconds since the engine started: the CQE timestamp.
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+}
+
+impl crate::emu::thread::Nic for Engine {
+    fn step(&mut self) -> usize {
+        Engine::step(self)
+    }
+
+    fn describe(&self) -> String {
+        let (sqs, rqs) = self.queue_counts();
+        format!("mlx5 {}, {sqs} SQs, {rqs} RQs", self.wire.describe())
+    }
+}

@@ -1,0 +1,287 @@
+//! The RX side (§4.1, §5.1, §8 items 8–9): frames from the wire, steered to an RQ by RSS (or
+//! to the only RQ), one posted WQE consumed per frame and the frame scattered into its data
+//! segments through the memory keys, then a responder CQE with the hash, checksum verdicts,
+//! header types and the stripped VLAN; RESP_ERR LOCAL_LENGTH for a frame larger than the WQE.
+#![deny(unsafe_code)]
+
+use super::{record, Engine, RxHashFields, BUDGET};
+use crate::emu::wire::faults::Arrival;
+use crate::hw::mlx5::cqe::{csum_ok, hash_type, hdr_type, CqeFields, CqeOpcode, Syndrome};
+use crate::hw::mlx5::doorbell::RCV_DBR;
+use crate::hw::mlx5::wqe::{DataSeg, INVALID_LKEY, SEG_BYTES};
+use crate::net::parse::{self, IpHeader, L3, L4};
+use crate::net::toeplitz;
+
+/// TCP flags: ACK.
+const TCP_ACK: u8 = 0x10;
+
+impl Engine {
+    /// Takes up to [`BUDGET`] frames off the wire (dropped ones count) into RQs; returns how
+    /// many, then writes the compressed sessions gathered meanwhile.
+    pub(super) fn process_wire(&mut self) -> usize {
+        let mut n = 0;
+        while n < BUDGET {
+            let mut frame = std::mem::take(&mut self.frame);
+            let got = match self.wire.recv_or_drop(&mut frame) {
+                Arrival::Nothing => {
+                    self.frame = frame;
+                    break;
+                }
+                Arrival::Frame(len) => Some(len.min(frame.len())),
+                Arrival::Dropped => None,
+            };
+            n += 1;
+            match got {
+                Some(len) => self.receive(&mut frame[..len]),
+                None => self.stats.rx_fault_drops += 1,
+            }
+            self.frame = frame;
+        }
+        // A session never waits past the end of a pass (the device's compression timeout).
+        for q in &mut self.rqs {
+            let w = q.cq.flush();
+            self.stats.rx_cqes += w as u64;
+        }
+        n
+    }
+
+    /// Delivers one frame.
+    fn receive(&mut self, frame: &mut [u8]) {
+        // The parser looks through one C-VLAN tag whether or not the RQ strips it.
+        let tag = (frame.len() >= 18 && frame[12..14] == parse::ETHERTYPE_VLAN.to_be_bytes())
+            .then(|| u16::from_be_bytes([frame[14], frame[15]]));
+        if tag.is_some() {
+            frame.copy_within(0..12, 4);
+        }
+        let untagged_at = if tag.is_some() { 4 } else { 0 };
+        let info = RxInfo::of(
+            &frame[untagged_at..],
+            self.rss.as_ref().map(|r| (&r.key, r.fields)),
+        );
+        let qi = match &self.rss {
+            Some(r) => r.table[(info.hash as usize) & (r.table.len() - 1)],
+            None => 0,
+        };
+        let Some(rq) = self.rqs.get(qi) else {
+            self.stats.rx_no_wqe += 1;
+            return;
+        };
+        let strip = tag.is_some() && rq.vlan_strip;
+        let data: &[u8] = if strip || tag.is_none() {
+            &frame[untagged_at..]
+        } else {
+            // Put the tag back: this RQ receives the frame as it came.
+            frame.copy_within(4..16, 0);
+            frame[12..14].copy_from_slice(&parse::ETHERTYPE_VLAN.to_be_bytes());
+            frame[14..16].copy_from_slice(&tag.unwrap_or(0).to_be_bytes());
+            frame
+        };
+        if rq.cq.room() == 0 {
+            self.stats.rx_cq_full += 1;
+            return;
+        }
+        // Posted WQEs: the record's low 16 bits against the device's counter (§4.1).
+        let posted = record(&rq.dbrec, RCV_DBR) as u16;
+        if posted == rq.ci {
+            self.stats.rx_no_wqe += 1;
+            return;
+        }
+        let index = rq.ci;
+        let stride = rq.stride as usize;
+        let mut wqe = [0u8; 4096];
+        let wqe = &mut wqe[..stride.min(4096)];
+        rq.buf.read(
+            (usize::from(index) & (rq.wqe_cnt as usize - 1)) * stride,
+            wqe,
+        );
+        // The scatter list: `stride / 16` entries, ended early by lkey 0x100 or a zero count.
+        let entries = || {
+            wqe.chunks_exact(SEG_BYTES)
+                .filter_map(DataSeg::new_checked)
+                .take_while(|d| d.lkey() != INVALID_LKEY && d.byte_count() != 0)
+        };
+        let capacity: usize = entries().map(|d| d.byte_count() as usize).sum();
+        let mut f = CqeFields {
+            opcode: u8::from(CqeOpcode::RespSend),
+            byte_cnt: data.len() as u32,
+            wqe_counter: index,
+            timestamp: self.now_ns(),
+            ..CqeFields::default()
+        };
+        let mut failed = None;
+        if data.len() > capacity {
+            failed = Some(Syndrome::LocalLength);
+        } else {
+            let mut done = 0;
+            for d in entries() {
+                if done == data.len() {
+                    break;
+                }
+                let n = (d.byte_count() as usize).min(data.len() - done);
+                if !self.mrs.write(d.addr(), d.lkey(), &data[done..done + n]) {
+                    failed = Some(Syndrome::LocalProt);
+                    break;
+                }
+                done += n;
+            }
+        }
+        let len = data.len();
+        let rq = &mut self.rqs[qi];
+        rq.ci = index.wrapping_add(1);
+        match failed {
+            Some(s) => {
+                f.opcode = u8::from(CqeOpcode::RespErr);
+                f.syndrome = u8::from(s);
+                f.qpn = rq.rqn;
+                if s == Syndrome::LocalLength {
+                    self.stats.rx_oversize += 1;
+                } else {
+                    self.stats.rx_prot_errors += 1;
+                }
+                self.stats.rx_cqes += rq.cq.write(&f) as u64;
+            }
+            None => {
+                f.rx_hash_res = info.hash;
+                f.rx_hash_type = info.hash_type;
+                f.hds_ip_ext = info.hds_ip_ext;
+                f.l4_l3_hdr_type = info.l4_l3_hdr_type;
+                if let (true, Some(tci)) = (strip, tag) {
+                    f.l4_l3_hdr_type |= hdr_type::CVLAN;
+                    f.vlan_info = tci;
+                }
+                self.stats.rx_frames += 1;
+                self.stats.rx_bytes += len as u64;
+                let w = rq.cq.push_rx(&f);
+                self.stats.rx_cqes += w as u64;
+            }
+        }
+    }
+}
+
+/// What the RX parser writes into a responder CQE about a frame (§5.1).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct RxInfo {
+    hash: u32,
+    hash_type: u8,
+    hds_ip_ext: u8,
+    l4_l3_hdr_type: u8,
+}
+
+impl RxInfo {
+    /// Classifies an untagged frame; with RSS, hashes the configured fields that the frame
+    /// has (Toeplitz, input in the order source address, destination address, source port,
+    /// destination port: §8 item 8).
+    fn of(frame: &[u8], rss: Option<(&[u8; 40], RxHashFields)>) -> Self {
+        let c = parse::classify(frame);
+        let ip = parse::l3_start(frame).and_then(|(at, et)| IpHeader::parse(frame, at, et));
+        let mut out = Self {
+            hds_ip_ext: csum_ok::L2,
+            ..Self::default()
+        };
+        let alen = match c.l3 {
+            L3::Other => return out,
+            L3::Ipv4 { csum_ok } => {
+                out.l4_l3_hdr_type |= hdr_type::L3_IPV4;
+                if csum_ok {
+                    out.hds_ip_ext |= csum_ok::L3;
+                }
+                4
+            }
+            L3::Ipv6 => {
+                out.l4_l3_hdr_type |= hdr_type::L3_IPV6;
+                out.hds_ip_ext |= csum_ok::L3;
+                16
+            }
+        };
+        if ip.is_some_and(|ip| ip.fragment) {
+            out.l4_l3_hdr_type |= hdr_type::FRAG;
+        }
+        match c.l4 {
+            L4::Tcp { csum_ok } => {
+                if csum_ok {
+                    out.hds_ip_ext |= csum_ok::L4;
+                }
+                out.l4_l3_hdr_type |= match ip {
+                    Some(ip) if frame[ip.l4_start + 13] & TCP_ACK != 0 => {
+                        let data_at = ip.l4_start + usize::from(frame[ip.l4_start + 12] >> 4) * 4;
+                        if ip.l4_end > data_at {
+                            hdr_type::L4_TCP_ACK_DATA
+                        } else {
+                            hdr_type::L4_TCP_ACK_NO_DATA
+                        }
+                    }
+                    _ => hdr_type::L4_TCP,
+                };
+            }
+            L4::Udp { csum_ok } => {
+                // No checksum (0 over IPv4) counts as OK, as the kernel reads it.
+                if csum_ok != Some(false) {
+                    out.hds_ip_ext |= csum_ok::L4;
+                }
+                out.l4_l3_hdr_type |= hdr_type::L4_UDP;
+            }
+            L4::Other => {}
+        }
+        let Some((key, fields)) = rss else {
+            return out;
+        };
+        // The NDIS-ordered tuple: addresses, then ports when L4 is TCP or UDP.
+        let t = c.rss_input();
+        let mut input = [0u8; parse::RSS_INPUT_MAX_BYTES];
+        let mut n = 0;
+        let mut push = |b: &[u8]| {
+            input[n..n + b.len()].copy_from_slice(b);
+            n += b.len();
+        };
+        let (src, dst, l3_type) = if alen == 4 {
+            (
+                RxHashFields::SRC_IPV4,
+                RxHashFields::DST_IPV4,
+                hash_type::IPV4,
+            )
+        } else {
+            (
+                RxHashFields::SRC_IPV6,
+                RxHashFields::DST_IPV6,
+                hash_type::IPV6,
+            )
+        };
+        if fields.contains(src) {
+            push(&t[..alen]);
+        }
+        if fields.contains(dst) {
+            push(&t[alen..2 * alen]);
+        }
+        if fields.intersects(src | dst) {
+            out.hash_type |= l3_type;
+        }
+        let (sp, dp, l4_type) = match c.l4 {
+            L4::Tcp { .. } => (
+                RxHashFields::SRC_PORT_TCP,
+                RxHashFields::DST_PORT_TCP,
+                hash_type::TCP,
+            ),
+            L4::Udp { .. } => (
+                RxHashFields::SRC_PORT_UDP,
+                RxHashFields::DST_PORT_UDP,
+                hash_type::UDP,
+            ),
+            L4::Other => (RxHashFields::empty(), RxHashFields::empty(), 0),
+        };
+        if t.len() >= 2 * alen + 4 && !(sp | dp).is_empty() {
+            if fields.contains(sp) {
+                push(&t[2 * alen..2 * alen + 2]);
+            }
+            if fields.contains(dp) {
+                push(&t[2 * alen + 2..2 * alen + 4]);
+            }
+            if fields.intersects(sp | dp) {
+                out.hash_type |= l4_type;
+            }
+        }
+        if n > 0 {
+            out.hash = toeplitz::hash(key, &input[..n]);
+        }
+        out
+    }
+}

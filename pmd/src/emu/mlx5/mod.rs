@@ -1,0 +1,338 @@
+//! The mlx5 device model: a software ConnectX that serves the raw queues `mlx5dv_init_obj`
+//! describes ([`RawSq`], [`RawRq`], [`RawCq`]), written from the spec (mlx5.md §2–6, §8) as
+//! the NIC's side of the queue memory.
+//!
+//! [`Model`] is a small provider-like API for tests and, later, for the mlx5 driver's
+//! provider: it creates CQs, SQs and RQs in memory it allocates (page-aligned, zero-filled,
+//! CQEs poisoned with `op_own = 0xF0` as rdma-core leaves them, §1.4), registers memory
+//! regions, sets RSS, and runs an [`Engine`] on its own thread (the generic
+//! [`EngineThread`]: busy-polls with back-off) or step by
+//! step through a [`ModelHandle`].
+//!
+//! What the engine does, in short (details in its modules):
+//! * TX is triggered by the SQ counter in the doorbell record (`dbrec + 4`, 16 bits), which a
+//!   driver always writes before the 8-byte UAR write (§3.1); the UAR (`bf_reg`) is plain
+//!   memory the model never reads, so BlueFlame copies are ignored (the WQE is in the ring).
+//! * WQEs are checked strictly: the WQE index must equal the device's counter and the QPN
+//!   the SQ's, else REQ_ERR LOCAL_QP_OP; a SEND/TSO with fewer inline bytes than the SQ's
+//!   `min_inline` is LOCAL_QP_OP too; a bad key or range LOCAL_PROT. A failed WQE puts the SQ
+//!   in error: every later WQE completes with WR_FLUSH until [`Model::reset_sq`] (the
+//!   driver's RESET → RTS).
+//! * A CQE is written for WQEs with CE = 2 or 3 and for every error; the device never gets
+//!   more than `cqe_cnt` entries ahead of `SET_CI` — an SQ waits (`tx_cq_stalls`), an RX
+//!   frame is dropped (`rx_cq_full`).
+//! * RX takes one WQE per frame from the RQ chosen by RSS (or the first RQ); no posted WQE
+//!   counts `rx_no_wqe` (imissed); a frame larger than the WQE completes with RESP_ERR
+//!   LOCAL_LENGTH and consumes it.
+//! * Optional per RQ: compressed CQEs, basic layout with HASH minis ([`Model::set_rx_compression`]).
+//!
+//! Not modelled: multi-packet RQs (§4.2), the enhanced compression layout (§6.3), CQ arming
+//! and events (§5.5), flow steering rules (every frame is accepted), tunnel offloads (inner
+//! checksum flags are ignored), LRO, scatter-to-CQE, 128-byte CQEs.
+#![deny(unsafe_code)]
+
+pub mod engine;
+
+pub use engine::{
+    CqSpec, Engine, EngineError, Faults, ModelStats, RqSpec, RxHashFields, SqSpec,
+    VENDOR_ERR_INJECTED,
+};
+
+use crate::emu::thread::{EngineCore, EngineThread};
+use crate::emu::wire::Wire;
+use crate::ethdev::QueueOwner;
+use crate::hw::mlx5::cqe::{op_own, CqeOpcode, OP_OWN};
+use crate::hw::mlx5::{CQE_BYTES, WQEBB_BYTES};
+use crate::mlx5::{RawCq, RawRq, RawSq};
+use crate::sys::DevMem;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// Bytes of one BlueFlame half the model reports (`bf.size`, §1.7, §3.2).
+pub const BF_SIZE: u32 = 256;
+
+/// Why the model could not create something.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// Queue memory could not be mapped.
+    #[error("mapping {object} memory: {source}")]
+    Alloc {
+        /// What it was for.
+        object: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The engine refused it.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A size out of range.
+    #[error("{what}: {requested} requested, the model allows 1 to {max}")]
+    Limit {
+        /// What was asked for.
+        what: &'static str,
+        /// How many.
+        requested: u32,
+        /// The most allowed.
+        max: u32,
+    },
+}
+
+/// A handle on a running model: step it, inject faults, read its counters.
+#[derive(Clone)]
+pub struct ModelHandle(Arc<EngineCore<Engine>>);
+
+impl std::fmt::Debug for ModelHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ModelHandle({:?})", self.0)
+    }
+}
+
+impl ModelHandle {
+    /// Stops the engine thread from running steps; drive it with [`step`](Self::step). When
+    /// this returns no step of the thread is in progress.
+    pub fn pause(&self) {
+        self.0.pause();
+    }
+
+    /// Lets the engine thread run again.
+    pub fn resume(&self) {
+        self.0.resume();
+    }
+
+    /// One engine pass; returns the work done (WQEs + frames).
+    pub fn step(&self) -> usize {
+        self.0.step()
+    }
+
+    /// Steps until a pass does nothing (at most `max` passes); returns the total work.
+    pub fn run_until_idle(&self, max: usize) -> usize {
+        self.0.run_until_idle(max)
+    }
+
+    /// Sets the faults.
+    pub fn set_faults(&self, f: Faults) {
+        self.0.lock().set_faults(f);
+    }
+
+    /// Device-side counters.
+    pub fn stats(&self) -> ModelStats {
+        self.0.lock().stats()
+    }
+
+    /// The engine, locked, for anything the handle does not offer.
+    pub fn engine(&self) -> std::sync::MutexGuard<'_, Engine> {
+        self.0.lock()
+    }
+}
+
+/// The mlx5 device model.
+pub struct Model {
+    thread: EngineThread<Engine>,
+    next_id: AtomicU32,
+    next_lkey: AtomicU32,
+    min_inline: u16,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "mlx5::Model({:?})", self.thread.core())
+    }
+}
+
+fn alloc(bytes: usize, object: &'static str) -> Result<Arc<DevMem>, ModelError> {
+    DevMem::anon(bytes)
+        .map(Arc::new)
+        .map_err(|source| ModelError::Alloc { object, source })
+}
+
+fn pow2(n: u32, what: &'static str, max: u32) -> Result<u32, ModelError> {
+    let p = n.checked_next_power_of_two().filter(|&p| n > 0 && p <= max);
+    p.ok_or(ModelError::Limit {
+        what,
+        requested: n,
+        max,
+    })
+}
+
+impl Model {
+    /// A model port on `wire` whose SQs require `min_inline` inline header bytes in every
+    /// SEND/TSO WQE (18 models a ConnectX-4 / 4 Lx, 0 a ConnectX-5 or later, §1.9). Its
+    /// engine thread, named `emu-mlx5-<port>`, starts at once.
+    ///
+    /// # Errors
+    /// The thread could not be spawned.
+    pub fn new(wire: Box<dyn Wire>, min_inline: u16, port: u16) -> std::io::Result<Self> {
+        let thread = EngineThread::spawn(Engine::new(wire), &format!("emu-mlx5-{port}"))?;
+        Ok(Self {
+            thread,
+            // Distinct 24-bit numbers per port, so a driver mixing them up is caught.
+            next_id: AtomicU32::new(0x20_0000 + (u32::from(port) << 12)),
+            next_lkey: AtomicU32::new(0x1000 + (u32::from(port) << 16)),
+            min_inline,
+        })
+    }
+
+    /// A handle to step the model, inject faults and read counters.
+    pub fn handle(&self) -> ModelHandle {
+        ModelHandle(Arc::clone(self.thread.core()))
+    }
+
+    fn id(&self) -> u32 {
+        self.next_id.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff
+    }
+
+    /// What each queue description holds: the engine (as a QP holds its context).
+    fn owner(&self) -> QueueOwner {
+        Arc::clone(self.thread.core()) as QueueOwner
+    }
+
+    /// A completion queue for at least `cqe` completions: `roundup_pow2(cqe + 1)` entries,
+    /// as rdma-core sizes it (ask for N − 1 to get N, §1.4), every entry `op_own = 0xF0`.
+    /// It serves the one queue it is given to.
+    ///
+    /// # Errors
+    /// A size out of range, or no memory.
+    pub fn create_cq(&self, cqe: u32) -> Result<RawCq, ModelError> {
+        let cqe_cnt = pow2(cqe.saturating_add(1), "CQ entries", 1 << 22)?;
+        let buf = alloc(cqe_cnt as usize * CQE_BYTES, "CQ")?;
+        let invalid = op_own(u8::from(CqeOpcode::Invalid), 0, false);
+        for k in 0..cqe_cnt as usize {
+            buf.write(k * CQE_BYTES + OP_OWN, &[invalid]);
+        }
+        Ok(RawCq {
+            buf,
+            cqe_cnt,
+            dbrec: alloc(8, "CQ doorbell record")?,
+            cqn: self.id(),
+        })
+    }
+
+    /// A send queue of `wqe_cnt` WQEBBs (rounded up to a power of two) completing on `cq`,
+    /// served from now on (the QP in RTS). Its `bf_reg` is plain memory (see the module docs).
+    ///
+    /// # Errors
+    /// A size out of range, no memory, or a CQ already in use.
+    pub fn create_sq(&self, wqe_cnt: u32, cq: &RawCq) -> Result<RawSq, ModelError> {
+        let wqe_cnt = pow2(wqe_cnt, "SQ WQEBBs", engine::MAX_WQE_CNT)?;
+        let sq = RawSq {
+            buf: alloc(wqe_cnt as usize * WQEBB_BYTES, "SQ")?,
+            wqe_cnt,
+            sqn: self.id(),
+            dbrec: alloc(8, "QP doorbell record")?,
+            bf_reg: alloc(2 * BF_SIZE as usize, "BlueFlame register")?,
+            bf_size: BF_SIZE,
+            min_inline: self.min_inline,
+            cq: cq.clone(),
+            owner: self.owner(),
+        };
+        self.thread.core().lock().add_sq(SqSpec::from(&sq))?;
+        Ok(sq)
+    }
+
+    /// A cyclic receive queue of `wqe_cnt` WQEs (rounded up to a power of two) with
+    /// `max_sge` scatter entries each (stride `roundup_pow2(16 · max_sge)`, ring at least
+    /// 64 bytes, §1.6), completing on `cq`, stripping C-VLAN tags if `vlan_strip`; served
+    /// from now on (the WQ in RDY). With several RQs, frames go where [`set_rss`] says,
+    /// else to the first RQ.
+    ///
+    /// [`set_rss`]: Model::set_rss
+    ///
+    /// # Errors
+    /// A size out of range, no memory, or a CQ already in use.
+    pub fn create_rq(
+        &self,
+        wqe_cnt: u32,
+        max_sge: u32,
+        cq: &RawCq,
+        vlan_strip: bool,
+    ) -> Result<RawRq, ModelError> {
+        let wqe_cnt = pow2(wqe_cnt, "RQ WQEs", engine::MAX_WQE_CNT)?;
+        let stride = pow2(max_sge, "RQ scatter entries", 64)? * 16;
+        let bytes = (wqe_cnt as usize * stride as usize).max(64);
+        let rq = RawRq {
+            buf: alloc(bytes, "RQ")?,
+            wqe_cnt: (bytes / stride as usize) as u32,
+            stride,
+            rqn: self.id(),
+            dbrec: alloc(8, "RQ doorbell record")?,
+            cq: cq.clone(),
+            owner: self.owner(),
+        };
+        self.thread
+            .core()
+            .lock()
+            .add_rq(RqSpec::from_raw(&rq, vlan_strip))?;
+        Ok(rq)
+    }
+
+    /// Sets RSS over the RQs of `table` (RQ numbers; a power of two of them, §1.6 (B)).
+    ///
+    /// # Errors
+    /// A bad table size or an unknown RQ.
+    pub fn set_rss(
+        &self,
+        key: [u8; 40],
+        fields: RxHashFields,
+        table: &[u32],
+    ) -> Result<(), ModelError> {
+        Ok(self.thread.core().lock().set_rss(key, fields, table)?)
+    }
+
+    /// Turns compressed CQEs on (`Some(max_num)`) or off for the CQ of RQ `rqn` (§6.2).
+    ///
+    /// # Errors
+    /// No such RQ.
+    pub fn set_rx_compression(&self, rqn: u32, max_num: Option<u32>) -> Result<(), ModelError> {
+        Ok(self.thread.core().lock().set_rx_compression(rqn, max_num)?)
+    }
+
+    /// Moves SQ `sqn` through RESET back to RTS: the device's counter restarts at 0 and its
+    /// error state is cleared (§2.8).
+    ///
+    /// # Errors
+    /// No such SQ.
+    pub fn reset_sq(&self, sqn: u32) -> Result<(), ModelError> {
+        Ok(self.thread.core().lock().reset_sq(sqn)?)
+    }
+
+    /// Stops serving SQ `sqn` (the QP destroyed).
+    ///
+    /// # Errors
+    /// No such SQ.
+    pub fn destroy_sq(&self, sqn: u32) -> Result<(), ModelError> {
+        Ok(self.thread.core().lock().remove_sq(sqn)?)
+    }
+
+    /// Stops serving RQ `rqn` (the WQ destroyed).
+    ///
+    /// # Errors
+    /// No such RQ.
+    pub fn destroy_rq(&self, rqn: u32) -> Result<(), ModelError> {
+        Ok(self.thread.core().lock().remove_rq(rqn)?)
+    }
+
+    /// Registers `mem` at its own address (`ibv_reg_mr` with the virtual address, §1.3);
+    /// returns the lkey.
+    ///
+    /// # Errors
+    /// Never in practice (keys are fresh).
+    pub fn reg_mr(&self, mem: &Arc<DevMem>) -> Result<u32, ModelError> {
+        let lkey = self.next_lkey.fetch_add(1, Ordering::Relaxed);
+        self.thread
+            .core()
+            .lock()
+            .add_mr(lkey, mem.addr() as u64, Arc::clone(mem))?;
+        Ok(lkey)
+    }
+
+    /// Deregisters `lkey`; `false` if it was not registered.
+    pub fn dereg_mr(&self, lkey: u32) -> bool {
+        self.thread.core().lock().remove_mr(lkey)
+    }
+
+    /// Sets the port MTU (TX frames with more L3 bytes are dropped).
+    pub fn set_mtu(&self, mtu: u16) {
+        self.thread.core().lock().set_mtu(mtu);
+    }
+}
