@@ -366,7 +366,10 @@ pub const MODEL_PORTS: &[(&str, &str)] = &[
         "emu-mana",
         "MANA device model (software NIC playing the hardware's side of the queues)",
     ),
-    ("emu-mlx5", "mlx5 device model (not built yet)"),
+    (
+        "emu-mlx5",
+        "mlx5 device model (ConnectX-5-like: SEND/TSO/eMPW, RSS, compressed CQEs)",
+    ),
     ("null", "no-device port for measuring framework overhead"),
 ];
 

@@ -31,7 +31,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "port",
         &[
-            "ethdev", "net", "devices", "log", "mana", "null", "emu", "sys", "takeover", "verbs",
+            "ethdev", "net", "devices", "log", "mana", "mlx5", "null", "emu", "sys", "takeover",
+            "verbs",
         ],
     ),
 ];

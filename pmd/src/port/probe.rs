@@ -47,12 +47,21 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
             )))
         }
         #[cfg(feature = "emu")]
-        PortKind::EmuMlx5 { .. } => Err(PortError::NoDevice {
-            spec: spec.to_string(),
-            why: "the mlx5 device model is not built yet; use emu-mana:wire=... for a modelled \
-                  NIC"
-            .into(),
-        }),
+        PortKind::EmuMlx5 { wire, mac } => {
+            // A ConnectX-5-like model: no inline header required.
+            let provider = crate::emu::mlx5::port::ModelPort::open(
+                wire,
+                *mac,
+                spec.pcap.as_deref().map(std::path::Path::new),
+                id,
+                0,
+            )
+            .map_err(|source| PortError::Setup {
+                what: spec.to_string(),
+                source,
+            })?;
+            Ok(Box::new(crate::mlx5::Driver::new(Box::new(provider))))
+        }
         #[cfg(feature = "verbs")]
         PortKind::Mana { mac, dev, port } => {
             let sel = crate::devices::PortSelector {

@@ -32,6 +32,7 @@
 #![deny(unsafe_code)]
 
 pub mod engine;
+pub mod port;
 
 pub use engine::{
     CqSpec, Engine, EngineError, Faults, ModelStats, RqSpec, RxHashFields, SqSpec,

@@ -1,0 +1,221 @@
+//! The mlx5 device model as an [`mlx5::Provider`](crate::mlx5::Provider): what an
+//! `emu-mlx5:wire=...` port runs on. Queues come from [`Model`] (memory it allocates as
+//! rdma-core would), one CQ per queue, RSS over the RX queues in order.
+#![deny(unsafe_code)]
+
+use super::{Model, ModelError, ModelHandle, RxHashFields};
+use crate::emu::wire::{self, WireSpec};
+use crate::ethdev::{Link, RssConfig, RssFields};
+use crate::mlx5::{Provider, RawRq, RawSq, SetupError};
+use crate::net::MacAddr;
+use crate::sys::DevMem;
+use mempool::{ChunkInfo, Registration};
+use std::sync::Arc;
+
+/// Queue limit of the model port.
+pub const PORT_MAX_QUEUES: u16 = 16;
+/// Descriptor limit of the model port.
+pub const PORT_MAX_DESC: u32 = 8192;
+
+/// An mlx5 model port.
+pub struct ModelPort {
+    model: Model,
+    mac: MacAddr,
+    sqs: Vec<u32>,
+    rqs: Vec<u32>,
+}
+
+impl std::fmt::Debug for ModelPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "emu::mlx5::ModelPort({}, {:?})", self.mac, self.model)
+    }
+}
+
+fn dev(e: ModelError) -> SetupError {
+    SetupError::Device(Box::new(e))
+}
+
+impl ModelPort {
+    /// A model port on `wire` (and a capture to `pcap`), as port `port_id`, whose device needs
+    /// `min_inline` bytes inline (0: ConnectX-5 and later; 18: ConnectX-4).
+    ///
+    /// # Errors
+    /// The wire or the capture cannot be opened, or the engine thread cannot start.
+    pub fn open(
+        wire_spec: &WireSpec,
+        mac: Option<MacAddr>,
+        pcap: Option<&std::path::Path>,
+        port_id: u16,
+        min_inline: u16,
+    ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        let mut w = wire::open(wire_spec)?;
+        if let Some(p) = pcap {
+            w = Box::new(wire::PcapTap::new(w, p)?);
+        }
+        let model = Model::new(w, min_inline, port_id)?;
+        let mac = mac.unwrap_or(MacAddr([
+            0x02,
+            0x15,
+            0x6d,
+            0x00,
+            (port_id >> 8) as u8,
+            port_id as u8,
+        ]));
+        Ok(Self {
+            model,
+            mac,
+            sqs: Vec::new(),
+            rqs: Vec::new(),
+        })
+    }
+
+    /// A handle to step the model, inject faults and read its counters.
+    pub fn handle(&self) -> ModelHandle {
+        self.model.handle()
+    }
+}
+
+fn hash_fields(f: RssFields) -> RxHashFields {
+    let mut h = RxHashFields::empty();
+    if f.contains(RssFields::IPV4) {
+        h |= RxHashFields::SRC_IPV4 | RxHashFields::DST_IPV4;
+    }
+    if f.contains(RssFields::IPV6) {
+        h |= RxHashFields::SRC_IPV6 | RxHashFields::DST_IPV6;
+    }
+    if f.contains(RssFields::TCP) {
+        h |= RxHashFields::SRC_PORT_TCP | RxHashFields::DST_PORT_TCP;
+    }
+    if f.contains(RssFields::UDP) {
+        h |= RxHashFields::SRC_PORT_UDP | RxHashFields::DST_PORT_UDP;
+    }
+    h
+}
+
+/// Deregisters a memory region when the pool drops its registration (before unmapping).
+struct MrGuard {
+    handle: ModelHandle,
+    lkey: u32,
+}
+
+impl Drop for MrGuard {
+    fn drop(&mut self) {
+        self.handle.engine().remove_mr(self.lkey);
+    }
+}
+
+impl Provider for ModelPort {
+    fn mac(&self) -> MacAddr {
+        self.mac
+    }
+
+    fn link(&self) -> Link {
+        Link {
+            up: self.model.handle().engine().link_up(),
+            speed_mbps: 100_000,
+            full_duplex: true,
+        }
+    }
+
+    fn max_queues(&self) -> u16 {
+        PORT_MAX_QUEUES
+    }
+
+    fn max_desc(&self) -> u32 {
+        PORT_MAX_DESC
+    }
+
+    fn promiscuous(&self) -> bool {
+        // The model takes every frame off its wire (no steering rules).
+        true
+    }
+
+    fn set_mtu(&mut self, mtu: u16) -> Result<(), SetupError> {
+        self.model.set_mtu(mtu);
+        Ok(())
+    }
+
+    fn reg_mr(&mut self, chunk: &ChunkInfo) -> Result<Registration, SetupError> {
+        // The model is the DMA device: it reads and writes the application's buffers.
+        #[allow(unsafe_code)]
+        // SAFETY: the view goes into the engine's memory-region table only, and the guard
+        // returned below (which mempool drops before unmapping the chunk) removes it; the
+        // engine touches the bytes only for posted RX buffers and in-flight TX frames.
+        let mem = Arc::new(unsafe { DevMem::for_registered_chunk(chunk) });
+        let lkey = self.model.reg_mr(&mem).map_err(dev)?;
+        Ok(Registration::with_guard(
+            lkey,
+            MrGuard {
+                handle: self.model.handle(),
+                lkey,
+            },
+        ))
+    }
+
+    fn create_tx_queues(&mut self, n: u16, nb_desc: u32) -> Result<Vec<RawSq>, SetupError> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let cq = self.model.create_cq(nb_desc).map_err(dev)?;
+            let sq = self.model.create_sq(nb_desc, &cq).map_err(dev)?;
+            self.sqs.push(sq.sqn);
+            out.push(sq);
+        }
+        Ok(out)
+    }
+
+    fn create_rx_queues(
+        &mut self,
+        n: u16,
+        nb_desc: u32,
+        rss: &RssConfig,
+    ) -> Result<Vec<RawRq>, SetupError> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let cq = self.model.create_cq(nb_desc).map_err(dev)?;
+            let rq = self.model.create_rq(nb_desc, 1, &cq, false).map_err(dev)?;
+            self.rqs.push(rq.rqn);
+            out.push(rq);
+        }
+        let table: Vec<u32> = out.iter().map(|q| q.rqn).collect();
+        self.model
+            .set_rss(rss.key, hash_fields(rss.fields), &table)
+            .map_err(dev)?;
+        Ok(out)
+    }
+
+    fn destroy_queues(&mut self) {
+        for sqn in self.sqs.drain(..) {
+            let _ = self.model.destroy_sq(sqn);
+        }
+        for rqn in self.rqs.drain(..) {
+            let _ = self.model.destroy_rq(rqn);
+        }
+    }
+
+    fn xstats(&self) -> Vec<(String, u64)> {
+        let s = self.model.handle().stats();
+        vec![
+            ("dev_tx_frames".into(), s.tx_frames),
+            ("dev_tx_bytes".into(), s.tx_bytes),
+            ("dev_tx_errors".into(), s.tx_errors),
+            ("dev_tx_flushed".into(), s.tx_flushed),
+            ("dev_tx_wire_drops".into(), s.tx_wire_drops),
+            ("dev_tx_mtu_drops".into(), s.tx_mtu_drops),
+            ("dev_rx_frames".into(), s.rx_frames),
+            ("dev_rx_bytes".into(), s.rx_bytes),
+            ("dev_rx_no_wqe".into(), s.rx_no_wqe),
+            ("dev_rx_oversize".into(), s.rx_oversize),
+            ("dev_rx_cq_full".into(), s.rx_cq_full),
+        ]
+    }
+
+    fn rx_missed(&self) -> u64 {
+        self.model.handle().stats().rx_no_wqe
+    }
+}
+
+impl Drop for ModelPort {
+    fn drop(&mut self) {
+        self.destroy_queues();
+    }
+}
