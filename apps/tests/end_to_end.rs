@@ -31,16 +31,26 @@ struct Topology {
     dir: tempfile::TempDir,
     a: String,
     b: String,
+    /// pktgen's ends of the two cables (the same wires, maybe another model kind).
+    pa: String,
+    pb: String,
 }
 
 impl Topology {
     fn new(tag: &str) -> Self {
+        Self::with_kinds(tag, "emu-mana", "emu-mana")
+    }
+
+    /// l2fwd's ports of kind `l2`, pktgen's of kind `pg`, on the same two cables.
+    fn with_kinds(tag: &str, l2: &str, pg: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let id = format!("{tag}{}", std::process::id());
         Self {
             dir,
-            a: format!("emu-mana:wire=shm:{id}a"),
-            b: format!("emu-mana:wire=shm:{id}b"),
+            a: format!("{l2}:wire=shm:{id}a"),
+            b: format!("{l2}:wire=shm:{id}b"),
+            pa: format!("{pg}:wire=shm:{id}a"),
+            pb: format!("{pg}:wire=shm:{id}b"),
         }
     }
 
@@ -68,7 +78,7 @@ impl Topology {
     fn pktgen(&self, extra: &[&str]) -> Output {
         bin("pktgen")
             .args([
-                "--port", &self.a, "--port", &self.b, "--lcores", "0", "--json",
+                "--port", &self.pa, "--port", &self.pb, "--lcores", "0", "--json",
             ])
             .args(extra)
             .env("PMD_SHM_DIR", self.dir.path())
@@ -96,7 +106,18 @@ fn stop(mut child: Child) -> Output {
 
 #[test]
 fn demo_topology_loses_nothing_and_every_count_agrees() {
-    let t = Topology::new("e2e");
+    demo(&Topology::new("e2e"));
+}
+
+/// The demo with the mlx5 model on both sides, and mixed: pktgen on MANA models, l2fwd on
+/// mlx5 models, over the same shared-memory cables.
+#[test]
+fn demo_topology_on_mlx5_models_and_mixed_loses_nothing() {
+    demo(&Topology::with_kinds("mlx", "emu-mlx5", "emu-mlx5"));
+    demo(&Topology::with_kinds("mix", "emu-mlx5", "emu-mana"));
+}
+
+fn demo(t: &Topology) {
     // No sleep: pktgen waits for its links, which come up when l2fwd has opened the cables.
     let l2 = t.l2fwd(&[]);
     let out = t.pktgen(&[
