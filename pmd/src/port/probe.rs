@@ -102,6 +102,12 @@ pub fn mana(
     Port::from_driver(id, name, Box::new(crate::mana::Driver::new(provider, opts)))
 }
 
+/// An mlx5 port over `provider` (the device model, or a test's own), as port `id` named
+/// `name`.
+pub fn mlx5(id: u16, name: String, provider: Box<dyn crate::mlx5::Provider>) -> Port {
+    Port::from_driver(id, name, Box::new(crate::mlx5::Driver::new(provider)))
+}
+
 #[cfg(any(feature = "emu", feature = "verbs"))]
 fn mana_options(spec: &PortSpec) -> crate::mana::Options {
     crate::mana::Options { busy: spec.busy }

@@ -1,7 +1,7 @@
-//! Cost per packet of the MANA datapath (driver side) on the device model in step mode:
-//! `tx_burst` (WQE building, SQ doorbell, completion processing) and `rx_burst` (CQE polling,
-//! mbuf delivery, refill, RQ doorbell). Only the driver calls are timed; the model's steps
-//! run between them, untimed.
+//! Cost per packet of the MANA and mlx5 datapaths (driver side) on their device models in
+//! step mode: `tx_burst` (WQE building, doorbell, completion processing) and `rx_burst` (CQE
+//! polling, mbuf delivery, refill, RQ doorbell). Only the driver calls are timed; the
+//! models' steps run between them, untimed.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use mempool::lcache;
@@ -20,17 +20,46 @@ fn bench(c: &mut Criterion) {
     let (model_a, ma) = testing::mana(&wire, 0).unwrap();
     let (model_b, mb) = testing::mana(&wire, 1).unwrap();
     let opts = pmd::mana::Options::default();
-    let mut a = probe::mana(0, "a".into(), Box::new(model_a), opts.clone());
-    let mut b = probe::mana(1, "b".into(), Box::new(model_b), opts);
+    let a = probe::mana(0, "a".into(), Box::new(model_a), opts.clone());
+    let b = probe::mana(1, "b".into(), Box::new(model_b), opts);
     ma.pause();
     mb.pause();
+    pair(c, "mana_emu", &pool, a, b, &|| {
+        ma.step();
+        mb.step();
+    });
+
+    let wire: pmd::emu::wire::WireSpec = format!("loop:{name}-mlx5").parse().unwrap();
+    let open = |id| pmd::emu::mlx5::port::ModelPort::open(&wire, None, None, id, 0).unwrap();
+    let (pa, pb) = (open(0), open(1));
+    let (ha, hb) = (pa.handle(), pb.handle());
+    ha.pause();
+    hb.pause();
+    let a = probe::mlx5(0, "a".into(), Box::new(pa));
+    let b = probe::mlx5(1, "b".into(), Box::new(pb));
+    pair(c, "mlx5_emu", &pool, a, b, &|| {
+        ha.step();
+        hb.step();
+    });
+}
+
+/// Times `tx_burst` on `a` and `rx_burst` on `b` (joined by a cable), with `step` running
+/// the devices between the timed calls.
+fn pair(
+    c: &mut Criterion,
+    group: &str,
+    pool: &std::sync::Arc<MbufPool>,
+    mut a: pmd::port::Port,
+    mut b: pmd::port::Port,
+    step: &dyn Fn(),
+) {
     let cfg = PortConfig {
         rx_ring_size: 256,
         tx_ring_size: 256,
         ..Default::default()
     };
-    a.configure(&cfg, &pool).unwrap();
-    b.configure(&cfg, &pool).unwrap();
+    a.configure(&cfg, pool).unwrap();
+    b.configure(&cfg, pool).unwrap();
     let mut tx = a.tx_queue(0).unwrap();
     let mut rx = b.rx_queue(0).unwrap();
     a.start().unwrap();
@@ -38,13 +67,13 @@ fn bench(c: &mut Criterion) {
     let frame = [0x5au8; 64];
     let fill = |out: &mut Burst| {
         while out.spare() > 0 {
-            let mut m = lcache::alloc(&pool).unwrap();
+            let mut m = lcache::alloc(pool).unwrap();
             m.extend_from_slice(&frame).unwrap();
             out.push(m).unwrap();
         }
     };
 
-    let mut g = c.benchmark_group("mana_emu");
+    let mut g = c.benchmark_group(group);
     g.throughput(Throughput::Elements(BURST as u64));
     g.bench_function("tx_burst_32x64B", |bencher| {
         bencher.iter_custom(|iters| {
@@ -56,10 +85,9 @@ fn bench(c: &mut Criterion) {
                 let t = Instant::now();
                 black_box(tx.tx_burst(&mut out));
                 spent += t.elapsed();
-                ma.step();
-                mb.step();
+                step();
                 rx.rx_burst(&mut inb);
-                lcache::with_cache(&pool, |cache| {
+                lcache::with_cache(pool, |cache| {
                     inb.free_all(cache);
                     out.free_all(cache);
                 });
@@ -75,12 +103,11 @@ fn bench(c: &mut Criterion) {
             for _ in 0..iters {
                 fill(&mut out);
                 tx.tx_burst(&mut out);
-                ma.step();
-                mb.step();
+                step();
                 let t = Instant::now();
                 black_box(rx.rx_burst(&mut inb));
                 spent += t.elapsed();
-                lcache::with_cache(&pool, |cache| {
+                lcache::with_cache(pool, |cache| {
                     inb.free_all(cache);
                     out.free_all(cache);
                 });
