@@ -6,7 +6,9 @@
 //! session is consumed its slots are poisoned (opcode INVALID) so that no later lap mistakes
 //! them for completions, and the consumer index jumps past it.
 //!
-//! Error CQEs (§5.3) consume one WQE; its buffer is freed and the error counted. The critical
+//! Error CQEs (§5.3) consume one WQE; its buffer is freed and the error counted. So do
+//! completions with data scattered into the CQE (formats 1 and 2), which a raw-packet RQ is
+//! not expected to produce (§9 item 10): the queue never reads packets from CQEs. The critical
 //! syndromes (LOCAL_QP_OP, LOCAL_PROT, WR_FLUSH) need the WQ reset through the provider,
 //! which this queue cannot do by itself: they are counted apart (`rx_critical_errors`).
 #![deny(unsafe_code)]
@@ -300,7 +302,7 @@ impl RxQueue {
                         next: 0,
                     });
                 }
-                (CqeOpcode::RespSend, _) => {
+                (CqeOpcode::RespSend, CqeFormat::Normal) => {
                     let Some(mut m) = self.take_desc() else { break };
                     if m.set_data_len(c.byte_cnt() as usize).is_err() {
                         errors += 1;
