@@ -4,6 +4,11 @@
 //! and only once 32 packets were queued since the previous request; a CQE for WQE index `w`
 //! completes every WQE up to and including `w`.
 //!
+//! Where the device needs no inline header, runs of single-segment packets with the same
+//! checksum flags go out in enhanced multi-packet WQEs (eMPW, §2.7): one title (control and
+//! Ethernet segments) and one pointer descriptor per packet, at most 32 packets; the others
+//! (multi-segment, TSO, VLAN insertion) as SEND or TSO WQEs.
+//!
 //! The inline header: the device's minimum (`RawSq::min_inline`, 18 on ConnectX-4, §1.9) is
 //! copied into the Ethernet segment; a VLAN tag to insert goes into that copy in software
 //! (making it 18 bytes at least) when the queue inlines, or to the Ethernet segment's VLAN
@@ -32,6 +37,8 @@ pub const COMP_THRESH: u32 = 32;
 /// Inline bytes a software-inserted VLAN tag needs: 12 MAC bytes, the 4-byte tag, the
 /// EtherType (§2.3).
 const VLAN_INLINE: usize = 18;
+/// Most packets in one eMPW WQE (`MLX5_EMPW_MAX_PACKETS`, §2.7).
+pub const EMPW_MAX: usize = 32;
 /// Largest TSO header (`MLX5_MAX_TSO_HEADER`).
 const MAX_TSO_HEADER: usize = 192;
 
@@ -81,6 +88,9 @@ pub struct TxQueue {
     bf_reg: Arc<DevMem>,
     sqn: u32,
     min_inline: usize,
+    /// Single-segment packets go out in enhanced multi-packet WQEs (§2.7): only where the
+    /// device needs no inline header.
+    empw: bool,
     desc: DescRing<Desc>,
     /// Packets queued since the last completion request.
     unrequested: u32,
@@ -142,6 +152,7 @@ impl TxQueue {
             bf_reg: raw.bf_reg,
             sqn: raw.sqn,
             min_inline: usize::from(raw.min_inline),
+            empw: raw.min_inline == 0,
             desc: DescRing::new(n),
             unrequested: 0,
             pool,
@@ -184,8 +195,11 @@ impl TxQueue {
             // A CQE for WQE `upto` completes every WQE up to it, in order.
             while let Some((m, idx, bbs)) = self.desc.pop() {
                 self.wq.complete(u32::from(bbs));
-                let last = idx == upto;
-                if err && last {
+                // The packets of an eMPW WQE share its index; the last one carries its
+                // WQEBBs (the others 0).
+                let last = idx == upto && bbs > 0;
+                // Every packet of a failed WQE failed (an eMPW WQE carries several).
+                if err && idx == upto {
                     errs += 1;
                 } else {
                     ok_pkts += 1;
@@ -223,13 +237,23 @@ impl TxQueue {
         let want = pkts.len().min(self.desc.free() as usize);
         self.posted.clear();
         let mut last_ctrl = None;
-        for i in 0..want {
+        let mut i = 0;
+        while i < want {
             let wqe_index = self.wq.head() as u16;
-            match self.build_wqe(&pkts.as_slice()[i], wqe_index) {
+            let (built, npkts) = if self.empw {
+                match self.build_empw(&pkts.as_slice()[i..want], wqe_index) {
+                    0 => (self.build_wqe(&pkts.as_slice()[i], wqe_index), 1),
+                    n => (Build::Wqe(wqebbs(2 + n) * WQEBB_BYTES), n),
+                }
+            } else {
+                (self.build_wqe(&pkts.as_slice()[i], wqe_index), 1)
+            };
+            match built {
                 Build::Wqe(bytes) => {
                     // Ask for a completion on the last WQE of the burst once enough packets
                     // wait for one (§2.8).
-                    let request = i + 1 == want && self.unrequested + 1 >= COMP_THRESH;
+                    let request =
+                        i + npkts == want && self.unrequested + npkts as u32 >= COMP_THRESH;
                     if request {
                         if let Some(mut c) = CtrlSeg::new_checked(&mut self.wqe[..SEG_BYTES]) {
                             c.set_ce(CE_ALWAYS);
@@ -238,14 +262,22 @@ impl TxQueue {
                     let Some(bbs) = self.wq.post(&self.wqe[..bytes]) else {
                         break;
                     };
-                    self.unrequested = if request { 0 } else { self.unrequested + 1 };
+                    self.unrequested = if request {
+                        0
+                    } else {
+                        self.unrequested + npkts as u32
+                    };
                     let mut ctrl = [0u8; 8];
                     ctrl.copy_from_slice(&self.wqe[..8]);
                     last_ctrl = Some(ctrl);
-                    self.posted.push(Some((wqe_index, bbs as u8)));
+                    for k in 0..npkts {
+                        let b = if k + 1 == npkts { bbs as u8 } else { 0 };
+                        self.posted.push(Some((wqe_index, b)));
+                    }
                 }
                 Build::Drop => self.posted.push(None),
             }
+            i += npkts;
         }
         let taken = self.posted.len();
         let mut dropped = 0u64;
@@ -290,17 +322,62 @@ impl TxQueue {
         mmio_flush_writes();
     }
 
+    /// Writes an eMPW WQE for the longest run at the start of `pkts` that can share one
+    /// (single segment, no TSO, no VLAN, the same checksum flags, buffers in registered
+    /// chunks; at most [`EMPW_MAX`]); returns how many packets it carries (0: none can, the
+    /// first goes out as a SEND).
+    fn build_empw(&mut self, pkts: &[Mbuf], wqe_index: u16) -> usize {
+        let mut n = 0;
+        let mut cs0 = None;
+        for m in pkts.iter().take(EMPW_MAX) {
+            let flags = m.ol_flags();
+            if m.nb_segs() != 1
+                || m.is_empty()
+                || flags.intersects(OffloadFlags::TX_TCP_SEG | OffloadFlags::TX_VLAN)
+            {
+                break;
+            }
+            let cs = cs_flags(flags);
+            if *cs0.get_or_insert(cs) != cs {
+                break;
+            }
+            let addr = m.data().as_ptr() as usize;
+            let Some(key) = self.keys.key_for_addr(addr) else {
+                break;
+            };
+            let at = 2 * SEG_BYTES + n * SEG_BYTES;
+            if let Some(mut d) = DataSeg::new_checked(&mut self.wqe[at..at + SEG_BYTES]) {
+                d.set(addr as u64, key, m.len() as u32);
+            }
+            n += 1;
+        }
+        if n > 0 {
+            let ds = 2 + n;
+            if let Some(mut c) = CtrlSeg::new_checked(&mut self.wqe[..SEG_BYTES]) {
+                c.write(
+                    Opcode::Empw,
+                    0,
+                    wqe_index,
+                    self.sqn,
+                    ds as u8,
+                    CE_FIRST_ERROR,
+                );
+            }
+            if let Some(mut e) = EthSeg::new_checked(&mut self.wqe[SEG_BYTES..2 * SEG_BYTES]) {
+                e.write(cs0.unwrap_or(0), 0, &[]);
+            }
+            // The tail of the last WQEBB is ignored by the device; keep it clean.
+            let end = wqebbs(ds) * WQEBB_BYTES;
+            self.wqe[ds * SEG_BYTES..end].fill(0);
+        }
+        n
+    }
+
     /// Writes the WQE for `m` into `self.wqe`.
     #[inline]
     fn build_wqe(&mut self, m: &Mbuf, wqe_index: u16) -> Build {
         let flags = m.ol_flags();
-        let mut cs = 0u8;
-        if flags.contains(OffloadFlags::TX_IP_CKSUM) {
-            cs |= CS_L3;
-        }
-        if flags.intersects(OffloadFlags::TX_TCP_CKSUM | OffloadFlags::TX_UDP_CKSUM) {
-            cs |= CS_L4;
-        }
+        let mut cs = cs_flags(flags);
         let first = match m.segments().next() {
             Some(s) => s,
             None => return Build::Drop,
@@ -392,6 +469,18 @@ impl TxQueue {
         }
         Build::Wqe(bytes)
     }
+}
+
+/// The Ethernet segment's checksum flags for a packet's offload flags (§2.3).
+fn cs_flags(flags: OffloadFlags) -> u8 {
+    let mut cs = 0u8;
+    if flags.contains(OffloadFlags::TX_IP_CKSUM) {
+        cs |= CS_L3;
+    }
+    if flags.intersects(OffloadFlags::TX_TCP_CKSUM | OffloadFlags::TX_UDP_CKSUM) {
+        cs |= CS_L4;
+    }
+    cs
 }
 
 impl TxBurst for TxQueue {
@@ -617,13 +706,65 @@ mod tests {
         assert_eq!(pool.in_use(), 0);
     }
 
+    /// Where nothing is inlined, single-segment packets with the same checksum flags share
+    /// eMPW WQEs (opcode 0x29, ds = 2 + packets, one pointer descriptor each, at most 32);
+    /// a change of flags starts a new WQE; one CQE for a WQE frees all of its packets.
+    #[test]
+    fn empw_packs_a_burst_and_one_completion_frees_the_whole_wqe() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-tx-empw", 512)).unwrap();
+        let (mut q, mut nic) = queue(&pool, 0);
+        let mut b = Burst::with_capacity(40);
+        for k in 0..40 {
+            let mut m = frame(&pool, 60 + k, k as u8);
+            if k >= 36 {
+                m.set_ol_flags(OffloadFlags::TX_IP_CKSUM);
+            }
+            b.push(m).unwrap();
+        }
+        assert_eq!(q.tx_burst(&mut b), 40);
+        // WQE 0: 32 packets (the most), ds 34 = 9 WQEBBs; WQE 9: 4 packets; WQE 11: the 4
+        // with other checksum flags, asking for the completion (40 packets wait).
+        let mut at = 0u32;
+        for (pk, cs, ce) in [
+            (32usize, 0u8, CE_FIRST_ERROR),
+            (4, 0, CE_FIRST_ERROR),
+            (4, CS_L3, CE_ALWAYS),
+        ] {
+            let w = nic.wqe(at, 32 + 16 * pk);
+            let c = CtrlSeg::new_checked(&w[..16]).unwrap();
+            assert_eq!(
+                (c.opcode(), c.wqe_index(), c.ds() as usize, c.ce()),
+                (Opcode::Empw, at as u16, 2 + pk, ce)
+            );
+            let e = EthSeg::new_checked(&w[16..32]).unwrap();
+            assert_eq!((e.cs_flags(), e.inline_hdr_sz()), (cs, 0));
+            for k in 0..pk {
+                let d = DataSeg::new_checked(&w[32 + 16 * k..48 + 16 * k]).unwrap();
+                assert_eq!(d.lkey(), 0x77);
+            }
+            at += crate::hw::mlx5::wqebbs(2 + pk) as u32;
+        }
+        assert_eq!(nic.sq_record(), at);
+        assert_eq!(q.in_flight(), 40);
+        nic.complete(11);
+        q.reclaim();
+        assert_eq!(
+            q.in_flight(),
+            0,
+            "the CQE of the last WQE frees every packet"
+        );
+        drop(q);
+        assert_eq!(pool.in_use(), 0);
+    }
+
     /// Over many ring laps: a completion is requested on the last WQE of a burst once 32
     /// packets wait; its CQE frees every packet up to that WQE, in order, and the CQ's
     /// consumer index is written back.
     #[test]
     fn moderated_completions_free_everything_up_to_the_completed_wqe() {
         let pool = MbufPool::new(MbufPoolConfig::new("mlx5-tx-mod", 512)).unwrap();
-        let (mut q, mut nic) = queue(&pool, 0);
+        // A ConnectX-4-like queue (18 bytes inline): one SEND WQE per packet, no eMPW.
+        let (mut q, mut nic) = queue(&pool, 18);
         let mut sent = 0u32;
         for round in 0..40u32 {
             let mut b = Burst::with_capacity(16);
