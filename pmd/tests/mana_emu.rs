@@ -538,7 +538,13 @@ fn engine_thread_runs_the_cable_unattended() {
         b_in.free_all(&mut pool.cache());
     }
     drop(b_out);
-    assert_eq!(received, 10_000, "paced traffic loses nothing");
+    assert_eq!(
+        received,
+        10_000,
+        "paced traffic loses nothing (sent {sent}); sender {:?}; receiver {:?}",
+        a.stats(),
+        b.stats()
+    );
     assert_eq!(b.stats().imissed, 0);
     drop((tx, rx, a, b));
     assert_eq!(pool.in_use(), 0);

@@ -62,8 +62,17 @@ impl Engine {
             self.stats.rx_no_wqe += 1;
             return;
         };
-        let pending = rq.tail.wrapping_sub(rq.consumed);
-        if pending < BU_BYTES as u32 || pending > 1 << 30 {
+        let no_wqe = |tail: u32, consumed: u32| {
+            let pending = tail.wrapping_sub(consumed);
+            pending < BU_BYTES as u32 || pending > 1 << 30
+        };
+        if no_wqe(rq.tail, rq.consumed) {
+            // A doorbell is an event on hardware: one rung since this step sampled the page
+            // counts. Sample again before calling the queue empty.
+            self.scan_doorbells();
+        }
+        let rq = &self.rqs[rq_idx];
+        if no_wqe(rq.tail, rq.consumed) {
             self.stats.rx_no_wqe += 1;
             return;
         }
