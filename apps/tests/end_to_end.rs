@@ -38,17 +38,18 @@ struct Topology {
 
 impl Topology {
     fn new(tag: &str) -> Self {
-        Self::with_kinds(tag, "emu-mana", "emu-mana")
+        Self::with_kinds(tag, "emu-mana", "", "emu-mana")
     }
 
-    /// l2fwd's ports of kind `l2`, pktgen's of kind `pg`, on the same two cables.
-    fn with_kinds(tag: &str, l2: &str, pg: &str) -> Self {
+    /// l2fwd's ports of kind `l2` (with devargs `l2x` after the wire), pktgen's of kind `pg`,
+    /// on the same two cables.
+    fn with_kinds(tag: &str, l2: &str, l2x: &str, pg: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let id = format!("{tag}{}", std::process::id());
         Self {
             dir,
-            a: format!("{l2}:wire=shm:{id}a"),
-            b: format!("{l2}:wire=shm:{id}b"),
+            a: format!("{l2}:wire=shm:{id}a{l2x}"),
+            b: format!("{l2}:wire=shm:{id}b{l2x}"),
             pa: format!("{pg}:wire=shm:{id}a"),
             pb: format!("{pg}:wire=shm:{id}b"),
         }
@@ -109,12 +110,19 @@ fn demo_topology_loses_nothing_and_every_count_agrees() {
     demo(&Topology::new("e2e"));
 }
 
-/// The demo with the mlx5 model on both sides, and mixed: pktgen on MANA models, l2fwd on
-/// mlx5 models, over the same shared-memory cables.
+/// The demo with the mlx5 model on both sides, mixed (pktgen on MANA models, l2fwd on mlx5
+/// models, over the same shared-memory cables), and with l2fwd's ports modelling a
+/// ConnectX-4 (18 bytes inline: SEND WQEs instead of eMPW).
 #[test]
 fn demo_topology_on_mlx5_models_and_mixed_loses_nothing() {
-    demo(&Topology::with_kinds("mlx", "emu-mlx5", "emu-mlx5"));
-    demo(&Topology::with_kinds("mix", "emu-mlx5", "emu-mana"));
+    demo(&Topology::with_kinds("mlx", "emu-mlx5", "", "emu-mlx5"));
+    demo(&Topology::with_kinds("mix", "emu-mlx5", "", "emu-mana"));
+    demo(&Topology::with_kinds(
+        "cx4",
+        "emu-mlx5",
+        ",inline=18",
+        "emu-mana",
+    ));
 }
 
 fn demo(t: &Topology) {

@@ -8,7 +8,7 @@
 //! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based), `netdev=IFNAME` (the port's kernel netdev), `busy=...` (below) |
 //! | `mlx5` | `dev=IBDEV`, `port=N` |
 //! | `emu-mana` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture), `netdev=IFNAME` (the modelled kernel netdev), `busy=...` (below) |
-//! | `emu-mlx5` | `wire=...`, `mac=MAC`, `pcap=FILE`, `netdev=IFNAME` |
+//! | `emu-mlx5` | `wire=...`, `mac=MAC`, `pcap=FILE`, `netdev=IFNAME`, `inline=N` (bytes the modelled device needs inline: 0, or 18 for a ConnectX-4) |
 //! | `null` | `size=BYTES` (frame size, 14..=9600, default 64), `mac=MAC` |
 //!
 //! Every kind also takes `rxq=N` and `txq=N` (queue counts, 1..=64), which override the
@@ -94,6 +94,9 @@ pub enum PortKind {
         wire: WireSpec,
         /// Its MAC address.
         mac: Option<MacAddr>,
+        /// `inline=N`: bytes of each frame the modelled device needs inline in the WQE (0:
+        /// ConnectX-5 and later, the default; 18: ConnectX-4).
+        inline: u16,
     },
     /// No device: RX hands out `size`-byte frames, TX frees what it is given.
     Null {
@@ -207,7 +210,7 @@ fn accepted_keys(kind: &str) -> &'static [&'static str] {
             "rxq",
             "txq",
         ],
-        "emu-mlx5" => &["wire", "mac", "pcap", "netdev", "rxq", "txq"],
+        "emu-mlx5" => &["wire", "mac", "pcap", "netdev", "inline", "rxq", "txq"],
         _ => &["size", "mac", "rxq", "txq"],
     }
 }
@@ -403,7 +406,22 @@ impl FromStr for PortSpec {
             #[cfg(feature = "emu")]
             "emu-mana" => PortKind::EmuMana { wire: wire()?, mac },
             #[cfg(feature = "emu")]
-            "emu-mlx5" => PortKind::EmuMlx5 { wire: wire()?, mac },
+            "emu-mlx5" => PortKind::EmuMlx5 {
+                wire: wire()?,
+                mac,
+                inline: get("inline")
+                    .map(|v| {
+                        v.parse::<u16>().ok().filter(|n| *n <= 255).ok_or_else(|| {
+                            DevargsError::BadValue {
+                                key: "inline",
+                                value: v.into(),
+                                expected: "the bytes the device needs inline, 0 to 255 (18 for a ConnectX-4)",
+                            }
+                        })
+                    })
+                    .transpose()?
+                    .unwrap_or(0),
+            },
             #[cfg(not(feature = "emu"))]
             "emu-mana" | "emu-mlx5" => {
                 return Err(DevargsError::NotBuilt {
@@ -469,14 +487,19 @@ impl fmt::Display for PortSpec {
                 "mlx5"
             }
             #[cfg(feature = "emu")]
-            PortKind::EmuMana { wire, mac } | PortKind::EmuMlx5 { wire, mac } => {
+            PortKind::EmuMana { wire, mac } => {
                 parts.push(format!("wire={wire}"));
                 parts.extend(mac.map(|m| format!("mac={m}")));
-                if matches!(self.kind, PortKind::EmuMana { .. }) {
-                    "emu-mana"
-                } else {
-                    "emu-mlx5"
+                "emu-mana"
+            }
+            #[cfg(feature = "emu")]
+            PortKind::EmuMlx5 { wire, mac, inline } => {
+                parts.push(format!("wire={wire}"));
+                parts.extend(mac.map(|m| format!("mac={m}")));
+                if *inline > 0 {
+                    parts.push(format!("inline={inline}"));
                 }
+                "emu-mlx5"
             }
             PortKind::Null { size, mac } => {
                 parts.push(format!("size={size}"));
@@ -545,7 +568,8 @@ mod tests {
             p("emu-mlx5:wire=afpacket:veth1").unwrap().kind,
             PortKind::EmuMlx5 {
                 wire: WireSpec::AfPacket("veth1".into()),
-                mac: None
+                mac: None,
+                inline: 0
             }
         );
         assert_eq!(
@@ -747,7 +771,16 @@ mod tests {
             )
                 .prop_map(|(dev, port)| PortKind::Mlx5 { dev, port }),
             (wire.clone(), mac.clone()).prop_map(|(wire, mac)| PortKind::EmuMana { wire, mac }),
-            (wire, mac.clone()).prop_map(|(wire, mac)| PortKind::EmuMlx5 { wire, mac }),
+            (
+                wire,
+                mac.clone(),
+                prop_oneof![Just(0u16), Just(18), 0u16..=255]
+            )
+                .prop_map(|(wire, mac, inline)| PortKind::EmuMlx5 {
+                    wire,
+                    mac,
+                    inline
+                }),
             (14u16..=9600, mac).prop_map(|(size, mac)| PortKind::Null { size, mac }),
         ];
         let busy = prop_oneof![

@@ -47,14 +47,13 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
             )))
         }
         #[cfg(feature = "emu")]
-        PortKind::EmuMlx5 { wire, mac } => {
-            // A ConnectX-5-like model: no inline header required.
+        PortKind::EmuMlx5 { wire, mac, inline } => {
             let provider = crate::emu::mlx5::port::ModelPort::open(
                 wire,
                 *mac,
                 spec.pcap.as_deref().map(std::path::Path::new),
                 id,
-                0,
+                *inline,
             )
             .map_err(|source| PortError::Setup {
                 what: spec.to_string(),
