@@ -1,10 +1,15 @@
 //! The mlx5 driver (ConnectX-4 … ConnectX-7): our own datapath over the raw queues
-//! `mlx5dv_init_obj` describes. Work in progress: the provider contract ([`provider`]),
-//! the CQ owner rule ([`cq`]) and the TX queue ([`txq`]: SEND/TSO, minimum inline, VLAN,
-//! checksum flags, multi-segment, eMPW, completion moderation) and the RX queue ([`rxq`]: cyclic RQ,
-//! compressed sessions). The [`Driver`] over a [`Provider`]. Not yet: a provider (device model or verbs), the port
-//! kinds, MPRQ, error recovery. The formats live in [`crate::hw::mlx5`]; `DESIGN.md` beside
-//! this file has the queue layout, memory ordering and sources.
+//! `mlx5dv_init_obj` describes.
+//!
+//! * [`provider`]: the raw queue descriptions a provider hands out.
+//! * [`driver`]: the port driver over a [`Provider`] (today the device model, `emu-mlx5`
+//!   ports; the rdma-core provider for `mlx5:` ports is not built yet).
+//! * [`txq`]: SEND/TSO with the device's minimum inline header, VLAN, checksum flags,
+//!   multi-segment, eMPW, completion moderation. [`rxq`]: cyclic RQ, compressed sessions.
+//!   [`cq`]: the one-bit owner rule. Not yet: MPRQ, QP/WQ error recovery.
+//!
+//! The formats live in [`crate::hw::mlx5`]; `DESIGN.md` beside this file has the queue
+//! layout, memory ordering and sources.
 #![deny(unsafe_code)]
 
 pub mod cq;
