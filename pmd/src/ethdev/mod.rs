@@ -266,9 +266,50 @@ impl PoolRegistration {
     }
 }
 
+/// The error of an RX queue that could not post all `ring` buffers at configure time
+/// (`missing` of them) from `pool`.
+pub fn rx_fill_error(pool: &MbufPool, ring: u16, missing: u32) -> PortError {
+    PortError::BadConfig {
+        what: "mbuf pool size",
+        requested: pool.capacity().to_string(),
+        allowed: format!("enough free mbufs to post {ring} rx buffers ({missing} missing)"),
+    }
+}
+
+/// Finishes a received mbuf the way every driver does, from what its completion said: the
+/// checksum flags `fl` the driver decoded, the RSS hash when the device hashed the packet, a
+/// stripped VLAN tag (kept as metadata when the port strips, put back into the frame
+/// otherwise), and the port.
+#[inline]
+pub fn finish_rx(
+    m: &mut mempool::Mbuf,
+    mut fl: mempool::OffloadFlags,
+    hash: Option<u32>,
+    vlan: Option<u16>,
+    vlan_strip: bool,
+    port: u16,
+) {
+    use mempool::OffloadFlags;
+    if let Some(h) = hash {
+        fl.insert(OffloadFlags::RX_RSS_HASH);
+        m.set_rss_hash(h);
+    }
+    if let Some(tci) = vlan {
+        fl.insert(OffloadFlags::RX_VLAN);
+        m.set_vlan_tci(tci);
+        if vlan_strip {
+            fl.insert(OffloadFlags::RX_VLAN_STRIPPED);
+        } else {
+            reinsert_vlan(m, tci);
+        }
+    }
+    m.set_ol_flags(fl);
+    m.set_port(port);
+}
+
 /// Puts a stripped 802.1Q tag back into the frame (the device stripped it, the port did not
 /// ask for VLAN stripping).
-pub fn reinsert_vlan(m: &mut mempool::Mbuf, vid: u16) {
+fn reinsert_vlan(m: &mut mempool::Mbuf, vid: u16) {
     if m.len() < 12 {
         return;
     }

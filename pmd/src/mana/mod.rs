@@ -25,8 +25,8 @@ pub use txq::TxQueue;
 pub use xstats::Xstats;
 
 use crate::ethdev::{
-    Caps, Link, PoolRegistration, PortConfig, PortDriver, PortError, PortEvent, QueueSetup, Queues,
-    RxBurst, RxOffloads, TxBurst, TxOffloads,
+    rx_fill_error, Caps, Link, PoolRegistration, PortConfig, PortDriver, PortError, PortEvent,
+    QueueSetup, Queues, RxBurst, RxOffloads, TxBurst, TxOffloads,
 };
 use crate::net::MacAddr;
 use crate::takeover::{BusyPolicy, NetdevGuard, Seconds};
@@ -250,14 +250,9 @@ impl PortDriver for Driver {
                 Arc::clone(c),
                 x,
             );
-            queue.fill().map_err(|missing| PortError::BadConfig {
-                what: "mbuf pool size",
-                requested: pool.capacity().to_string(),
-                allowed: format!(
-                    "enough free mbufs to post {} rx buffers ({missing} missing)",
-                    cfg.rx_ring_size
-                ),
-            })?;
+            queue
+                .fill()
+                .map_err(|missing| rx_fill_error(pool, cfg.rx_ring_size, missing))?;
             rx.push(Box::new(queue));
         }
         let mut tx: Vec<Box<dyn TxBurst>> = Vec::new();

@@ -5,7 +5,7 @@
 
 use super::cq::CompletionQueue;
 use super::{QueueOwner, RawRxQueue, Xstats};
-use crate::ethdev::{free_one, reinsert_vlan, Burst, Counters, PortConfig, RxBurst, RxOffloads};
+use crate::ethdev::{finish_rx, free_one, Burst, Counters, PortConfig, RxBurst, RxOffloads};
 use crate::hw::mana::cqe::{Cqe, CqeType, RX_PPI_COUNT};
 use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{Sge, WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
@@ -273,21 +273,8 @@ impl RxQueue {
         });
         // The hash type is read as a bit mask (Linux's reading; §11 item 2): any type means
         // the hash is valid.
-        if c.rx_hash_type() != 0 {
-            fl.insert(OffloadFlags::RX_RSS_HASH);
-            m.set_rss_hash(c.rx_pkt_hash(k));
-        }
-        if let Some(vid) = c.rx_vlan() {
-            fl.insert(OffloadFlags::RX_VLAN);
-            m.set_vlan_tci(vid);
-            if self.vlan_strip {
-                fl.insert(OffloadFlags::RX_VLAN_STRIPPED);
-            } else {
-                reinsert_vlan(m, vid);
-            }
-        }
-        m.set_ol_flags(fl);
-        m.set_port(self.port_id);
+        let hash = (c.rx_hash_type() != 0).then(|| c.rx_pkt_hash(k));
+        finish_rx(m, fl, hash, c.rx_vlan(), self.vlan_strip, self.port_id);
     }
 }
 

@@ -6,8 +6,8 @@
 use super::provider::{RawRq, RawSq};
 use super::{RxQueue, RxXstats, TxQueue, TxXstats};
 use crate::ethdev::{
-    Caps, Link, PoolRegistration, PortConfig, PortDriver, PortError, PortEvent, QueueSetup, Queues,
-    RssConfig, RxBurst, RxOffloads, TxBurst, TxOffloads,
+    rx_fill_error, Caps, Link, PoolRegistration, PortConfig, PortDriver, PortError, PortEvent,
+    QueueSetup, Queues, RssConfig, RxBurst, RxOffloads, TxBurst, TxOffloads,
 };
 use crate::net::MacAddr;
 use mempool::{ChunkInfo, MbufPool, Registration};
@@ -195,14 +195,9 @@ impl PortDriver for Driver {
                 Arc::clone(c),
                 x,
             );
-            queue.fill().map_err(|missing| PortError::BadConfig {
-                what: "mbuf pool size",
-                requested: pool.capacity().to_string(),
-                allowed: format!(
-                    "enough free mbufs to post {} rx buffers ({missing} missing)",
-                    cfg.rx_ring_size
-                ),
-            })?;
+            queue
+                .fill()
+                .map_err(|missing| rx_fill_error(pool, cfg.rx_ring_size, missing))?;
             rx.push(Box::new(queue));
         }
         let mut tx: Vec<Box<dyn TxBurst>> = Vec::new();

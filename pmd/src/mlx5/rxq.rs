@@ -16,7 +16,7 @@
 use super::cq::CompletionQueue;
 use super::provider::RawRq;
 use crate::ethdev::{
-    free_one, reinsert_vlan, Burst, Counters, PortConfig, QueueOwner, RxBurst, RxOffloads,
+    finish_rx, free_one, Burst, Counters, PortConfig, QueueOwner, RxBurst, RxOffloads,
 };
 use crate::hw::mlx5::cqe::{csum_ok, mini_slot, op_own, Cqe, CqeFormat, CqeOpcode, Syndrome};
 use crate::hw::mlx5::doorbell::{self, RCV_DBR};
@@ -66,10 +66,44 @@ impl RxXstats {
     }
 }
 
+/// What a CQE says of its packets beyond length and hash (a session's title: of all of them).
+#[derive(Clone, Copy)]
+struct RxMeta {
+    /// Checksum flags.
+    fl: OffloadFlags,
+    /// Whether the device hashed the packets.
+    hashed: bool,
+    /// A stripped VLAN tag.
+    vlan: Option<u16>,
+}
+
+impl RxMeta {
+    fn of(c: &Cqe<&[u8]>) -> Self {
+        let mut fl = OffloadFlags::empty();
+        let ok = c.hds_ip_ext();
+        // The device reports good checksums only; a clear bit means "not checked" (§5.1).
+        fl.set_rx_ip_cksum(if ok & csum_ok::L3 != 0 {
+            CksumStatus::Good
+        } else {
+            CksumStatus::Unknown
+        });
+        fl.set_rx_l4_cksum(if ok & csum_ok::L4 != 0 {
+            CksumStatus::Good
+        } else {
+            CksumStatus::Unknown
+        });
+        Self {
+            fl,
+            hashed: c.rx_hash_type() != 0,
+            vlan: c.vlan(),
+        }
+    }
+}
+
 /// A compressed session being delivered.
 struct Session {
-    /// The title CQE.
-    title: [u8; CQE_BYTES],
+    /// What the title says of every packet.
+    meta: RxMeta,
     /// Its position (free-running).
     t: u32,
     /// Completions in the session.
@@ -229,13 +263,13 @@ impl RxQueue {
         Some(m)
     }
 
-    /// Delivers the next packet of the current session; `false` when it is over.
-    fn session_next(&mut self, out: &mut Burst, bytes: &mut u64) -> bool {
-        let Some(s) = &self.session else {
-            return false;
+    /// Delivers the next packet of the current session, or ends the session (its slots
+    /// poisoned, the consumer moved past it) when every packet was delivered.
+    fn session_next(&mut self, out: &mut Burst, bytes: &mut u64) {
+        let Some(s) = &mut self.session else {
+            return;
         };
-        let (t, n, i) = (s.t, s.n, s.next);
-        let title = s.title;
+        let (t, n, i, meta) = (s.t, s.n, s.next, s.meta);
         if i >= n {
             // Poison the session's slots after the title, then move past them (§6.2).
             for k in 1..n {
@@ -246,8 +280,9 @@ impl RxQueue {
             }
             self.cq.skip(n - 1);
             self.session = None;
-            return false;
+            return;
         }
+        s.next += 1;
         let (slot, e) = mini_slot(t, i);
         let mut mini = [0u8; 8];
         self.cq
@@ -255,21 +290,39 @@ impl RxQueue {
             .read(self.cq.offset_of(slot) + e * 8, &mut mini);
         let len = u32::from_be_bytes([mini[4], mini[5], mini[6], mini[7]]);
         let hash = u32::from_be_bytes([mini[0], mini[1], mini[2], mini[3]]);
-        if let Some(s) = &mut self.session {
-            s.next += 1;
+        if let Some(m) = self.take_desc() {
+            self.deliver(m, len, meta, hash, out, bytes);
         }
-        if let Some(mut m) = self.take_desc() {
-            let c = Cqe::new_checked(&title[..]).expect("64 bytes");
-            if m.set_data_len(len as usize).is_err() {
-                self.counters.add_errors(1);
-                free_one(&self.pool, m);
-            } else {
-                self.annotate(&mut m, &c, hash);
-                *bytes += u64::from(m.pkt_len());
-                let _ = out.push(m);
-            }
+    }
+
+    /// Gives `m` its length and what the completion said, and puts it in `out` (or frees it
+    /// and counts an error when the length does not fit the buffer).
+    #[inline]
+    fn deliver(
+        &self,
+        mut m: Mbuf,
+        len: u32,
+        meta: RxMeta,
+        hash: u32,
+        out: &mut Burst,
+        bytes: &mut u64,
+    ) {
+        if m.set_data_len(len as usize).is_err() {
+            self.counters.add_errors(1);
+            free_one(&self.pool, m);
+            return;
         }
-        true
+        let hash = meta.hashed.then_some(hash);
+        finish_rx(
+            &mut m,
+            meta.fl,
+            hash,
+            meta.vlan,
+            self.vlan_strip,
+            self.port_id,
+        );
+        *bytes += u64::from(m.pkt_len());
+        let _ = out.push(m);
     }
 
     /// See [`crate::ethdev::RxBurst::rx_burst`].
@@ -296,22 +349,22 @@ impl RxQueue {
                 (CqeOpcode::RespSend, CqeFormat::Compressed) => {
                     RxXstats::bump(&self.xstats.compressed_sessions);
                     self.session = Some(Session {
-                        title: b,
+                        meta: RxMeta::of(&c),
                         t: self.cq.head().wrapping_sub(1),
                         n: c.byte_cnt().max(1),
                         next: 0,
                     });
                 }
                 (CqeOpcode::RespSend, CqeFormat::Normal) => {
-                    let Some(mut m) = self.take_desc() else { break };
-                    if m.set_data_len(c.byte_cnt() as usize).is_err() {
-                        errors += 1;
-                        free_one(&self.pool, m);
-                        continue;
-                    }
-                    self.annotate(&mut m, &c, c.rx_hash_res());
-                    bytes += u64::from(m.pkt_len());
-                    let _ = out.push(m);
+                    let Some(m) = self.take_desc() else { break };
+                    self.deliver(
+                        m,
+                        c.byte_cnt(),
+                        RxMeta::of(&c),
+                        c.rx_hash_res(),
+                        out,
+                        &mut bytes,
+                    );
                 }
                 (_op, _) => {
                     crate::dp_trace!(rq = self.rqn, opcode = ?_op, "rx error completion\n{}", crate::hw::hexdump(&b));
@@ -352,40 +405,6 @@ impl RxQueue {
             }
         }
         delivered
-    }
-
-    /// Fills in what the completion (a normal CQE, or a session's title) says, with `hash`
-    /// (from the CQE or the packet's mini CQE).
-    #[inline]
-    fn annotate(&self, m: &mut Mbuf, c: &Cqe<&[u8]>, hash: u32) {
-        let mut fl = OffloadFlags::empty();
-        let ok = c.hds_ip_ext();
-        // The device reports good checksums only; a clear bit means "not checked" (§5.1).
-        fl.set_rx_ip_cksum(if ok & csum_ok::L3 != 0 {
-            CksumStatus::Good
-        } else {
-            CksumStatus::Unknown
-        });
-        fl.set_rx_l4_cksum(if ok & csum_ok::L4 != 0 {
-            CksumStatus::Good
-        } else {
-            CksumStatus::Unknown
-        });
-        if c.rx_hash_type() != 0 {
-            fl.insert(OffloadFlags::RX_RSS_HASH);
-            m.set_rss_hash(hash);
-        }
-        if let Some(tci) = c.vlan() {
-            fl.insert(OffloadFlags::RX_VLAN);
-            m.set_vlan_tci(tci);
-            if self.vlan_strip {
-                fl.insert(OffloadFlags::RX_VLAN_STRIPPED);
-            } else {
-                reinsert_vlan(m, tci);
-            }
-        }
-        m.set_ol_flags(fl);
-        m.set_port(self.port_id);
     }
 }
 
