@@ -3,13 +3,14 @@
 //! datapath's queues over them.
 #![deny(unsafe_code)]
 
-use super::provider::{RawRq, RawSq};
-use super::{RxQueue, RxXstats, TxQueue, TxXstats};
+use super::provider::{Mprq, MprqCaps, RawRq, RawSq, RxQueueRequest};
+use super::{rxq_mprq, RxQueue, RxXstats, TxQueue, TxXstats};
 use crate::ethdev::{
     rx_fill_error, Caps, Link, PoolRegistration, PortConfig, PortDriver, PortError, PortEvent,
-    QueueSetup, Queues, RssConfig, RxBurst, RxOffloads, TxBurst, TxOffloads,
+    QueueSetup, Queues, RxBurst, RxOffloads, TxBurst, TxOffloads,
 };
 use crate::net::MacAddr;
+use crate::sys::mem::DeviceBuffers;
 use mempool::{ChunkInfo, MbufPool, Registration};
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -30,10 +31,41 @@ pub enum SetupError {
         /// Allowed.
         max: u32,
     },
+    /// The device cannot do what was asked (e.g. a striding RQ on a device without the
+    /// capability); the error says what and why.
+    #[error("{what} is not supported: {why}")]
+    Unsupported {
+        /// What was asked.
+        what: &'static str,
+        /// Why not, and what to do instead.
+        why: String,
+    },
     /// A device call failed; the error names the call, the object, errno and what to do.
     #[error("{0}")]
     Device(Box<dyn std::error::Error + Send + Sync>),
 }
+
+/// How the driver sets its receive queues up (the `mprq=` and `cqe-comp=` device arguments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Receive through striding RQs of this geometry (`None`: cyclic RQs, one mbuf per WQE).
+    pub mprq: Option<Mprq>,
+    /// Ask for compressed RX CQEs (DPDK's `rxq_cqe_comp_en`, on by default; §1.4, §6).
+    pub cqe_compression: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            mprq: None,
+            cqe_compression: true,
+        }
+    }
+}
+
+/// Bytes a frame carries beyond its MTU on the wire as the RQ sees it: the Ethernet header
+/// and one VLAN tag (no FCS: it is not scattered, §1.6).
+const L2_OVERHEAD: u32 = 14 + 4;
 
 /// What the mlx5 datapath needs from below (spec §1).
 pub trait Provider: Send {
@@ -54,7 +86,9 @@ pub trait Provider: Send {
     /// # Errors
     /// The device refused the value.
     fn set_mtu(&mut self, mtu: u16) -> Result<(), SetupError>;
-    /// Registers one pool chunk (`ibv_reg_mr`); the registration lasts until the guard drops.
+    /// Registers one chunk of memory (`ibv_reg_mr`); the registration lasts until the guard
+    /// drops. Chunks of mbuf pools, and of the page-aligned buffers a striding RQ posts
+    /// ([`DeviceBuffers`]).
     ///
     /// # Errors
     /// The registration failed.
@@ -64,16 +98,22 @@ pub trait Provider: Send {
     /// # Errors
     /// Limits; device failures.
     fn create_tx_queues(&mut self, n: u16, nb_desc: u32) -> Result<Vec<RawSq>, SetupError>;
-    /// Creates `n` receive queues (WQ + CQ each) of `nb_desc` WQEs, spread by RSS.
+    /// Creates `req.n` receive queues (WQ + CQ each), spread by RSS over `req.rss`: cyclic
+    /// RQs of `req.nb_desc` WQEs, or, with `req.mprq`, striding RQs of `req.nb_desc / strides`
+    /// WQEs of that geometry; each CQ compressed when `req.cqe_compression` asks and the
+    /// device can (see [`RxQueueRequest`] for the CQ size and mini formats). Each [`RawRq`]
+    /// says what the queue got (`mprq`, `cqe_compression`).
     ///
     /// # Errors
-    /// As `create_tx_queues`.
-    fn create_rx_queues(
-        &mut self,
-        n: u16,
-        nb_desc: u32,
-        rss: &RssConfig,
-    ) -> Result<Vec<RawRq>, SetupError>;
+    /// As `create_tx_queues`; [`SetupError::Unsupported`] or [`SetupError::Limit`] when the
+    /// device refuses the striding geometry (the driver checks it against
+    /// [`Provider::mprq_caps`] first).
+    fn create_rx_queues(&mut self, req: &RxQueueRequest) -> Result<Vec<RawRq>, SetupError>;
+    /// What the device allows for striding RQs (`striding_rq_caps`, §1.2), `None` when it has
+    /// none.
+    fn mprq_caps(&self) -> Option<MprqCaps> {
+        None
+    }
     /// Destroys all queues; objects a queue handle still holds go when it drops.
     fn destroy_queues(&mut self);
     /// Device-side counters, by name.
@@ -95,6 +135,7 @@ pub trait Provider: Send {
 /// The mlx5 port driver over a [`Provider`].
 pub struct Driver {
     provider: Box<dyn Provider>,
+    opts: Options,
     registered: PoolRegistration,
     rx_xstats: Vec<Arc<RxXstats>>,
     tx_xstats: Vec<Arc<TxXstats>>,
@@ -107,15 +148,83 @@ impl std::fmt::Debug for Driver {
 }
 
 impl Driver {
-    /// A driver over `provider`.
+    /// A driver over `provider`, with the default [`Options`] (cyclic RQs, compressed CQEs).
     pub fn new(provider: Box<dyn Provider>) -> Self {
+        Self::with_options(provider, Options::default())
+    }
+
+    /// A driver over `provider` with `opts`.
+    pub fn with_options(provider: Box<dyn Provider>, opts: Options) -> Self {
         Self {
             provider,
+            opts,
             registered: PoolRegistration::default(),
             rx_xstats: Vec::new(),
             tx_xstats: Vec::new(),
         }
     }
+}
+
+/// Checks a striding geometry against the device and the port configuration: the device's
+/// limits, a whole frame of `cfg.mtu` within one WQE (frames longer than a stride span
+/// strides, §4.2, but never WQEs), and a ring of at least two WQEs (so the device can fill
+/// one while software finishes the other).
+///
+/// # Errors
+/// [`PortError::BadConfig`] naming the setting and what would do.
+pub fn check_mprq(m: Mprq, caps: Option<MprqCaps>, cfg: &PortConfig) -> Result<(), PortError> {
+    let geometry = format!(
+        "mprq-log-stride={} mprq-log-strides={}",
+        m.log_stride_bytes, m.log_strides
+    );
+    let Some(caps) = caps else {
+        return Err(PortError::BadConfig {
+            what: "mprq",
+            requested: geometry,
+            allowed: "cyclic RQs only (mprq=0): the device reports no striding RQ capability"
+                .into(),
+        });
+    };
+    if !caps.allows(m) {
+        return Err(PortError::BadConfig {
+            what: "mprq geometry",
+            requested: geometry,
+            allowed: format!(
+                "mprq-log-stride {}..={} and mprq-log-strides {}..={}",
+                caps.min_single_stride_log_num_of_bytes,
+                caps.max_single_stride_log_num_of_bytes,
+                caps.min_single_wqe_log_num_of_strides,
+                caps.max_single_wqe_log_num_of_strides
+            ),
+        });
+    }
+    let frame = u64::from(u32::from(cfg.mtu) + L2_OVERHEAD);
+    if frame > m.wqe_bytes() {
+        return Err(PortError::BadConfig {
+            what: "mtu",
+            requested: cfg.mtu.to_string(),
+            allowed: format!(
+                "at most {} with striding RQ WQEs of {} strides of {} bytes (a frame never \
+                 spans WQEs): raise mprq-log-stride or mprq-log-strides",
+                m.wqe_bytes() - u64::from(L2_OVERHEAD),
+                m.strides(),
+                m.stride_bytes()
+            ),
+        });
+    }
+    if u32::from(cfg.rx_ring_size) < 2 * m.strides() {
+        return Err(PortError::BadConfig {
+            what: "rx ring size",
+            requested: cfg.rx_ring_size.to_string(),
+            allowed: format!(
+                "at least {} with {} strides per WQE (two WQEs): raise the ring or lower \
+                 mprq-log-strides",
+                2 * m.strides(),
+                m.strides()
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn setup_err(what: &str, e: SetupError) -> PortError {
@@ -164,6 +273,9 @@ impl PortDriver for Driver {
         pool: &Arc<MbufPool>,
         q: &QueueSetup,
     ) -> Result<Queues, PortError> {
+        if let Some(m) = self.opts.mprq {
+            check_mprq(m, self.provider.mprq_caps(), cfg)?;
+        }
         self.provider.destroy_queues();
         self.rx_xstats.clear();
         self.tx_xstats.clear();
@@ -178,26 +290,61 @@ impl PortDriver for Driver {
             .provider
             .create_tx_queues(cfg.tx_queues, u32::from(cfg.tx_ring_size))
             .map_err(|e| setup_err("creating tx queues", e))?;
+        let req = RxQueueRequest {
+            n: cfg.rx_queues,
+            nb_desc: u32::from(cfg.rx_ring_size),
+            rss: cfg.rss.clone(),
+            mprq: self.opts.mprq,
+            cqe_compression: self.opts.cqe_compression,
+        };
         let raw_rx = self
             .provider
-            .create_rx_queues(cfg.rx_queues, u32::from(cfg.rx_ring_size), &cfg.rss)
+            .create_rx_queues(&req)
             .map_err(|e| setup_err("creating rx queues", e))?;
         let mut rx: Vec<Box<dyn RxBurst>> = Vec::new();
-        for (raw, c) in raw_rx.into_iter().zip(&q.rx_counters) {
+        for (i, (raw, c)) in raw_rx.into_iter().zip(&q.rx_counters).enumerate() {
             let x = Arc::new(RxXstats::default());
             self.rx_xstats.push(Arc::clone(&x));
-            let mut queue = RxQueue::new(
+            tracing::debug!(target: "pmd::mlx5::init", port = q.port_id, rxq = i, rqn = raw.rqn, wqes = raw.wqe_cnt, cqes = raw.cq.cqe_cnt, mprq = ?raw.mprq, cqe_compression = raw.cqe_compression, "rx queue");
+            let Some(m) = raw.mprq else {
+                let mut queue = RxQueue::new(
+                    raw,
+                    cfg,
+                    q.port_id,
+                    Arc::clone(pool),
+                    keys.clone(),
+                    Arc::clone(c),
+                    x,
+                );
+                queue
+                    .fill()
+                    .map_err(|missing| rx_fill_error(pool, cfg.rx_ring_size, missing))?;
+                rx.push(Box::new(queue));
+                continue;
+            };
+            // What the queue got may differ from what was asked: check it too.
+            check_mprq(m, self.provider.mprq_caps(), cfg)?;
+            let provider = &mut self.provider;
+            let bufs = DeviceBuffers::new(
+                &format!("mlx5-p{}-rxq{i}-strides", q.port_id),
+                raw.wqe_cnt,
+                m.wqe_bytes() as usize,
+                |chunk| provider.reg_mr(chunk).map_err(Into::into),
+            )
+            .map_err(|e| PortError::Setup {
+                what: format!("striding rx queue {i}: buffers of {} bytes", m.wqe_bytes()),
+                source: Box::new(e),
+            })?;
+            let mut queue = rxq_mprq::RxQueue::new(
                 raw,
+                bufs,
                 cfg,
                 q.port_id,
                 Arc::clone(pool),
-                keys.clone(),
                 Arc::clone(c),
                 x,
             );
-            queue
-                .fill()
-                .map_err(|missing| rx_fill_error(pool, cfg.rx_ring_size, missing))?;
+            queue.fill();
             rx.push(Box::new(queue));
         }
         let mut tx: Vec<Box<dyn TxBurst>> = Vec::new();
@@ -213,7 +360,7 @@ impl PortDriver for Driver {
                 x,
             )));
         }
-        tracing::info!(target: "pmd::mlx5::init", port = q.port_id, rxq = cfg.rx_queues, txq = cfg.tx_queues, mtu = cfg.mtu, "mlx5 queues created");
+        tracing::info!(target: "pmd::mlx5::init", port = q.port_id, rxq = cfg.rx_queues, txq = cfg.tx_queues, mtu = cfg.mtu, mprq = ?self.opts.mprq, cqe_compression = self.opts.cqe_compression, "mlx5 queues created");
         Ok(Queues { rx, tx })
     }
 

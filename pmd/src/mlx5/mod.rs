@@ -5,8 +5,12 @@
 //! * [`driver`]: the port driver over a [`Provider`] (today the device model, `emu-mlx5`
 //!   ports; the rdma-core provider for `mlx5:` ports is not built yet).
 //! * [`txq`]: SEND/TSO with the device's minimum inline header, VLAN, checksum flags,
-//!   multi-segment, eMPW, completion moderation. [`rxq`]: cyclic RQ, compressed sessions.
-//!   [`cq`]: the one-bit owner rule. Not yet: MPRQ, QP/WQ error recovery.
+//!   multi-segment, eMPW, completion moderation.
+//! * [`rxq`]: cyclic RQ (one mbuf per WQE). [`rxq_mprq`]: multi-packet (striding) RQ, each
+//!   packet copied out of its strides into an mbuf ([`Options::mprq`]). [`rx_cq`]: their
+//!   shared completion reader, normal CQEs and compressed sessions (HASH or CSUM_STRIDX
+//!   minis, [`Options::cqe_compression`]). [`cq`]: the one-bit owner rule.
+//! * Not yet: QP/WQ error recovery.
 //!
 //! The formats live in [`crate::hw::mlx5`]; `DESIGN.md` beside this file has the queue
 //! layout, memory ordering and sources.
@@ -15,11 +19,13 @@
 pub mod cq;
 pub mod driver;
 pub mod provider;
+pub mod rx_cq;
 pub mod rxq;
+pub mod rxq_mprq;
 pub mod txq;
 
-pub use driver::{Driver, Provider, SetupError};
-pub use provider::{RawCq, RawRq, RawSq};
+pub use driver::{check_mprq, Driver, Options, Provider, SetupError};
+pub use provider::{Mprq, MprqCaps, RawCq, RawRq, RawSq, RxQueueRequest};
 
 pub use rxq::{RxQueue, RxXstats};
 pub use txq::{TxQueue, TxXstats};

@@ -2,9 +2,92 @@
 //! the datapath drives and the device model (or the NIC) serves. Names no provider.
 #![deny(unsafe_code)]
 
-use crate::ethdev::QueueOwner;
+use crate::ethdev::{QueueOwner, RssConfig};
 use crate::sys::DevMem;
 use std::sync::Arc;
+
+/// Striding-RQ geometry (spec §4.2): every WQE is one buffer of `2^log_strides` strides of
+/// `2^log_stride_bytes` bytes (`mlx5dv_wq_init_attr.striding_rq_attrs`'
+/// `single_stride_log_num_of_bytes` and `single_wqe_log_num_of_strides`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mprq {
+    /// log2 of the stride size in bytes.
+    pub log_stride_bytes: u8,
+    /// log2 of the strides per WQE.
+    pub log_strides: u8,
+}
+
+impl Mprq {
+    /// DPDK's default: 64 strides of 2048 bytes (`MLX5_MPRQ_DEFAULT_LOG_STRIDE_*`, §4.2).
+    pub const DEFAULT: Mprq = Mprq {
+        log_stride_bytes: 11,
+        log_strides: 6,
+    };
+    /// Bytes per stride.
+    pub const fn stride_bytes(&self) -> u32 {
+        1 << self.log_stride_bytes
+    }
+    /// Strides per WQE.
+    pub const fn strides(&self) -> u32 {
+        1 << self.log_strides
+    }
+    /// Bytes of one WQE's buffer (`stride_bytes × strides`, the data segment's `byte_count`).
+    pub const fn wqe_bytes(&self) -> u64 {
+        1u64 << (self.log_stride_bytes as u32 + self.log_strides as u32)
+    }
+}
+
+impl Default for Mprq {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// What a device allows for striding RQs (`mlx5dv_query_device`'s `striding_rq_caps`, §1.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MprqCaps {
+    /// Smallest `log_stride_bytes`.
+    pub min_single_stride_log_num_of_bytes: u8,
+    /// Largest `log_stride_bytes`.
+    pub max_single_stride_log_num_of_bytes: u8,
+    /// Smallest `log_strides`.
+    pub min_single_wqe_log_num_of_strides: u8,
+    /// Largest `log_strides`.
+    pub max_single_wqe_log_num_of_strides: u8,
+}
+
+impl MprqCaps {
+    /// Whether `m` is within these limits.
+    pub fn allows(&self, m: Mprq) -> bool {
+        (self.min_single_stride_log_num_of_bytes..=self.max_single_stride_log_num_of_bytes)
+            .contains(&m.log_stride_bytes)
+            && (self.min_single_wqe_log_num_of_strides..=self.max_single_wqe_log_num_of_strides)
+                .contains(&m.log_strides)
+    }
+}
+
+/// How the driver wants its receive queues (spec §1.4, §1.6, §4.2).
+///
+/// Compressed CQEs, when asked for and granted, use the basic layout (§6.2, the only one
+/// `mlx5dv_create_cq` reaches) with the mini format DPDK's scalar datapath picks (§1.4): HASH
+/// minis for a cyclic RQ (each mini carries the packet's RSS hash and length), CSUM_STRIDX
+/// minis for a striding RQ (each mini carries the stride index and the packed `byte_cnt`; the
+/// hash then comes from the session's title, so the device only compresses completions with
+/// equal hashes). The CQ is sized for one completion per packet (cyclic: WQEs; striding:
+/// WQEs × strides), doubled when compressed, as DPDK sizes it (§1.4, §4.2).
+#[derive(Debug, Clone)]
+pub struct RxQueueRequest {
+    /// Queues.
+    pub n: u16,
+    /// Packets the ring must hold (cyclic: WQEs; striding: WQEs × strides).
+    pub nb_desc: u32,
+    /// How frames are spread over the queues.
+    pub rss: RssConfig,
+    /// Striding RQ geometry; `None` asks for cyclic RQs.
+    pub mprq: Option<Mprq>,
+    /// Ask for compressed CQEs.
+    pub cqe_compression: bool,
+}
 
 /// A completion queue as `mlx5dv_init_obj(CQ)` describes it.
 #[derive(Clone)]
@@ -43,11 +126,12 @@ pub struct RawSq {
     pub owner: QueueOwner,
 }
 
-/// A cyclic receive queue (a WQ, or the RQ of a raw QP) as `mlx5dv_init_obj(RWQ | CQ)`
-/// describes it.
+/// A receive queue (a WQ, or the RQ of a raw QP) as `mlx5dv_init_obj(RWQ | CQ)` describes it:
+/// cyclic (§4.1) or striding (§4.2).
 #[derive(Clone)]
 pub struct RawRq {
-    /// RQ ring: `wqe_cnt` WQEs of `stride` bytes (`stride / 16` scatter entries each).
+    /// RQ ring: `wqe_cnt` WQEs of `stride` bytes (cyclic: `stride / 16` scatter entries each;
+    /// striding: 32-byte WQEs, one data segment at byte 16).
     pub buf: Arc<DevMem>,
     /// WQEs in the ring, a power of two.
     pub wqe_cnt: u32,
@@ -59,6 +143,10 @@ pub struct RawRq {
     pub dbrec: Arc<DevMem>,
     /// The receive CQ.
     pub cq: RawCq,
+    /// The striding geometry the queue got (`None`: a cyclic RQ).
+    pub mprq: Option<Mprq>,
+    /// Whether the CQ writes compressed sessions (mini format: see [`RxQueueRequest`]).
+    pub cqe_compression: bool,
     /// What keeps the queue's objects alive while a handle exists.
     pub owner: QueueOwner,
 }
@@ -77,4 +165,4 @@ macro_rules! debug_raw {
 
 debug_raw!(RawCq, buf, cqe_cnt, dbrec, cqn);
 debug_raw!(RawSq, buf, wqe_cnt, sqn, bf_size, min_inline, cq);
-debug_raw!(RawRq, buf, wqe_cnt, stride, rqn, cq);
+debug_raw!(RawRq, buf, wqe_cnt, stride, rqn, cq, mprq, cqe_compression);

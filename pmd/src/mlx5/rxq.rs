@@ -1,10 +1,8 @@
 //! mlx5 RX queue over a cyclic RQ (§4.1): one buffer per WQE (the WQE's other scatter
 //! entries closed with the invalid key), the RQ doorbell record written once per refill (no
-//! MMIO: the device reads the record itself), the CQ polled by owner bit, and compressed
-//! sessions of the basic layout decompressed (§6.2): the title gives the count and the fields
-//! the packets share, each mini CQE (HASH format) a packet's length and RSS hash; once a
-//! session is consumed its slots are poisoned (opcode INVALID) so that no later lap mistakes
-//! them for completions, and the consumer index jumps past it.
+//! MMIO: the device reads the record itself), and the completions (normal CQEs and compressed
+//! sessions with HASH minis) read through the shared [`RxCq`]: one WQE per completion, in
+//! order.
 //!
 //! Error CQEs (§5.3) consume one WQE; its buffer is freed and the error counted. So do
 //! completions with data scattered into the CQE (formats 1 and 2), which a raw-packet RQ is
@@ -13,20 +11,19 @@
 //! which this queue cannot do by itself: they are counted apart (`rx_critical_errors`).
 #![deny(unsafe_code)]
 
-use super::cq::CompletionQueue;
 use super::provider::RawRq;
+use super::rx_cq::{RxCompletion, RxCq, RxPolled};
 use crate::ethdev::{
     finish_rx, free_one, Burst, Counters, PortConfig, QueueOwner, RxBurst, RxOffloads,
 };
-use crate::hw::mlx5::cqe::{csum_ok, mini_slot, op_own, Cqe, CqeFormat, CqeOpcode, Syndrome};
+use crate::hw::mlx5::cqe::MiniCqeFormat;
 use crate::hw::mlx5::doorbell::{self, RCV_DBR};
 use crate::hw::mlx5::wqe::{DataSeg, INVALID_LKEY, SEG_BYTES};
-use crate::hw::mlx5::CQE_BYTES;
-use crate::ring::{DescRing, Polled, WorkQueue};
+use crate::ring::{DescRing, WorkQueue};
 use crate::sys::barrier::udma_to_device_barrier;
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
-use mempool::{ChunkKeys, CksumStatus, Mbuf, MbufPool, OffloadFlags};
+use mempool::{ChunkKeys, Mbuf, MbufPool};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -35,7 +32,7 @@ const REFILL_BULK: usize = 32;
 /// Largest RQ WQE stride we build (16 scatter entries).
 const MAX_STRIDE: usize = 256;
 
-/// RX counters by name.
+/// RX counters by name (both RX queue kinds).
 #[derive(Debug, Default)]
 pub struct RxXstats {
     /// Error CQEs.
@@ -46,11 +43,31 @@ pub struct RxXstats {
     pub no_mkey: AtomicU64,
     /// Compressed sessions decompressed.
     pub compressed_sessions: AtomicU64,
+    /// Striding RQ: filler completions (strides left unused at the end of a WQE, §4.2).
+    pub mprq_fillers: AtomicU64,
+    /// Striding RQ: WQEs whose every stride was consumed and that were posted again.
+    pub mprq_wqes_retired: AtomicU64,
+    /// Striding RQ: completions naming strides outside their WQE (dropped).
+    pub mprq_bad_strides: AtomicU64,
+    /// Packets longer than an mbuf's data room (dropped).
+    pub too_long: AtomicU64,
 }
 
 impl RxXstats {
-    fn bump(c: &AtomicU64) {
-        c.fetch_add(1, Ordering::Relaxed);
+    pub(super) fn bump(c: &AtomicU64) {
+        Self::add(c, 1);
+    }
+    pub(super) fn add(c: &AtomicU64, n: u64) {
+        if n != 0 {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+    /// Counts what a completion poll found wrong.
+    pub(super) fn bad(&self, critical: bool) {
+        Self::bump(&self.cqe_errors);
+        if critical {
+            Self::bump(&self.critical_errors);
+        }
     }
     /// The counters by name.
     pub fn list(&self) -> Vec<(String, u64)> {
@@ -59,6 +76,10 @@ impl RxXstats {
             ("rx_critical_errors", &self.critical_errors),
             ("rx_no_mkey", &self.no_mkey),
             ("rx_compressed_sessions", &self.compressed_sessions),
+            ("rx_mprq_fillers", &self.mprq_fillers),
+            ("rx_mprq_wqes_retired", &self.mprq_wqes_retired),
+            ("rx_mprq_bad_strides", &self.mprq_bad_strides),
+            ("rx_too_long", &self.too_long),
         ]
         .iter()
         .map(|(n, c)| ((*n).to_string(), c.load(Ordering::Relaxed)))
@@ -66,57 +87,10 @@ impl RxXstats {
     }
 }
 
-/// What a CQE says of its packets beyond length and hash (a session's title: of all of them).
-#[derive(Clone, Copy)]
-struct RxMeta {
-    /// Checksum flags.
-    fl: OffloadFlags,
-    /// Whether the device hashed the packets.
-    hashed: bool,
-    /// A stripped VLAN tag.
-    vlan: Option<u16>,
-}
-
-impl RxMeta {
-    fn of(c: &Cqe<&[u8]>) -> Self {
-        let mut fl = OffloadFlags::empty();
-        let ok = c.hds_ip_ext();
-        // The device reports good checksums only; a clear bit means "not checked" (§5.1).
-        fl.set_rx_ip_cksum(if ok & csum_ok::L3 != 0 {
-            CksumStatus::Good
-        } else {
-            CksumStatus::Unknown
-        });
-        fl.set_rx_l4_cksum(if ok & csum_ok::L4 != 0 {
-            CksumStatus::Good
-        } else {
-            CksumStatus::Unknown
-        });
-        Self {
-            fl,
-            hashed: c.rx_hash_type() != 0,
-            vlan: c.vlan(),
-        }
-    }
-}
-
-/// A compressed session being delivered.
-struct Session {
-    /// What the title says of every packet.
-    meta: RxMeta,
-    /// Its position (free-running).
-    t: u32,
-    /// Completions in the session.
-    n: u32,
-    /// The next mini to deliver.
-    next: u32,
-}
-
 /// An mlx5 RX queue, owned by one core.
 pub struct RxQueue {
     wq: WorkQueue,
-    cq: CompletionQueue,
-    cq_dbrec: Arc<DevMem>,
+    cq: RxCq,
     dbrec: Arc<DevMem>,
     stride: usize,
     rqn: u32,
@@ -129,7 +103,6 @@ pub struct RxQueue {
     port_id: u16,
     data_room: u32,
     vlan_strip: bool,
-    session: Option<Session>,
     scratch: Vec<Option<Mbuf>>,
 }
 
@@ -149,7 +122,7 @@ impl RxQueue {
     ///
     /// # Panics
     /// If the ring size is not a power of two or exceeds the RQ's or the CQ's entries, or the
-    /// WQE stride is not 16 to 256 bytes.
+    /// WQE stride is not 16 to 256 bytes, or `raw` is a striding RQ.
     pub fn new(
         raw: RawRq,
         cfg: &PortConfig,
@@ -165,6 +138,7 @@ impl RxQueue {
             n.is_power_of_two()
                 && raw.wqe_cnt >= n
                 && raw.cq.cqe_cnt >= n
+                && raw.mprq.is_none()
                 && stride.is_power_of_two()
                 && (SEG_BYTES..=MAX_STRIDE).contains(&stride),
             "bad rx queue: {n} buffers on {raw:?}"
@@ -172,8 +146,7 @@ impl RxQueue {
         let data_room = u32::from(pool.data_room());
         Self {
             wq: WorkQueue::new(raw.buf, stride),
-            cq: CompletionQueue::new(raw.cq.buf, raw.cq.cqe_cnt),
-            cq_dbrec: raw.cq.dbrec,
+            cq: RxCq::new(raw.cq, MiniCqeFormat::Hash),
             dbrec: raw.dbrec,
             stride,
             rqn: raw.rqn,
@@ -186,7 +159,6 @@ impl RxQueue {
             port_id,
             data_room,
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
-            session: None,
             scratch: (0..REFILL_BULK).map(|_| None).collect(),
         }
     }
@@ -263,61 +235,21 @@ impl RxQueue {
         Some(m)
     }
 
-    /// Delivers the next packet of the current session, or ends the session (its slots
-    /// poisoned, the consumer moved past it) when every packet was delivered.
-    fn session_next(&mut self, out: &mut Burst, bytes: &mut u64) {
-        let Some(s) = &mut self.session else {
-            return;
-        };
-        let (t, n, i, meta) = (s.t, s.n, s.next, s.meta);
-        if i >= n {
-            // Poison the session's slots after the title, then move past them (§6.2).
-            for k in 1..n {
-                let off = self.cq.offset_of(t.wrapping_add(k));
-                self.cq
-                    .mem()
-                    .write(off + CQE_BYTES - 1, &[op_own(15, 0, false)]);
-            }
-            self.cq.skip(n - 1);
-            self.session = None;
-            return;
-        }
-        s.next += 1;
-        let (slot, e) = mini_slot(t, i);
-        let mut mini = [0u8; 8];
-        self.cq
-            .mem()
-            .read(self.cq.offset_of(slot) + e * 8, &mut mini);
-        let len = u32::from_be_bytes([mini[4], mini[5], mini[6], mini[7]]);
-        let hash = u32::from_be_bytes([mini[0], mini[1], mini[2], mini[3]]);
-        if let Some(m) = self.take_desc() {
-            self.deliver(m, len, meta, hash, out, bytes);
-        }
-    }
-
     /// Gives `m` its length and what the completion said, and puts it in `out` (or frees it
     /// and counts an error when the length does not fit the buffer).
     #[inline]
-    fn deliver(
-        &self,
-        mut m: Mbuf,
-        len: u32,
-        meta: RxMeta,
-        hash: u32,
-        out: &mut Burst,
-        bytes: &mut u64,
-    ) {
-        if m.set_data_len(len as usize).is_err() {
+    fn deliver(&self, mut m: Mbuf, c: &RxCompletion, out: &mut Burst, bytes: &mut u64) {
+        if m.set_data_len(c.byte_cnt as usize).is_err() {
+            RxXstats::bump(&self.xstats.too_long);
             self.counters.add_errors(1);
             free_one(&self.pool, m);
             return;
         }
-        let hash = meta.hashed.then_some(hash);
         finish_rx(
             &mut m,
-            meta.fl,
-            hash,
-            meta.vlan,
+            c.meta.fl,
+            c.meta.hashed.then_some(c.hash),
+            c.meta.vlan,
             self.vlan_strip,
             self.port_id,
         );
@@ -331,51 +263,18 @@ impl RxQueue {
         let start = out.len();
         let mut bytes = 0u64;
         let mut errors = 0u64;
-        let head0 = self.cq.head();
+        let sessions0 = self.cq.sessions;
         while out.spare() > 0 {
-            if self.session.is_some() {
-                // Delivers one packet, or ends the session (and then polls on).
-                self.session_next(out, &mut bytes);
-                continue;
-            }
-            let off = match self.cq.poll() {
-                Polled::Entry(off) => off,
-                Polled::Empty | Polled::Overflow => break,
-            };
-            let mut b = [0u8; CQE_BYTES];
-            self.cq.read(off, &mut b);
-            let c = Cqe::new_checked(&b[..]).expect("64 bytes");
-            match (c.opcode(), c.format()) {
-                (CqeOpcode::RespSend, CqeFormat::Compressed) => {
-                    RxXstats::bump(&self.xstats.compressed_sessions);
-                    self.session = Some(Session {
-                        meta: RxMeta::of(&c),
-                        t: self.cq.head().wrapping_sub(1),
-                        n: c.byte_cnt().max(1),
-                        next: 0,
-                    });
-                }
-                (CqeOpcode::RespSend, CqeFormat::Normal) => {
+            match self.cq.next() {
+                RxPolled::Empty => break,
+                RxPolled::Packet(c) => {
+                    // Completions come in WQE order, one per WQE (§4.1).
                     let Some(m) = self.take_desc() else { break };
-                    self.deliver(
-                        m,
-                        c.byte_cnt(),
-                        RxMeta::of(&c),
-                        c.rx_hash_res(),
-                        out,
-                        &mut bytes,
-                    );
+                    self.deliver(m, &c, out, &mut bytes);
                 }
-                (_op, _) => {
-                    crate::dp_trace!(rq = self.rqn, opcode = ?_op, "rx error completion\n{}", crate::hw::hexdump(&b));
+                RxPolled::Bad { critical } => {
                     errors += 1;
-                    RxXstats::bump(&self.xstats.cqe_errors);
-                    if matches!(
-                        c.syndrome(),
-                        Syndrome::LocalQpOp | Syndrome::LocalProt | Syndrome::WrFlush
-                    ) {
-                        RxXstats::bump(&self.xstats.critical_errors);
-                    }
+                    self.xstats.bad(critical);
                     if let Some(m) = self.take_desc() {
                         free_one(&self.pool, m);
                     }
@@ -383,17 +282,11 @@ impl RxQueue {
             }
         }
         // Mid-session the consumer index stays at the title until the session is done.
-        let ci = match &self.session {
-            Some(s) => s.t,
-            None => self.cq.head(),
-        };
-        if ci != head0 {
-            self.cq_dbrec.store_u32(
-                0,
-                u32::from_ne_bytes(doorbell::cq_set_ci(ci)),
-                Ordering::Release,
-            );
-        }
+        self.cq.commit();
+        RxXstats::add(
+            &self.xstats.compressed_sessions,
+            self.cq.sessions - sessions0,
+        );
         let delivered = out.len() - start;
         self.counters.add(delivered as u64, bytes);
         self.counters.add_errors(errors);
@@ -427,8 +320,10 @@ impl Drop for RxQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hw::mlx5::cqe::{hash_type, CqeFields};
+    use crate::hw::mlx5::cqe::{csum_ok, hash_type, mini_slot, Cqe, CqeFields};
+    use crate::hw::mlx5::CQE_BYTES;
     use crate::mlx5::RawCq;
+    use mempool::OffloadFlags;
     use mempool::{MbufPoolConfig, Registration};
 
     const N: u32 = 64;
@@ -439,6 +334,7 @@ mod tests {
         rq: Arc<DevMem>,
         cq: Arc<DevMem>,
         dbrec: Arc<DevMem>,
+        cq_dbrec: Arc<DevMem>,
         /// CQ producer (free-running).
         pi: u32,
         /// RQ consumer (free-running).
@@ -465,9 +361,11 @@ mod tests {
             cq: RawCq {
                 buf: Arc::clone(&cq),
                 cqe_cnt: CQN,
-                dbrec: cq_dbrec,
+                dbrec: Arc::clone(&cq_dbrec),
                 cqn: 3,
             },
+            mprq: None,
+            cqe_compression: true,
             owner: Arc::new(()),
         };
         let cfg = PortConfig {
@@ -491,6 +389,7 @@ mod tests {
                 rq,
                 cq,
                 dbrec,
+                cq_dbrec,
                 pi: 0,
                 rq_ci: 0,
             },
@@ -626,7 +525,7 @@ mod tests {
             assert_eq!(m.ol_flags().contains(OffloadFlags::RX_VLAN), k % 3 == 0);
             drop(got);
         }
-        let ci = u32::from_be_bytes(q.cq_dbrec.load_u32(0, Ordering::Acquire).to_ne_bytes());
+        let ci = u32::from_be_bytes(nic.cq_dbrec.load_u32(0, Ordering::Acquire).to_ne_bytes());
         assert_eq!(ci, CQN * 5);
         drop(q);
         assert_eq!(pool.in_use(), 0);
@@ -661,7 +560,7 @@ mod tests {
                 );
             }
         }
-        let ci = u32::from_be_bytes(q.cq_dbrec.load_u32(0, Ordering::Acquire).to_ne_bytes());
+        let ci = u32::from_be_bytes(nic.cq_dbrec.load_u32(0, Ordering::Acquire).to_ne_bytes());
         assert_eq!(ci, nic.pi);
         assert_eq!(
             q.xstats.compressed_sessions.load(Ordering::Relaxed),

@@ -8,7 +8,7 @@
 //! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based), `netdev=IFNAME` (the port's kernel netdev), `busy=...` (below) |
 //! | `mlx5` | `dev=IBDEV`, `port=N` |
 //! | `emu-mana` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture), `netdev=IFNAME` (the modelled kernel netdev), `busy=...` (below) |
-//! | `emu-mlx5` | `wire=...`, `mac=MAC`, `pcap=FILE`, `netdev=IFNAME`, `inline=N` (bytes the modelled device needs inline: 0, or 18 for a ConnectX-4) |
+//! | `emu-mlx5` | `wire=...`, `mac=MAC`, `pcap=FILE`, `netdev=IFNAME`, `inline=N` (bytes the modelled device needs inline: 0, or 18 for a ConnectX-4), `mprq=0\|1` (multi-packet RQs), `mprq-log-stride=N` (log2 stride bytes, default 11), `mprq-log-strides=N` (log2 strides per WQE, default 6), `cqe-comp=0\|1` (compressed RX CQEs, default 1) |
 //! | `null` | `size=BYTES` (frame size, 14..=9600, default 64), `mac=MAC` |
 //!
 //! Every kind also takes `rxq=N` and `txq=N` (queue counts, 1..=64), which override the
@@ -97,6 +97,10 @@ pub enum PortKind {
         /// `inline=N`: bytes of each frame the modelled device needs inline in the WQE (0:
         /// ConnectX-5 and later, the default; 18: ConnectX-4).
         inline: u16,
+        /// The mlx5 driver's receive options: `mprq=1` with `mprq-log-stride=N` and
+        /// `mprq-log-strides=N` (striding RQs, DPDK's `mprq_en`, `mprq_log_stride_size`,
+        /// `mprq_log_stride_num`), `cqe-comp=0|1` (DPDK's `rxq_cqe_comp_en`).
+        rx: crate::mlx5::Options,
     },
     /// No device: RX hands out `size`-byte frames, TX frees what it is given.
     Null {
@@ -210,7 +214,19 @@ fn accepted_keys(kind: &str) -> &'static [&'static str] {
             "rxq",
             "txq",
         ],
-        "emu-mlx5" => &["wire", "mac", "pcap", "netdev", "inline", "rxq", "txq"],
+        "emu-mlx5" => &[
+            "wire",
+            "mac",
+            "pcap",
+            "netdev",
+            "inline",
+            "mprq",
+            "mprq-log-stride",
+            "mprq-log-strides",
+            "cqe-comp",
+            "rxq",
+            "txq",
+        ],
         _ => &["size", "mac", "rxq", "txq"],
     }
 }
@@ -325,6 +341,75 @@ fn parse_busy(
     }
 }
 
+/// A `0|1` switch (also `no|yes`, `false|true`).
+fn parse_switch(key: &'static str, value: &str) -> Result<bool, DevargsError> {
+    match value {
+        "0" | "no" | "false" => Ok(false),
+        "1" | "yes" | "true" => Ok(true),
+        _ => Err(DevargsError::BadValue {
+            key,
+            value: value.into(),
+            expected: "1 or 0 (yes/no)",
+        }),
+    }
+}
+
+/// The mlx5 receive options: `mprq=`, `mprq-log-stride=`, `mprq-log-strides=`, `cqe-comp=`.
+/// The geometry is checked against the device (and the MTU, the ring) when the port is
+/// configured; here only against what the format can hold.
+fn parse_mlx5_rx<'a>(
+    get: impl Fn(&str) -> Option<&'a str>,
+) -> Result<crate::mlx5::Options, DevargsError> {
+    let mprq = get("mprq")
+        .map(|v| parse_switch("mprq", v))
+        .transpose()?
+        .unwrap_or(false);
+    let log_stride = get("mprq-log-stride")
+        .map(|v| {
+            parse_num(
+                "mprq-log-stride",
+                v,
+                (6u8, 15),
+                "log2 of the stride size in bytes, 6 to 15 (11: 2048-byte strides)",
+            )
+        })
+        .transpose()?;
+    let log_strides = get("mprq-log-strides")
+        .map(|v| {
+            parse_num(
+                "mprq-log-strides",
+                v,
+                (1u8, 16),
+                "log2 of the strides per WQE, 1 to 16 (6: 64 strides)",
+            )
+        })
+        .transpose()?;
+    if !mprq {
+        let given = [
+            ("mprq-log-stride", log_stride),
+            ("mprq-log-strides", log_strides),
+        ];
+        if let Some((key, Some(v))) = given.into_iter().find(|(_, v)| v.is_some()) {
+            return Err(DevargsError::Conflict {
+                first: format!("{key}={v}"),
+                second: format!("mprq={}", get("mprq").unwrap_or("0")),
+                why: "the stride geometry applies to multi-packet RQs only: add mprq=1",
+            });
+        }
+    }
+    let d = crate::mlx5::Mprq::DEFAULT;
+    Ok(crate::mlx5::Options {
+        mprq: mprq.then(|| crate::mlx5::Mprq {
+            log_stride_bytes: log_stride.unwrap_or(d.log_stride_bytes),
+            log_strides: log_strides.unwrap_or(d.log_strides),
+        }),
+        cqe_compression: get("cqe-comp")
+            .map(|v| parse_switch("cqe-comp", v))
+            .transpose()?
+            .unwrap_or(true),
+    })
+}
+
 fn parse_dev(value: &str) -> Result<String, DevargsError> {
     if value.len() > 64 || value.contains(['/', '\0']) {
         return Err(DevargsError::BadValue {
@@ -421,6 +506,7 @@ impl FromStr for PortSpec {
                     })
                     .transpose()?
                     .unwrap_or(0),
+                rx: parse_mlx5_rx(&get)?,
             },
             #[cfg(not(feature = "emu"))]
             "emu-mana" | "emu-mlx5" => {
@@ -493,11 +579,29 @@ impl fmt::Display for PortSpec {
                 "emu-mana"
             }
             #[cfg(feature = "emu")]
-            PortKind::EmuMlx5 { wire, mac, inline } => {
+            PortKind::EmuMlx5 {
+                wire,
+                mac,
+                inline,
+                rx,
+            } => {
                 parts.push(format!("wire={wire}"));
                 parts.extend(mac.map(|m| format!("mac={m}")));
                 if *inline > 0 {
                     parts.push(format!("inline={inline}"));
+                }
+                if let Some(m) = rx.mprq {
+                    parts.push("mprq=1".into());
+                    let d = crate::mlx5::Mprq::DEFAULT;
+                    if m.log_stride_bytes != d.log_stride_bytes {
+                        parts.push(format!("mprq-log-stride={}", m.log_stride_bytes));
+                    }
+                    if m.log_strides != d.log_strides {
+                        parts.push(format!("mprq-log-strides={}", m.log_strides));
+                    }
+                }
+                if !rx.cqe_compression {
+                    parts.push("cqe-comp=0".into());
                 }
                 "emu-mlx5"
             }
@@ -569,7 +673,8 @@ mod tests {
             PortKind::EmuMlx5 {
                 wire: WireSpec::AfPacket("veth1".into()),
                 mac: None,
-                inline: 0
+                inline: 0,
+                rx: crate::mlx5::Options::default(),
             }
         );
         assert_eq!(
@@ -642,6 +747,82 @@ mod tests {
             (
                 "mlx5:mac=00:15:5d:01:02:03",
                 &["'mlx5' ports take no key 'mac'"],
+            ),
+        ];
+        for (input, needles) in cases {
+            let e = p(input).expect_err(input).to_string();
+            for n in *needles {
+                assert!(e.contains(n), "{input:?}: error {e:?} lacks {n:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn mlx5_receive_options_parse_print_and_refuse_bad_values() {
+        let rx = |s: &str| match p(s).map(|s| s.kind) {
+            Ok(PortKind::EmuMlx5 { rx, .. }) => Ok(rx),
+            Ok(k) => panic!("{s}: {k:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        use crate::mlx5::{Mprq, Options};
+        assert_eq!(rx("emu-mlx5:wire=none"), Ok(Options::default()));
+        assert!(Options::default().cqe_compression);
+        assert_eq!(
+            rx("emu-mlx5:wire=none,mprq=1"),
+            Ok(Options {
+                mprq: Some(Mprq {
+                    log_stride_bytes: 11,
+                    log_strides: 6
+                }),
+                cqe_compression: true
+            })
+        );
+        assert_eq!(
+            rx("emu-mlx5:wire=none,mprq=1,mprq-log-stride=8,mprq-log-strides=3,cqe-comp=0"),
+            Ok(Options {
+                mprq: Some(Mprq {
+                    log_stride_bytes: 8,
+                    log_strides: 3
+                }),
+                cqe_compression: false
+            })
+        );
+        assert_eq!(rx("emu-mlx5:wire=none,mprq=0").map(|o| o.mprq), Ok(None));
+        let text = |s: &str| p(s).unwrap().to_string();
+        assert_eq!(
+            text("emu-mlx5:wire=none,mprq=1"),
+            "emu-mlx5:wire=none,mprq=1"
+        );
+        assert_eq!(
+            text("emu-mlx5:wire=none,cqe-comp=1,mprq=yes,mprq-log-strides=4"),
+            "emu-mlx5:wire=none,mprq=1,mprq-log-strides=4"
+        );
+        assert_eq!(
+            text("emu-mlx5:wire=none,cqe-comp=0,mprq=0"),
+            "emu-mlx5:wire=none,cqe-comp=0"
+        );
+        let cases: &[(&str, &[&str])] = &[
+            ("emu-mlx5:wire=none,mprq=2", &["'2'", "'mprq'", "1 or 0"]),
+            ("emu-mlx5:wire=none,cqe-comp=on", &["'on'", "'cqe-comp'"]),
+            (
+                "emu-mlx5:wire=none,mprq=1,mprq-log-stride=5",
+                &["'5'", "'mprq-log-stride'", "6 to 15"],
+            ),
+            (
+                "emu-mlx5:wire=none,mprq=1,mprq-log-strides=17",
+                &["'17'", "'mprq-log-strides'", "1 to 16"],
+            ),
+            (
+                "emu-mlx5:wire=none,mprq-log-strides=4",
+                &["'mprq-log-strides=4' and 'mprq=0'", "add mprq=1"],
+            ),
+            (
+                "emu-mlx5:wire=none,mprq=0,mprq-log-stride=9",
+                &["'mprq-log-stride=9' and 'mprq=0'"],
+            ),
+            (
+                "emu-mana:wire=none,mprq=1",
+                &["'emu-mana' ports take no key 'mprq'"],
             ),
         ];
         for (input, needles) in cases {
@@ -774,12 +955,23 @@ mod tests {
             (
                 wire,
                 mac.clone(),
-                prop_oneof![Just(0u16), Just(18), 0u16..=255]
+                prop_oneof![Just(0u16), Just(18), 0u16..=255],
+                proptest::option::of((6u8..=15, 1u8..=16)),
+                any::<bool>()
             )
-                .prop_map(|(wire, mac, inline)| PortKind::EmuMlx5 {
-                    wire,
-                    mac,
-                    inline
+                .prop_map(|(wire, mac, inline, mprq, cqe_compression)| {
+                    PortKind::EmuMlx5 {
+                        wire,
+                        mac,
+                        inline,
+                        rx: crate::mlx5::Options {
+                            mprq: mprq.map(|(log_stride_bytes, log_strides)| crate::mlx5::Mprq {
+                                log_stride_bytes,
+                                log_strides,
+                            }),
+                            cqe_compression,
+                        },
+                    }
                 }),
             (14u16..=9600, mac).prop_map(|(size, mac)| PortKind::Null { size, mac }),
         ];

@@ -47,7 +47,12 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
             )))
         }
         #[cfg(feature = "emu")]
-        PortKind::EmuMlx5 { wire, mac, inline } => {
+        PortKind::EmuMlx5 {
+            wire,
+            mac,
+            inline,
+            rx,
+        } => {
             let provider = crate::emu::mlx5::port::ModelPort::open(
                 wire,
                 *mac,
@@ -59,7 +64,10 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
                 what: spec.to_string(),
                 source,
             })?;
-            Ok(Box::new(crate::mlx5::Driver::new(Box::new(provider))))
+            Ok(Box::new(crate::mlx5::Driver::with_options(
+                Box::new(provider),
+                *rx,
+            )))
         }
         #[cfg(feature = "verbs")]
         PortKind::Mana { mac, dev, port } => {
@@ -102,9 +110,23 @@ pub fn mana(
 }
 
 /// An mlx5 port over `provider` (the device model, or a test's own), as port `id` named
-/// `name`.
+/// `name`, with the driver's default options (cyclic RQs, compressed CQEs).
 pub fn mlx5(id: u16, name: String, provider: Box<dyn crate::mlx5::Provider>) -> Port {
-    Port::from_driver(id, name, Box::new(crate::mlx5::Driver::new(provider)))
+    mlx5_with(id, name, provider, crate::mlx5::Options::default())
+}
+
+/// [`mlx5`] with the driver's receive options `opts` (multi-packet RQs, CQE compression).
+pub fn mlx5_with(
+    id: u16,
+    name: String,
+    provider: Box<dyn crate::mlx5::Provider>,
+    opts: crate::mlx5::Options,
+) -> Port {
+    Port::from_driver(
+        id,
+        name,
+        Box::new(crate::mlx5::Driver::with_options(provider, opts)),
+    )
 }
 
 #[cfg(any(feature = "emu", feature = "verbs"))]

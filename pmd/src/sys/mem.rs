@@ -306,6 +306,72 @@ impl DevMem {
     }
 }
 
+/// Buffers a queue owns and the device writes, registered with the device: what a striding
+/// RQ posts (its WQEs' big buffers, spec §4.2), which no mbuf pool provides.
+///
+/// `count` buffers of `bytes` each, rounded up to whole 4 KiB pages so each starts on a page,
+/// in one private [`mempool::Mempool`] region (hugepages when the machine has them, pinned),
+/// every chunk of which is registered through `reg` when made — `ibv_reg_mr` on hardware, the
+/// device model's memory table otherwise: the same hook that registers mbuf pools. The pool
+/// never hands out an object: the buffers are reached only through [`DeviceBuffers::mem`].
+pub struct DeviceBuffers {
+    /// The buffers, one after the other: buffer `i` starts at `i × pitch`.
+    pub mem: std::sync::Arc<DevMem>,
+    /// The registration's keys; buffer `i`'s is `keys.key_of(i)`. Holding them keeps the
+    /// registrations, which are undone before the memory is unmapped.
+    pub keys: mempool::ChunkKeys,
+    /// Bytes from one buffer's start to the next.
+    pub pitch: usize,
+}
+
+impl std::fmt::Debug for DeviceBuffers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffers")
+            .field("mem", &self.mem)
+            .field("pitch", &self.pitch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeviceBuffers {
+    /// Page size the buffers are aligned to.
+    pub const ALIGN: usize = 4096;
+
+    /// Maps and registers `count` buffers of `bytes` (see the type's docs), named `name` in
+    /// the logs.
+    ///
+    /// # Errors
+    /// The memory could not be mapped, or a registration failed.
+    pub fn new(
+        name: &str,
+        count: u32,
+        bytes: usize,
+        reg: impl FnMut(&mempool::ChunkInfo) -> Result<mempool::Registration, mempool::BoxError>,
+    ) -> Result<Self, mempool::Error> {
+        let pool = mempool::Mempool::new(
+            mempool::PoolConfig::new(name, count, bytes)
+                .obj_align(Self::ALIGN)
+                .cache_size(0),
+        )?;
+        let keys = pool.register_chunks(reg)?;
+        let pitch = pool.obj_size();
+        let len = pitch * count as usize;
+        let base = pool.obj_ptr(0);
+        // SAFETY: `base..base + len` is the pool's whole object span (`count` objects of
+        // `pitch` bytes from object 0), mapped read/write for as long as the pool lives; the
+        // view keeps the pool alive (it is the `keep`). The pool was made here and stays
+        // private: only this view and `keys` (which exposes keys, not the pool) hold it, so
+        // no object is ever handed out and nobody makes a Rust reference into the memory;
+        // every access goes through this `DevMem` (raw copies) or the device.
+        let mem = unsafe { DevMem::from_raw_kept(base, len, pool) };
+        Ok(Self {
+            mem: std::sync::Arc::new(mem),
+            keys,
+            pitch,
+        })
+    }
+}
+
 // Hardware formats are little-endian and we store host-order words into queue memory.
 const _: () = assert!(
     cfg!(target_endian = "little"),
@@ -332,6 +398,28 @@ mod tests {
         m.read(8, &mut le);
         assert_eq!(u64::from_le_bytes(le), 0x1122_3344_5566_7788);
         assert_eq!(m.load_u32(12, Ordering::Acquire), 0x1122_3344);
+    }
+
+    #[test]
+    fn device_buffers_are_page_aligned_registered_and_writable() {
+        let mut seen = Vec::new();
+        let b = DeviceBuffers::new("devbuf-test", 3, 5000, |c| {
+            seen.push((c.addr, c.len));
+            Ok(mempool::Registration::new(0x77))
+        })
+        .unwrap();
+        assert_eq!(b.pitch, 8192);
+        assert_eq!(b.mem.len(), 3 * 8192);
+        assert_eq!(b.mem.addr() % DeviceBuffers::ALIGN, 0);
+        assert_eq!(seen, vec![(b.mem.addr(), 3 * 8192)]);
+        assert_eq!(
+            (0..3).map(|i| b.keys.key_of(i)).collect::<Vec<_>>(),
+            [Some(0x77); 3]
+        );
+        b.mem.write(2 * 8192 + 4999, &[9]);
+        let mut x = [0u8];
+        b.mem.read(2 * 8192 + 4999, &mut x);
+        assert_eq!(x, [9]);
     }
 
     #[test]

@@ -21,21 +21,28 @@
 //! * A CQE is written for WQEs with CE = 2 or 3 and for every error; the device never gets
 //!   more than `cqe_cnt` entries ahead of `SET_CI` — an SQ waits (`tx_cq_stalls`), an RX
 //!   frame is dropped (`rx_cq_full`).
-//! * RX takes one WQE per frame from the RQ chosen by RSS (or the first RQ); no posted WQE
-//!   counts `rx_no_wqe` (imissed); a frame larger than the WQE completes with RESP_ERR
+//! * RX takes one WQE per frame from the cyclic RQ chosen by RSS (or the first RQ); no posted
+//!   WQE counts `rx_no_wqe` (imissed); a frame larger than the WQE completes with RESP_ERR
 //!   LOCAL_LENGTH and consumes it.
-//! * Optional per RQ: compressed CQEs, basic layout with HASH minis ([`Model::set_rx_compression`]).
+//! * Multi-packet (striding) RQs ([`Model::create_mprq`], geometries within [`MPRQ_CAPS`]):
+//!   frames at stride boundaries, over as many strides as they need; a filler CQE for the
+//!   strides left when a frame does not fit them; `byte_cnt` packing filler / strides /
+//!   length, `wqe_counter` = stride index, `wqe_id` = WQE counter (§4.2); the record counts
+//!   WQEs, a WQE is done when its last stride is used. No two-byte shift.
+//! * Optional per RQ: compressed CQEs, basic layout, HASH minis on cyclic RQs and
+//!   CSUM_STRIDX minis (stride index, packed `byte_cnt`; checksum 0) on striding RQs
+//!   ([`Model::set_rx_compression`]).
 //!
-//! Not modelled: multi-packet RQs (§4.2), the enhanced compression layout (§6.3), CQ arming
-//! and events (§5.5), flow steering rules (every frame is accepted), tunnel offloads (inner
-//! checksum flags are ignored), LRO, scatter-to-CQE, 128-byte CQEs.
+//! Not modelled: the enhanced compression layout (§6.3), CQ arming and events (§5.5), flow
+//! steering rules (every frame is accepted), tunnel offloads (inner checksum flags are
+//! ignored), LRO, scatter-to-CQE, 128-byte CQEs, the striding RQ's two-byte shift.
 #![deny(unsafe_code)]
 
 pub mod engine;
 pub mod port;
 
 pub use engine::{
-    CqSpec, Engine, EngineError, Faults, ModelStats, RqSpec, RxHashFields, SqSpec,
+    CqSpec, Engine, EngineError, Faults, ModelStats, RqSpec, RxHashFields, SqSpec, MPRQ_CAPS,
     VENDOR_ERR_INJECTED,
 };
 
@@ -43,8 +50,9 @@ use crate::emu::thread::{EngineCore, EngineThread};
 use crate::emu::wire::Wire;
 use crate::ethdev::QueueOwner;
 use crate::hw::mlx5::cqe::{op_own, CqeOpcode, OP_OWN};
+use crate::hw::mlx5::wqe::MPRQ_WQE_BYTES;
 use crate::hw::mlx5::{CQE_BYTES, WQEBB_BYTES};
-use crate::mlx5::{RawCq, RawRq, RawSq};
+use crate::mlx5::{Mprq, RawCq, RawRq, RawSq};
 use crate::sys::DevMem;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -258,6 +266,43 @@ impl Model {
             rqn: self.id(),
             dbrec: alloc(8, "RQ doorbell record")?,
             cq: cq.clone(),
+            mprq: None,
+            cqe_compression: false,
+            owner: self.owner(),
+        };
+        self.thread
+            .core()
+            .lock()
+            .add_rq(RqSpec::from_raw(&rq, vlan_strip))?;
+        Ok(rq)
+    }
+
+    /// A multi-packet (striding) receive queue of `wqe_cnt` WQEs (rounded up to a power of
+    /// two, ring at least 64 bytes as rdma-core sizes it, §1.6) of `geo` (within
+    /// [`MPRQ_CAPS`]), 32-byte WQEs (one data segment after the 16-byte "next" segment,
+    /// §4.2), completing on `cq`, stripping C-VLAN tags if `vlan_strip`; served from now on.
+    ///
+    /// # Errors
+    /// A size or geometry out of range, no memory, or a CQ already in use.
+    pub fn create_mprq(
+        &self,
+        wqe_cnt: u32,
+        geo: Mprq,
+        cq: &RawCq,
+        vlan_strip: bool,
+    ) -> Result<RawRq, ModelError> {
+        let wqe_cnt = pow2(wqe_cnt, "striding RQ WQEs", engine::MAX_WQE_CNT)?;
+        let stride = MPRQ_WQE_BYTES;
+        let bytes = (wqe_cnt as usize * stride).max(64);
+        let rq = RawRq {
+            buf: alloc(bytes, "RQ")?,
+            wqe_cnt: (bytes / stride) as u32,
+            stride: stride as u32,
+            rqn: self.id(),
+            dbrec: alloc(8, "RQ doorbell record")?,
+            cq: cq.clone(),
+            mprq: Some(geo),
+            cqe_compression: false,
             owner: self.owner(),
         };
         self.thread
@@ -280,7 +325,8 @@ impl Model {
         Ok(self.thread.core().lock().set_rss(key, fields, table)?)
     }
 
-    /// Turns compressed CQEs on (`Some(max_num)`) or off for the CQ of RQ `rqn` (§6.2).
+    /// Turns compressed CQEs on (`Some(max_num)`) or off for the CQ of RQ `rqn` (§6.2): HASH
+    /// minis for a cyclic RQ, CSUM_STRIDX minis for a striding one (§1.4).
     ///
     /// # Errors
     /// No such RQ.

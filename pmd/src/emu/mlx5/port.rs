@@ -3,10 +3,10 @@
 //! rdma-core would), one CQ per queue, RSS over the RX queues in order.
 #![deny(unsafe_code)]
 
-use super::{Model, ModelError, ModelHandle, RxHashFields};
+use super::{Model, ModelError, ModelHandle, RxHashFields, MPRQ_CAPS};
 use crate::emu::wire::{self, WireSpec};
-use crate::ethdev::{Link, RssConfig, RssFields};
-use crate::mlx5::{Provider, RawRq, RawSq, SetupError};
+use crate::ethdev::{Link, RssFields};
+use crate::mlx5::{MprqCaps, Provider, RawRq, RawSq, RxQueueRequest, SetupError};
 use crate::net::MacAddr;
 use crate::sys::DevMem;
 use mempool::{ChunkInfo, Registration};
@@ -16,6 +16,8 @@ use std::sync::Arc;
 pub const PORT_MAX_QUEUES: u16 = 16;
 /// Descriptor limit of the model port.
 pub const PORT_MAX_DESC: u32 = 8192;
+/// Most completions in one compressed session (the model's `cqe_comp_caps.max_num`, §1.2).
+pub const PORT_CQE_COMP_MAX: u32 = 64;
 
 /// An mlx5 model port.
 pub struct ModelPort {
@@ -163,24 +165,53 @@ impl Provider for ModelPort {
         Ok(out)
     }
 
-    fn create_rx_queues(
-        &mut self,
-        n: u16,
-        nb_desc: u32,
-        rss: &RssConfig,
-    ) -> Result<Vec<RawRq>, SetupError> {
+    fn create_rx_queues(&mut self, req: &RxQueueRequest) -> Result<Vec<RawRq>, SetupError> {
+        // One completion per packet the ring holds, twice that when compressed (§1.4, §4.2).
+        let (wqes, per_wqe) = match req.mprq {
+            Some(m) => {
+                if !MPRQ_CAPS.allows(m) {
+                    return Err(SetupError::Unsupported {
+                        what: "this striding RQ geometry",
+                        why: format!(
+                            "2^{} strides of 2^{} bytes: the model takes {MPRQ_CAPS:?}",
+                            m.log_strides, m.log_stride_bytes
+                        ),
+                    });
+                }
+                ((req.nb_desc >> m.log_strides).max(1), m.strides())
+            }
+            None => (req.nb_desc, 1),
+        };
+        let wqes = wqes.checked_next_power_of_two().unwrap_or(u32::MAX);
+        let cqes = wqes
+            .saturating_mul(per_wqe)
+            .saturating_mul(if req.cqe_compression { 2 } else { 1 });
         let mut out = Vec::new();
-        for _ in 0..n {
-            let cq = self.model.create_cq(nb_desc).map_err(dev)?;
-            let rq = self.model.create_rq(nb_desc, 1, &cq, false).map_err(dev)?;
+        for _ in 0..req.n {
+            let cq = self.model.create_cq(cqes - 1).map_err(dev)?;
+            let mut rq = match req.mprq {
+                Some(m) => self.model.create_mprq(wqes, m, &cq, false),
+                None => self.model.create_rq(wqes, 1, &cq, false),
+            }
+            .map_err(dev)?;
             self.rqs.push(rq.rqn);
+            if req.cqe_compression {
+                self.model
+                    .set_rx_compression(rq.rqn, Some(PORT_CQE_COMP_MAX))
+                    .map_err(dev)?;
+                rq.cqe_compression = true;
+            }
             out.push(rq);
         }
         let table: Vec<u32> = out.iter().map(|q| q.rqn).collect();
         self.model
-            .set_rss(rss.key, hash_fields(rss.fields), &table)
+            .set_rss(req.rss.key, hash_fields(req.rss.fields), &table)
             .map_err(dev)?;
         Ok(out)
+    }
+
+    fn mprq_caps(&self) -> Option<MprqCaps> {
+        Some(MPRQ_CAPS)
     }
 
     fn destroy_queues(&mut self) {
@@ -205,6 +236,11 @@ impl Provider for ModelPort {
             ("dev_rx_bytes".into(), s.rx_bytes),
             ("dev_rx_no_wqe".into(), s.rx_no_wqe),
             ("dev_rx_oversize".into(), s.rx_oversize),
+            ("dev_rx_fillers".into(), s.rx_fillers),
+            (
+                "dev_rx_compressed_sessions".into(),
+                s.rx_compressed_sessions,
+            ),
             ("dev_rx_cq_full".into(), s.rx_cq_full),
         ]
     }

@@ -271,8 +271,10 @@ pub struct CqeFields {
     pub sop: u8,
     /// Bytes 57–59 (TX: SQ number; RX: flow tag).
     pub qpn: u32,
-    /// WQE counter.
+    /// WQE counter (MPRQ: the stride index where the packet starts).
     pub wqe_counter: u16,
+    /// `wqe_id` (bytes 2–3; MPRQ: the WQE counter, §4.2).
+    pub wqe_id: u16,
     /// Error CQE: syndrome.
     pub syndrome: u8,
     /// Error CQE: vendor syndrome.
@@ -286,6 +288,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Cqe<T> {
     pub fn write(&mut self, f: &CqeFields) {
         let b = self.0.as_mut();
         b[..CQE_BYTES].fill(0);
+        set_be16(b, WQE_ID, f.wqe_id);
         set_be32(b, RX_HASH_RES, f.rx_hash_res);
         b[RX_HASH_TYPE] = f.rx_hash_type;
         b[HDS_IP_EXT] = f.hds_ip_ext;
@@ -303,16 +306,34 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Cqe<T> {
         b[SYNDROME] = f.syndrome;
         b[OP_OWN] = op_own(f.opcode, f.format, f.owner);
     }
-    /// Writes mini CQE `i` (0..8) of this slot as a mini-CQE array.
-    pub fn set_mini(&mut self, i: usize, hash_or_csum: u32, byte_cnt: u32) {
+    /// Writes mini CQE `i` (0..8) of this slot as a mini-CQE array: `word0` is bytes 0–3
+    /// (HASH: the hash; CSUM_STRIDX: checksum << 16 | stride index, see [`MiniCqe::stridx_word`]).
+    pub fn set_mini(&mut self, i: usize, word0: u32, byte_cnt: u32) {
         let o = (i % super::MINIS_PER_ARRAY) * MINI_CQE_BYTES;
         let b = self.0.as_mut();
-        set_be32(b, o, hash_or_csum);
+        set_be32(b, o, word0);
         set_be32(b, o + 4, byte_cnt);
     }
     /// Sets `op_own` (software poisons consumed slots with opcode 15, §6.2).
     pub fn set_op_own(&mut self, v: u8) {
         self.0.as_mut()[OP_OWN] = v;
+    }
+}
+
+crate::enum_with_unknown! {
+    /// Mini CQE formats (`mini_cqe_res_format`, PRM values, §6.1), chosen per CQ at creation
+    /// (`mlx5dv_create_cq`'s `cqe_comp_res_format` HASH / CSUM / CSUM_STRIDX map to 0 / 1 / 3,
+    /// §1.4).
+    pub enum MiniCqeFormat(u8) {
+        /// Bytes 0–3 the RSS hash result, 4–7 the byte count.
+        Hash = 0,
+        /// Bytes 0–1 the checksum, 4–7 the byte count.
+        Csum = 1,
+        /// Bytes 0–1 the flow tag's low 16 bits, 2–3 the stride index, 4 the tag's high 8
+        /// bits, 5–7 the byte count (DevX only).
+        FtagStridx = 2,
+        /// Bytes 0–1 the checksum, 2–3 the stride index, 4–7 the (MPRQ packed) byte count.
+        CsumStridx = 3,
     }
 }
 
@@ -342,6 +363,14 @@ impl<T: AsRef<[u8]>> MiniCqe<T> {
     /// The byte count.
     pub fn byte_cnt(&self) -> u32 {
         be32(self.0.as_ref(), 4)
+    }
+    /// Bytes 0–3 as one big-endian word (the HASH format's hash).
+    pub fn word0(&self) -> u32 {
+        be32(self.0.as_ref(), 0)
+    }
+    /// Bytes 0–3 of a CSUM_STRIDX mini: `checksum` in bytes 0–1, `stride_idx` in bytes 2–3.
+    pub const fn stridx_word(checksum: u16, stride_idx: u16) -> u32 {
+        ((checksum as u32) << 16) | stride_idx as u32
     }
 }
 

@@ -286,6 +286,63 @@ impl InlineSeg {
 /// The 32-byte WQE of a multi-packet (striding) RQ: bytes 0–15 unused, bytes 16–31 one pointer
 /// segment over the whole strided buffer (§4.2).
 pub const MPRQ_WQE_BYTES: usize = 32;
+/// Where the data segment of a striding-RQ WQE starts (bytes 0–15 are the unused "next"
+/// segment, left zero, §4.2).
+pub const MPRQ_DSEG_OFFSET: usize = 16;
+
+/// A striding-RQ WQE (§4.2): 16 unused bytes, then one pointer segment whose `byte_count` is
+/// the whole buffer (`stride_bytes × strides`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MprqWqe<T: AsRef<[u8]>>(T);
+
+impl<T: AsRef<[u8]>> MprqWqe<T> {
+    /// A view over at least [`MPRQ_WQE_BYTES`] bytes.
+    pub fn new_checked(buf: T) -> Option<Self> {
+        (buf.as_ref().len() >= MPRQ_WQE_BYTES).then_some(Self(buf))
+    }
+    /// The buffer's data segment.
+    pub fn dseg(&self) -> DataSeg<&[u8]> {
+        DataSeg(&self.0.as_ref()[MPRQ_DSEG_OFFSET..MPRQ_WQE_BYTES])
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> MprqWqe<T> {
+    /// Writes the whole WQE: the first 16 bytes zero, then `addr`, `lkey` and the buffer's
+    /// `bytes`.
+    pub fn write(&mut self, addr: u64, lkey: u32, bytes: u32) {
+        let b = self.0.as_mut();
+        b[..MPRQ_DSEG_OFFSET].fill(0);
+        DataSeg(&mut b[MPRQ_DSEG_OFFSET..MPRQ_WQE_BYTES]).set(addr, lkey, bytes);
+    }
+}
+
+/// What the packed `byte_cnt` of a striding-RQ CQE (or of its mini CQE) says (§4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MprqByteCnt {
+    /// A filler: the strides hold no packet (the packet did not fit the WQE's rest).
+    pub filler: bool,
+    /// Strides consumed.
+    pub strides: u16,
+    /// Packet length (0 for a filler).
+    pub len: u16,
+}
+
+impl MprqByteCnt {
+    /// Decodes a `byte_cnt` word.
+    pub const fn from_word(w: u32) -> Self {
+        Self {
+            filler: mprq_byte_cnt::FILLER.extract(w) != 0,
+            strides: mprq_byte_cnt::STRIDES.extract(w) as u16,
+            len: mprq_byte_cnt::LEN.extract(w) as u16,
+        }
+    }
+    /// The `byte_cnt` word (strides above 14 bits dropped).
+    pub const fn word(&self) -> u32 {
+        let w = mprq_byte_cnt::FILLER.insert(0, self.filler as u32);
+        let w = mprq_byte_cnt::STRIDES.insert(w, self.strides as u32);
+        mprq_byte_cnt::LEN.insert(w, self.len as u32)
+    }
+}
 
 /// `Bits32` of the MPRQ `byte_cnt` (§4.2): filler flag, consumed strides, packet length.
 pub mod mprq_byte_cnt {
@@ -296,4 +353,53 @@ pub mod mprq_byte_cnt {
     pub const STRIDES: Bits32 = Bits32::be(0, 29, 16);
     /// Packet length.
     pub const LEN: Bits32 = Bits32::be(0, 15, 0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn mprq_byte_cnt_packs_filler_strides_and_length_as_section_4_2_says() {
+        // Bit 31 filler, bits 29:16 strides, bits 15:0 length.
+        let w = MprqByteCnt {
+            filler: false,
+            strides: 3,
+            len: 5000,
+        }
+        .word();
+        assert_eq!(w, 0x0003_1388);
+        let f = MprqByteCnt {
+            filler: true,
+            strides: 0x3fff,
+            len: 0,
+        };
+        assert_eq!(f.word(), 0xbfff_0000);
+        // Bit 30 belongs to no field (the kernel's 15-bit mask would read it as a stride).
+        assert_eq!(MprqByteCnt::from_word(0x4001_0040).strides, 1);
+    }
+
+    #[test]
+    fn mprq_wqe_leaves_the_next_segment_zero_and_puts_the_buffer_at_byte_16() {
+        let mut w = [0xaau8; MPRQ_WQE_BYTES];
+        MprqWqe::new_checked(&mut w[..])
+            .unwrap()
+            .write(0x7f00_1234_0000, 0x55, 64 * 2048);
+        assert_eq!(&w[..16], &[0u8; 16]);
+        assert_eq!(&w[16..20], &(64u32 * 2048).to_be_bytes());
+        assert_eq!(&w[20..24], &0x55u32.to_be_bytes());
+        assert_eq!(&w[24..32], &0x7f00_1234_0000u64.to_be_bytes());
+        let d = MprqWqe::new_checked(&w[..]).unwrap();
+        assert_eq!(d.dseg().addr(), 0x7f00_1234_0000);
+        assert!(MprqWqe::new_checked(&w[..31]).is_none());
+    }
+
+    proptest! {
+        #[test]
+        fn mprq_byte_cnt_round_trips(filler in any::<bool>(), strides in 0u16..0x4000, len in any::<u16>()) {
+            let v = MprqByteCnt { filler, strides, len };
+            prop_assert_eq!(MprqByteCnt::from_word(v.word()), v);
+        }
+    }
 }

@@ -1,11 +1,12 @@
 //! Writing CQEs as the device does (§5.2, §8 items 11–13): the body first, then `op_own` with
 //! the owner bit of the producer's lap, behind a release fence; never more than `cqe_cnt`
 //! entries ahead of the consumer's `SET_CI`; and, when turned on, responder completions in
-//! compressed sessions of the basic layout (§6.2) with HASH mini CQEs.
+//! compressed sessions of the basic layout (§6.2) with HASH mini CQEs (cyclic RQs) or
+//! CSUM_STRIDX mini CQEs (striding RQs, §6.1).
 #![deny(unsafe_code)]
 
 use super::{record, CqSpec};
-use crate::hw::mlx5::cqe::{mini_slot, Cqe, CqeFields, CqeFormat, OP_OWN};
+use crate::hw::mlx5::cqe::{mini_slot, Cqe, CqeFields, CqeFormat, MiniCqe, MiniCqeFormat, OP_OWN};
 use crate::hw::mlx5::doorbell::CQ_SET_CI;
 use crate::hw::mlx5::{CQE_BYTES, MINIS_PER_ARRAY};
 use crate::sys::barrier::fence_before_owner_write;
@@ -22,6 +23,8 @@ pub(crate) struct Cq {
     pi: u32,
     /// Compressed sessions of at most this many completions (`None`: off).
     max_session: Option<u32>,
+    /// What the minis carry besides the byte count.
+    mini: MiniCqeFormat,
     /// The responder completions of the session being gathered.
     session: Vec<CqeFields>,
     /// Compressed sessions written.
@@ -37,14 +40,17 @@ impl Cq {
             cqn: spec.cqn,
             pi: 0,
             max_session: None,
+            mini: MiniCqeFormat::Hash,
             session: Vec::new(),
             sessions: 0,
         }
     }
 
-    /// Compressed sessions of at most `max` completions (and at most the ring), or none.
-    pub fn set_compression(&mut self, max: Option<u32>) {
+    /// Compressed sessions of at most `max` completions (and at most the ring) with `mini`
+    /// minis (HASH or CSUM_STRIDX), or none.
+    pub fn set_compression(&mut self, max: Option<u32>, mini: MiniCqeFormat) {
         self.flush();
+        self.mini = mini;
         self.max_session = max.map(|m| m.min(self.cqe_cnt));
         self.session = Vec::with_capacity(self.max_session.unwrap_or(0) as usize);
     }
@@ -85,7 +91,7 @@ impl Cq {
         let mut n = 0;
         if let Some(first) = self.session.first() {
             let last = self.session[self.session.len() - 1];
-            if self.session.len() as u32 >= max || !compressible(first, &last, f) {
+            if self.session.len() as u32 >= max || !compressible(self.mini, first, &last, f) {
                 n += self.flush();
             }
         }
@@ -121,7 +127,12 @@ impl Cq {
                     for i in 0..MINIS_PER_ARRAY as u32 {
                         let m = k * MINIS_PER_ARRAY as u32 + i;
                         if let Some(f) = self.session.get(m as usize) {
-                            view.set_mini(i as usize, f.rx_hash_res, f.byte_cnt);
+                            let word0 = match self.mini {
+                                MiniCqeFormat::Hash => f.rx_hash_res,
+                                // The model computes no raw checksum (CQE bytes 20–21 are 0).
+                                _ => MiniCqe::<&[u8]>::stridx_word(0, f.wqe_counter),
+                            };
+                            view.set_mini(i as usize, word0, f.byte_cnt);
                         }
                     }
                     self.buf.write(self.offset(slot), &arr);
@@ -162,11 +173,12 @@ impl Cq {
 }
 
 /// Whether `f` may join a session that starts with `first` and ends with `last`: the same
-/// in every field the title carries for all (the HASH minis carry only the hash and the
-/// byte count), and the next WQE of the same RQ (the decompressor derives mini `i`'s WQE
-/// counter as the title's + `i`, §6.2). Timestamps differ and are not compared: minis carry
-/// none, which is why DPDK turns compression off when it wants them.
-fn compressible(first: &CqeFields, last: &CqeFields, f: &CqeFields) -> bool {
+/// in every field the title carries for all, and, with HASH minis (cyclic RQ), the next WQE of
+/// the same RQ (the decompressor derives mini `i`'s WQE counter as the title's + `i`, §6.2).
+/// CSUM_STRIDX minis carry the stride index but no hash, so the hash must match too.
+/// Timestamps differ and are not compared: minis carry none, which is why DPDK turns
+/// compression off when it wants them.
+fn compressible(mini: MiniCqeFormat, first: &CqeFields, last: &CqeFields, f: &CqeFields) -> bool {
     let key = |c: &CqeFields| {
         (
             c.opcode,
@@ -178,5 +190,9 @@ fn compressible(first: &CqeFields, last: &CqeFields, f: &CqeFields) -> bool {
             c.syndrome,
         )
     };
-    key(first) == key(f) && f.wqe_counter == last.wqe_counter.wrapping_add(1)
+    key(first) == key(f)
+        && match mini {
+            MiniCqeFormat::Hash => f.wqe_counter == last.wqe_counter.wrapping_add(1),
+            _ => f.rx_hash_res == first.rx_hash_res,
+        }
 }

@@ -15,7 +15,8 @@ mod tx;
 use crate::emu::mr::MrTable;
 use crate::emu::wire::faults::FaultyWire;
 use crate::emu::wire::Wire;
-use crate::mlx5::{RawCq, RawRq, RawSq};
+use crate::hw::mlx5::cqe::MiniCqeFormat;
+use crate::mlx5::{Mprq, MprqCaps, RawCq, RawRq, RawSq};
 use crate::sys::DevMem;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -33,6 +34,16 @@ pub const LSO_MAX_BYTES: usize = 65536 + 256;
 /// Most WQEBBs one queue may have: the 16-bit WQE counters (§2.1, §4.1) must tell a full
 /// ring from an empty one.
 pub const MAX_WQE_CNT: u32 = 1 << 15;
+
+/// The striding-RQ geometries the model accepts (its `striding_rq_caps`, §1.2, §4.2): strides
+/// of 64 bytes to 8 KiB, 8 to 65536 strides per WQE (fewer than 512 strides is what the
+/// spec calls the "ext" capability, which the model has).
+pub const MPRQ_CAPS: MprqCaps = MprqCaps {
+    min_single_stride_log_num_of_bytes: 6,
+    max_single_stride_log_num_of_bytes: 13,
+    min_single_wqe_log_num_of_strides: 3,
+    max_single_wqe_log_num_of_strides: 16,
+};
 
 /// WQEs or frames handled per queue per step, so one busy queue cannot starve the others.
 const BUDGET: usize = 64;
@@ -77,8 +88,12 @@ pub struct ModelStats {
     /// Frames dropped because their RQ had no posted WQE (the NIC's out-of-buffer counter,
     /// DPDK's `imissed`), or because no RQ exists.
     pub rx_no_wqe: u64,
-    /// Frames larger than the posted WQE (RESP_ERR LOCAL_LENGTH, WQE consumed).
+    /// Frames larger than the posted WQE (RESP_ERR LOCAL_LENGTH, WQE consumed; striding RQ:
+    /// larger than a whole WQE, the rest of the WQE consumed).
     pub rx_oversize: u64,
+    /// Striding RQ: filler CQEs written (a frame did not fit the strides left in a WQE,
+    /// §4.2).
+    pub rx_fillers: u64,
     /// Frames whose scatter list names a bad key or range (RESP_ERR LOCAL_PROT).
     pub rx_prot_errors: u64,
     /// Frames dropped because their RQ's CQ had no free entry (a real device raises a CQ
@@ -146,15 +161,18 @@ impl From<&RawSq> for SqSpec {
     }
 }
 
-/// A cyclic receive queue handed to the engine, with its CQ.
+/// A receive queue handed to the engine, with its CQ: cyclic (§4.1) or striding (§4.2).
 #[derive(Debug, Clone)]
 pub struct RqSpec {
     /// The ring: `wqe_cnt` WQEs of `stride` bytes.
     pub buf: Arc<DevMem>,
     /// WQEs, a power of two.
     pub wqe_cnt: u32,
-    /// Bytes per WQE: a power of two, at least 16 (one scatter entry).
+    /// Bytes per WQE: a power of two, at least 16 (one scatter entry); a striding RQ's WQE
+    /// is 32 bytes (its data segment at byte 16).
     pub stride: u32,
+    /// Striding geometry (within [`MPRQ_CAPS`]); `None` for a cyclic RQ.
+    pub mprq: Option<Mprq>,
     /// RQ number.
     pub rqn: u32,
     /// The doorbell record; the engine reads the RQ counter at byte 0.
@@ -172,6 +190,7 @@ impl RqSpec {
             buf: Arc::clone(&q.buf),
             wqe_cnt: q.wqe_cnt,
             stride: q.stride,
+            mprq: q.mprq,
             rqn: q.rqn,
             dbrec: Arc::clone(&q.dbrec),
             vlan_strip,
@@ -257,6 +276,18 @@ pub enum EngineError {
         /// The key.
         lkey: u32,
     },
+    /// A striding-RQ geometry outside [`MPRQ_CAPS`], or a WQE stride shorter than 32 bytes.
+    #[error("RQ {id:#x}: striding geometry of 2^{log_strides} strides of 2^{log_stride_bytes} bytes in {stride}-byte WQEs: the model takes 2^6..=2^13-byte strides, 2^3..=2^16 strides per WQE, WQEs of at least 32 bytes")]
+    Mprq {
+        /// The RQ.
+        id: u32,
+        /// log2 of the stride size asked for.
+        log_stride_bytes: u8,
+        /// log2 of the strides per WQE asked for.
+        log_strides: u8,
+        /// The WQE stride.
+        stride: u32,
+    },
     /// An indirection table whose size is not a power of two (`log_ind_tbl_size`, §1.6).
     #[error("RSS indirection table of {entries} entries: need a power of two, 1 to 65536")]
     RssTable {
@@ -294,6 +325,10 @@ pub(crate) struct Rq {
     pub cq: Cq,
     /// The device's consumer counter in WQEs (16 bits, §4.1).
     pub ci: u16,
+    /// Striding geometry (`None`: cyclic).
+    pub mprq: Option<Mprq>,
+    /// Striding RQ: strides of WQE `ci` used so far.
+    pub stride_ci: u32,
 }
 
 /// RSS state: key, hashed fields and the indirection table by RQ number, with the table
@@ -492,6 +527,16 @@ impl Engine {
                 bytes: rq.buf.len(),
             });
         }
+        if let Some(m) = rq.mprq {
+            if !MPRQ_CAPS.allows(m) || rq.stride < 32 {
+                return Err(EngineError::Mprq {
+                    id: rq.rqn,
+                    log_stride_bytes: m.log_stride_bytes,
+                    log_strides: m.log_strides,
+                    stride: rq.stride,
+                });
+            }
+        }
         check_ring("RQ", rq.rqn, &rq.buf, rq.wqe_cnt, rq.stride, MAX_WQE_CNT)?;
         check_dbrec("RQ", rq.rqn, &rq.dbrec)?;
         if self.rqs.iter().any(|q| q.rqn == rq.rqn) {
@@ -510,6 +555,8 @@ impl Engine {
             vlan_strip: rq.vlan_strip,
             cq,
             ci: 0,
+            mprq: rq.mprq,
+            stride_ci: 0,
         });
         self.rebuild_rss();
         Ok(())
@@ -584,8 +631,10 @@ impl Engine {
         }
     }
 
-    /// Turns compressed CQEs (basic layout, HASH mini format, §6.2) on or off for the CQ of
-    /// receive queue `rqn`, with sessions of at most `max_num` completions (at least 2).
+    /// Turns compressed CQEs (basic layout, §6.2) on or off for the CQ of receive queue
+    /// `rqn`, with sessions of at most `max_num` completions (at least 2). The mini format is
+    /// the one DPDK's scalar datapath asks for (§1.4): HASH for a cyclic RQ, CSUM_STRIDX for
+    /// a striding RQ.
     ///
     /// # Errors
     /// No RQ of that number.
@@ -602,7 +651,12 @@ impl Engine {
                 kind: "RQ",
                 id: rqn,
             })?;
-        q.cq.set_compression(max_num.map(|n| n.max(2)));
+        let mini = if q.mprq.is_some() {
+            MiniCqeFormat::CsumStridx
+        } else {
+            MiniCqeFormat::Hash
+        };
+        q.cq.set_compression(max_num.map(|n| n.max(2)), mini);
         Ok(())
     }
 

@@ -1,14 +1,27 @@
-//! The RX side (§4.1, §5.1, §8 items 8–9): frames from the wire, steered to an RQ by RSS (or
-//! to the only RQ), one posted WQE consumed per frame and the frame scattered into its data
-//! segments through the memory keys, then a responder CQE with the hash, checksum verdicts,
-//! header types and the stripped VLAN; RESP_ERR LOCAL_LENGTH for a frame larger than the WQE.
+//! The RX side (§4.1, §4.2, §5.1, §8 items 8–10): frames from the wire, steered to an RQ by
+//! RSS (or to the only RQ), then a responder CQE with the hash, checksum verdicts, header
+//! types and the stripped VLAN.
+//!
+//! * Cyclic RQ: one posted WQE consumed per frame, the frame scattered into its data segments
+//!   through the memory keys; RESP_ERR LOCAL_LENGTH for a frame larger than the WQE.
+//! * Striding RQ: the frame is written at the next free stride boundary of the current WQE's
+//!   buffer, over `ceil(len / stride_bytes)` strides; the CQE's `byte_cnt` packs the strides
+//!   and the length, `wqe_counter` is the first stride's index and `wqe_id` the WQE counter.
+//!   A frame that does not fit the strides left gets a filler CQE for them first (bit 31,
+//!   `wqe_counter` = the first unused stride) and goes to the next WQE. The WQE counter moves
+//!   when every stride of a WQE is used; frames are dropped (`rx_no_wqe`) while no WQE is
+//!   posted. A frame longer than a whole WQE, or a bad key, completes with RESP_ERR
+//!   (LOCAL_LENGTH, LOCAL_PROT) that uses up the rest of the current WQE (the model's choice:
+//!   what hardware does there is not documented, spec §9).
 #![deny(unsafe_code)]
 
 use super::{record, Engine, RxHashFields, BUDGET};
 use crate::emu::wire::faults::Arrival;
 use crate::hw::mlx5::cqe::{csum_ok, hash_type, hdr_type, CqeFields, CqeOpcode, Syndrome};
 use crate::hw::mlx5::doorbell::RCV_DBR;
-use crate::hw::mlx5::wqe::{DataSeg, INVALID_LKEY, SEG_BYTES};
+use crate::hw::mlx5::wqe::{
+    DataSeg, MprqByteCnt, MprqWqe, INVALID_LKEY, MPRQ_WQE_BYTES, SEG_BYTES,
+};
 use crate::net::parse::{self, IpHeader, L3, L4};
 use crate::net::toeplitz;
 
@@ -76,6 +89,31 @@ impl Engine {
             frame[14..16].copy_from_slice(&tag.unwrap_or(0).to_be_bytes());
             frame
         };
+        // What the CQE says of a delivered frame.
+        let mut ok = CqeFields {
+            opcode: u8::from(CqeOpcode::RespSend),
+            byte_cnt: data.len() as u32,
+            timestamp: self.now_ns(),
+            rx_hash_res: info.hash,
+            rx_hash_type: info.hash_type,
+            hds_ip_ext: info.hds_ip_ext,
+            l4_l3_hdr_type: info.l4_l3_hdr_type,
+            ..CqeFields::default()
+        };
+        if let (true, Some(tci)) = (strip, tag) {
+            ok.l4_l3_hdr_type |= hdr_type::CVLAN;
+            ok.vlan_info = tci;
+        }
+        if rq.mprq.is_some() {
+            self.receive_striding(qi, data, ok);
+        } else {
+            self.receive_cyclic(qi, data, ok);
+        }
+    }
+
+    /// Delivers `data` into the next WQE of cyclic RQ `qi`.
+    fn receive_cyclic(&mut self, qi: usize, data: &[u8], ok: CqeFields) {
+        let rq = &self.rqs[qi];
         if rq.cq.room() == 0 {
             self.stats.rx_cq_full += 1;
             return;
@@ -101,13 +139,6 @@ impl Engine {
                 .take_while(|d| d.lkey() != INVALID_LKEY && d.byte_count() != 0)
         };
         let capacity: usize = entries().map(|d| d.byte_count() as usize).sum();
-        let mut f = CqeFields {
-            opcode: u8::from(CqeOpcode::RespSend),
-            byte_cnt: data.len() as u32,
-            wqe_counter: index,
-            timestamp: self.now_ns(),
-            ..CqeFields::default()
-        };
         let mut failed = None;
         if data.len() > capacity {
             failed = Some(Syndrome::LocalLength);
@@ -125,36 +156,151 @@ impl Engine {
                 done += n;
             }
         }
-        let len = data.len();
         let rq = &mut self.rqs[qi];
         rq.ci = index.wrapping_add(1);
+        let f = CqeFields {
+            wqe_counter: index,
+            ..ok
+        };
         match failed {
             Some(s) => {
-                f.opcode = u8::from(CqeOpcode::RespErr);
-                f.syndrome = u8::from(s);
-                f.qpn = rq.rqn;
-                if s == Syndrome::LocalLength {
-                    self.stats.rx_oversize += 1;
-                } else {
-                    self.stats.rx_prot_errors += 1;
-                }
-                self.stats.rx_cqes += rq.cq.write(&f) as u64;
+                let e = error_cqe(&f, s, rq.rqn);
+                self.count_error(s);
+                self.stats.rx_cqes += self.rqs[qi].cq.write(&e) as u64;
             }
             None => {
-                f.rx_hash_res = info.hash;
-                f.rx_hash_type = info.hash_type;
-                f.hds_ip_ext = info.hds_ip_ext;
-                f.l4_l3_hdr_type = info.l4_l3_hdr_type;
-                if let (true, Some(tci)) = (strip, tag) {
-                    f.l4_l3_hdr_type |= hdr_type::CVLAN;
-                    f.vlan_info = tci;
-                }
                 self.stats.rx_frames += 1;
-                self.stats.rx_bytes += len as u64;
-                let w = rq.cq.push_rx(&f);
-                self.stats.rx_cqes += w as u64;
+                self.stats.rx_bytes += data.len() as u64;
+                self.stats.rx_cqes += rq.cq.push_rx(&f) as u64;
             }
         }
+    }
+
+    /// Delivers `data` at the next free stride boundary of striding RQ `qi` (§4.2).
+    fn receive_striding(&mut self, qi: usize, data: &[u8], ok: CqeFields) {
+        let rq = &self.rqs[qi];
+        let Some(geo) = rq.mprq else { return };
+        let strides = geo.strides();
+        let stride_bytes = geo.stride_bytes() as usize;
+        let need = data.len().div_ceil(stride_bytes).max(1) as u32;
+        // The frame fits a WQE but not what is left of this one: a filler first.
+        let filler = rq.stride_ci > 0 && need <= strides && rq.stride_ci + need > strides;
+        if rq.cq.room() < 1 + u32::from(filler) {
+            self.stats.rx_cq_full += 1;
+            return;
+        }
+        let posted = record(&rq.dbrec, RCV_DBR) as u16;
+        if posted == rq.ci {
+            self.stats.rx_no_wqe += 1;
+            return;
+        }
+        let rq = &mut self.rqs[qi];
+        if filler {
+            let f = CqeFields {
+                opcode: u8::from(CqeOpcode::RespSend),
+                byte_cnt: MprqByteCnt {
+                    filler: true,
+                    strides: (strides - rq.stride_ci) as u16,
+                    len: 0,
+                }
+                .word(),
+                wqe_counter: rq.stride_ci as u16,
+                wqe_id: rq.ci,
+                timestamp: ok.timestamp,
+                ..CqeFields::default()
+            };
+            rq.ci = rq.ci.wrapping_add(1);
+            rq.stride_ci = 0;
+            self.stats.rx_fillers += 1;
+            self.stats.rx_cqes += rq.cq.write(&f) as u64;
+            if posted == rq.ci {
+                self.stats.rx_no_wqe += 1;
+                return;
+            }
+        }
+        let (index, first) = (rq.ci, rq.stride_ci);
+        let mut w = [0u8; MPRQ_WQE_BYTES];
+        rq.buf.read(
+            (usize::from(index) & (rq.wqe_cnt as usize - 1)) * rq.stride as usize,
+            &mut w,
+        );
+        let Some(wqe) = MprqWqe::new_checked(&w[..]) else {
+            return;
+        };
+        let d = wqe.dseg();
+        let end = (u64::from(first) + u64::from(need)) * stride_bytes as u64;
+        let failed = if need > strides || end > u64::from(d.byte_count()) {
+            Some(Syndrome::LocalLength)
+        } else if !self.mrs.write(
+            d.addr() + u64::from(first) * stride_bytes as u64,
+            d.lkey(),
+            data,
+        ) {
+            Some(Syndrome::LocalProt)
+        } else {
+            None
+        };
+        let rq = &mut self.rqs[qi];
+        // An error uses up the rest of the WQE; a packet its strides.
+        let used = match failed {
+            Some(_) => strides - first,
+            None => need,
+        };
+        rq.stride_ci += used;
+        if rq.stride_ci >= strides {
+            rq.ci = rq.ci.wrapping_add(1);
+            rq.stride_ci = 0;
+        }
+        let f = CqeFields {
+            byte_cnt: MprqByteCnt {
+                filler: false,
+                strides: used as u16,
+                len: if failed.is_some() {
+                    0
+                } else {
+                    data.len() as u16
+                },
+            }
+            .word(),
+            wqe_counter: first as u16,
+            wqe_id: index,
+            ..ok
+        };
+        match failed {
+            Some(s) => {
+                let e = error_cqe(&f, s, rq.rqn);
+                self.count_error(s);
+                self.stats.rx_cqes += self.rqs[qi].cq.write(&e) as u64;
+            }
+            None => {
+                self.stats.rx_frames += 1;
+                self.stats.rx_bytes += data.len() as u64;
+                self.stats.rx_cqes += rq.cq.push_rx(&f) as u64;
+            }
+        }
+    }
+
+    fn count_error(&mut self, s: Syndrome) {
+        if s == Syndrome::LocalLength {
+            self.stats.rx_oversize += 1;
+        } else {
+            self.stats.rx_prot_errors += 1;
+        }
+    }
+}
+
+/// A responder error CQE (§5.3) for the completion `f` would have been: its WQE counter (and
+/// striding `wqe_id`, `byte_cnt`), the syndrome, the RQ number; nothing about the packet.
+fn error_cqe(f: &CqeFields, s: Syndrome, rqn: u32) -> CqeFields {
+    CqeFields {
+        opcode: u8::from(CqeOpcode::RespErr),
+        syndrome: u8::from(s),
+        qpn: rqn,
+        byte_cnt: f.byte_cnt,
+        wqe_counter: f.wqe_counter,
+        wqe_id: f.wqe_id,
+        timestamp: f.timestamp,
+        ..CqeFields::default()
     }
 }
 
