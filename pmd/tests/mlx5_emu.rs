@@ -9,11 +9,11 @@ use pmd::hw::mlx5::cqe::{
 };
 use pmd::hw::mlx5::doorbell::{cq_set_ci, rq_record, sq_record, CQ_SET_CI, RCV_DBR, SND_DBR};
 use pmd::hw::mlx5::wqe::{
-    eth_seg_units, inline_seg_units, CtrlSeg, DataSeg, EthSeg, InlineSeg, CE_ALWAYS,
-    CE_FIRST_ERROR, CS_L3, CS_L4, INVALID_LKEY, SEG_BYTES,
+    eth_seg_units, inline_seg_units, CtrlSeg, DataSeg, EthSeg, InlineSeg, MprqByteCnt, MprqWqe,
+    CE_ALWAYS, CE_FIRST_ERROR, CS_L3, CS_L4, INVALID_LKEY, MPRQ_WQE_BYTES, SEG_BYTES,
 };
 use pmd::hw::mlx5::{wqebbs, Opcode, DS_BYTES, WQEBB_BYTES};
-use pmd::mlx5::{RawCq, RawRq, RawSq};
+use pmd::mlx5::{Mprq, RawCq, RawRq, RawSq};
 use pmd::net::{parse, toeplitz};
 use pmd::ring::write_wrapped;
 use pmd::sys::DevMem;
@@ -894,5 +894,290 @@ fn compressed_sessions_straddle_the_ring_end_with_the_title_s_owner_bit() {
     rq.q.cq.buf.read(5 * 64, &mut a);
     assert_eq!(cqe(&a).mini(0).byte_cnt(), 38 + 42);
     assert_eq!(cqe(&a).mini(1).byte_cnt(), 39 + 42);
+    assert_eq!(h.stats().rx_compressed_sessions, 2);
+}
+
+/// The driver's side of one striding RQ: WQE `i` posts the `i`-th `wqe_bytes` of one buffer.
+struct StridingRq {
+    q: RawRq,
+    geo: Mprq,
+    buf: Buf,
+    posted: u32,
+    cq_ci: u32,
+}
+
+impl StridingRq {
+    fn new(m: &Model, wqe_cnt: u32, geo: Mprq, cqe: u32) -> Self {
+        let cq = m.create_cq(cqe).unwrap();
+        let q = m.create_mprq(wqe_cnt, geo, &cq, false).unwrap();
+        assert_eq!((q.stride, q.mprq), (32, Some(geo)));
+        let buf = Buf::new(m, q.wqe_cnt as usize * geo.wqe_bytes() as usize);
+        Self {
+            q,
+            geo,
+            buf,
+            posted: 0,
+            cq_ci: 0,
+        }
+    }
+
+    fn wqe_bytes(&self) -> usize {
+        self.geo.wqe_bytes() as usize
+    }
+
+    /// Posts `n` WQEs and writes the record.
+    fn post(&mut self, n: u32) {
+        for _ in 0..n {
+            let slot = (self.posted & (self.q.wqe_cnt - 1)) as usize;
+            let mut w = [0u8; MPRQ_WQE_BYTES];
+            MprqWqe::new_checked(&mut w[..]).unwrap().write(
+                self.buf.addr(slot * self.wqe_bytes()),
+                self.buf.lkey,
+                self.wqe_bytes() as u32,
+            );
+            self.q.buf.write(slot * MPRQ_WQE_BYTES, &w);
+            self.posted += 1;
+        }
+        self.q.dbrec.store_u32(
+            RCV_DBR,
+            u32::from_ne_bytes(rq_record(self.posted)),
+            Ordering::Release,
+        );
+    }
+
+    fn poll(&mut self) -> Option<[u8; 64]> {
+        let c = poll_cq(&self.q.cq, self.cq_ci)?;
+        self.cq_ci += 1;
+        set_ci(&self.q.cq, self.cq_ci);
+        Some(c)
+    }
+
+    /// `len` bytes at stride `stride` of WQE `wqe`.
+    fn data(&self, wqe: u16, stride: u16, len: usize) -> Vec<u8> {
+        let slot = (u32::from(wqe) & (self.q.wqe_cnt - 1)) as usize;
+        let mut b = vec![0u8; len];
+        self.buf.mem.read(
+            slot * self.wqe_bytes() + usize::from(stride) * self.geo.stride_bytes() as usize,
+            &mut b,
+        );
+        b
+    }
+}
+
+/// A UDP frame of exactly `len` bytes (at least 42).
+fn udp_len(sport: u16, len: usize) -> Vec<u8> {
+    let f = udp_frame(sport, len - 42);
+    assert_eq!(f.len(), len);
+    f
+}
+
+/// 8 strides of 64 bytes.
+const SMALL: Mprq = Mprq {
+    log_stride_bytes: 6,
+    log_strides: 3,
+};
+
+#[test]
+fn striding_rq_places_frames_at_stride_boundaries_and_fills_the_rest_of_a_wqe() {
+    let (m, h, mut peer) = world(0);
+    let mut rq = StridingRq::new(&m, 4, SMALL, 31);
+    rq.post(2);
+    // (length, first stride, strides): 60, 64 take one; 65, 128 two; 300 five (does not fit
+    // the 2 left: a filler for strides 6..8, then stride 0 of WQE 1).
+    let frames: Vec<_> = [60, 64, 65, 128, 300]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| udp_len(i as u16, len))
+        .collect();
+    for f in &frames {
+        assert!(peer.send(f));
+    }
+    h.step();
+    let next = |rq: &mut StridingRq, want: &[u8], wqe: u16, stride: u16, strides: u16| {
+        let c = rq.poll().expect("a CQE");
+        let c = cqe(&c);
+        assert_eq!(
+            (c.opcode(), c.format()),
+            (CqeOpcode::RespSend, CqeFormat::Normal)
+        );
+        assert_eq!(
+            MprqByteCnt::from_word(c.byte_cnt()),
+            MprqByteCnt {
+                filler: false,
+                strides,
+                len: want.len() as u16
+            }
+        );
+        assert_eq!((c.wqe_id(), c.wqe_counter()), (wqe, stride));
+        assert_eq!(c.l4_l3_hdr_type(), hdr_type::L3_IPV4 | hdr_type::L4_UDP);
+        assert_eq!(rq.data(wqe, stride, want.len()), want);
+    };
+    next(&mut rq, &frames[0], 0, 0, 1);
+    next(&mut rq, &frames[1], 0, 1, 1);
+    next(&mut rq, &frames[2], 0, 2, 2);
+    next(&mut rq, &frames[3], 0, 4, 2);
+    let filler = rq.poll().expect("the filler");
+    let f = cqe(&filler);
+    assert_eq!(f.opcode(), CqeOpcode::RespSend);
+    assert_eq!(
+        MprqByteCnt::from_word(f.byte_cnt()),
+        MprqByteCnt {
+            filler: true,
+            strides: 2,
+            len: 0
+        }
+    );
+    assert_eq!((f.wqe_id(), f.wqe_counter()), (0, 6));
+    assert_eq!(f.byte_cnt() >> 31, 1);
+    next(&mut rq, &frames[4], 1, 0, 5);
+    assert!(rq.poll().is_none());
+    let s = h.stats();
+    assert_eq!((s.rx_frames, s.rx_fillers, s.rx_no_wqe), (5, 1, 0));
+}
+
+#[test]
+fn striding_rq_without_a_posted_wqe_drops_and_counts_rx_no_wqe() {
+    let (m, h, mut peer) = world(0);
+    let mut rq = StridingRq::new(&m, 4, SMALL, 31);
+    assert!(peer.send(&udp_len(0, 60)));
+    h.step();
+    assert_eq!(h.stats().rx_no_wqe, 1, "nothing posted yet");
+    rq.post(1);
+    // Eight one-stride frames fill WQE 0; the ninth finds no WQE.
+    for k in 0..9 {
+        assert!(peer.send(&udp_len(k, 64)));
+    }
+    h.step();
+    for k in 0..8u16 {
+        let c = rq.poll().expect("a CQE");
+        assert_eq!((cqe(&c).wqe_id(), cqe(&c).wqe_counter()), (0, k));
+    }
+    assert!(rq.poll().is_none());
+    assert_eq!((h.stats().rx_no_wqe, h.stats().rx_frames), (2, 8));
+    // Posting again takes the next frame at stride 0 of WQE 1.
+    rq.post(1);
+    let f = udp_len(20, 100);
+    assert!(peer.send(&f));
+    h.step();
+    let c = rq.poll().expect("a CQE");
+    assert_eq!((cqe(&c).wqe_id(), cqe(&c).wqe_counter()), (1, 0));
+    assert_eq!(rq.data(1, 0, f.len()), f);
+    // A frame that does not fit WQE 1's rest closes it with a filler even when no WQE
+    // follows; the frame itself is then dropped.
+    assert!(peer.send(&udp_len(21, 500)));
+    h.step();
+    let c = rq.poll().expect("the filler");
+    assert!(MprqByteCnt::from_word(cqe(&c).byte_cnt()).filler);
+    assert_eq!(MprqByteCnt::from_word(cqe(&c).byte_cnt()).strides, 6);
+    assert!(rq.poll().is_none());
+    assert_eq!((h.stats().rx_no_wqe, h.stats().rx_fillers), (3, 1));
+}
+
+#[test]
+fn a_frame_longer_than_a_striding_wqe_is_local_length_and_uses_up_the_wqe() {
+    let (m, h, mut peer) = world(0);
+    let mut rq = StridingRq::new(&m, 4, SMALL, 31);
+    rq.post(4);
+    let small = udp_len(1, 60);
+    assert!(peer.send(&small) && peer.send(&udp_len(2, 600)) && peer.send(&small));
+    h.step();
+    assert_eq!(cqe(&rq.poll().unwrap()).opcode(), CqeOpcode::RespSend);
+    let e = rq.poll().unwrap();
+    let e = cqe(&e);
+    assert_eq!(
+        (e.opcode(), e.syndrome()),
+        (CqeOpcode::RespErr, Syndrome::LocalLength)
+    );
+    assert_eq!((e.wqe_id(), e.wqe_counter()), (0, 1));
+    assert_eq!(MprqByteCnt::from_word(e.byte_cnt()).strides, 7);
+    let c = rq.poll().unwrap();
+    assert_eq!((cqe(&c).wqe_id(), cqe(&c).wqe_counter()), (1, 0));
+    assert_eq!(h.stats().rx_oversize, 1);
+}
+
+#[test]
+fn a_striding_geometry_outside_the_caps_is_refused() {
+    let (m, _h, _peer) = world(0);
+    let cq = m.create_cq(15).unwrap();
+    for geo in [
+        Mprq {
+            log_stride_bytes: 5,
+            log_strides: 6,
+        },
+        Mprq {
+            log_stride_bytes: 11,
+            log_strides: 17,
+        },
+    ] {
+        let e = m.create_mprq(4, geo, &cq, false).unwrap_err().to_string();
+        assert!(e.contains("striding geometry"), "{e}");
+    }
+    assert!(pmd::emu::mlx5::MPRQ_CAPS.allows(Mprq::DEFAULT));
+}
+
+/// Striding-RQ sessions carry CSUM_STRIDX minis (§6.1): stride index in bytes 2–3, the packed
+/// `byte_cnt` in 4–7; the title is packet 0's CQE with format 3 and the count. Completions
+/// of another flow (another hash, which the minis cannot carry) start a new session.
+#[test]
+fn striding_rq_sessions_carry_stride_indices_and_break_on_another_hash() {
+    let (m, h, mut peer) = world(0);
+    let geo = Mprq {
+        log_stride_bytes: 6,
+        log_strides: 6,
+    };
+    let mut rq = StridingRq::new(&m, 4, geo, 511);
+    rq.post(4);
+    let key = pmd::ethdev::RssConfig::default().key;
+    let fields = RxHashFields::SRC_IPV4
+        | RxHashFields::DST_IPV4
+        | RxHashFields::SRC_PORT_UDP
+        | RxHashFields::DST_PORT_UDP;
+    m.set_rss(key, fields, &[rq.q.rqn]).unwrap();
+    m.set_rx_compression(rq.q.rqn, Some(64)).unwrap();
+    // 11 frames of flow 7 (1 to 3 strides each), then 3 of flow 8.
+    let lens: Vec<usize> = (0..11).map(|k| 60 + k * 17).collect();
+    let frames: Vec<_> = lens
+        .iter()
+        .map(|&l| udp_len(7, l))
+        .chain((0..3).map(|k| udp_len(8, 70 + k)))
+        .collect();
+    for f in &frames {
+        assert!(peer.send(f));
+    }
+    h.step();
+    let title = poll_cq(&rq.q.cq, 0).expect("the title");
+    let t = cqe(&title);
+    assert_eq!((t.format(), t.byte_cnt()), (CqeFormat::Compressed, 11));
+    assert_eq!((t.wqe_id(), t.wqe_counter()), (0, 0));
+    assert_ne!(t.rx_hash_res(), 0);
+    let mut stride = 0u16;
+    for (i, f) in frames[..11].iter().enumerate() {
+        let (slot, entry) = mini_slot(0, i as u32);
+        let mut b = [0u8; 64];
+        rq.q.cq.buf.read(slot as usize * 64, &mut b);
+        let arr = cqe(&b);
+        let mini = arr.mini(entry);
+        let need = f.len().div_ceil(64) as u16;
+        assert_eq!(mini.stride_idx(), stride, "mini {i}");
+        assert_eq!(
+            MprqByteCnt::from_word(mini.byte_cnt()),
+            MprqByteCnt {
+                filler: false,
+                strides: need,
+                len: f.len() as u16
+            },
+            "mini {i}"
+        );
+        assert_eq!(rq.data(0, stride, f.len()), *f);
+        stride += need;
+    }
+    // Flow 8's session follows at slot 11, its hash in its own title.
+    let t2 = poll_cq(&rq.q.cq, 11).expect("the second title");
+    let t2 = cqe(&t2);
+    assert_eq!(
+        (t2.format(), t2.byte_cnt(), t2.wqe_counter()),
+        (CqeFormat::Compressed, 3, stride)
+    );
+    assert_ne!(t2.rx_hash_res(), t.rx_hash_res());
     assert_eq!(h.stats().rx_compressed_sessions, 2);
 }

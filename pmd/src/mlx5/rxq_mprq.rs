@@ -317,3 +317,488 @@ impl Drop for RxQueue {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hw::mlx5::cqe::{hash_type, mini_slot, Cqe, CqeFields, CqeOpcode, MiniCqe};
+    use crate::hw::mlx5::doorbell::CQ_SET_CI;
+    use crate::hw::mlx5::CQE_BYTES;
+    use crate::mlx5::RawCq;
+    use mempool::{MbufPoolConfig, Registration};
+
+    const LKEY: u32 = 0x66;
+
+    /// The device's side, by hand, as §4.2 and §6.2 describe it: reads posted WQEs, places
+    /// packets at stride boundaries, writes fillers, CQEs and CSUM_STRIDX sessions.
+    struct Nic {
+        ring: Arc<DevMem>,
+        dbrec: Arc<DevMem>,
+        cq: Arc<DevMem>,
+        cq_dbrec: Arc<DevMem>,
+        cqn: u32,
+        /// The stride buffers, as the test sees them.
+        bufs: Arc<DevMem>,
+        geo: Mprq,
+        wqe_cnt: u32,
+        /// CQ producer (free-running).
+        pi: u32,
+        /// WQE counter and the next free stride in it.
+        wqe: u32,
+        stride: u32,
+        /// Fillers and sessions written.
+        fillers: u64,
+        sessions: u64,
+    }
+
+    fn queue(pool: &Arc<MbufPool>, geo: Mprq, wqe_cnt: u32, cqn: u32) -> (RxQueue, Nic) {
+        let ring = Arc::new(DevMem::anon(wqe_cnt as usize * MPRQ_WQE_BYTES).unwrap());
+        let cq = Arc::new(DevMem::anon(cqn as usize * CQE_BYTES).unwrap());
+        for i in 0..cqn as usize {
+            cq.write(i * CQE_BYTES + 63, &[0xf0]);
+        }
+        let dbrec = Arc::new(DevMem::anon(64).unwrap());
+        let cq_dbrec = Arc::new(DevMem::anon(64).unwrap());
+        let bufs = DeviceBuffers::new("mprq-test", wqe_cnt, geo.wqe_bytes() as usize, |_| {
+            Ok(Registration::new(LKEY))
+        })
+        .unwrap();
+        let view = Arc::clone(&bufs.mem);
+        let raw = RawRq {
+            buf: Arc::clone(&ring),
+            wqe_cnt,
+            stride: MPRQ_WQE_BYTES as u32,
+            rqn: 0x98,
+            dbrec: Arc::clone(&dbrec),
+            cq: RawCq {
+                buf: Arc::clone(&cq),
+                cqe_cnt: cqn,
+                dbrec: Arc::clone(&cq_dbrec),
+                cqn: 4,
+            },
+            mprq: Some(geo),
+            cqe_compression: true,
+            owner: Arc::new(()),
+        };
+        let cfg = PortConfig::default();
+        let mut q = RxQueue::new(
+            raw,
+            bufs,
+            &cfg,
+            3,
+            Arc::clone(pool),
+            Arc::default(),
+            Arc::default(),
+        );
+        q.fill();
+        let nic = Nic {
+            ring,
+            dbrec,
+            cq,
+            cq_dbrec,
+            cqn,
+            bufs: view,
+            geo,
+            wqe_cnt,
+            pi: 0,
+            wqe: 0,
+            stride: 0,
+            fillers: 0,
+            sessions: 0,
+        };
+        (q, nic)
+    }
+
+    /// The bytes of packet `seq` of `len` bytes.
+    fn payload(seq: u32, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| (seq as usize * 7 + i * 13 + (i >> 8)) as u8)
+            .collect()
+    }
+
+    fn be(mem: &DevMem, off: usize) -> u32 {
+        u32::from_be_bytes(mem.load_u32(off, Ordering::Acquire).to_ne_bytes())
+    }
+
+    impl Nic {
+        fn posted(&self) -> u32 {
+            be(&self.dbrec, RCV_DBR)
+        }
+        fn set_ci(&self) -> u32 {
+            be(&self.cq_dbrec, CQ_SET_CI)
+        }
+        fn slot(&self, pos: u32) -> usize {
+            (pos % self.cqn) as usize * CQE_BYTES
+        }
+        /// Writes `f` at the producer with the lap's owner bit, body first.
+        fn write_cqe(&mut self, f: &CqeFields) {
+            assert!(
+                self.pi.wrapping_sub(self.set_ci()) < self.cqn,
+                "CQ overrun: SET_CI {} producer {}",
+                self.set_ci(),
+                self.pi
+            );
+            let mut b = [0u8; 64];
+            Cqe::new_checked(&mut b[..]).unwrap().write(&CqeFields {
+                owner: (self.pi / self.cqn) & 1 == 1,
+                ..*f
+            });
+            self.cq.write(self.slot(self.pi), &b[..63]);
+            self.cq.write(self.slot(self.pi) + 63, &b[63..]);
+            self.pi += 1;
+        }
+        /// Places a packet of `bytes` (a filler first when it does not fit the strides left)
+        /// and returns (the filler's CQE, the packet's CQE).
+        fn place(&mut self, bytes: &[u8], hash: u32) -> (Option<CqeFields>, CqeFields) {
+            let (strides, sb) = (self.geo.strides(), self.geo.stride_bytes() as usize);
+            let need = bytes.len().div_ceil(sb) as u32;
+            assert!(need <= strides);
+            let mut filler = None;
+            if self.stride + need > strides {
+                filler = Some(CqeFields {
+                    opcode: 2,
+                    byte_cnt: MprqByteCnt {
+                        filler: true,
+                        strides: (strides - self.stride) as u16,
+                        len: 0,
+                    }
+                    .word(),
+                    wqe_counter: self.stride as u16,
+                    wqe_id: self.wqe as u16,
+                    ..Default::default()
+                });
+                self.fillers += 1;
+                self.wqe += 1;
+                self.stride = 0;
+            }
+            assert!(self.posted().wrapping_sub(self.wqe) > 0, "no WQE posted");
+            let mut w = [0u8; MPRQ_WQE_BYTES];
+            self.ring
+                .read((self.wqe % self.wqe_cnt) as usize * MPRQ_WQE_BYTES, &mut w);
+            let v = MprqWqe::new_checked(&w[..]).unwrap();
+            let d = v.dseg();
+            assert_eq!(&w[..16], &[0u8; 16]);
+            assert_eq!(
+                (d.lkey(), u64::from(d.byte_count())),
+                (LKEY, self.geo.wqe_bytes())
+            );
+            let at = d.addr() as usize + self.stride as usize * sb - self.bufs.addr();
+            self.bufs.write(at, bytes);
+            let f = CqeFields {
+                opcode: 2,
+                rx_hash_res: hash,
+                rx_hash_type: hash_type::IPV4,
+                byte_cnt: MprqByteCnt {
+                    filler: false,
+                    strides: need as u16,
+                    len: bytes.len() as u16,
+                }
+                .word(),
+                wqe_counter: self.stride as u16,
+                wqe_id: self.wqe as u16,
+                ..Default::default()
+            };
+            self.stride += need;
+            if self.stride == strides {
+                self.wqe += 1;
+                self.stride = 0;
+            }
+            (filler, f)
+        }
+        /// One packet, normal CQEs.
+        fn rx(&mut self, bytes: &[u8], hash: u32) {
+            let (filler, f) = self.place(bytes, hash);
+            if let Some(x) = filler {
+                self.write_cqe(&x);
+            }
+            self.write_cqe(&f);
+        }
+        /// Completions `fs` as one basic-layout session with CSUM_STRIDX minis (a normal CQE
+        /// when alone): arrays at t+1 and t+8k, then the title (packet 0's CQE, format 3,
+        /// byte_cnt = n).
+        fn session(&mut self, fs: &[CqeFields]) {
+            match fs.len() {
+                0 => {}
+                1 => self.write_cqe(&fs[0]),
+                n => {
+                    let t = self.pi;
+                    assert!(
+                        t.wrapping_sub(self.set_ci()) + n as u32 <= self.cqn,
+                        "overrun"
+                    );
+                    for (i, f) in fs.iter().enumerate() {
+                        let (slot, e) = mini_slot(t, i as u32);
+                        let mut m = [0u8; 8];
+                        m[..4].copy_from_slice(
+                            &MiniCqe::<&[u8]>::stridx_word(0xbeef, f.wqe_counter).to_be_bytes(),
+                        );
+                        m[4..].copy_from_slice(&f.byte_cnt.to_be_bytes());
+                        self.cq.write(self.slot(slot) + e * 8, &m);
+                    }
+                    let mut b = [0u8; 64];
+                    Cqe::new_checked(&mut b[..]).unwrap().write(&CqeFields {
+                        format: 3,
+                        byte_cnt: n as u32,
+                        owner: (t / self.cqn) & 1 == 1,
+                        ..fs[0]
+                    });
+                    self.cq.write(self.slot(t), &b[..63]);
+                    self.cq.write(self.slot(t) + 63, &b[63..]);
+                    self.pi = t + n as u32;
+                    self.sessions += 1;
+                }
+            }
+        }
+    }
+
+    fn drain(q: &mut RxQueue, want: usize) -> Vec<Mbuf> {
+        let mut got = Vec::new();
+        for _ in 0..want + 8 {
+            let mut b = Burst::with_capacity(7);
+            q.rx_burst(&mut b);
+            got.extend(b.drain_front(b.len()));
+            if got.len() >= want {
+                break;
+            }
+        }
+        got
+    }
+
+    fn small() -> Mprq {
+        // 8 strides of 64 bytes: a WQE of 512 bytes.
+        Mprq {
+            log_stride_bytes: 6,
+            log_strides: 3,
+        }
+    }
+
+    /// Sizes around the stride size and across several strides, up to a whole WQE, over many
+    /// laps of the RQ and the CQ: every packet arrives once, in order, byte for byte, with its
+    /// hash; every filler is counted; the record always posts every WQE not yet consumed.
+    #[test]
+    fn packets_around_the_stride_size_arrive_byte_exact_over_many_laps() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mprq-laps", 256)).unwrap();
+        let (mut q, mut nic) = queue(&pool, small(), 4, 64);
+        assert_eq!(nic.posted(), 4);
+        let sizes = [
+            60usize, 63, 64, 65, 127, 128, 129, 191, 192, 193, 300, 448, 449, 511, 512,
+        ];
+        for seq in 0..3000u32 {
+            let len = sizes[seq as usize % sizes.len()];
+            let want = payload(seq, len);
+            nic.rx(&want, seq ^ 0x5a5a);
+            let got = drain(&mut q, 1);
+            assert_eq!(got.len(), 1, "packet {seq}");
+            assert_eq!(got[0].data(), &want[..], "packet {seq} of {len} bytes");
+            assert_eq!(got[0].rss_hash(), seq ^ 0x5a5a);
+            assert_eq!(got[0].port(), 3);
+            // Everything the device finished is posted again; the current WQE is not.
+            assert_eq!(nic.posted(), nic.wqe + 4, "packet {seq}");
+        }
+        assert!(
+            nic.wqe > 4 * 50 && nic.pi > 64 * 20,
+            "laps: {} WQEs",
+            nic.wqe
+        );
+        assert_eq!(nic.set_ci(), nic.pi);
+        let x = &q.xstats;
+        assert!(nic.fillers > 100);
+        assert_eq!(x.mprq_fillers.load(Ordering::Relaxed), nic.fillers);
+        assert_eq!(
+            x.mprq_wqes_retired.load(Ordering::Relaxed),
+            u64::from(nic.wqe)
+        );
+        assert_eq!(q.counters.snapshot().packets, 3000);
+        assert_eq!(q.counters.snapshot().errors, 0);
+        drop(q);
+        assert_eq!(pool.available(), pool.capacity());
+    }
+
+    /// A packet that does not fit the strides left gets a filler for them and lands at
+    /// stride 0 of the next WQE; the WQE the filler closed is posted again.
+    #[test]
+    fn a_filler_closes_the_wqe_and_the_packet_lands_in_the_next() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mprq-filler", 64)).unwrap();
+        let (mut q, mut nic) = queue(&pool, small(), 4, 64);
+        let a = payload(1, 400); // strides 0..7 of WQE 0
+        let b = payload(2, 100); // needs 2, 1 left: filler, then WQE 1 strides 0..2
+        nic.rx(&a, 0);
+        nic.rx(&b, 0);
+        assert_eq!((nic.fillers, nic.wqe, nic.stride), (1, 1, 2));
+        let got = drain(&mut q, 2);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].data(), &a[..]);
+        assert_eq!(got[1].data(), &b[..]);
+        // The second packet came from WQE 1's buffer (buffers start on pages).
+        let mut raw = vec![0u8; 100];
+        nic.bufs.read(DeviceBuffers::ALIGN, &mut raw);
+        assert_eq!(raw, b);
+        assert_eq!(q.xstats.mprq_fillers.load(Ordering::Relaxed), 1);
+        assert_eq!(nic.posted(), 5);
+        drop(got);
+        drop(q);
+        assert_eq!(pool.available(), pool.capacity());
+    }
+
+    /// Sessions of every length from 2 to 32 with CSUM_STRIDX minis, back to back over
+    /// several laps of the CQ (they straddle its end): first packets of one stride (sessions
+    /// never broken), then of 1 to 6 strides, where fillers end sessions early. Every packet
+    /// arrives once, in order, with the title's hash; `SET_CI` stays at a title until its
+    /// session is done; nothing is read twice on a later lap (the slots were poisoned).
+    #[test]
+    fn compressed_sessions_of_every_length_with_stride_minis_across_the_cq_wrap() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mprq-zip", 512)).unwrap();
+        // 64 strides of 64 bytes; 4 WQEs; a CQ of 2 x 4 x 64 entries.
+        let geo = Mprq {
+            log_stride_bytes: 6,
+            log_strides: 6,
+        };
+        let (mut q, mut nic) = queue(&pool, geo, 4, 512);
+        let mut seq = 0u32;
+        for phase in 0..2 {
+            for round in 0..3 {
+                for n in 2..=32u32 {
+                    let mut run = Vec::new();
+                    let mut want = Vec::new();
+                    let hash = n * 100 + round;
+                    for i in 0..n {
+                        let len = if phase == 0 {
+                            40 + (i as usize % 25)
+                        } else {
+                            60 + (i as usize * 53 + round as usize * 31) % 320
+                        };
+                        let bytes = payload(seq, len);
+                        seq += 1;
+                        let (filler, f) = nic.place(&bytes, hash);
+                        if let Some(x) = filler {
+                            nic.session(&run);
+                            run.clear();
+                            nic.write_cqe(&x);
+                        }
+                        run.push(f);
+                        want.push(bytes);
+                    }
+                    nic.session(&run);
+                    let got = drain(&mut q, want.len());
+                    assert_eq!(got.len(), want.len(), "phase {phase} round {round} n {n}");
+                    for (i, (m, w)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(m.data(), &w[..], "phase {phase} round {round} n {n} #{i}");
+                        assert_eq!(m.rss_hash(), hash);
+                    }
+                    let mut b = Burst::with_capacity(8);
+                    assert_eq!(q.rx_burst(&mut b), 0, "a stale slot after session {n}");
+                    assert_eq!(nic.set_ci(), nic.pi);
+                }
+            }
+        }
+        assert!(nic.pi > 3 * 512, "the CQ wrapped {} times", nic.pi / 512);
+        assert!(nic.fillers > 0);
+        let x = &q.xstats;
+        assert_eq!(x.compressed_sessions.load(Ordering::Relaxed), nic.sessions);
+        assert_eq!(x.mprq_fillers.load(Ordering::Relaxed), nic.fillers);
+        assert_eq!(q.counters.snapshot().packets, u64::from(seq));
+        drop(q);
+        assert_eq!(pool.available(), pool.capacity());
+    }
+
+    /// Mid-session, `SET_CI` names the title: the device may not reuse the session's slots
+    /// before the whole session is consumed.
+    #[test]
+    fn set_ci_stays_at_the_title_until_the_session_is_consumed() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mprq-setci", 64)).unwrap();
+        let (mut q, mut nic) = queue(&pool, small(), 4, 64);
+        nic.rx(&payload(0, 60), 1); // a normal CQE at 0
+        let fs: Vec<_> = (1..=10).map(|s| nic.place(&payload(s, 64), 1).1).collect();
+        nic.session(&fs); // title at 1, 10 completions
+        let mut b = Burst::with_capacity(4);
+        assert_eq!(q.rx_burst(&mut b), 4);
+        assert_eq!(nic.set_ci(), 1, "the title's slot");
+        let mut b = Burst::with_capacity(16);
+        assert_eq!(q.rx_burst(&mut b), 7);
+        assert_eq!(nic.set_ci(), 11);
+        // Slots 2..11 were poisoned; the title keeps its owner bit.
+        for s in 2..11 {
+            let mut x = [0u8];
+            nic.cq.read(nic.slot(s) + 63, &mut x);
+            assert_eq!(x[0] >> 4, 15, "slot {s}");
+        }
+    }
+
+    /// With the pool empty the burst stops before consuming a completion and counts it; the
+    /// packet is delivered once mbufs come back.
+    #[test]
+    fn an_empty_pool_stops_the_burst_without_losing_the_packet() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mprq-nombuf", 16)).unwrap();
+        let (mut q, mut nic) = queue(&pool, small(), 4, 64);
+        let held: Vec<Mbuf> = (0..16)
+            .map(|_| mempool::lcache::alloc(&pool).unwrap())
+            .collect();
+        let want = payload(9, 200);
+        nic.rx(&want, 0);
+        let mut b = Burst::with_capacity(8);
+        assert_eq!(q.rx_burst(&mut b), 0);
+        assert_eq!(q.counters.snapshot().nombuf, 1);
+        drop(held);
+        let got = drain(&mut q, 1);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].data(), &want[..]);
+        drop(got);
+        drop(q);
+        assert_eq!(pool.available(), pool.capacity());
+    }
+
+    /// An error CQE is counted and abandons the rest of its WQE; the next packet is read from
+    /// the next WQE.
+    #[test]
+    fn an_error_cqe_gives_up_the_rest_of_the_wqe() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mprq-err", 64)).unwrap();
+        let (mut q, mut nic) = queue(&pool, small(), 4, 64);
+        let a = payload(1, 100);
+        nic.rx(&a, 0);
+        nic.write_cqe(&CqeFields {
+            opcode: u8::from(CqeOpcode::RespErr),
+            syndrome: 0x01,
+            byte_cnt: MprqByteCnt {
+                filler: false,
+                strides: 6,
+                len: 0,
+            }
+            .word(),
+            wqe_counter: 2,
+            ..Default::default()
+        });
+        (nic.wqe, nic.stride) = (1, 0);
+        let b = payload(2, 300);
+        nic.rx(&b, 0);
+        let got = drain(&mut q, 2);
+        assert_eq!(got.len(), 2);
+        assert_eq!((got[0].data(), got[1].data()), (&a[..], &b[..]));
+        assert_eq!(q.xstats.cqe_errors.load(Ordering::Relaxed), 1);
+        assert_eq!(q.counters.snapshot().errors, 1);
+        assert_eq!(nic.posted(), 5);
+    }
+
+    /// A completion naming strides outside its WQE is dropped and counted, not read.
+    #[test]
+    fn a_completion_past_the_wqe_end_is_dropped_and_counted() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mprq-bad", 64)).unwrap();
+        let (mut q, mut nic) = queue(&pool, small(), 4, 64);
+        nic.write_cqe(&CqeFields {
+            opcode: 2,
+            byte_cnt: MprqByteCnt {
+                filler: false,
+                strides: 2,
+                len: 100,
+            }
+            .word(),
+            wqe_counter: 7, // strides 7 and 8 of an 8-stride WQE
+            ..Default::default()
+        });
+        let mut b = Burst::with_capacity(8);
+        assert_eq!(q.rx_burst(&mut b), 0);
+        assert_eq!(q.xstats.mprq_bad_strides.load(Ordering::Relaxed), 1);
+        assert_eq!(q.counters.snapshot().errors, 1);
+        drop(q);
+        assert_eq!(pool.available(), pool.capacity());
+    }
+}
