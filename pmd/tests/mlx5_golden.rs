@@ -15,7 +15,8 @@ use pmd::hw::mlx5::cqe::{
 };
 use pmd::hw::mlx5::doorbell::{cq_set_ci, rq_record, sq_record, uar_write};
 use pmd::hw::mlx5::wqe::{
-    eth_seg_units, inline_seg_units, CtrlSeg, DataSeg, EthSeg, InlineSeg, CE_ALWAYS, CS_L3, CS_L4,
+    eth_seg_units, inline_seg_units, CtrlSeg, DataSeg, EthSeg, InlineSeg, MprqByteCnt, MprqWqe,
+    CE_ALWAYS, CS_L3, CS_L4,
 };
 use pmd::hw::mlx5::Opcode;
 use pmd::mlx5::{RawCq, RawSq, TxQueue};
@@ -110,6 +111,26 @@ const V9_ARRAY: &str = "
 0010: 00000003 0000003e 00000004 0000003f
 0020: 00000005 00000040 00000006 00000041
 0030: 00000007 00000042 00000008 00000043";
+
+/// V11 (from the spec's tables, §4.2 and §5.1, not captured from a reference driver): a
+/// striding-RQ WQE posting 64 strides of 2048 bytes (bytes 0–15 zero, the data segment at
+/// 16), ...
+const V11_WQE: &str = "
+0000: 00000000 00000000 00000000 00000000
+0010: 00020000 00112233 00007f00 12340000";
+/// ... a responder CQE for a 1400-byte packet in 1 stride at stride 12 of WQE 7 (`wqe_id`
+/// bytes 2–3, `byte_cnt` strides in bits 29:16, `wqe_counter` = stride index), owner 0, ...
+const V11_CQE: &str = "
+0000: 00000007 00000000 00000000 00000000
+0010: 00000000 00000000 00000000 00000000
+0020: 00000000 00000000 00000000 00010578
+0030: 00000000 00000000 00000000 000c0020";
+/// ... and the filler that closes WQE 7 from stride 13 (51 strides, bit 31 set).
+const V11_FILLER: &str = "
+0000: 00000007 00000000 00000000 00000000
+0010: 00000000 00000000 00000000 00000000
+0020: 00000000 00000000 00000000 80330000
+0030: 00000000 00000000 00000000 000d0020";
 
 fn ctrl(b: &mut [u8], op: Opcode, idx: u16, ds: u8) {
     CtrlSeg::new_checked(&mut b[..16])
@@ -350,6 +371,51 @@ fn v10_mini_cqe_formats_match_dpdk() {
     let s = hex("28000005 000005ea");
     let m = MiniCqe::new_checked(&s[..]).unwrap();
     assert_eq!((m.stride_idx(), m.byte_cnt()), (5, 1514));
+}
+
+#[test]
+fn v11_striding_rq_wqe_cqe_and_filler_match_the_spec_tables() {
+    let mut w = [0xeeu8; 32];
+    MprqWqe::new_checked(&mut w[..])
+        .unwrap()
+        .write(0x7f00_1234_0000, LKEY, 64 * 2048);
+    assert_eq!(w.to_vec(), hex(V11_WQE));
+    let mut c = [0u8; 64];
+    Cqe::new_checked(&mut c[..]).unwrap().write(&CqeFields {
+        opcode: 2,
+        wqe_id: 7,
+        byte_cnt: MprqByteCnt {
+            filler: false,
+            strides: 1,
+            len: 1400,
+        }
+        .word(),
+        wqe_counter: 12,
+        ..Default::default()
+    });
+    assert_eq!(c.to_vec(), hex(V11_CQE));
+    let mut f = [0u8; 64];
+    Cqe::new_checked(&mut f[..]).unwrap().write(&CqeFields {
+        opcode: 2,
+        wqe_id: 7,
+        byte_cnt: MprqByteCnt {
+            filler: true,
+            strides: 51,
+            len: 0,
+        }
+        .word(),
+        wqe_counter: 13,
+        ..Default::default()
+    });
+    assert_eq!(f.to_vec(), hex(V11_FILLER));
+    // A driver's view of the bytes.
+    let want = hex(V11_FILLER);
+    let v = Cqe::new_checked(&want[..]).unwrap();
+    let b = MprqByteCnt::from_word(v.byte_cnt());
+    assert_eq!(
+        (b.filler, b.strides, b.len, v.wqe_id(), v.wqe_counter()),
+        (true, 51, 0, 7, 13)
+    );
 }
 
 /// Our TX queue, with an 18-byte minimum inline and V1's frame, writes V1's WQE (its own

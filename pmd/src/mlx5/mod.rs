@@ -7,9 +7,10 @@
 //! * [`txq`]: SEND/TSO with the device's minimum inline header, VLAN, checksum flags,
 //!   multi-segment, eMPW, completion moderation.
 //! * [`rxq`]: cyclic RQ (one mbuf per WQE). [`rxq_mprq`]: multi-packet (striding) RQ, each
-//!   packet copied out of its strides into an mbuf ([`Options::mprq`]). [`rx_cq`]: their
-//!   shared completion reader, normal CQEs and compressed sessions (HASH or CSUM_STRIDX
-//!   minis, [`Options::cqe_compression`]). [`cq`]: the one-bit owner rule.
+//!   packet copied out of its strides into an mbuf ([`Options::mprq`]). Both read their
+//!   completions through one shared reader (`rx_cq`): normal CQEs and compressed sessions
+//!   (HASH or CSUM_STRIDX minis, [`Options::cqe_compression`]). [`cq`]: the one-bit owner
+//!   rule.
 //! * Not yet: QP/WQ error recovery.
 //!
 //! The formats live in [`crate::hw::mlx5`]; `DESIGN.md` beside this file has the queue
@@ -19,7 +20,7 @@
 pub mod cq;
 pub mod driver;
 pub mod provider;
-pub mod rx_cq;
+mod rx_cq;
 pub mod rxq;
 pub mod rxq_mprq;
 pub mod txq;

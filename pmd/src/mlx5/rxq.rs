@@ -1,8 +1,8 @@
 //! mlx5 RX queue over a cyclic RQ (§4.1): one buffer per WQE (the WQE's other scatter
 //! entries closed with the invalid key), the RQ doorbell record written once per refill (no
 //! MMIO: the device reads the record itself), and the completions (normal CQEs and compressed
-//! sessions with HASH minis) read through the shared [`RxCq`]: one WQE per completion, in
-//! order.
+//! sessions with HASH minis) read through the shared `RxCq` (`rx_cq.rs`): one WQE per
+//! completion, in order.
 //!
 //! Error CQEs (§5.3) consume one WQE; its buffer is freed and the error counted. So do
 //! completions with data scattered into the CQE (formats 1 and 2), which a raw-packet RQ is

@@ -19,11 +19,17 @@
 //! Mbufs are taken from the pool in bulk into a small stash before completions are read; when
 //! the pool is empty the burst stops before consuming a completion (the packet stays in its
 //! strides, `rx_nombuf` counts the attempt, and if the pool stays empty the device runs out of
-//! WQEs and counts its drops: `imissed`). Completions come through the shared [`RxCq`], so
-//! compressed sessions (CSUM_STRIDX minis: stride index and packed `byte_cnt` per packet, the
-//! rest from the title, §6.1) decode exactly as on the cyclic queue. Error CQEs (§5.3) are
-//! counted and abandon the rest of the current WQE (the model's policy; the strides an error
-//! consumes on hardware are not documented, §9).
+//! WQEs and counts its drops: `imissed`). Completions come through the shared `RxCq`
+//! (`rx_cq.rs`), so compressed sessions (CSUM_STRIDX minis: stride index and packed
+//! `byte_cnt` per packet, the rest from the title, §6.1) decode exactly as on the cyclic
+//! queue. Error CQEs (§5.3) are counted and abandon the rest of the current WQE (the model's
+//! policy; what an error consumes on hardware is not documented, §9). A completion whose
+//! strides lie outside its WQE is dropped without reading (`rx_mprq_bad_strides`), a packet
+//! longer than an mbuf's data room too (`rx_too_long`): both count as `ierrors`. Filler
+//! completions only move the stride count (`rx_mprq_fillers`).
+//!
+//! The hot path allocates nothing (the stash is made at setup), takes no lock and makes no
+//! system call; per completion it reads 64 bytes (or 8 in a session) and copies the packet.
 #![deny(unsafe_code)]
 
 use super::provider::{Mprq, RawRq};
