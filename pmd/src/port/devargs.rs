@@ -506,7 +506,7 @@ impl FromStr for PortSpec {
                     })
                     .transpose()?
                     .unwrap_or(0),
-                rx: parse_mlx5_rx(&get)?,
+                rx: parse_mlx5_rx(get)?,
             },
             #[cfg(not(feature = "emu"))]
             "emu-mana" | "emu-mlx5" => {
