@@ -111,8 +111,10 @@ fn demo_topology_loses_nothing_and_every_count_agrees() {
 }
 
 /// The demo with the mlx5 model on both sides, mixed (pktgen on MANA models, l2fwd on mlx5
-/// models, over the same shared-memory cables), and with l2fwd's ports modelling a
-/// ConnectX-4 (18 bytes inline: SEND WQEs instead of eMPW).
+/// models, over the same shared-memory cables), with l2fwd's ports modelling a ConnectX-4
+/// (18 bytes inline: SEND WQEs instead of eMPW), and with l2fwd receiving through
+/// multi-packet RQs (DPDK's default geometry; 64-byte strides, two per frame, with
+/// uncompressed CQEs).
 #[test]
 fn demo_topology_on_mlx5_models_and_mixed_loses_nothing() {
     demo(&Topology::with_kinds("mlx", "emu-mlx5", "", "emu-mlx5"));
@@ -121,6 +123,13 @@ fn demo_topology_on_mlx5_models_and_mixed_loses_nothing() {
         "cx4",
         "emu-mlx5",
         ",inline=18",
+        "emu-mana",
+    ));
+    demo(&Topology::with_kinds("mprq", "emu-mlx5", ",mprq=1", "emu-mlx5"));
+    demo(&Topology::with_kinds(
+        "strides",
+        "emu-mlx5",
+        ",mprq=1,mprq-log-stride=6,cqe-comp=0",
         "emu-mana",
     ));
 }
