@@ -29,18 +29,39 @@ fn bench(c: &mut Criterion) {
         mb.step();
     });
 
-    let wire: pmd::emu::wire::WireSpec = format!("loop:{name}-mlx5").parse().unwrap();
-    let open = |id| pmd::emu::mlx5::port::ModelPort::open(&wire, None, None, id, 0).unwrap();
-    let (pa, pb) = (open(0), open(1));
-    let (ha, hb) = (pa.handle(), pb.handle());
-    ha.pause();
-    hb.pause();
-    let a = probe::mlx5(0, "a".into(), Box::new(pa));
-    let b = probe::mlx5(1, "b".into(), Box::new(pb));
-    pair(c, "mlx5_emu", &pool, a, b, &|| {
-        ha.step();
-        hb.step();
-    });
+    // The mlx5 driver's receive variants: cyclic RQs with compressed CQEs (the default),
+    // without, and multi-packet RQs (DPDK's default geometry) with compressed CQEs.
+    let variants = [
+        ("mlx5_emu", pmd::mlx5::Options::default()),
+        (
+            "mlx5_emu_nocomp",
+            pmd::mlx5::Options {
+                cqe_compression: false,
+                ..Default::default()
+            },
+        ),
+        (
+            "mlx5_emu_mprq",
+            pmd::mlx5::Options {
+                mprq: Some(pmd::mlx5::Mprq::DEFAULT),
+                ..Default::default()
+            },
+        ),
+    ];
+    for (group, opts) in variants {
+        let wire: pmd::emu::wire::WireSpec = format!("loop:{name}-{group}").parse().unwrap();
+        let open = |id| pmd::emu::mlx5::port::ModelPort::open(&wire, None, None, id, 0).unwrap();
+        let (pa, pb) = (open(0), open(1));
+        let (ha, hb) = (pa.handle(), pb.handle());
+        ha.pause();
+        hb.pause();
+        let a = probe::mlx5_with(0, "a".into(), Box::new(pa), opts);
+        let b = probe::mlx5_with(1, "b".into(), Box::new(pb), opts);
+        pair(c, group, &pool, a, b, &|| {
+            ha.step();
+            hb.step();
+        });
+    }
 }
 
 /// Times `tx_burst` on `a` and `rx_burst` on `b` (joined by a cable), with `step` running
