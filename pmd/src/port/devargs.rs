@@ -74,10 +74,18 @@ pub enum PortKind {
     },
     /// A real mlx5 port; with no keys, the first mlx5 port found.
     Mlx5 {
+        /// Select the port whose netdev has this MAC.
+        mac: Option<MacAddr>,
         /// Select this IB device (e.g. `mlx5_0`).
         dev: Option<String>,
         /// Select this IB port (1-based).
         port: Option<u32>,
+        /// `inline=N`: inline at least N bytes of each frame (the device's own minimum, 18
+        /// on ConnectX-4, is always honoured).
+        inline: Option<u16>,
+        /// `cqe-comp=0|1`: compressed receive CQEs where the device has them (default 1,
+        /// as DPDK's `rxq_cqe_comp_en`).
+        cqe_comp: bool,
     },
     /// The MANA device model.
     #[cfg(feature = "emu")]
@@ -198,7 +206,9 @@ fn accepted_keys(kind: &str) -> &'static [&'static str] {
             "rxq",
             "txq",
         ],
-        "mlx5" => &["dev", "port", "rxq", "txq"],
+        "mlx5" => &[
+            "mac", "dev", "port", "netdev", "inline", "cqe-comp", "rxq", "txq",
+        ],
         "emu-mana" => &[
             "wire",
             "mac",
@@ -248,6 +258,19 @@ fn parse_mac(value: &str) -> Result<MacAddr, DevargsError> {
         value: value.to_string(),
         expected: "six hex byte pairs like 00:15:5d:01:02:03",
     })
+}
+
+/// `inline=N`: bytes of each frame inline in the WQE.
+fn parse_inline(value: &str) -> Result<u16, DevargsError> {
+    value
+        .parse::<u16>()
+        .ok()
+        .filter(|n| *n <= 255)
+        .ok_or_else(|| DevargsError::BadValue {
+            key: "inline",
+            value: value.into(),
+            expected: "the bytes the device needs inline, 0 to 255 (18 for a ConnectX-4)",
+        })
 }
 
 /// `busy-timeout=SECONDS`: a positive number of seconds, millisecond precision.
@@ -402,25 +425,23 @@ impl FromStr for PortSpec {
         };
         let kind = match kind {
             "mana" => PortKind::Mana { mac, dev, port },
-            "mlx5" => PortKind::Mlx5 { dev, port },
+            "mlx5" => PortKind::Mlx5 {
+                mac,
+                dev,
+                port,
+                inline: get("inline").map(parse_inline).transpose()?,
+                cqe_comp: get("cqe-comp")
+                    .map(|v| parse_num("cqe-comp", v, (0u8, 1), "0 or 1"))
+                    .transpose()?
+                    .is_none_or(|v| v == 1),
+            },
             #[cfg(feature = "emu")]
             "emu-mana" => PortKind::EmuMana { wire: wire()?, mac },
             #[cfg(feature = "emu")]
             "emu-mlx5" => PortKind::EmuMlx5 {
                 wire: wire()?,
                 mac,
-                inline: get("inline")
-                    .map(|v| {
-                        v.parse::<u16>().ok().filter(|n| *n <= 255).ok_or_else(|| {
-                            DevargsError::BadValue {
-                                key: "inline",
-                                value: v.into(),
-                                expected: "the bytes the device needs inline, 0 to 255 (18 for a ConnectX-4)",
-                            }
-                        })
-                    })
-                    .transpose()?
-                    .unwrap_or(0),
+                inline: get("inline").map(parse_inline).transpose()?.unwrap_or(0),
             },
             #[cfg(not(feature = "emu"))]
             "emu-mana" | "emu-mlx5" => {
@@ -481,9 +502,20 @@ impl fmt::Display for PortSpec {
                 parts.extend(port.map(|p| format!("port={p}")));
                 "mana"
             }
-            PortKind::Mlx5 { dev, port } => {
+            PortKind::Mlx5 {
+                mac,
+                dev,
+                port,
+                inline,
+                cqe_comp,
+            } => {
+                parts.extend(mac.map(|m| format!("mac={m}")));
                 parts.extend(dev.as_ref().map(|d| format!("dev={d}")));
                 parts.extend(port.map(|p| format!("port={p}")));
+                parts.extend(inline.map(|n| format!("inline={n}")));
+                if !cqe_comp {
+                    parts.push("cqe-comp=0".into());
+                }
                 "mlx5"
             }
             #[cfg(feature = "emu")]
@@ -553,8 +585,11 @@ mod tests {
         assert_eq!(
             p("mlx5:dev=mlx5_0").unwrap().kind,
             PortKind::Mlx5 {
+                mac: None,
                 dev: Some("mlx5_0".into()),
-                port: None
+                port: None,
+                inline: None,
+                cqe_comp: true,
             }
         );
         assert_eq!(
