@@ -674,10 +674,8 @@ mod tests {
             ("null:size=10", &["'10'", "14 to 9600"]),
             ("null:size=abc", &["'abc'"]),
             ("null:rxq=65", &["'65'", "1 to 64"]),
-            (
-                "mlx5:mac=00:15:5d:01:02:03",
-                &["'mlx5' ports take no key 'mac'"],
-            ),
+            ("mlx5:busy=wait", &["'mlx5' ports take no key 'busy'"]),
+            ("mlx5:cqe-comp=2", &["'2'", "0 or 1"]),
         ];
         for (input, needles) in cases {
             let e = p(input).expect_err(input).to_string();
@@ -801,10 +799,19 @@ mod tests {
             )
                 .prop_map(|(mac, dev, port)| PortKind::Mana { mac, dev, port }),
             (
+                mac.clone(),
                 proptest::option::of(arb_name()),
-                proptest::option::of(1u32..=256)
+                proptest::option::of(1u32..=256),
+                proptest::option::of(0u16..=255),
+                any::<bool>()
             )
-                .prop_map(|(dev, port)| PortKind::Mlx5 { dev, port }),
+                .prop_map(|(mac, dev, port, inline, cqe_comp)| PortKind::Mlx5 {
+                    mac,
+                    dev,
+                    port,
+                    inline,
+                    cqe_comp
+                }),
             (wire.clone(), mac.clone()).prop_map(|(wire, mac)| PortKind::EmuMana { wire, mac }),
             (
                 wire,
@@ -829,7 +836,8 @@ mod tests {
             // busy and netdev only where the kind takes them.
             let emu = matches!(kind, PortKind::EmuMana { .. } | PortKind::EmuMlx5 { .. });
             let mana = matches!(kind, PortKind::EmuMana { .. } | PortKind::Mana { .. });
-            let netdev = (t && (mana || emu)).then(|| "veth9".to_string());
+            let mlx5 = matches!(kind, PortKind::Mlx5 { .. });
+            let netdev = (t && (mana || emu || mlx5)).then(|| "veth9".to_string());
             PortSpec {
                 kind,
                 rxq,
