@@ -436,7 +436,12 @@ pub fn report(devices: &[DeviceInfo]) -> String {
                         "netdev {} mac {} ({})",
                         n.name,
                         n.mac.map_or_else(|| "unknown".into(), |m| m.to_string()),
-                        if n.up { "up: holds the port" } else { "down" }
+                        match (n.up, &d.family) {
+                            (true, Family::Mana) => "up: holds the port",
+                            // mlx5 is bifurcated: the netdev keeps running beside us.
+                            (true, _) => "up",
+                            (false, _) => "down",
+                        }
                     ),
                     None => "no netdev".into(),
                 };
@@ -445,6 +450,15 @@ pub fn report(devices: &[DeviceInfo]) -> String {
                     "    port {}  {} {}  {}",
                     p.number, p.link_layer, p.state, nd
                 );
+                match &d.family {
+                    Family::Mana => {
+                        let _ = writeln!(s, "      --port mana:dev={},port={}", d.name, p.number);
+                    }
+                    Family::Mlx5 => {
+                        let _ = writeln!(s, "      --port mlx5:dev={},port={}", d.name, p.number);
+                    }
+                    Family::Other(_) => {}
+                }
             }
         }
     }
