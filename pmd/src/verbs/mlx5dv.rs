@@ -236,8 +236,6 @@ pub fn init_sq(qp: &Qp, cq: &Cq, owner: &QueueOwner, what: &str) -> Result<SqMem
     // SAFETY: all-zero is valid for these plain C structs.
     let (mut q, mut c, mut o): (dv::mlx5dv_qp, dv::mlx5dv_cq, dv::mlx5dv_obj) =
         unsafe { (std::mem::zeroed(), std::mem::zeroed(), std::mem::zeroed()) };
-    // Ask for the PRM object numbers too (the SQ number goes into every WQE).
-    q.comp_mask = u64::from(dv::MLX5DV_QP_MASK_RAW_QP_HANDLES);
     o.qp.in_ = qp.as_ptr().cast::<dv::ibv_qp>();
     o.qp.out = &mut q;
     o.cq.in_ = cq.as_ptr().cast::<dv::ibv_cq>();
@@ -263,14 +261,11 @@ pub fn init_sq(qp: &Qp, cq: &Cq, owner: &QueueOwner, what: &str) -> Result<SqMem
         );
         return Err(e);
     }
-    // The SQ number: asked for above; a provider that does not fill it leaves the bit clear,
-    // and then the QP number is the SQ number of a TX-only raw QP (spec §1.7).
-    let sqn = if q.comp_mask & u64::from(dv::MLX5DV_QP_MASK_RAW_QP_HANDLES) != 0 {
-        q.sqn
-    } else {
-        // SAFETY: the QP is live.
-        unsafe { (*qp.as_ptr()).qp_num }
-    };
+    // The SQ number goes into every WQE: for a raw QP without a receive side the QP number
+    // is the SQ number (spec §1.7), which is what DPDK's Verbs path uses; asking
+    // `MLX5DV_QP_MASK_RAW_QP_HANDLES` would cost a device command for the same value.
+    // SAFETY: the QP is live.
+    let sqn = unsafe { (*qp.as_ptr()).qp_num };
     Ok(SqMem {
         buf: view(q.sq.buf, q.sq.wqe_cnt as usize * WQEBB_BYTES, owner),
         wqe_cnt: q.sq.wqe_cnt,
