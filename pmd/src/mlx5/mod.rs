@@ -19,7 +19,7 @@ pub mod rxq;
 pub mod txq;
 
 pub use driver::{Driver, Provider, SetupError};
-pub use provider::{RawCq, RawRq, RawSq};
+pub use provider::{QueueState, RawCq, RawRq, RawSq};
 
 pub use rxq::{RxQueue, RxXstats};
 pub use txq::{TxQueue, TxXstats};

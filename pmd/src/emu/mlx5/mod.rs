@@ -216,16 +216,18 @@ impl Model {
     /// A size out of range, no memory, or a CQ already in use.
     pub fn create_sq(&self, wqe_cnt: u32, cq: &RawCq) -> Result<RawSq, ModelError> {
         let wqe_cnt = pow2(wqe_cnt, "SQ WQEBBs", engine::MAX_WQE_CNT)?;
+        let sqn = self.id();
         let sq = RawSq {
             buf: alloc(wqe_cnt as usize * WQEBB_BYTES, "SQ")?,
             wqe_cnt,
-            sqn: self.id(),
+            sqn,
             dbrec: alloc(8, "QP doorbell record")?,
             bf_reg: alloc(2 * BF_SIZE as usize, "BlueFlame register")?,
             bf_size: BF_SIZE,
             min_inline: self.min_inline,
             cq: cq.clone(),
             owner: self.owner(),
+            state: Arc::new(port::ModelQueueState::sq(self.handle(), sqn)),
         };
         self.thread.core().lock().add_sq(SqSpec::from(&sq))?;
         Ok(sq)
@@ -251,14 +253,16 @@ impl Model {
         let wqe_cnt = pow2(wqe_cnt, "RQ WQEs", engine::MAX_WQE_CNT)?;
         let stride = pow2(max_sge, "RQ scatter entries", 64)? * 16;
         let bytes = (wqe_cnt as usize * stride as usize).max(64);
+        let rqn = self.id();
         let rq = RawRq {
             buf: alloc(bytes, "RQ")?,
             wqe_cnt: (bytes / stride as usize) as u32,
             stride,
-            rqn: self.id(),
+            rqn,
             dbrec: alloc(8, "RQ doorbell record")?,
             cq: cq.clone(),
             owner: self.owner(),
+            state: Arc::new(port::ModelQueueState::rq(self.handle(), rqn)),
         };
         self.thread
             .core()
@@ -289,10 +293,11 @@ impl Model {
     }
 
     /// Moves SQ `sqn` through RESET back to RTS: the device's counter restarts at 0 and its
-    /// error state is cleared (§2.8).
+    /// error state is cleared (§2.8). The queue's [`RawSq::state`] does the same in two
+    /// steps.
     ///
     /// # Errors
-    /// No such SQ.
+    /// No such SQ, or an injected state-change failure.
     pub fn reset_sq(&self, sqn: u32) -> Result<(), ModelError> {
         Ok(self.thread.core().lock().reset_sq(sqn)?)
     }
