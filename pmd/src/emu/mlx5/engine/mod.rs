@@ -831,6 +831,11 @@ impl Engine {
         s
     }
 
+    /// The numbers of the receive queues served, oldest first.
+    pub fn rq_numbers(&self) -> Vec<u32> {
+        self.rqs.iter().map(|q| q.rqn).collect()
+    }
+
     /// How many send and receive queues the engine serves.
     pub fn queue_counts(&self) -> (usize, usize) {
         (self.sqs.len(), self.rqs.len())
