@@ -908,9 +908,11 @@ fn a_bad_rx_key_puts_the_rq_in_error_until_reset_and_rdy() {
     rq.post(2, RX_BUF as u32);
     // WQE 2 names a key the model never registered.
     let mut w = vec![0u8; rq.q.stride as usize];
-    DataSeg::new_checked(&mut w[..16])
-        .unwrap()
-        .set(rq.buf.addr(2 * RX_BUF), rq.buf.lkey + 77, RX_BUF as u32);
+    DataSeg::new_checked(&mut w[..16]).unwrap().set(
+        rq.buf.addr(2 * RX_BUF),
+        rq.buf.lkey + 77,
+        RX_BUF as u32,
+    );
     rq.q.buf.write(2 * rq.q.stride as usize, &w);
     rq.posted += 1;
     rq.post(3, RX_BUF as u32);
@@ -927,7 +929,10 @@ fn a_bad_rx_key_puts_the_rq_in_error_until_reset_and_rdy() {
     let e = rq.poll().unwrap();
     assert_eq!(cqe(&e).opcode(), CqeOpcode::RespErr);
     assert_eq!(cqe(&e).syndrome(), Syndrome::LocalProt);
-    assert_eq!((cqe(&e).wqe_counter(), cqe(&e).qpn_or_flow_tag()), (2, rq.q.rqn));
+    assert_eq!(
+        (cqe(&e).wqe_counter(), cqe(&e).qpn_or_flow_tag()),
+        (2, rq.q.rqn)
+    );
     // The frame after it found the RQ in error; the next step flushes WQEs 3..6.
     assert!(rq.poll().is_none());
     h.step();
@@ -964,7 +969,11 @@ fn a_bad_rx_key_puts_the_rq_in_error_until_reset_and_rdy() {
     h.step();
     let c = rq.poll().unwrap();
     assert_eq!(cqe(&c).opcode(), CqeOpcode::RespSend);
-    assert_eq!(cqe(&c).wqe_counter(), 0, "the device's counter restarted at 0");
+    assert_eq!(
+        cqe(&c).wqe_counter(),
+        0,
+        "the device's counter restarted at 0"
+    );
     assert_eq!(rq.data(0, again.len()), again);
 }
 
@@ -1008,7 +1017,10 @@ fn sq_reset_stops_the_device_and_rts_resumes_from_wqe_0() {
     let frame = udp_frame(1, 40);
     buf.mem.write(0, &frame);
     let mut sq = Sq::new(&m, 16, 15);
-    assert!(sq.q.state.ready().is_err(), "RTS → RTS is no transition here");
+    assert!(
+        sq.q.state.ready().is_err(),
+        "RTS → RTS is no transition here"
+    );
     sq.q.state.reset().unwrap();
     for _ in 0..3 {
         sq.send(&buf, 0, &frame, 0, CE_ALWAYS, 0);

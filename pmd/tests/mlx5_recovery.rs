@@ -154,7 +154,10 @@ fn run(p: &mut Pair, pool: &Arc<MbufPool>) -> Seen {
         p.rx.rx_burst(&mut b);
         for m in b.drain_front(b.len()) {
             let seq = u32::from_be_bytes(m.data()[14..18].try_into().unwrap());
-            assert!(seq >= next, "frame {seq} after {next}: out of order or twice");
+            assert!(
+                seq >= next,
+                "frame {seq} after {next}: out of order or twice"
+            );
             if seq > next {
                 seen.gaps += 1;
             }
@@ -168,7 +171,7 @@ fn run(p: &mut Pair, pool: &Arc<MbufPool>) -> Seen {
         }
         if seen.sent == u64::from(FRAMES) && !moved {
             idle += 1;
-            if idle % 64 == 0 {
+            if idle.is_multiple_of(64) {
                 let lost = losses(p);
                 assert!(
                     seen.got + lost <= seen.sent,
@@ -262,8 +265,15 @@ fn tx_errors_mid_stream_are_recovered_and_every_frame_accounted_for() {
         let s0 = p.p0.stats();
         assert_eq!(s0.oerrors, xstat(&p.p0, "tx_error_drops"), "{what}");
         assert_eq!(seen.sent, seen.got + s0.oerrors, "{what}: {seen:?}");
-        assert_eq!(losses(&p), s0.oerrors, "{what}: only the sender lost frames");
-        assert!(seen.gaps > 0 && seen.after_first_gap > 0, "{what}: {seen:?}");
+        assert_eq!(
+            losses(&p),
+            s0.oerrors,
+            "{what}: only the sender lost frames"
+        );
+        assert!(
+            seen.gaps > 0 && seen.after_first_gap > 0,
+            "{what}: {seen:?}"
+        );
         let syndrome = if faults.tx_bad_key_every > 0 {
             "tx_err_local_prot"
         } else {
@@ -313,9 +323,15 @@ fn rx_errors_mid_stream_are_recovered_and_every_frame_accounted_for() {
             "{what}"
         );
         assert_eq!(s1.ipackets, seen.got, "{what}");
-        assert_eq!(dev.rx_frames, seen.got, "{what}: every frame in a buffer delivered");
+        assert_eq!(
+            dev.rx_frames, seen.got,
+            "{what}: every frame in a buffer delivered"
+        );
         assert_eq!(p.p0.stats().oerrors, 0, "{what}");
-        assert!(seen.gaps > 0 && seen.after_first_gap > 0, "{what}: {seen:?}");
+        assert!(
+            seen.gaps > 0 && seen.after_first_gap > 0,
+            "{what}: {seen:?}"
+        );
         if compress {
             assert!(dev.rx_compressed_sessions > 0, "{what}");
         }
@@ -382,13 +398,19 @@ fn failing_resets_are_counted_and_never_hang_a_queue() {
                 refused += 1;
             }
         }
-        assert!(refused > 19 * 1024, "{what}: the queue went down ({refused})");
+        assert!(
+            refused > 19 * 1024,
+            "{what}: the queue went down ({refused})"
+        );
         // The first failure, then one retry every 1024 bursts (the engine thread may take
         // a while to fail the first WQE: bursts meanwhile fill the ring and take nothing).
         let more = xstat(&p.p0, "tx_recovery_failures") - failures;
         let least = if stepped { 19 } else { 1 };
         assert!((least..=21).contains(&more), "{what}: {more} failures");
-        assert!(t.elapsed() < Duration::from_secs(30), "{what}: bursts return at once");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{what}: bursts return at once"
+        );
         finish(p, &pool);
     }
 }

@@ -225,7 +225,8 @@ impl TxQueue {
     }
 
     /// Processes completions: frees every packet up to each completed WQE; after an error
-    /// CQE, recovers the queue (see [`TxQueue::recover`]). Returns the CQEs consumed.
+    /// CQE, recovers the queue (RESET, drain, counters to 0, RTS; see `DESIGN.md`). Returns
+    /// the CQEs consumed.
     pub fn reclaim(&mut self) -> u32 {
         let (n, failed) = self.complete();
         if failed {
