@@ -1,6 +1,7 @@
 //! The mlx5 device model as an [`mlx5::Provider`](crate::mlx5::Provider): what an
 //! `emu-mlx5:wire=...` port runs on. Queues come from [`Model`] (memory it allocates as
-//! rdma-core would), one CQ per queue, RSS over the RX queues in order.
+//! rdma-core would), one CQ per queue, RSS over the RX queues in order; each queue's state
+//! machine for error recovery is a [`ModelQueueState`] on the model's handle.
 #![deny(unsafe_code)]
 
 use super::{Model, ModelError, ModelHandle, RxHashFields};

@@ -1,7 +1,9 @@
 //! The RX side (§4.1, §5.1, §8 items 8–9): frames from the wire, steered to an RQ by RSS (or
 //! to the only RQ), one posted WQE consumed per frame and the frame scattered into its data
 //! segments through the memory keys, then a responder CQE with the hash, checksum verdicts,
-//! header types and the stripped VLAN; RESP_ERR LOCAL_LENGTH for a frame larger than the WQE.
+//! header types and the stripped VLAN; RESP_ERR LOCAL_LENGTH for a frame larger than the WQE;
+//! RESP_ERR LOCAL_PROT for a bad key or range, which puts the RQ in error: its posted WQEs
+//! are flushed (WR_FLUSH) and its frames dropped until the driver resets it (§5.3, §8 item 7).
 #![deny(unsafe_code)]
 
 use super::{record, Engine, QueueState, RxHashFields, BUDGET};
