@@ -294,8 +294,10 @@ impl TxQueue {
         }
         self.free_done();
         self.counters.add(ok_pkts, ok_bytes);
-        self.counters.add_errors(errs);
-        self.xstats.error_drops.fetch_add(errs, Ordering::Relaxed);
+        if errs > 0 {
+            self.counters.add_errors(errs);
+            self.xstats.error_drops.fetch_add(errs, Ordering::Relaxed);
+        }
         (n, failed)
     }
 
