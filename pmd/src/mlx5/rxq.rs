@@ -41,9 +41,10 @@ const MAX_STRIDE: usize = 256;
 /// RX counters by name.
 #[derive(Debug, Default)]
 pub struct RxXstats {
-    /// Error CQEs.
+    /// Error CQEs a burst found (not those a recovery consumes: see `flushed`,
+    /// `recovery_drops`).
     pub cqe_errors: AtomicU64,
-    /// Error CQEs with a syndrome that needs the WQ reset (each starts a recovery).
+    /// ... of which with a syndrome that needs the WQ reset (each starts a recovery).
     pub critical_errors: AtomicU64,
     /// Flush CQEs (WR_FLUSH) consumed by recoveries: posted buffers the device gave back
     /// unused (no frame lost with them).

@@ -318,7 +318,7 @@ fn record(mem: &DevMem, off: usize) -> u32 {
 /// raw QP's SQ runs in RTS, a WQ in RDY; both go to error on a failed WQE and only leave it
 /// through RESET.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum QueueState {
+pub(crate) enum HwQueueState {
     /// RTS (SQ) or RDY (RQ): the device serves the queue.
     Ready,
     /// After a failed WQE: SQ WQEs complete with WR_FLUSH, posted RQ WQEs are flushed with
@@ -328,7 +328,7 @@ pub(crate) enum QueueState {
     Reset,
 }
 
-impl QueueState {
+impl HwQueueState {
     fn name(self, sq: bool) -> &'static str {
         match (self, sq) {
             (Self::Ready, true) => "RTS",
@@ -349,7 +349,7 @@ pub(crate) struct Sq {
     /// The device's consumer counter in WQEBBs (16 bits, §2.1).
     pub ci: u16,
     /// RTS, error (after a failed WQE: the rest are flushed) or RESET.
-    pub state: QueueState,
+    pub state: HwQueueState,
 }
 
 pub(crate) struct Rq {
@@ -363,7 +363,7 @@ pub(crate) struct Rq {
     /// The device's consumer counter in WQEs (16 bits, §4.1).
     pub ci: u16,
     /// RDY, error (after a failed WQE: posted WQEs are flushed, frames dropped) or RESET.
-    pub state: QueueState,
+    pub state: HwQueueState,
 }
 
 /// RSS state: key, hashed fields and the indirection table by RQ number, with the table
@@ -510,7 +510,7 @@ impl Engine {
             min_inline: sq.min_inline,
             cq,
             ci: 0,
-            state: QueueState::Ready,
+            state: HwQueueState::Ready,
         });
         Ok(())
     }
@@ -570,7 +570,7 @@ impl Engine {
         let i = self.sq_index(sqn)?;
         self.state_change("SQ", sqn, "RESET")?;
         let q = &mut self.sqs[i];
-        q.state = QueueState::Reset;
+        q.state = HwQueueState::Reset;
         q.ci = 0;
         self.stats.sq_resets += 1;
         tracing::debug!(target: "pmd::emu", sqn, "SQ to RESET");
@@ -590,7 +590,7 @@ impl Engine {
     pub fn sq_to_rts(&mut self, sqn: u32) -> Result<(), EngineError> {
         let i = self.sq_index(sqn)?;
         let from = self.sqs[i].state;
-        if from != QueueState::Reset {
+        if from != HwQueueState::Reset {
             return Err(EngineError::BadTransition {
                 kind: "SQ",
                 id: sqn,
@@ -599,7 +599,7 @@ impl Engine {
             });
         }
         self.state_change("SQ", sqn, "RTS")?;
-        self.sqs[i].state = QueueState::Ready;
+        self.sqs[i].state = HwQueueState::Ready;
         Ok(())
     }
 
@@ -615,7 +615,7 @@ impl Engine {
         self.state_change("RQ", rqn, "RESET")?;
         let q = &mut self.rqs[i];
         self.stats.rx_cqes += q.cq.flush() as u64;
-        q.state = QueueState::Reset;
+        q.state = HwQueueState::Reset;
         q.ci = 0;
         self.stats.rq_resets += 1;
         tracing::debug!(target: "pmd::emu", rqn, "RQ to RESET");
@@ -631,7 +631,7 @@ impl Engine {
     pub fn rq_to_rdy(&mut self, rqn: u32) -> Result<(), EngineError> {
         let i = self.rq_index(rqn)?;
         let from = self.rqs[i].state;
-        if from != QueueState::Reset {
+        if from != HwQueueState::Reset {
             return Err(EngineError::BadTransition {
                 kind: "RQ",
                 id: rqn,
@@ -640,7 +640,7 @@ impl Engine {
             });
         }
         self.state_change("RQ", rqn, "RDY")?;
-        self.rqs[i].state = QueueState::Ready;
+        self.rqs[i].state = HwQueueState::Ready;
         Ok(())
     }
 
@@ -696,7 +696,7 @@ impl Engine {
             vlan_strip: rq.vlan_strip,
             cq,
             ci: 0,
-            state: QueueState::Ready,
+            state: HwQueueState::Ready,
         });
         self.rebuild_rss();
         Ok(())
@@ -857,7 +857,7 @@ impl Engine {
             work += self.process_sq(i);
         }
         for i in 0..self.rqs.len() {
-            if self.rqs[i].state == QueueState::Error {
+            if self.rqs[i].state == HwQueueState::Error {
                 work += self.flush_rq(i);
             }
         }

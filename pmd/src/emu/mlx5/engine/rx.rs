@@ -6,7 +6,7 @@
 //! are flushed (WR_FLUSH) and its frames dropped until the driver resets it (§5.3, §8 item 7).
 #![deny(unsafe_code)]
 
-use super::{record, Engine, QueueState, RxHashFields, BUDGET};
+use super::{record, Engine, HwQueueState, RxHashFields, BUDGET};
 use crate::emu::wire::faults::Arrival;
 use crate::hw::mlx5::cqe::{csum_ok, hash_type, hdr_type, CqeFields, CqeOpcode, Syndrome};
 use crate::hw::mlx5::doorbell::RCV_DBR;
@@ -94,7 +94,7 @@ impl Engine {
             return;
         };
         // An RQ in RESET or in error has no WQE the device may use.
-        if rq.state != QueueState::Ready {
+        if rq.state != HwQueueState::Ready {
             self.stats.rx_no_wqe += 1;
             return;
         }
@@ -177,7 +177,7 @@ impl Engine {
                     // A protection error puts the RQ in error: its posted WQEs are flushed
                     // and it takes no frame until it is reset (§5.3: the driver resets it).
                     self.stats.rx_prot_errors += 1;
-                    rq.state = QueueState::Error;
+                    rq.state = HwQueueState::Error;
                     tracing::debug!(target: "pmd::emu", rqn = rq.rqn, index, "receive WQE failed; RQ in error");
                 }
                 self.stats.rx_cqes += rq.cq.write(&f) as u64;

@@ -10,7 +10,7 @@
 //! BlueFlame copies into it are ignored (the WQE is always in the ring too, §3.2).
 #![deny(unsafe_code)]
 
-use super::{record, Engine, QueueState, BUDGET, VENDOR_ERR_INJECTED};
+use super::{record, Engine, HwQueueState, BUDGET, VENDOR_ERR_INJECTED};
 use crate::emu::wire::Wire;
 use crate::hw::mlx5::cqe::{CqeFields, CqeOpcode, Syndrome};
 use crate::hw::mlx5::doorbell::SND_DBR;
@@ -46,7 +46,7 @@ impl Engine {
     /// how many.
     pub(super) fn process_sq(&mut self, i: usize) -> usize {
         // The device does not look at an SQ in RESET.
-        if self.sqs[i].state == QueueState::Reset {
+        if self.sqs[i].state == HwQueueState::Reset {
             return 0;
         }
         let rec = record(&self.sqs[i].dbrec, SND_DBR) as u16;
@@ -82,7 +82,7 @@ impl Engine {
             read_ring(&sq.buf, ring_bytes, pos, &mut wqe[..bytes]);
             self.sqs[i].ci = index.wrapping_add(bbs);
             self.stats.tx_wqes += 1;
-            let outcome = if self.sqs[i].state == QueueState::Error {
+            let outcome = if self.sqs[i].state == HwQueueState::Error {
                 Err((Syndrome::WrFlush, 0))
             } else {
                 self.execute(i, &wqe[..ds * DS_BYTES], index)
@@ -123,7 +123,7 @@ impl Engine {
                 if syndrome == Syndrome::WrFlush {
                     self.stats.tx_flushed += 1;
                 } else {
-                    sq.state = QueueState::Error;
+                    sq.state = HwQueueState::Error;
                     self.stats.tx_errors += 1;
                     tracing::debug!(target: "pmd::emu", sqn = sq.sqn, index, ?syndrome, "send WQE failed; SQ in error");
                 }
