@@ -18,7 +18,7 @@ use pmd::hw::mlx5::wqe::{
     eth_seg_units, inline_seg_units, CtrlSeg, DataSeg, EthSeg, InlineSeg, CE_ALWAYS, CS_L3, CS_L4,
 };
 use pmd::hw::mlx5::Opcode;
-use pmd::mlx5::{RawCq, RawSq, TxQueue};
+use pmd::mlx5::{QueueState, RawCq, RawSq, SetupError, TxQueue};
 use pmd::sys::DevMem;
 use std::sync::Arc;
 
@@ -352,6 +352,18 @@ fn v10_mini_cqe_formats_match_dpdk() {
     assert_eq!((m.stride_idx(), m.byte_cnt()), (5, 1514));
 }
 
+/// A QP whose state never changes: this test sees no error completion.
+struct NoStateChange;
+
+impl QueueState for NoStateChange {
+    fn reset(&self) -> Result<(), SetupError> {
+        Err(SetupError::Device("no state changes in this test".into()))
+    }
+    fn ready(&self) -> Result<(), SetupError> {
+        Err(SetupError::Device("no state changes in this test".into()))
+    }
+}
+
 /// Our TX queue, with an 18-byte minimum inline and V1's frame, writes V1's WQE (its own
 /// addresses and key aside, and CE 1: a single packet asks for no completion).
 #[test]
@@ -381,6 +393,7 @@ fn the_tx_queue_builds_v1() {
             cqn: 1,
         },
         owner: Arc::new(()),
+        state: Arc::new(NoStateChange),
     };
     let mut q = TxQueue::new(
         raw,

@@ -1,12 +1,18 @@
 //! The mlx5 driver (ConnectX-4 … ConnectX-7): our own datapath over the raw queues
 //! `mlx5dv_init_obj` describes.
 //!
-//! * [`provider`]: the raw queue descriptions a provider hands out.
+//! * [`provider`]: the raw queue descriptions a provider hands out, each with the
+//!   [`QueueState`] machine the queue's error recovery moves it through.
 //! * [`driver`]: the port driver over a [`Provider`] (today the device model, `emu-mlx5`
 //!   ports; the rdma-core provider for `mlx5:` ports is not built yet).
 //! * [`txq`]: SEND/TSO with the device's minimum inline header, VLAN, checksum flags,
 //!   multi-segment, eMPW, completion moderation. [`rxq`]: cyclic RQ, compressed sessions.
-//!   [`cq`]: the one-bit owner rule. Not yet: MPRQ, QP/WQ error recovery.
+//!   [`cq`]: the one-bit owner rule.
+//! * Error recovery, as DPDK's: an error CQE is counted and the queue goes through RESET
+//!   and back (SQ to RTS, WQ to RDY) in the burst that finds it, its CQ drained and its
+//!   counters restarted at 0 like the device's; every packet lost on the way is counted.
+//!   A failed state change leaves the queue down (bursts return 0) with a retry every
+//!   1024 bursts. Not yet: MPRQ.
 //!
 //! The formats live in [`crate::hw::mlx5`]; `DESIGN.md` beside this file has the queue
 //! layout, memory ordering and sources.
@@ -19,7 +25,7 @@ pub mod rxq;
 pub mod txq;
 
 pub use driver::{Driver, Provider, SetupError};
-pub use provider::{RawCq, RawRq, RawSq};
+pub use provider::{QueueState, RawCq, RawRq, RawSq};
 
 pub use rxq::{RxQueue, RxXstats};
 pub use txq::{TxQueue, TxXstats};

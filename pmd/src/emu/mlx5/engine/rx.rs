@@ -1,10 +1,12 @@
 //! The RX side (§4.1, §5.1, §8 items 8–9): frames from the wire, steered to an RQ by RSS (or
 //! to the only RQ), one posted WQE consumed per frame and the frame scattered into its data
 //! segments through the memory keys, then a responder CQE with the hash, checksum verdicts,
-//! header types and the stripped VLAN; RESP_ERR LOCAL_LENGTH for a frame larger than the WQE.
+//! header types and the stripped VLAN; RESP_ERR LOCAL_LENGTH for a frame larger than the WQE;
+//! RESP_ERR LOCAL_PROT for a bad key or range, which puts the RQ in error: its posted WQEs
+//! are flushed (WR_FLUSH) and its frames dropped until the driver resets it (§5.3, §8 item 7).
 #![deny(unsafe_code)]
 
-use super::{record, Engine, RxHashFields, BUDGET};
+use super::{record, Engine, HwQueueState, RxHashFields, BUDGET};
 use crate::emu::wire::faults::Arrival;
 use crate::hw::mlx5::cqe::{csum_ok, hash_type, hdr_type, CqeFields, CqeOpcode, Syndrome};
 use crate::hw::mlx5::doorbell::RCV_DBR;
@@ -45,6 +47,31 @@ impl Engine {
         n
     }
 
+    /// Flushes the WQEs posted to RQ `i`, which is in error: each completes with RESP_ERR
+    /// WR_FLUSH in order (at most [`BUDGET`] per pass, and only as the CQ has room); returns
+    /// how many.
+    pub(super) fn flush_rq(&mut self, i: usize) -> usize {
+        let now = self.now_ns();
+        let rq = &mut self.rqs[i];
+        let posted = record(&rq.dbrec, RCV_DBR) as u16;
+        let mut n = 0;
+        while n < BUDGET && posted != rq.ci && rq.cq.room() > 0 {
+            let f = CqeFields {
+                opcode: u8::from(CqeOpcode::RespErr),
+                syndrome: u8::from(Syndrome::WrFlush),
+                wqe_counter: rq.ci,
+                qpn: rq.rqn,
+                timestamp: now,
+                ..CqeFields::default()
+            };
+            self.stats.rx_cqes += rq.cq.write(&f) as u64;
+            self.stats.rx_flushed += 1;
+            rq.ci = rq.ci.wrapping_add(1);
+            n += 1;
+        }
+        n
+    }
+
     /// Delivers one frame.
     fn receive(&mut self, frame: &mut [u8]) {
         // The parser looks through one C-VLAN tag whether or not the RQ strips it.
@@ -66,6 +93,11 @@ impl Engine {
             self.stats.rx_no_wqe += 1;
             return;
         };
+        // An RQ in RESET or in error has no WQE the device may use.
+        if rq.state != HwQueueState::Ready {
+            self.stats.rx_no_wqe += 1;
+            return;
+        }
         let strip = tag.is_some() && rq.vlan_strip;
         let data: &[u8] = if strip || tag.is_none() {
             &frame[untagged_at..]
@@ -109,8 +141,13 @@ impl Engine {
             ..CqeFields::default()
         };
         let mut failed = None;
+        self.rx_scatters += 1;
+        let every = u64::from(self.faults.rx_bad_key_every);
         if data.len() > capacity {
             failed = Some(Syndrome::LocalLength);
+        } else if every > 0 && self.rx_scatters.is_multiple_of(every) {
+            // The fault: the WQE's key is looked up as if it were not registered.
+            failed = Some(Syndrome::LocalProt);
         } else {
             let mut done = 0;
             for d in entries() {
@@ -134,9 +171,14 @@ impl Engine {
                 f.syndrome = u8::from(s);
                 f.qpn = rq.rqn;
                 if s == Syndrome::LocalLength {
+                    // The packet is lost, the RQ goes on (§8 item 9).
                     self.stats.rx_oversize += 1;
                 } else {
+                    // A protection error puts the RQ in error: its posted WQEs are flushed
+                    // and it takes no frame until it is reset (§5.3: the driver resets it).
                     self.stats.rx_prot_errors += 1;
+                    rq.state = HwQueueState::Error;
+                    tracing::debug!(target: "pmd::emu", rqn = rq.rqn, index, "receive WQE failed; RQ in error");
                 }
                 self.stats.rx_cqes += rq.cq.write(&f) as u64;
             }
