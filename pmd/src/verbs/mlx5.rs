@@ -39,7 +39,7 @@ use super::objects::{Context, Cq, Domain, Flow, FlowMatch, IndTable, Mr, Pd, Qp,
 use super::VerbsError;
 use crate::devices::{self, resolve_port, sysfs_root, Family, PortSelector};
 use crate::ethdev::{Link, PortEvent, QueueOwner, QueueRef, RssConfig, RssFields};
-use crate::mlx5::{Provider, RawRq, RawSq, SetupError};
+use crate::mlx5::{Provider, QueueState, RawRq, RawSq, SetupError};
 use crate::net::MacAddr;
 use mempool::{ChunkInfo, Registration};
 use rdma_sys::{ibv_qp_state, ibv_wq_state};
@@ -96,6 +96,56 @@ struct TxObjects {
 struct RxObjects {
     _flows: Vec<Flow>,
     _hash: Arc<Qp>,
+}
+
+/// A send QP's state machine, for the TX queue's error recovery (spec §1.5): RESET, then
+/// INIT (with the port), RTR and RTS, as DPDK's Verbs path does.
+struct QpState {
+    qp: Arc<Qp>,
+    port: u8,
+}
+
+impl QueueState for QpState {
+    fn reset(&self) -> Result<(), SetupError> {
+        self.qp
+            .modify_state(ibv_qp_state::IBV_QPS_RESET, self.port)
+            .map_err(verbs)
+    }
+
+    fn ready(&self) -> Result<(), SetupError> {
+        to_rts(&self.qp, self.port)
+    }
+}
+
+/// A WQ's state machine, for the RX queue's error recovery: RESET, then RDY.
+struct WqState {
+    wq: Arc<Wq>,
+}
+
+impl QueueState for WqState {
+    fn reset(&self) -> Result<(), SetupError> {
+        self.wq
+            .modify_state(ibv_wq_state::IBV_WQS_RESET)
+            .map_err(verbs)
+    }
+
+    fn ready(&self) -> Result<(), SetupError> {
+        self.wq
+            .modify_state(ibv_wq_state::IBV_WQS_RDY)
+            .map_err(verbs)
+    }
+}
+
+/// RESET→INIT(port)→RTR→RTS.
+fn to_rts(qp: &Qp, port: u8) -> Result<(), SetupError> {
+    for s in [
+        ibv_qp_state::IBV_QPS_INIT,
+        ibv_qp_state::IBV_QPS_RTR,
+        ibv_qp_state::IBV_QPS_RTS,
+    ] {
+        qp.modify_state(s, port).map_err(verbs)?;
+    }
+    Ok(())
 }
 
 /// An mlx5 port over rdma-core.
@@ -405,13 +455,7 @@ impl Provider for Mlx5Provider {
             .map_err(verbs)?;
             let qp = Qp::raw_packet_ex(&domain, &cq, nb_desc, 1, tso, format!("{what}: QP"))
                 .map_err(verbs)?;
-            for s in [
-                ibv_qp_state::IBV_QPS_INIT,
-                ibv_qp_state::IBV_QPS_RTR,
-                ibv_qp_state::IBV_QPS_RTS,
-            ] {
-                qp.modify_state(s, self.port).map_err(verbs)?;
-            }
+            to_rts(&qp, self.port)?;
             self.objects.insert(cq.as_ptr() as usize, QueueRef::Tx(q));
             self.objects.insert(qp.as_ptr() as usize, QueueRef::Tx(q));
             let objs = Arc::new(TxObjects {
@@ -430,6 +474,10 @@ impl Provider for Mlx5Provider {
                 min_inline: self.min_inline,
                 cq: m.cq,
                 owner: Arc::clone(&owner),
+                state: Arc::new(QpState {
+                    qp,
+                    port: self.port,
+                }),
             });
             self.tx.push(owner);
         }
@@ -502,6 +550,7 @@ impl Provider for Mlx5Provider {
                 dbrec: m.dbrec,
                 cq: m.cq,
                 owner: Arc::clone(&owner),
+                state: Arc::new(WqState { wq: Arc::clone(wq) }),
             });
         }
         tracing::debug!(target: "pmd::verbs", port = %self.name(), queues = n, compress, promiscuous = self.opts.promiscuous, "rx queues steered");
