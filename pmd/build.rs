@@ -65,8 +65,16 @@ fn verbs() {
         .allowlist_function("mlx5dv_init_obj")
         .allowlist_function("mlx5dv_query_device")
         .allowlist_function("mlx5dv_is_supported")
+        .allowlist_function("mlx5dv_set_context_attr")
+        .allowlist_function("mlx5dv_create_cq")
+        .allowlist_function("mlx5dv_create_wq")
         .allowlist_type("manadv_.*")
         .allowlist_type("mlx5dv_(qp|cq|rwq|obj|context|srq|dm|ah|pd|devx_obj)")
+        .allowlist_type(
+            "mlx5dv_(ctx_allocators|cq_init_attr|wq_init_attr|striding_rq_init_attr|cqe_comp_caps|striding_rq_caps)",
+        )
+        .allowlist_type("mlx5dv_.*_(flags|mask|type|format|formats)")
+        .allowlist_var("MLX5DV_.*")
         .allowlist_type("mlx5_wqe_.*")
         .allowlist_type("mlx5_cqe64")
         .allowlist_type("mlx5_mini_cqe8")

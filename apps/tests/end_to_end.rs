@@ -125,7 +125,9 @@ fn demo_topology_on_mlx5_models_and_mixed_loses_nothing() {
         ",inline=18",
         "emu-mana",
     ));
-    demo(&Topology::with_kinds("mprq", "emu-mlx5", ",mprq=1", "emu-mlx5"));
+    demo(&Topology::with_kinds(
+        "mprq", "emu-mlx5", ",mprq=1", "emu-mlx5",
+    ));
     demo(&Topology::with_kinds(
         "strides",
         "emu-mlx5",

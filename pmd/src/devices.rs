@@ -140,18 +140,25 @@ pub struct PortSelector {
     pub netdev: Option<String>,
 }
 
-impl fmt::Display for PortSelector {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl PortSelector {
+    /// The keys given, or "the first `family` port" when none is.
+    pub fn describe(&self, family: &str) -> String {
         let mut parts = Vec::new();
         parts.extend(self.dev.as_ref().map(|d| format!("dev={d}")));
         parts.extend(self.port.map(|p| format!("port={p}")));
         parts.extend(self.mac.map(|m| format!("mac={m}")));
         parts.extend(self.netdev.as_ref().map(|n| format!("netdev={n}")));
         if parts.is_empty() {
-            f.write_str("the first MANA port")
+            format!("the first {family} port")
         } else {
-            f.write_str(&parts.join(","))
+            parts.join(",")
         }
+    }
+}
+
+impl fmt::Display for PortSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe("MANA"))
     }
 }
 
@@ -165,9 +172,23 @@ pub fn resolve_mana_port(
     root: &Path,
     sel: &PortSelector,
 ) -> Result<(String, u32, Option<Netdev>), String> {
+    resolve_port(root, Family::Mana, sel)
+}
+
+/// The port of `family` that `sel` names under `root`, as [`resolve_mana_port`] does for
+/// MANA: (device, port, netdev).
+///
+/// # Errors
+/// No port of the family matches (the message lists what there is), or sysfs cannot be
+/// read.
+pub fn resolve_port(
+    root: &Path,
+    family: Family,
+    sel: &PortSelector,
+) -> Result<(String, u32, Option<Netdev>), String> {
     let devs = list(root).map_err(|e| format!("reading {}: {e}", root.display()))?;
     let mut seen = Vec::new();
-    for d in devs.iter().filter(|d| d.family == Family::Mana) {
+    for d in devs.iter().filter(|d| d.family == family) {
         for p in &d.ports {
             let nd = p.netdev.as_ref();
             seen.push(format!(
@@ -195,15 +216,23 @@ pub fn resolve_mana_port(
             }
         }
     }
+    let (name, modules, model) = match family {
+        Family::Mana => ("MANA", "mana_ib and ib_uverbs", "emu-mana:wire=shm:demo0"),
+        _ => ("mlx5", "mlx5_ib and ib_uverbs", "emu-mlx5:wire=shm:demo0"),
+    };
     Err(if seen.is_empty() {
         format!(
-            "no MANA RDMA device under {} (load mana_ib and ib_uverbs; pmd-devices lists \
+            "no {name} RDMA device under {} (load {modules}; pmd-devices lists \
              what there is); without hardware use the device model, e.g. \
-             --port emu-mana:wire=shm:demo0",
+             --port {model}",
             root.display()
         )
     } else {
-        format!("no MANA port matches {sel}; there is {}", seen.join("; "))
+        format!(
+            "no {name} port matches {}; there is {}",
+            sel.describe(name),
+            seen.join("; ")
+        )
     })
 }
 
@@ -407,7 +436,12 @@ pub fn report(devices: &[DeviceInfo]) -> String {
                         "netdev {} mac {} ({})",
                         n.name,
                         n.mac.map_or_else(|| "unknown".into(), |m| m.to_string()),
-                        if n.up { "up: holds the port" } else { "down" }
+                        match (n.up, &d.family) {
+                            (true, Family::Mana) => "up: holds the port",
+                            // mlx5 is bifurcated: the netdev keeps running beside us.
+                            (true, _) => "up",
+                            (false, _) => "down",
+                        }
                     ),
                     None => "no netdev".into(),
                 };
@@ -416,6 +450,15 @@ pub fn report(devices: &[DeviceInfo]) -> String {
                     "    port {}  {} {}  {}",
                     p.number, p.link_layer, p.state, nd
                 );
+                match &d.family {
+                    Family::Mana => {
+                        let _ = writeln!(s, "      --port mana:dev={},port={}", d.name, p.number);
+                    }
+                    Family::Mlx5 => {
+                        let _ = writeln!(s, "      --port mlx5:dev={},port={}", d.name, p.number);
+                    }
+                    Family::Other(_) => {}
+                }
             }
         }
     }

@@ -141,6 +141,37 @@ fn mlx5_and_mana_listed_together_sorted() {
     assert_eq!(m.family, Family::Mlx5);
     assert_eq!(m.ports[0].state, "DOWN");
     assert_eq!(m.ports[0].netdev.as_ref().unwrap().name, "enp59s0f0np0");
+
+    // Each port says how to open it; an up mlx5 netdev does not hold its port (mlx5 is
+    // bifurcated), an up MANA one does.
+    let r = devices::report(&devs);
+    assert!(r.contains("--port mana:dev=mana_0,port=2"), "{r}");
+    assert!(r.contains("--port mlx5:dev=mlx5_0,port=1"), "{r}");
+    assert!(
+        r.contains("netdev enp59s0f0np0 mac b8:ce:f6:00:11:22 (up)\n"),
+        "{r}"
+    );
+    // The mlx5 port is selected by the same keys as a MANA one.
+    let sel = devices::PortSelector {
+        netdev: Some("enp59s0f0np0".into()),
+        ..Default::default()
+    };
+    let (dev, port, nd) = devices::resolve_port(dir.path(), Family::Mlx5, &sel).unwrap();
+    assert_eq!((dev.as_str(), port), ("mlx5_0", 1));
+    assert_eq!(nd.unwrap().mac, Some("b8:ce:f6:00:11:22".parse().unwrap()));
+    let e = devices::resolve_port(
+        dir.path(),
+        Family::Mlx5,
+        &devices::PortSelector {
+            dev: Some("mlx5_7".into()),
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("no mlx5 port matches dev=mlx5_7; there is mlx5_0 port 1 (enp59s0f0np0"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -25,7 +25,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "emu",
         &["mana", "mlx5", "ethdev", "ring", "hw", "net", "sys"],
     ),
-    ("verbs", &["mana", "ethdev", "hw", "net", "sys", "devices"]),
+    (
+        "verbs",
+        &["mana", "mlx5", "ethdev", "hw", "net", "sys", "devices"],
+    ),
     // The port layer; only the composition root names kinds (see KIND_NAMERS). `sys` for
     // poll(2) over the ports' event descriptors (`port::wait_events`) and the lock files.
     (

@@ -897,6 +897,179 @@ fn compressed_sessions_straddle_the_ring_end_with_the_title_s_owner_bit() {
     assert_eq!(h.stats().rx_compressed_sessions, 2);
 }
 
+/// A receive WQE whose key is not registered: RESP_ERR LOCAL_PROT for the frame that lands
+/// on it, the RQ in error: every other posted WQE comes back with WR_FLUSH, in order, and
+/// frames are dropped (no usable WQE). RESET restarts the consumer at 0 (frames meanwhile
+/// are no-WQE drops); after RDY, record 0 and a fresh posting, frames land from WQE 0.
+#[test]
+fn a_bad_rx_key_puts_the_rq_in_error_until_reset_and_rdy() {
+    let (m, h, mut peer) = world(0);
+    let mut rq = Rq::new(&m, 8, 1, 15, false);
+    rq.post(2, RX_BUF as u32);
+    // WQE 2 names a key the model never registered.
+    let mut w = vec![0u8; rq.q.stride as usize];
+    DataSeg::new_checked(&mut w[..16]).unwrap().set(
+        rq.buf.addr(2 * RX_BUF),
+        rq.buf.lkey + 77,
+        RX_BUF as u32,
+    );
+    rq.q.buf.write(2 * rq.q.stride as usize, &w);
+    rq.posted += 1;
+    rq.post(3, RX_BUF as u32);
+    let frames: Vec<_> = (0..4).map(|k| udp_frame(k, 30)).collect();
+    for f in &frames {
+        assert!(peer.send(f));
+    }
+    h.step();
+    for (k, f) in frames[..2].iter().enumerate() {
+        let c = rq.poll().unwrap();
+        assert_eq!(cqe(&c).opcode(), CqeOpcode::RespSend);
+        assert_eq!(rq.data(k as u16, f.len()), *f);
+    }
+    let e = rq.poll().unwrap();
+    assert_eq!(cqe(&e).opcode(), CqeOpcode::RespErr);
+    assert_eq!(cqe(&e).syndrome(), Syndrome::LocalProt);
+    assert_eq!(
+        (cqe(&e).wqe_counter(), cqe(&e).qpn_or_flow_tag()),
+        (2, rq.q.rqn)
+    );
+    // The frame after it found the RQ in error; the next step flushes WQEs 3..6.
+    assert!(rq.poll().is_none());
+    h.step();
+    for k in 3..6u16 {
+        let f = rq.poll().expect("a flush for every posted WQE");
+        assert_eq!(cqe(&f).opcode(), CqeOpcode::RespErr);
+        assert_eq!(cqe(&f).syndrome(), Syndrome::WrFlush);
+        assert_eq!(cqe(&f).wqe_counter(), k);
+    }
+    assert!(rq.poll().is_none());
+    let s = h.stats();
+    assert_eq!((s.rx_frames, s.rx_prot_errors, s.rx_flushed), (2, 1, 3));
+    assert_eq!(s.rx_no_wqe, 1, "the frame after the error");
+    // Posting more while in error: flushed too.
+    rq.post(1, RX_BUF as u32);
+    h.step();
+    assert_eq!(cqe(&rq.poll().unwrap()).syndrome(), Syndrome::WrFlush);
+    // RESET: no frame lands; the consumer restarts at 0.
+    rq.q.state.reset().unwrap();
+    assert!(peer.send(&frames[0]));
+    h.step();
+    assert!(rq.poll().is_none());
+    assert_eq!(h.stats().rx_no_wqe, 2);
+    assert_eq!(h.stats().rq_resets, 1);
+    // Record 0, then RDY (only from RESET: a second RDY is refused), then a fresh posting.
+    rq.q.dbrec
+        .store_u32(RCV_DBR, u32::from_ne_bytes(rq_record(0)), Ordering::Release);
+    rq.q.state.ready().unwrap();
+    assert!(rq.q.state.ready().is_err(), "RDY → RDY is no transition");
+    rq.posted = 0;
+    rq.post(8, RX_BUF as u32);
+    let again = udp_frame(9, 44);
+    assert!(peer.send(&again));
+    h.step();
+    let c = rq.poll().unwrap();
+    assert_eq!(cqe(&c).opcode(), CqeOpcode::RespSend);
+    assert_eq!(
+        cqe(&c).wqe_counter(),
+        0,
+        "the device's counter restarted at 0"
+    );
+    assert_eq!(rq.data(0, again.len()), again);
+}
+
+/// The `rx_bad_key_every` fault takes the same path as a bad key: every n-th frame that
+/// reaches a WQE fails with LOCAL_PROT and the RQ goes to error.
+#[test]
+fn the_rx_bad_key_fault_fails_every_nth_frame_with_local_prot() {
+    let (m, h, mut peer) = world(0);
+    let mut rq = Rq::new(&m, 8, 1, 15, false);
+    rq.post(8, RX_BUF as u32);
+    h.set_faults(Faults {
+        rx_bad_key_every: 3,
+        ..Faults::default()
+    });
+    for k in 0..3 {
+        assert!(peer.send(&udp_frame(k, 30)));
+    }
+    h.step();
+    assert_eq!(cqe(&rq.poll().unwrap()).opcode(), CqeOpcode::RespSend);
+    assert_eq!(cqe(&rq.poll().unwrap()).opcode(), CqeOpcode::RespSend);
+    let e = rq.poll().unwrap();
+    assert_eq!(cqe(&e).syndrome(), Syndrome::LocalProt);
+    assert_eq!(cqe(&e).wqe_counter(), 2);
+    h.step();
+    let mut flushed = 0;
+    while let Some(f) = rq.poll() {
+        assert_eq!(cqe(&f).syndrome(), Syndrome::WrFlush);
+        flushed += 1;
+    }
+    assert_eq!(flushed, 5);
+}
+
+/// SQ state machine: in RESET the device reads nothing, however far the record is; RTS only
+/// from RESET; back in RTS the WQE counter is 0. The `tx_bad_key_every` fault fails a pointer
+/// segment with LOCAL_PROT like an unregistered key, and `fail_state_changes` refuses state
+/// changes (the queue keeps its state).
+#[test]
+fn sq_reset_stops_the_device_and_rts_resumes_from_wqe_0() {
+    let (m, h, mut peer) = world(0);
+    let buf = Buf::new(&m, 4096);
+    let frame = udp_frame(1, 40);
+    buf.mem.write(0, &frame);
+    let mut sq = Sq::new(&m, 16, 15);
+    assert!(
+        sq.q.state.ready().is_err(),
+        "RTS → RTS is no transition here"
+    );
+    sq.q.state.reset().unwrap();
+    for _ in 0..3 {
+        sq.send(&buf, 0, &frame, 0, CE_ALWAYS, 0);
+    }
+    sq.ring();
+    assert_eq!(h.run_until_idle(5), 0, "an SQ in RESET is not read");
+    assert!(recv(&mut peer).is_none());
+    // The driver's side of the restart: record 0 in RESET, then RTS, then WQEs from 0.
+    sq.pi = 0;
+    sq.ring();
+    sq.q.state.ready().unwrap();
+    h.set_faults(Faults {
+        tx_bad_key_every: 2,
+        ..Faults::default()
+    });
+    let first = sq.send(&buf, 0, &frame, 0, CE_ALWAYS, 0);
+    let second = sq.send(&buf, 0, &frame, 0, CE_FIRST_ERROR, 0);
+    sq.ring();
+    h.step();
+    assert_eq!(first, 0);
+    assert_eq!(recv(&mut peer).unwrap(), frame);
+    assert!(recv(&mut peer).is_none());
+    assert_eq!(cqe(&sq.poll().unwrap()).wqe_counter(), 0);
+    let e = sq.poll().unwrap();
+    assert_eq!(cqe(&e).syndrome(), Syndrome::LocalProt);
+    assert_eq!(cqe(&e).wqe_counter(), second);
+    // A refused RESET leaves the SQ in error (a later WQE is flushed).
+    h.set_faults(Faults {
+        fail_state_changes: 1,
+        ..Faults::default()
+    });
+    assert!(sq.q.state.reset().is_err());
+    sq.send(&buf, 0, &frame, 0, CE_FIRST_ERROR, 0);
+    sq.ring();
+    h.step();
+    assert_eq!(cqe(&sq.poll().unwrap()).syndrome(), Syndrome::WrFlush);
+    assert_eq!(h.stats().state_change_failures, 1);
+    sq.q.state.reset().unwrap();
+    sq.pi = 0;
+    sq.ring();
+    sq.q.state.ready().unwrap();
+    sq.send(&buf, 0, &frame, 0, CE_ALWAYS, 0);
+    sq.ring();
+    h.step();
+    assert_eq!(recv(&mut peer).unwrap(), frame);
+    assert_eq!(cqe(&sq.poll().unwrap()).opcode(), CqeOpcode::Req);
+    assert_eq!(h.stats().sq_resets, 2);
+}
+
 /// The driver's side of one striding RQ: WQE `i` posts the `i`-th `wqe_bytes` of one buffer.
 struct StridingRq {
     q: RawRq,

@@ -19,7 +19,7 @@ use pmd::hw::mlx5::wqe::{
     CE_ALWAYS, CS_L3, CS_L4,
 };
 use pmd::hw::mlx5::Opcode;
-use pmd::mlx5::{RawCq, RawSq, TxQueue};
+use pmd::mlx5::{QueueState, RawCq, RawSq, SetupError, TxQueue};
 use pmd::sys::DevMem;
 use std::sync::Arc;
 
@@ -418,6 +418,18 @@ fn v11_striding_rq_wqe_cqe_and_filler_match_the_spec_tables() {
     );
 }
 
+/// A QP whose state never changes: this test sees no error completion.
+struct NoStateChange;
+
+impl QueueState for NoStateChange {
+    fn reset(&self) -> Result<(), SetupError> {
+        Err(SetupError::Device("no state changes in this test".into()))
+    }
+    fn ready(&self) -> Result<(), SetupError> {
+        Err(SetupError::Device("no state changes in this test".into()))
+    }
+}
+
 /// Our TX queue, with an 18-byte minimum inline and V1's frame, writes V1's WQE (its own
 /// addresses and key aside, and CE 1: a single packet asks for no completion).
 #[test]
@@ -447,6 +459,7 @@ fn the_tx_queue_builds_v1() {
             cqn: 1,
         },
         owner: Arc::new(()),
+        state: Arc::new(NoStateChange),
     };
     let mut q = TxQueue::new(
         raw,

@@ -25,6 +25,9 @@ pub enum FixtureError {
     /// The model could not be opened.
     #[error("{0}")]
     Open(#[from] OpenError),
+    /// The mlx5 model port could not be opened.
+    #[error("{0}")]
+    Mlx5(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// A MANA model on `wire` (`none`, `loop:NAME`, `shm:NAME`, `afpacket:IFACE`) as port
@@ -44,4 +47,22 @@ pub fn mana_with(spec: &ModelSpec, port_id: u16) -> Result<(Model, ModelHandle),
     let model = Model::open(spec, port_id)?;
     let handle = model.handle();
     Ok((model, handle))
+}
+
+/// An mlx5 model port on `wire` as port `port_id`, whose device needs `min_inline` bytes
+/// inline (0: ConnectX-5 and later, 18: ConnectX-4), with its handle. Open a port over it
+/// with `port::probe::mlx5`.
+///
+/// # Errors
+/// A bad wire string, or a wire that cannot be opened.
+pub fn mlx5(
+    wire: &str,
+    port_id: u16,
+    min_inline: u16,
+) -> Result<(super::mlx5::port::ModelPort, super::mlx5::ModelHandle), FixtureError> {
+    let spec = wire.parse::<WireSpec>()?;
+    let port = super::mlx5::port::ModelPort::open(&spec, None, None, port_id, min_inline)
+        .map_err(FixtureError::Mlx5)?;
+    let handle = port.handle();
+    Ok((port, handle))
 }

@@ -21,6 +21,9 @@ pub const MIN_DESC: u16 = 64;
 /// Errors of an mlx5 provider's control path.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
+    /// No port matches the selection (the message says what there is).
+    #[error("{0}")]
+    NoPort(String),
     /// Queue sizes or counts outside the device's limits.
     #[error("{what}: {requested} requested, device maximum is {max}")]
     Limit {

@@ -1,7 +1,8 @@
 //! The mlx5 driver (ConnectX-4 … ConnectX-7): our own datapath over the raw queues
 //! `mlx5dv_init_obj` describes.
 //!
-//! * [`provider`]: the raw queue descriptions a provider hands out.
+//! * [`provider`]: the raw queue descriptions a provider hands out, each with the
+//!   [`QueueState`] machine the queue's error recovery moves it through.
 //! * [`driver`]: the port driver over a [`Provider`] (today the device model, `emu-mlx5`
 //!   ports; the rdma-core provider for `mlx5:` ports is not built yet).
 //! * [`txq`]: SEND/TSO with the device's minimum inline header, VLAN, checksum flags,
@@ -11,7 +12,11 @@
 //!   completions through one shared reader (`rx_cq`): normal CQEs and compressed sessions
 //!   (HASH or CSUM_STRIDX minis, [`Options::cqe_compression`]). [`cq`]: the one-bit owner
 //!   rule.
-//! * Not yet: QP/WQ error recovery.
+//! * Error recovery, as DPDK's: an error CQE is counted and the queue goes through RESET
+//!   and back (SQ to RTS, WQ to RDY) in the burst that finds it, its CQ drained and its
+//!   counters restarted at 0 like the device's; every packet lost on the way is counted.
+//!   A failed state change leaves the queue down (bursts return 0) with a retry every
+//!   1024 bursts. Both RX queue kinds recover the same way.
 //!
 //! The formats live in [`crate::hw::mlx5`]; `DESIGN.md` beside this file has the queue
 //! layout, memory ordering and sources.
@@ -26,7 +31,7 @@ pub mod rxq_mprq;
 pub mod txq;
 
 pub use driver::{check_mprq, Driver, Options, Provider, SetupError};
-pub use provider::{Mprq, MprqCaps, RawCq, RawRq, RawSq, RxQueueRequest};
+pub use provider::{Mprq, MprqCaps, QueueState, RawCq, RawRq, RawSq, RxQueueRequest};
 
 pub use rxq::{RxQueue, RxXstats};
 pub use txq::{TxQueue, TxXstats};

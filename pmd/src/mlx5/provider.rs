@@ -2,6 +2,7 @@
 //! the datapath drives and the device model (or the NIC) serves. Names no provider.
 #![deny(unsafe_code)]
 
+use super::driver::SetupError;
 use crate::ethdev::{QueueOwner, RssConfig};
 use crate::sys::DevMem;
 use std::sync::Arc;
@@ -89,6 +90,14 @@ pub struct RxQueueRequest {
     pub cqe_compression: bool,
 }
 
+/// Moves a queue through its state machine for error recovery (spec §1.5, §5.3).
+pub trait QueueState: Send + Sync {
+    /// QP/SQ or WQ to RESET: the device stops using the queue.
+    fn reset(&self) -> Result<(), SetupError>;
+    /// From RESET back to ready: RESET→INIT→RTR→RTS for a raw QP, RESET→RDY for a WQ.
+    fn ready(&self) -> Result<(), SetupError>;
+}
+
 /// A completion queue as `mlx5dv_init_obj(CQ)` describes it.
 #[derive(Clone)]
 pub struct RawCq {
@@ -124,6 +133,8 @@ pub struct RawSq {
     pub cq: RawCq,
     /// What keeps the queue's objects alive while a handle exists.
     pub owner: QueueOwner,
+    /// The QP's state machine: the TX queue's error recovery moves it RESET then RTS.
+    pub state: Arc<dyn QueueState>,
 }
 
 /// A receive queue (a WQ, or the RQ of a raw QP) as `mlx5dv_init_obj(RWQ | CQ)` describes it:
@@ -149,6 +160,8 @@ pub struct RawRq {
     pub cqe_compression: bool,
     /// What keeps the queue's objects alive while a handle exists.
     pub owner: QueueOwner,
+    /// The WQ's state machine: the RX queue's error recovery moves it RESET then RDY.
+    pub state: Arc<dyn QueueState>,
 }
 
 macro_rules! debug_raw {
@@ -166,3 +179,37 @@ macro_rules! debug_raw {
 debug_raw!(RawCq, buf, cqe_cnt, dbrec, cqn);
 debug_raw!(RawSq, buf, wqe_cnt, sqn, bf_size, min_inline, cq);
 debug_raw!(RawRq, buf, wqe_cnt, stride, rqn, cq, mprq, cqe_compression);
+
+/// A state machine for unit tests: counts the calls, and fails while `fail` is above 0.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{QueueState, SetupError};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[derive(Debug, Default)]
+    pub(crate) struct TestState {
+        pub resets: AtomicU64,
+        pub readies: AtomicU64,
+        pub fail: AtomicU64,
+    }
+
+    impl TestState {
+        fn call(&self, c: &AtomicU64) -> Result<(), SetupError> {
+            if self.fail.load(Ordering::Relaxed) > 0 {
+                self.fail.fetch_sub(1, Ordering::Relaxed);
+                return Err(SetupError::Device("refused (test)".into()));
+            }
+            c.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    impl QueueState for TestState {
+        fn reset(&self) -> Result<(), SetupError> {
+            self.call(&self.resets)
+        }
+        fn ready(&self) -> Result<(), SetupError> {
+            self.call(&self.readies)
+        }
+    }
+}

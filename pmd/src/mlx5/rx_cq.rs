@@ -13,11 +13,15 @@
 #![deny(unsafe_code)]
 
 use super::cq::CompletionQueue;
-use super::provider::RawCq;
+use super::driver::SetupError;
+use super::provider::{QueueState, RawCq};
+use super::rxq::RxXstats;
+use super::txq::RECOVERY_RETRY_BURSTS;
+use crate::ethdev::Counters;
 use crate::hw::mlx5::cqe::{
     csum_ok, mini_slot, op_own, Cqe, CqeFormat, CqeOpcode, MiniCqe, MiniCqeFormat, Syndrome,
 };
-use crate::hw::mlx5::doorbell::{self, CQ_SET_CI};
+use crate::hw::mlx5::doorbell::{self, CQ_SET_CI, RCV_DBR};
 use crate::hw::mlx5::{CQE_BYTES, MINI_CQE_BYTES};
 use crate::ring::Polled;
 use crate::sys::DevMem;
@@ -86,9 +90,21 @@ pub(super) enum RxPolled {
     /// An error CQE (§5.3), or a format a raw-packet RQ does not produce (data scattered into
     /// the CQE, §9 item 10): the queue drops what the completion stands for.
     Bad {
-        /// A syndrome that needs the WQ reset (LOCAL_QP_OP, LOCAL_PROT, WR_FLUSH, §5.3).
+        /// A responder error with a syndrome that means the WQ is in error (LOCAL_QP_OP,
+        /// LOCAL_PROT, WR_FLUSH, §5.3): the queue recovers it.
         critical: bool,
+        /// A flush (WR_FLUSH): a posted buffer given back unused, no frame lost.
+        flush: bool,
     },
+}
+
+/// What a recovery's drain of the CQ consumed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Drained {
+    /// Flush CQEs: posted buffers the device gave back unused.
+    pub flushed: u64,
+    /// Other completions (a session's count of them): frames dropped.
+    pub dropped: u64,
 }
 
 /// A compressed session being handed out.
@@ -173,16 +189,61 @@ impl RxCq {
                 });
                 self.session_next().unwrap_or(RxPolled::Empty)
             }
-            (_op, _) => {
-                crate::dp_trace!(opcode = ?_op, "rx error completion\n{}", crate::hw::hexdump(&b));
+            (op, _) => {
+                crate::dp_trace!(opcode = ?op, "rx error completion\n{}", crate::hw::hexdump(&b));
+                let syndrome = c.syndrome();
                 RxPolled::Bad {
-                    critical: matches!(
-                        c.syndrome(),
-                        Syndrome::LocalQpOp | Syndrome::LocalProt | Syndrome::WrFlush
-                    ),
+                    critical: op == CqeOpcode::RespErr
+                        && matches!(
+                            syndrome,
+                            Syndrome::LocalQpOp | Syndrome::LocalProt | Syndrome::WrFlush
+                        ),
+                    flush: op == CqeOpcode::RespErr && syndrome == Syndrome::WrFlush,
                 }
             }
         }
+    }
+
+    /// Poisons the slots of the compressed session whose title is at `t` (`n` completions)
+    /// after the title, and moves the consumer past them (§6.2).
+    fn end_session(&mut self, t: u32, n: u32) {
+        for k in 1..n {
+            let off = self.cq.offset_of(t.wrapping_add(k));
+            self.cq
+                .mem()
+                .write(off + CQE_BYTES - 1, &[op_own(15, 0, false)]);
+        }
+        self.cq.skip(n.saturating_sub(1));
+    }
+
+    /// For a recovery, with the WQ in RESET (the device writes no more completions for it):
+    /// consumes every completion up to an empty slot, compressed sessions included (their
+    /// slots poisoned), counting flushes apart from dropped frames, then writes `SET_CI`
+    /// (the CQ itself is not reset, §5.3).
+    #[cold]
+    pub fn drain(&mut self) -> Drained {
+        let mut d = Drained::default();
+        // An error CQE is never inside a session, but a session cut short is dropped whole.
+        if let Some(s) = self.session.take() {
+            d.dropped += u64::from(s.n - s.next);
+            self.end_session(s.t, s.n);
+        }
+        while let Polled::Entry(off) = self.cq.poll() {
+            let mut b = [0u8; CQE_BYTES];
+            self.cq.read(off, &mut b);
+            let c = Cqe::new_checked(&b[..]).expect("64 bytes");
+            match (c.opcode(), c.format(), c.syndrome()) {
+                (CqeOpcode::RespSend, CqeFormat::Compressed, _) => {
+                    let n = c.byte_cnt().max(1);
+                    self.end_session(self.cq.head().wrapping_sub(1), n);
+                    d.dropped += u64::from(n);
+                }
+                (CqeOpcode::RespErr, _, Syndrome::WrFlush) => d.flushed += 1,
+                _ => d.dropped += 1,
+            }
+        }
+        self.commit();
+        d
     }
 
     /// The next mini of the current session, if any; ends the session (its slots poisoned,
@@ -194,6 +255,7 @@ impl RxCq {
         s.next += 1;
         let (slot, e) = mini_slot(t, i);
         let mut b = [0u8; MINI_CQE_BYTES];
+        // (The slots are poisoned below once the last mini is read.)
         self.cq
             .mem()
             .read(self.cq.offset_of(slot) + e * MINI_CQE_BYTES, &mut b);
@@ -204,13 +266,7 @@ impl RxCq {
         };
         if i + 1 >= n {
             // Poison the session's slots after the title, then move past them (§6.2).
-            for k in 1..n {
-                let off = self.cq.offset_of(t.wrapping_add(k));
-                self.cq
-                    .mem()
-                    .write(off + CQE_BYTES - 1, &[op_own(15, 0, false)]);
-            }
-            self.cq.skip(n - 1);
+            self.end_session(t, n);
             self.session = None;
         }
         Some(RxPolled::Packet(RxCompletion {
@@ -222,6 +278,9 @@ impl RxCq {
     }
 
     /// Writes `SET_CI` (§5.4) if the consumer index moved since the last write.
+    ///
+    /// Mid-session it names the title: the device may not reuse the session's slots before
+    /// the whole session is consumed.
     #[inline]
     pub fn commit(&mut self) {
         let ci = self.ci();
@@ -232,6 +291,110 @@ impl RxCq {
                 Ordering::Release,
             );
             self.written = ci;
+        }
+    }
+}
+
+/// The error recovery of an RX queue's WQ (§5.3, as DPDK does it), shared by both queue
+/// kinds: the WQ's state machine, and whether the queue is down after a failed state change.
+///
+/// The queue's `recover` runs, on its polling core, in the burst that finds a critical error
+/// CQE: [`Recovery::restart`] (RESET, the CQ drained and counted, `SET_CI`, the RQ record
+/// ← 0, RDY), then the queue posts its WQEs again from WQE 0 and calls [`Recovery::done`].
+/// If a state change fails the queue is down: counted, logged once, it delivers nothing and
+/// tries again every [`RECOVERY_RETRY_BURSTS`] bursts; the steps are safe to repeat.
+pub(super) struct Recovery {
+    state: Arc<dyn QueueState>,
+    rqn: u32,
+    /// A recovery failed: the queue delivers nothing and tries again in `retry_in` bursts.
+    down: bool,
+    retry_in: u32,
+    /// A failed recovery was logged (once per queue).
+    warned: bool,
+}
+
+impl std::fmt::Debug for Recovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recovery")
+            .field("rqn", &self.rqn)
+            .field("down", &self.down)
+            .field("retry_in", &self.retry_in)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Recovery {
+    /// The recovery of WQ `rqn` through `state`.
+    pub fn new(state: Arc<dyn QueueState>, rqn: u32) -> Self {
+        Self {
+            state,
+            rqn,
+            down: false,
+            retry_in: 0,
+            warned: false,
+        }
+    }
+
+    /// Whether a recovery failed and the queue delivers nothing until a retry succeeds.
+    pub fn is_down(&self) -> bool {
+        self.down
+    }
+
+    /// Recovery steps 1–4: the WQ to RESET (the device stops using it), every completion
+    /// consumed (flushes counted in `rx_flushed`, anything else a frame dropped:
+    /// `rx_recovery_drops` and errors; the buffers stay with the queue), `SET_CI` ← the
+    /// CQ's consumer, the RQ record ← 0 (the device's counter after RESET, §4.1), the WQ to
+    /// RDY. `false` when a state change failed: the queue is then down.
+    #[cold]
+    pub fn restart(
+        &mut self,
+        cq: &mut RxCq,
+        dbrec: &DevMem,
+        xstats: &RxXstats,
+        counters: &Counters,
+    ) -> bool {
+        if let Err(e) = self.state.reset() {
+            self.failed("RESET", &e, xstats);
+            return false;
+        }
+        let d = cq.drain();
+        RxXstats::add(&xstats.flushed, d.flushed);
+        RxXstats::add(&xstats.recovery_drops, d.dropped);
+        counters.add_errors(d.dropped);
+        dbrec.store_u32(
+            RCV_DBR,
+            u32::from_ne_bytes(doorbell::rq_record(0)),
+            Ordering::Release,
+        );
+        if let Err(e) = self.state.ready() {
+            self.failed("RDY", &e, xstats);
+            return false;
+        }
+        true
+    }
+
+    /// The queue posted its WQEs again: it is up.
+    pub fn done(&mut self, xstats: &RxXstats) {
+        self.down = false;
+        RxXstats::bump(&xstats.recoveries);
+    }
+
+    /// A burst on a queue that is down: whether the next recovery attempt is due now.
+    #[cold]
+    pub fn retry_due(&mut self) -> bool {
+        self.retry_in = self.retry_in.saturating_sub(1);
+        self.retry_in == 0
+    }
+
+    #[cold]
+    fn failed(&mut self, to: &'static str, e: &SetupError, xstats: &RxXstats) {
+        RxXstats::bump(&xstats.recovery_failures);
+        self.down = true;
+        self.retry_in = RECOVERY_RETRY_BURSTS;
+        if !self.warned {
+            self.warned = true;
+            tracing::warn!(target: "pmd::mlx5::driver", rq = self.rqn, to, error = %e,
+                "rx queue recovery failed: the queue delivers nothing and tries again every {RECOVERY_RETRY_BURSTS} bursts");
         }
     }
 }

@@ -4,15 +4,17 @@
 //! sessions with HASH minis) read through the shared `RxCq` (`rx_cq.rs`): one WQE per
 //! completion, in order.
 //!
-//! Error CQEs (§5.3) consume one WQE; its buffer is freed and the error counted. So do
-//! completions with data scattered into the CQE (formats 1 and 2), which a raw-packet RQ is
-//! not expected to produce (§9 item 10): the queue never reads packets from CQEs. The critical
-//! syndromes (LOCAL_QP_OP, LOCAL_PROT, WR_FLUSH) need the WQ reset through the provider,
-//! which this queue cannot do by itself: they are counted apart (`rx_critical_errors`).
+//! Error CQEs (§5.3) with an ordinary syndrome (LOCAL_LENGTH, …) consume one WQE; its buffer
+//! is freed and the error counted. So do completions with data scattered into the CQE
+//! (formats 1 and 2), which a raw-packet RQ is not expected to produce (§9 item 10): the
+//! queue never reads packets from CQEs. The critical syndromes (LOCAL_QP_OP, LOCAL_PROT,
+//! WR_FLUSH) mean the WQ is in error: the queue recovers it through the provider's state
+//! machine, as DPDK does (`recover`, shared with the striding queue in `rx_cq.rs`: RESET,
+//! drain the CQ, RDY, repost).
 #![deny(unsafe_code)]
 
 use super::provider::RawRq;
-use super::rx_cq::{RxCompletion, RxCq, RxPolled};
+use super::rx_cq::{Recovery, RxCompletion, RxCq, RxPolled};
 use crate::ethdev::{
     finish_rx, free_one, Burst, Counters, PortConfig, QueueOwner, RxBurst, RxOffloads,
 };
@@ -35,10 +37,20 @@ const MAX_STRIDE: usize = 256;
 /// RX counters by name (both RX queue kinds).
 #[derive(Debug, Default)]
 pub struct RxXstats {
-    /// Error CQEs.
+    /// Error CQEs a burst found (not those a recovery consumes: see `flushed`,
+    /// `recovery_drops`).
     pub cqe_errors: AtomicU64,
-    /// Error CQEs with a syndrome that needs the WQ reset.
+    /// ... of which with a syndrome that needs the WQ reset (each starts a recovery).
     pub critical_errors: AtomicU64,
+    /// Flush CQEs (WR_FLUSH) consumed by recoveries: posted buffers the device gave back
+    /// unused (no frame lost with them).
+    pub flushed: AtomicU64,
+    /// Other completions consumed by recoveries: frames dropped (also counted in errors).
+    pub recovery_drops: AtomicU64,
+    /// Recoveries done: the WQ went through RESET back to RDY and was reposted.
+    pub recoveries: AtomicU64,
+    /// Recovery attempts that failed (a state change refused).
+    pub recovery_failures: AtomicU64,
     /// Buffers outside every registered chunk.
     pub no_mkey: AtomicU64,
     /// Compressed sessions decompressed.
@@ -74,6 +86,10 @@ impl RxXstats {
         [
             ("rx_cqe_errors", &self.cqe_errors),
             ("rx_critical_errors", &self.critical_errors),
+            ("rx_flushed", &self.flushed),
+            ("rx_recovery_drops", &self.recovery_drops),
+            ("rx_recoveries", &self.recoveries),
+            ("rx_recovery_failures", &self.recovery_failures),
             ("rx_no_mkey", &self.no_mkey),
             ("rx_compressed_sessions", &self.compressed_sessions),
             ("rx_mprq_fillers", &self.mprq_fillers),
@@ -99,6 +115,8 @@ pub struct RxQueue {
     keys: ChunkKeys,
     counters: Arc<Counters>,
     xstats: Arc<RxXstats>,
+    /// The WQ's error recovery.
+    recovery: Recovery,
     _owner: QueueOwner,
     port_id: u16,
     data_room: u32,
@@ -155,6 +173,7 @@ impl RxQueue {
             keys,
             counters,
             xstats,
+            recovery: Recovery::new(raw.state, raw.rqn),
             _owner: raw.owner,
             port_id,
             data_room,
@@ -179,16 +198,31 @@ impl RxQueue {
         }
     }
 
-    /// Posts up to `n` buffers and writes the RQ record once; returns how many were missing.
-    fn refill(&mut self, n: u32) -> u32 {
-        let mut left = n.min(self.desc.free());
+    /// A WQE with an empty first entry and the others closing the scatter list (§4.1).
+    fn wqe_template(&self) -> [u8; MAX_STRIDE] {
         let mut wqe = [0u8; MAX_STRIDE];
-        // Entries after the first close the scatter list (§4.1).
         for at in (SEG_BYTES..self.stride).step_by(SEG_BYTES) {
             if let Some(mut d) = DataSeg::new_checked(&mut wqe[at..at + SEG_BYTES]) {
                 d.set(0, INVALID_LKEY, 0);
             }
         }
+        wqe
+    }
+
+    /// The RQ record ← the WQEs posted, after a barrier that makes them visible first.
+    fn write_record(&self) {
+        udma_to_device_barrier();
+        self.dbrec.store_u32(
+            RCV_DBR,
+            u32::from_ne_bytes(doorbell::rq_record(self.wq.head())),
+            Ordering::Release,
+        );
+    }
+
+    /// Posts up to `n` buffers and writes the RQ record once; returns how many were missing.
+    fn refill(&mut self, n: u32) -> u32 {
+        let mut left = n.min(self.desc.free());
+        let mut wqe = self.wqe_template();
         let mut posted = false;
         while left > 0 {
             let k = (left as usize).min(REFILL_BULK);
@@ -218,14 +252,47 @@ impl RxQueue {
             left -= k as u32;
         }
         if posted {
-            udma_to_device_barrier();
-            self.dbrec.store_u32(
-                RCV_DBR,
-                u32::from_ne_bytes(doorbell::rq_record(self.wq.head())),
-                Ordering::Release,
-            );
+            self.write_record();
         }
         left
+    }
+
+    /// Whether a recovery failed and the queue delivers nothing until a retry succeeds.
+    pub fn is_down(&self) -> bool {
+        self.recovery.is_down()
+    }
+
+    /// Recovery of a WQ in error (§5.3, as DPDK does it): `Recovery::restart` (RESET, the CQ
+    /// drained, `SET_CI`, the RQ record ← 0, RDY), then every buffer the queue holds is
+    /// posted again from WQE 0, the rest of the ring refilled, and the RQ record written.
+    #[cold]
+    fn recover(&mut self) {
+        if !self
+            .recovery
+            .restart(&mut self.cq, &self.dbrec, &self.xstats, &self.counters)
+        {
+            return;
+        }
+        self.wq.restart();
+        // Every buffer again, oldest first, from WQE 0: the descriptor ring keeps its order.
+        let mut wqe = self.wqe_template();
+        for _ in 0..self.desc.len() {
+            let Some(m) = self.desc.pop() else { break };
+            // Every buffer held was keyed when it was first posted.
+            let key = self.keys.key_of(m.raw().index()).unwrap_or(INVALID_LKEY);
+            if let Some(mut d) = DataSeg::new_checked(&mut wqe[..SEG_BYTES]) {
+                d.set(m.data_addr() as u64, key, self.data_room);
+            }
+            let ok = self.wq.post(&wqe[..self.stride]).is_some();
+            debug_assert!(ok);
+            let _ = self.desc.push(m);
+        }
+        self.write_record();
+        let missing = self.refill(self.desc.free());
+        if missing > 0 {
+            self.counters.add_nombuf(u64::from(missing));
+        }
+        self.recovery.done(&self.xstats);
     }
 
     #[inline]
@@ -260,6 +327,12 @@ impl RxQueue {
     /// See [`crate::ethdev::RxBurst::rx_burst`].
     #[inline]
     pub fn rx_burst(&mut self, out: &mut Burst) -> usize {
+        if self.recovery.is_down() {
+            if self.recovery.retry_due() {
+                self.recover();
+            }
+            return 0;
+        }
         let start = out.len();
         let mut bytes = 0u64;
         let mut errors = 0u64;
@@ -272,9 +345,19 @@ impl RxQueue {
                     let Some(m) = self.take_desc() else { break };
                     self.deliver(m, &c, out, &mut bytes);
                 }
-                RxPolled::Bad { critical } => {
-                    errors += 1;
+                RxPolled::Bad { critical, flush } => {
                     self.xstats.bad(critical);
+                    if critical {
+                        // The WQ is in error (§5.3). A flush carries no frame; the error CQE
+                        // consumed a WQE whose buffer the recovery posts again.
+                        if !flush {
+                            errors += 1;
+                        }
+                        self.recover();
+                        // The CQ is drained (and SET_CI written), or the queue is down.
+                        break;
+                    }
+                    errors += 1;
                     if let Some(m) = self.take_desc() {
                         free_one(&self.pool, m);
                     }
@@ -291,7 +374,9 @@ impl RxQueue {
         self.counters.add(delivered as u64, bytes);
         self.counters.add_errors(errors);
         let want = self.desc.free();
-        if want >= REFILL_BULK as u32 || (want > 0 && self.posted() < REFILL_BULK as u32) {
+        // A queue that is down posts nothing until a recovery succeeds (which posts all).
+        let low = want > 0 && self.posted() < REFILL_BULK as u32;
+        if !self.recovery.is_down() && (want >= REFILL_BULK as u32 || low) {
             let missing = self.refill(want);
             if missing > 0 {
                 self.counters.add_nombuf(u64::from(missing));
@@ -320,8 +405,10 @@ impl Drop for RxQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hw::mlx5::cqe::{csum_ok, hash_type, mini_slot, Cqe, CqeFields};
+    use crate::hw::mlx5::cqe::{csum_ok, hash_type, mini_slot, Cqe, CqeFields, Syndrome};
     use crate::hw::mlx5::CQE_BYTES;
+    use crate::mlx5::provider::testing::TestState;
+    use crate::mlx5::txq::RECOVERY_RETRY_BURSTS;
     use crate::mlx5::RawCq;
     use mempool::OffloadFlags;
     use mempool::{MbufPoolConfig, Registration};
@@ -342,6 +429,10 @@ mod tests {
     }
 
     fn queue(pool: &Arc<MbufPool>) -> (RxQueue, Nic) {
+        queue_with(pool, Arc::default())
+    }
+
+    fn queue_with(pool: &Arc<MbufPool>, state: Arc<TestState>) -> (RxQueue, Nic) {
         let keys = pool
             .register_chunks(|_| Ok(Registration::new(0x55)))
             .unwrap();
@@ -367,6 +458,7 @@ mod tests {
             mprq: None,
             cqe_compression: true,
             owner: Arc::new(()),
+            state,
         };
         let cfg = PortConfig {
             rx_ring_size: N as u16,
@@ -586,6 +678,196 @@ mod tests {
         assert_eq!(got[0].len(), 64);
         assert_eq!(q.xstats.cqe_errors.load(Ordering::Relaxed), 1);
         assert_eq!(q.xstats.critical_errors.load(Ordering::Relaxed), 0);
+        drop(got);
+        drop(q);
+        assert_eq!(pool.in_use(), 0);
+    }
+
+    impl Nic {
+        /// The device fails the next WQE with RESP_ERR `syndrome`.
+        fn fail(&mut self, syndrome: Syndrome) {
+            self.take_wqe();
+            self.write_cqe(CqeFields {
+                opcode: 14,
+                syndrome: u8::from(syndrome),
+                wqe_counter: (self.rq_ci - 1) as u16,
+                ..Default::default()
+            });
+        }
+        /// The device, in error, flushes every WQE still posted; returns how many.
+        fn flush_all(&mut self) -> u32 {
+            let mut n = 0;
+            while self.posted().wrapping_sub(self.rq_ci) > 0 {
+                self.fail(Syndrome::WrFlush);
+                n += 1;
+            }
+            n
+        }
+        fn cq_ci(&self, _q: &RxQueue) -> u32 {
+            u32::from_be_bytes(self.cq_dbrec.load_u32(0, Ordering::Acquire).to_ne_bytes())
+        }
+        /// The buffer addresses of WQEs `0..n`, each checked for the pool's key and a closed
+        /// scatter list.
+        fn wqe_addrs(&self, n: u32) -> Vec<u64> {
+            (0..n)
+                .map(|i| {
+                    let mut w = [0u8; 32];
+                    self.rq.read((i % N) as usize * 32, &mut w);
+                    let d = DataSeg::new_checked(&w[..16]).unwrap();
+                    let d2 = DataSeg::new_checked(&w[16..]).unwrap();
+                    assert_eq!((d.lkey(), d2.lkey()), (0x55, INVALID_LKEY), "WQE {i}");
+                    d.addr()
+                })
+                .collect()
+        }
+    }
+
+    fn xstat(q: &RxQueue, name: &str) -> u64 {
+        q.xstats
+            .list()
+            .into_iter()
+            .find(|(k, _)| k == name)
+            .unwrap()
+            .1
+    }
+
+    /// Over rounds that lap the CQ: 3 packets, then a LOCAL_PROT error and the flushes of
+    /// every other posted WQE. The burst returns the 3 packets, moves the WQ RESET → RDY,
+    /// consumes every CQE (SET_CI = the device's producer), and posts every buffer again
+    /// from WQE 0 (the RQ record back at the ring size, 64 distinct buffers). Then packets
+    /// flow again from the device's counter 0.
+    #[test]
+    fn a_critical_error_resets_the_wq_drains_the_cq_and_reposts_every_buffer() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-rx-recover", 512)).unwrap();
+        let state = Arc::new(TestState::default());
+        let (mut q, mut nic) = queue_with(&pool, Arc::clone(&state));
+        let mut flushed = 0u64;
+        for round in 0..6u64 {
+            for k in 0..3 {
+                nic.rx(60 + k, k as u8 + 1, CqeFields::default());
+            }
+            nic.fail(Syndrome::LocalProt);
+            flushed += u64::from(nic.flush_all());
+            let mut b = Burst::with_capacity(32);
+            assert_eq!(
+                q.rx_burst(&mut b),
+                3,
+                "round {round}: the packets before the error"
+            );
+            for (k, m) in b.as_slice().iter().enumerate() {
+                assert_eq!(m.len(), 60 + k);
+                assert!(m.data().iter().all(|&x| x == k as u8 + 1));
+            }
+            drop(b);
+            assert_eq!(state.resets.load(Ordering::Relaxed), round + 1);
+            assert_eq!(state.readies.load(Ordering::Relaxed), round + 1);
+            assert_eq!(nic.cq_ci(&q), nic.pi, "round {round}: every CQE consumed");
+            assert_eq!(
+                nic.posted(),
+                N,
+                "round {round}: the whole ring posted again"
+            );
+            let mut addrs = nic.wqe_addrs(N);
+            addrs.sort_unstable();
+            addrs.dedup();
+            assert_eq!(addrs.len(), N as usize);
+            // The device's consumer restarted at 0 with the RESET.
+            nic.rq_ci = 0;
+        }
+        assert_eq!(xstat(&q, "rx_critical_errors"), 6);
+        assert_eq!(xstat(&q, "rx_flushed"), flushed);
+        assert_eq!(xstat(&q, "rx_recovery_drops"), 0);
+        assert_eq!(xstat(&q, "rx_recoveries"), 6);
+        let c = q.counters.snapshot();
+        assert_eq!((c.packets, c.errors), (18, 6));
+        // Normal traffic again, two more laps of the CQ.
+        for k in 0..(2 * CQN) {
+            nic.rx(64, k as u8, CqeFields::default());
+            let got = drain(&mut q, 1);
+            assert_eq!(got.len(), 1, "packet {k}");
+            assert!(got[0].data().iter().all(|&x| x == k as u8));
+        }
+        let mut b = Burst::with_capacity(8);
+        assert_eq!(q.rx_burst(&mut b), 0);
+        drop(q);
+        assert_eq!(pool.in_use(), 0);
+    }
+
+    /// Compressed sessions around an error: a session of 10 delivered across two bursts,
+    /// then the error, then a session the drain must consume whole (4 frames dropped, its
+    /// slots poisoned), then flushes. No later lap reads a stale mini or title.
+    #[test]
+    fn recovery_consumes_compressed_sessions_and_leaves_no_stale_slot() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-rx-recover-zip", 512)).unwrap();
+        let state = Arc::new(TestState::default());
+        let (mut q, mut nic) = queue_with(&pool, Arc::clone(&state));
+        for round in 0..4u32 {
+            nic.rx_session(10);
+            nic.fail(Syndrome::LocalProt);
+            nic.rx_session(4);
+            nic.flush_all();
+            let got = drain(&mut q, 10);
+            assert_eq!(got.len(), 10, "round {round}");
+            for (i, m) in got.iter().enumerate() {
+                assert_eq!(m.len(), 60 + i);
+            }
+            assert_eq!(state.resets.load(Ordering::Relaxed), u64::from(round) + 1);
+            assert_eq!(nic.cq_ci(&q), nic.pi);
+            assert_eq!(xstat(&q, "rx_recovery_drops"), 4 * (u64::from(round) + 1));
+            nic.rq_ci = 0;
+            // A lap of single packets: each read exactly once.
+            for k in 0..CQN {
+                nic.rx(70, k as u8, CqeFields::default());
+                let got = drain(&mut q, 1);
+                assert_eq!(got.len(), 1, "round {round} packet {k}");
+                assert_eq!(got[0].len(), 70);
+            }
+            let mut b = Burst::with_capacity(8);
+            assert_eq!(q.rx_burst(&mut b), 0, "round {round}: a stale slot");
+        }
+        let c = q.counters.snapshot();
+        assert_eq!(
+            c.errors,
+            4 + 4 * 4,
+            "the error CQEs and the dropped session frames"
+        );
+        drop(q);
+        assert_eq!(pool.in_use(), 0);
+    }
+
+    /// A RESET that fails: counted, the queue delivers nothing and posts nothing, a retry
+    /// every RECOVERY_RETRY_BURSTS bursts; when one succeeds the queue works again.
+    #[test]
+    fn a_failing_wq_reset_leaves_the_queue_down_until_a_retry_works() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-rx-downq", 512)).unwrap();
+        let state = Arc::new(TestState::default());
+        let (mut q, mut nic) = queue_with(&pool, Arc::clone(&state));
+        nic.rx(64, 1, CqeFields::default());
+        nic.fail(Syndrome::LocalQpOp);
+        state.fail.store(1, Ordering::Relaxed);
+        let mut b = Burst::with_capacity(8);
+        assert_eq!(q.rx_burst(&mut b), 1);
+        drop(b);
+        assert!(q.is_down());
+        assert_eq!(xstat(&q, "rx_recovery_failures"), 1);
+        nic.flush_all();
+        let posted = nic.posted();
+        for _ in 1..RECOVERY_RETRY_BURSTS {
+            let mut b = Burst::with_capacity(8);
+            assert_eq!(q.rx_burst(&mut b), 0);
+        }
+        assert_eq!(nic.posted(), posted, "nothing posted while down");
+        assert_eq!(state.resets.load(Ordering::Relaxed), 0);
+        let mut b = Burst::with_capacity(8);
+        assert_eq!(q.rx_burst(&mut b), 0);
+        assert!(!q.is_down());
+        assert_eq!(state.resets.load(Ordering::Relaxed), 1);
+        assert_eq!(nic.cq_ci(&q), nic.pi);
+        assert_eq!(nic.posted(), N);
+        nic.rq_ci = 0;
+        nic.rx(80, 7, CqeFields::default());
+        let got = drain(&mut q, 1);
+        assert_eq!(got[0].len(), 80);
         drop(got);
         drop(q);
         assert_eq!(pool.in_use(), 0);

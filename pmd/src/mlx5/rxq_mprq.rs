@@ -22,8 +22,12 @@
 //! WQEs and counts its drops: `imissed`). Completions come through the shared `RxCq`
 //! (`rx_cq.rs`), so compressed sessions (CSUM_STRIDX minis: stride index and packed
 //! `byte_cnt` per packet, the rest from the title, §6.1) decode exactly as on the cyclic
-//! queue. Error CQEs (§5.3) are counted and abandon the rest of the current WQE (the model's
-//! policy; what an error consumes on hardware is not documented, §9). A completion whose
+//! queue. Error CQEs (§5.3) with an ordinary syndrome (LOCAL_LENGTH, …) are counted and
+//! abandon the rest of the current WQE (the model's policy; what an error consumes on
+//! hardware is not documented, §9). The critical syndromes (LOCAL_QP_OP, LOCAL_PROT,
+//! WR_FLUSH) mean the WQ is in error: the queue recovers it as the cyclic queue does (the
+//! shared `Recovery`: RESET, drain the CQ, RQ record 0, RDY), then starts again at WQE 0,
+//! stride 0, with every WQE posted (they still name their buffers). A completion whose
 //! strides lie outside its WQE is dropped without reading (`rx_mprq_bad_strides`), a packet
 //! longer than an mbuf's data room too (`rx_too_long`): both count as `ierrors`. Filler
 //! completions only move the stride count (`rx_mprq_fillers`).
@@ -33,7 +37,7 @@
 #![deny(unsafe_code)]
 
 use super::provider::{Mprq, RawRq};
-use super::rx_cq::{RxCompletion, RxCq, RxPolled};
+use super::rx_cq::{Recovery, RxCompletion, RxCq, RxPolled};
 use super::rxq::RxXstats;
 use crate::ethdev::{finish_rx, Burst, Counters, PortConfig, QueueOwner, RxBurst, RxOffloads};
 use crate::hw::mlx5::cqe::MiniCqeFormat;
@@ -64,12 +68,17 @@ pub struct RxQueue {
     retired: u32,
     /// Strides of WQE `retired` consumed so far.
     consumed: u32,
+    /// WQEs retired since the queue was made (for the counter; `retired` restarts at 0 with
+    /// a recovery).
+    retires: u64,
     /// Mbufs taken from the pool, not yet used: `stash[..stash_n]`.
     stash: Vec<Option<Mbuf>>,
     stash_n: usize,
     pool: Arc<MbufPool>,
     counters: Arc<Counters>,
     xstats: Arc<RxXstats>,
+    /// The WQ's error recovery.
+    recovery: Recovery,
     _owner: QueueOwner,
     port_id: u16,
     vlan_strip: bool,
@@ -125,15 +134,39 @@ impl RxQueue {
             wqe_cnt,
             retired: 0,
             consumed: 0,
+            retires: 0,
             stash: (0..STASH).map(|_| None).collect(),
             stash_n: 0,
             pool,
             counters,
             xstats,
+            recovery: Recovery::new(raw.state, raw.rqn),
             _owner: raw.owner,
             port_id,
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
         }
+    }
+
+    /// Whether a recovery failed and the queue delivers nothing until a retry succeeds.
+    pub fn is_down(&self) -> bool {
+        self.recovery.is_down()
+    }
+
+    /// Recovery of a WQ in error (§5.3): the shared restart (RESET, the CQ drained,
+    /// `SET_CI`, the RQ record ← 0, RDY), then the device starts again at WQE 0, stride 0:
+    /// every WQE is posted again (each still names its buffer).
+    #[cold]
+    fn recover(&mut self) {
+        if !self
+            .recovery
+            .restart(&mut self.cq, &self.dbrec, &self.xstats, &self.counters)
+        {
+            return;
+        }
+        self.retired = 0;
+        self.consumed = 0;
+        self.post();
+        self.recovery.done(&self.xstats);
     }
 
     /// The geometry.
@@ -213,6 +246,7 @@ impl RxQueue {
     fn retire(&mut self) {
         self.retired = self.retired.wrapping_add(1);
         self.consumed = 0;
+        self.retires += 1;
     }
 
     /// Copies the packet of `c` out of its strides into an mbuf and puts it in `out`; `false`
@@ -258,11 +292,17 @@ impl RxQueue {
     /// See [`crate::ethdev::RxBurst::rx_burst`].
     #[inline]
     pub fn rx_burst(&mut self, out: &mut Burst) -> usize {
+        if self.recovery.is_down() {
+            if self.recovery.retry_due() {
+                self.recover();
+            }
+            return 0;
+        }
         let start = out.len();
         let mut bytes = 0u64;
         let mut errors = 0u64;
         let mut fillers = 0u64;
-        let retired0 = self.retired;
+        let retires0 = self.retires;
         let sessions0 = self.cq.sessions;
         while out.spare() > 0 {
             // An mbuf first, so that a completion is never consumed without one.
@@ -281,23 +321,31 @@ impl RxQueue {
                     }
                     self.consume(u32::from(b.strides));
                 }
-                RxPolled::Bad { critical } => {
-                    errors += 1;
+                RxPolled::Bad { critical, flush } => {
                     self.xstats.bad(critical);
+                    if !flush {
+                        errors += 1;
+                    }
+                    if critical {
+                        // The WQ is in error (§5.3): recover it in this burst.
+                        self.recover();
+                        // The CQ is drained (and SET_CI written), or the queue is down.
+                        break;
+                    }
                     self.retire();
                 }
             }
         }
         // Mid-session the consumer index stays at the title until the session is done.
         self.cq.commit();
-        let retired = self.retired.wrapping_sub(retired0);
-        if retired != 0 {
+        let retired = self.retires - retires0;
+        if retired != 0 && !self.recovery.is_down() {
             self.post();
         }
         let x = &self.xstats;
         RxXstats::add(&x.compressed_sessions, self.cq.sessions - sessions0);
         RxXstats::add(&x.mprq_fillers, fillers);
-        RxXstats::add(&x.mprq_wqes_retired, u64::from(retired));
+        RxXstats::add(&x.mprq_wqes_retired, retired);
         let delivered = out.len() - start;
         self.counters.add(delivered as u64, bytes);
         self.counters.add_errors(errors);
@@ -330,6 +378,7 @@ mod tests {
     use crate::hw::mlx5::cqe::{hash_type, mini_slot, Cqe, CqeFields, CqeOpcode, MiniCqe};
     use crate::hw::mlx5::doorbell::CQ_SET_CI;
     use crate::hw::mlx5::CQE_BYTES;
+    use crate::mlx5::provider::testing::TestState;
     use crate::mlx5::RawCq;
     use mempool::{MbufPoolConfig, Registration};
 
@@ -358,6 +407,16 @@ mod tests {
     }
 
     fn queue(pool: &Arc<MbufPool>, geo: Mprq, wqe_cnt: u32, cqn: u32) -> (RxQueue, Nic) {
+        queue_with(pool, geo, wqe_cnt, cqn, Arc::default())
+    }
+
+    fn queue_with(
+        pool: &Arc<MbufPool>,
+        geo: Mprq,
+        wqe_cnt: u32,
+        cqn: u32,
+        state: Arc<TestState>,
+    ) -> (RxQueue, Nic) {
         let ring = Arc::new(DevMem::anon(wqe_cnt as usize * MPRQ_WQE_BYTES).unwrap());
         let cq = Arc::new(DevMem::anon(cqn as usize * CQE_BYTES).unwrap());
         for i in 0..cqn as usize {
@@ -385,6 +444,7 @@ mod tests {
             mprq: Some(geo),
             cqe_compression: true,
             owner: Arc::new(()),
+            state,
         };
         let cfg = PortConfig::default();
         let mut q = RxQueue::new(
@@ -804,6 +864,67 @@ mod tests {
         assert_eq!(q.rx_burst(&mut b), 0);
         assert_eq!(q.xstats.mprq_bad_strides.load(Ordering::Relaxed), 1);
         assert_eq!(q.counters.snapshot().errors, 1);
+        drop(q);
+        assert_eq!(pool.available(), pool.capacity());
+    }
+
+    /// A critical error (LOCAL_PROT) puts the WQ through RESET and RDY in the burst that
+    /// finds it: the flushes after it are drained and counted, the record goes to 0 and then
+    /// posts every WQE again, and the next packet is read from WQE 0, stride 0. A refused
+    /// state change leaves the queue down until a retry works.
+    #[test]
+    fn a_critical_error_recovers_the_wq_and_starts_again_at_wqe_0() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mprq-recover", 64)).unwrap();
+        let state = Arc::new(TestState::default());
+        let (mut q, mut nic) = queue_with(&pool, small(), 4, 64, Arc::clone(&state));
+        let a = payload(1, 100);
+        nic.rx(&a, 0); // WQE 0, strides 0..2
+                       // WQE 0 fails from stride 2 on; the device flushes WQEs 1..4.
+        let err = |strides: u16, stride: u16, syndrome: u8| CqeFields {
+            opcode: u8::from(CqeOpcode::RespErr),
+            syndrome,
+            byte_cnt: MprqByteCnt {
+                filler: false,
+                strides,
+                len: 0,
+            }
+            .word(),
+            wqe_counter: stride,
+            ..Default::default()
+        };
+        nic.write_cqe(&err(6, 2, 0x04));
+        for _ in 1..4 {
+            nic.write_cqe(&err(8, 0, 0x05));
+        }
+        state.fail.store(1, Ordering::Relaxed);
+        let got = drain(&mut q, 1);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].data(), &a[..]);
+        // RESET refused: down, nothing drained yet.
+        assert!(q.is_down());
+        assert_eq!(q.xstats.recovery_failures.load(Ordering::Relaxed), 1);
+        let mut b = Burst::with_capacity(8);
+        for _ in 0..crate::mlx5::txq::RECOVERY_RETRY_BURSTS {
+            assert_eq!(q.rx_burst(&mut b), 0);
+        }
+        assert!(!q.is_down(), "the retry worked");
+        assert_eq!(state.resets.load(Ordering::Relaxed), 1);
+        assert_eq!(state.readies.load(Ordering::Relaxed), 1);
+        let x = &q.xstats;
+        assert_eq!(x.critical_errors.load(Ordering::Relaxed), 1);
+        assert_eq!(x.flushed.load(Ordering::Relaxed), 3);
+        assert_eq!(x.recoveries.load(Ordering::Relaxed), 1);
+        assert_eq!(nic.set_ci(), nic.pi);
+        assert_eq!(nic.posted(), 4, "every WQE posted again from 0");
+        // The device restarts at WQE 0, stride 0.
+        (nic.wqe, nic.stride) = (0, 0);
+        let c = payload(3, 200);
+        nic.rx(&c, 0);
+        let got2 = drain(&mut q, 1);
+        assert_eq!(got2.len(), 1);
+        assert_eq!(got2[0].data(), &c[..]);
+        assert_eq!(q.counters.snapshot().errors, 1);
+        drop((got, got2));
         drop(q);
         assert_eq!(pool.available(), pool.capacity());
     }

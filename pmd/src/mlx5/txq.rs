@@ -16,9 +16,10 @@
 #![deny(unsafe_code)]
 
 use super::cq::CompletionQueue;
-use super::provider::RawSq;
+use super::driver::SetupError;
+use super::provider::{QueueState, RawSq};
 use crate::ethdev::{Burst, Counters, QueueOwner, TxBurst};
-use crate::hw::mlx5::cqe::{Cqe, CqeOpcode};
+use crate::hw::mlx5::cqe::{Cqe, CqeOpcode, Syndrome};
 use crate::hw::mlx5::doorbell::{self, SND_DBR};
 use crate::hw::mlx5::wqe::{
     eth_seg_units, CtrlSeg, DataSeg, EthSeg, CE_ALWAYS, CE_FIRST_ERROR, CS_L3, CS_L4, SEG_BYTES,
@@ -41,12 +42,32 @@ const VLAN_INLINE: usize = 18;
 pub const EMPW_MAX: usize = 32;
 /// Largest TSO header (`MLX5_MAX_TSO_HEADER`).
 const MAX_TSO_HEADER: usize = 192;
+/// Bursts a queue whose recovery failed lets pass before it tries again (each try is a
+/// device call or two).
+pub const RECOVERY_RETRY_BURSTS: u32 = 1024;
 
 /// Device-side reasons a TX packet was dropped or failed, by name.
 #[derive(Debug, Default)]
 pub struct TxXstats {
-    /// Error CQEs.
+    /// Error CQEs other than flushes: WQEs the device failed (each starts a recovery).
     pub cqe_errors: AtomicU64,
+    /// ... of which LOCAL_LENGTH.
+    pub err_local_length: AtomicU64,
+    /// ... of which LOCAL_QP_OP (a malformed WQE).
+    pub err_local_qp_op: AtomicU64,
+    /// ... of which LOCAL_PROT (a bad memory key or range).
+    pub err_local_prot: AtomicU64,
+    /// ... of which any other syndrome.
+    pub err_other: AtomicU64,
+    /// Flush CQEs (WR_FLUSH): WQEs after a failed one that the device did not execute.
+    pub flushed: AtomicU64,
+    /// Packets freed unsent by error recovery: those of the failed WQE and of every WQE
+    /// after it (also counted in the queue's errors).
+    pub error_drops: AtomicU64,
+    /// Recoveries done: the SQ went through RESET back to RTS.
+    pub recoveries: AtomicU64,
+    /// Recovery attempts that failed (a state change refused).
+    pub recovery_failures: AtomicU64,
     /// Packets whose buffer is in no registered chunk.
     pub no_mkey: AtomicU64,
     /// Packets needing more units than a WQE holds.
@@ -65,6 +86,14 @@ impl TxXstats {
     pub fn list(&self) -> Vec<(String, u64)> {
         [
             ("tx_cqe_errors", &self.cqe_errors),
+            ("tx_err_local_length", &self.err_local_length),
+            ("tx_err_local_qp_op", &self.err_local_qp_op),
+            ("tx_err_local_prot", &self.err_local_prot),
+            ("tx_err_other", &self.err_other),
+            ("tx_flushed", &self.flushed),
+            ("tx_error_drops", &self.error_drops),
+            ("tx_recoveries", &self.recoveries),
+            ("tx_recovery_failures", &self.recovery_failures),
             ("tx_no_mkey", &self.no_mkey),
             ("tx_too_many_segs", &self.too_many_segs),
             ("tx_short_header", &self.short_header),
@@ -73,6 +102,19 @@ impl TxXstats {
         .iter()
         .map(|(n, c)| ((*n).to_string(), c.load(Ordering::Relaxed)))
         .collect()
+    }
+
+    /// Counts an error CQE by its syndrome (a flush apart).
+    fn count_error(&self, s: Syndrome) {
+        let c = match s {
+            Syndrome::WrFlush => return Self::bump(&self.flushed),
+            Syndrome::LocalLength => &self.err_local_length,
+            Syndrome::LocalQpOp => &self.err_local_qp_op,
+            Syndrome::LocalProt => &self.err_local_prot,
+            _ => &self.err_other,
+        };
+        Self::bump(&self.cqe_errors);
+        Self::bump(c);
     }
 }
 
@@ -98,6 +140,13 @@ pub struct TxQueue {
     keys: ChunkKeys,
     counters: Arc<Counters>,
     xstats: Arc<TxXstats>,
+    /// The QP's state machine, for error recovery.
+    state: Arc<dyn QueueState>,
+    /// A recovery failed: the queue takes no packets and tries again in `retry_in` bursts.
+    down: bool,
+    retry_in: u32,
+    /// A failed recovery was logged (once per queue).
+    warned: bool,
     _owner: QueueOwner,
     done: Vec<Mbuf>,
     /// Per packet of the current burst: (WQE index, WQEBBs), or `None` when dropped.
@@ -159,6 +208,10 @@ impl TxQueue {
             keys,
             counters,
             xstats,
+            state: raw.state,
+            down: false,
+            retry_in: 0,
+            warned: false,
             _owner: raw.owner,
             done: Vec::with_capacity(n as usize),
             posted: Vec::with_capacity(n as usize),
@@ -171,11 +224,29 @@ impl TxQueue {
         self.desc.len()
     }
 
-    /// Processes completions: frees every packet up to each completed WQE, counts errors.
-    /// Returns the CQEs consumed.
+    /// Processes completions: frees every packet up to each completed WQE; after an error
+    /// CQE, recovers the queue (RESET, drain, counters to 0, RTS; see `DESIGN.md`). Returns
+    /// the CQEs consumed.
     pub fn reclaim(&mut self) -> u32 {
+        let (n, failed) = self.complete();
+        if failed {
+            self.recover();
+        }
+        n
+    }
+
+    /// Whether a recovery failed and the queue takes no packets until a retry succeeds.
+    pub fn is_down(&self) -> bool {
+        self.down
+    }
+
+    /// Consumes CQEs up to the first error CQE (included): frees every packet up to each
+    /// completed WQE, counts the failed WQE's packets as errors. Returns the CQEs consumed
+    /// and whether an error CQE was among them.
+    fn complete(&mut self) -> (u32, bool) {
         let mut n = 0u32;
         let (mut ok_pkts, mut ok_bytes, mut errs) = (0u64, 0u64, 0u64);
+        let mut failed = false;
         while !self.desc.is_empty() {
             let off = match self.cq.poll() {
                 Polled::Entry(off) => off,
@@ -188,11 +259,12 @@ impl TxQueue {
             };
             let err = c.opcode() != CqeOpcode::Req;
             if err {
-                TxXstats::bump(&self.xstats.cqe_errors);
-                crate::dp_trace!(sq = self.sqn, syndrome = ?c.syndrome(), "tx error completion");
+                self.xstats.count_error(c.syndrome());
+                crate::dp_trace!(sq = self.sqn, syndrome = ?c.syndrome(), "tx error completion\n{}", crate::hw::hexdump(&b));
             }
             let upto = c.wqe_counter();
-            // A CQE for WQE `upto` completes every WQE up to it, in order.
+            // A CQE for WQE `upto` completes every WQE up to it, in order; an error CQE says
+            // the WQEs before `upto` were sent and `upto` was not.
             while let Some((m, idx, bbs)) = self.desc.pop() {
                 self.wq.complete(u32::from(bbs));
                 // The packets of an eMPW WQE share its index; the last one carries its
@@ -211,29 +283,136 @@ impl TxQueue {
                 }
             }
             n += 1;
+            if err {
+                // Everything after it is flushed or was never read: the recovery's.
+                failed = true;
+                break;
+            }
         }
         if n > 0 {
-            self.cq_dbrec.store_u32(
-                0,
-                u32::from_ne_bytes(doorbell::cq_set_ci(self.cq.head())),
-                Ordering::Release,
-            );
+            self.write_cq_ci();
         }
+        self.free_done();
+        self.counters.add(ok_pkts, ok_bytes);
+        if errs > 0 {
+            self.counters.add_errors(errs);
+            self.xstats.error_drops.fetch_add(errs, Ordering::Relaxed);
+        }
+        (n, failed)
+    }
+
+    /// `SET_CI` ← the CQ's consumer counter (§5.4).
+    fn write_cq_ci(&self) {
+        self.cq_dbrec.store_u32(
+            0,
+            u32::from_ne_bytes(doorbell::cq_set_ci(self.cq.head())),
+            Ordering::Release,
+        );
+    }
+
+    /// Gives the mbufs in `done` back to the pool.
+    fn free_done(&mut self) {
         if !self.done.is_empty() {
             let done = &mut self.done;
             with_cache(&self.pool, |cache| {
                 done.drain(..).for_each(|m| m.free_to(cache))
             });
         }
-        self.counters.add(ok_pkts, ok_bytes);
-        self.counters.add_errors(errs);
-        n
+    }
+
+    /// Error recovery after an error CQE (§2.8, §5.3, what DPDK's TX error handling does),
+    /// on the polling core, with device calls through the queue's state machine:
+    ///
+    /// 1. the SQ to RESET: the device stops reading it and writes no more CQEs for it;
+    /// 2. every CQE it wrote before is consumed (the flushes of the WQEs after the failed
+    ///    one), and `SET_CI` written: the CQ itself is not reset and keeps its counter;
+    /// 3. every packet still in flight is freed and counted (`tx_error_drops`, errors):
+    ///    none of them was sent;
+    /// 4. the WQE counters restart at 0, as the device's did, and the SQ record is written
+    ///    0 (DPDK leaves the old value until its next doorbell; writing it while the SQ is in
+    ///    RESET costs nothing and leaves no stale doorbell for a device that samples it);
+    /// 5. the SQ back to RTS; the next burst posts from WQE index 0.
+    ///
+    /// If a state change fails the queue is down: counted, logged once, it takes no packets
+    /// (a burst returns 0, like a detached queue) and tries again every
+    /// [`RECOVERY_RETRY_BURSTS`] bursts; the steps are safe to repeat.
+    #[cold]
+    fn recover(&mut self) {
+        if let Err(e) = self.state.reset() {
+            return self.recovery_failed("RESET", &e);
+        }
+        let mut n = 0u32;
+        while let Polled::Entry(off) = self.cq.poll() {
+            let mut b = [0u8; CQE_BYTES];
+            self.cq.read(off, &mut b);
+            if let Some(c) = Cqe::new_checked(&b[..]) {
+                if c.opcode() != CqeOpcode::Req {
+                    self.xstats.count_error(c.syndrome());
+                }
+            }
+            n += 1;
+        }
+        if n > 0 {
+            self.write_cq_ci();
+        }
+        let mut dropped = 0u64;
+        while let Some((m, _, _)) = self.desc.pop() {
+            dropped += 1;
+            self.done.push(m);
+        }
+        self.free_done();
+        self.counters.add_errors(dropped);
+        self.xstats
+            .error_drops
+            .fetch_add(dropped, Ordering::Relaxed);
+        self.wq.restart();
+        self.unrequested = 0;
+        self.dbrec.store_u32(
+            SND_DBR,
+            u32::from_ne_bytes(doorbell::sq_record(0)),
+            Ordering::Release,
+        );
+        if let Err(e) = self.state.ready() {
+            return self.recovery_failed("RTS", &e);
+        }
+        self.down = false;
+        TxXstats::bump(&self.xstats.recoveries);
+    }
+
+    #[cold]
+    fn recovery_failed(&mut self, to: &'static str, e: &SetupError) {
+        TxXstats::bump(&self.xstats.recovery_failures);
+        self.down = true;
+        self.retry_in = RECOVERY_RETRY_BURSTS;
+        if !self.warned {
+            self.warned = true;
+            tracing::warn!(target: "pmd::mlx5::driver", sq = self.sqn, to, error = %e,
+                "tx queue recovery failed: the queue takes no packets and tries again every {RECOVERY_RETRY_BURSTS} bursts");
+        }
+    }
+
+    /// A burst on a queue that is down: counts down to the next recovery attempt.
+    #[cold]
+    fn retry_recovery(&mut self) {
+        self.retry_in = self.retry_in.saturating_sub(1);
+        if self.retry_in == 0 {
+            self.recover();
+        }
     }
 
     /// See [`crate::ethdev::TxBurst::tx_burst`].
     #[inline]
     pub fn tx_burst(&mut self, pkts: &mut Burst) -> usize {
+        if self.down {
+            self.retry_recovery();
+            if self.down {
+                return 0;
+            }
+        }
         self.reclaim();
+        if self.down {
+            return 0;
+        }
         let want = pkts.len().min(self.desc.free() as usize);
         self.posted.clear();
         let mut last_ctrl = None;
@@ -492,7 +671,8 @@ impl TxBurst for TxQueue {
 
 impl Drop for TxQueue {
     fn drop(&mut self) {
-        self.reclaim();
+        // No recovery here: the queue is going away (and its QP may be gone already).
+        let _ = self.complete();
         let desc = &mut self.desc;
         with_cache(&self.pool, |cache| {
             desc.drain().for_each(|(m, _, _)| m.free_to(cache))
@@ -504,6 +684,7 @@ impl Drop for TxQueue {
 mod tests {
     use super::*;
     use crate::hw::mlx5::cqe::CqeFields;
+    use crate::mlx5::provider::testing::TestState;
     use crate::mlx5::{RawCq, RawSq};
     use mempool::{MbufPoolConfig, Registration};
 
@@ -520,6 +701,10 @@ mod tests {
     }
 
     fn queue(pool: &Arc<MbufPool>, min_inline: u16) -> (TxQueue, Nic) {
+        queue_with(pool, min_inline, Arc::default())
+    }
+
+    fn queue_with(pool: &Arc<MbufPool>, min_inline: u16, state: Arc<TestState>) -> (TxQueue, Nic) {
         let keys = pool
             .register_chunks(|_| Ok(Registration::new(0x77)))
             .unwrap();
@@ -545,6 +730,7 @@ mod tests {
                 cqn: 7,
             },
             owner: Arc::new(()),
+            state,
         };
         let q = TxQueue::new(
             raw,
@@ -569,10 +755,21 @@ mod tests {
     impl Nic {
         /// Completes WQE `index` as the device would (a requester CQE).
         fn complete(&mut self, index: u16) {
+            self.cqe(index, 0, 0);
+        }
+        /// Fails WQE `index` with `syndrome` (a REQ_ERR CQE; WR_FLUSH for a flush).
+        fn fail(&mut self, index: u16, syndrome: Syndrome) {
+            self.cqe(index, 13, u8::from(syndrome));
+        }
+        fn cq_ci(&self) -> u32 {
+            u32::from_be_bytes(self.dbrec.load_u32(0, Ordering::Acquire).to_ne_bytes())
+        }
+        fn cqe(&mut self, index: u16, opcode: u8, syndrome: u8) {
             let slot = (self.written % CQE_CNT) as usize * CQE_BYTES;
             let mut b = [0u8; CQE_BYTES];
             Cqe::new_checked(&mut b[..]).unwrap().write(&CqeFields {
-                opcode: 0,
+                opcode,
+                syndrome,
                 owner: (self.written / CQE_CNT) & 1 == 1,
                 wqe_counter: index,
                 sop: 0x0a,
@@ -789,6 +986,128 @@ mod tests {
         assert_eq!(nic.sq_record(), sent & 0xffff);
         let ci = u32::from_be_bytes(nic.dbrec.load_u32(0, Ordering::Acquire).to_ne_bytes());
         assert_eq!(ci, sent / 32);
+        drop(q);
+        assert_eq!(pool.in_use(), 0);
+    }
+
+    fn burst_of(pool: &Arc<MbufPool>, n: usize, seed: u8) -> Burst {
+        let mut b = Burst::with_capacity(n);
+        for k in 0..n {
+            b.push(frame(pool, 60 + k, seed)).unwrap();
+        }
+        b
+    }
+
+    /// An error CQE for WQE 4 of 10 (one SEND WQE per packet), then flushes for the WQEs the
+    /// device reached after it: the 4 packets before it count as sent, the failed one and the
+    /// 5 after it as dropped errors; the SQ goes RESET → RTS, the CQ is drained (SET_CI at 6),
+    /// the SQ record is 0 and the next burst posts from WQE index 0. Over several rounds the
+    /// counters restart at 0 each time and nothing leaks.
+    #[test]
+    fn an_error_cqe_resets_the_sq_and_the_next_burst_starts_at_wqe_0() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-tx-recover", 512)).unwrap();
+        let state = Arc::new(TestState::default());
+        let (mut q, mut nic) = queue_with(&pool, 18, Arc::clone(&state));
+        for round in 0..5u64 {
+            let mut b = burst_of(&pool, 10, round as u8);
+            assert_eq!(q.tx_burst(&mut b), 10);
+            let w = nic.wqe(0, 16);
+            assert_eq!(CtrlSeg::new_checked(&w[..]).unwrap().wqe_index(), 0);
+            assert_eq!(nic.sq_record(), 10);
+            // The device: WQEs 0-3 sent (CE = 1: no CQE), 4 fails, 5-9 flushed.
+            nic.fail(4, Syndrome::LocalProt);
+            for i in 5..10 {
+                nic.fail(i, Syndrome::WrFlush);
+            }
+            assert_eq!(
+                q.reclaim(),
+                1,
+                "the error CQE; the flushes go to the recovery"
+            );
+            assert_eq!(state.resets.load(Ordering::Relaxed), round + 1);
+            assert_eq!(state.readies.load(Ordering::Relaxed), round + 1);
+            assert_eq!(q.in_flight(), 0);
+            assert_eq!(nic.cq_ci(), nic.written, "every CQE consumed");
+            assert_eq!(
+                nic.sq_record(),
+                0,
+                "the record follows the device's counter"
+            );
+            let c = q.counters.snapshot();
+            assert_eq!((c.packets, c.errors), (4 * (round + 1), 6 * (round + 1)));
+            let x = |n: &str| q.xstats.list().into_iter().find(|(k, _)| k == n).unwrap().1;
+            assert_eq!(x("tx_cqe_errors"), round + 1);
+            assert_eq!(x("tx_err_local_prot"), round + 1);
+            assert_eq!(x("tx_flushed"), 5 * (round + 1));
+            assert_eq!(x("tx_error_drops"), 6 * (round + 1));
+            assert_eq!(x("tx_recoveries"), round + 1);
+            assert_eq!(pool.in_use(), 0, "every packet freed");
+        }
+        // Back to normal: 32 packets from WQE 0, the completion request on the last.
+        let mut b = burst_of(&pool, 32, 9);
+        assert_eq!(q.tx_burst(&mut b), 32);
+        let w = nic.wqe(31, 16);
+        let c = CtrlSeg::new_checked(&w[..]).unwrap();
+        assert_eq!((c.wqe_index(), c.ce()), (31, CE_ALWAYS));
+        nic.complete(31);
+        q.reclaim();
+        assert_eq!(q.in_flight(), 0);
+        assert_eq!(q.counters.snapshot().packets, 20 + 32);
+        drop(q);
+        assert_eq!(pool.in_use(), 0);
+    }
+
+    /// A RESET that fails leaves the queue down: counted, bursts take nothing (the packets
+    /// stay with the caller) and return at once; a retry every RECOVERY_RETRY_BURSTS bursts;
+    /// once a retry succeeds the queue sends again from WQE 0. A queue that never recovers
+    /// keeps answering 0 and gives every buffer back when dropped.
+    #[test]
+    fn a_failing_reset_leaves_the_queue_down_and_retries_without_spinning() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-tx-downq", 512)).unwrap();
+        let state = Arc::new(TestState::default());
+        let (mut q, mut nic) = queue_with(&pool, 18, Arc::clone(&state));
+        let mut b = burst_of(&pool, 4, 1);
+        assert_eq!(q.tx_burst(&mut b), 4);
+        nic.fail(1, Syndrome::LocalQpOp);
+        nic.fail(2, Syndrome::WrFlush);
+        state.fail.store(1, Ordering::Relaxed);
+        q.reclaim();
+        assert!(q.is_down());
+        let x = |q: &TxQueue, n: &str| q.xstats.list().into_iter().find(|(k, _)| k == n).unwrap().1;
+        assert_eq!(x(&q, "tx_recovery_failures"), 1);
+        assert_eq!(x(&q, "tx_err_local_qp_op"), 1);
+        // Packet 0 was sent, 1 failed; 2 and 3 wait for the recovery.
+        assert_eq!(q.in_flight(), 2);
+        let mut b = burst_of(&pool, 8, 2);
+        for k in 1..RECOVERY_RETRY_BURSTS {
+            assert_eq!(q.tx_burst(&mut b), 0, "burst {k}");
+            assert_eq!(b.len(), 8);
+        }
+        assert_eq!(state.resets.load(Ordering::Relaxed), 0);
+        // The retry: it works this time; the same call sends.
+        assert_eq!(q.tx_burst(&mut b), 8);
+        assert!(!q.is_down());
+        assert_eq!(state.resets.load(Ordering::Relaxed), 1);
+        assert_eq!(x(&q, "tx_flushed"), 1);
+        assert_eq!(q.counters.snapshot().errors, 3);
+        assert_eq!(
+            CtrlSeg::new_checked(&nic.wqe(0, 16)[..])
+                .unwrap()
+                .wqe_index(),
+            0
+        );
+        assert_eq!(nic.sq_record(), 8);
+        // Now it never comes back.
+        nic.fail(0, Syndrome::LocalProt);
+        state.fail.store(u64::MAX, Ordering::Relaxed);
+        let mut b = burst_of(&pool, 8, 3);
+        for _ in 0..5 * RECOVERY_RETRY_BURSTS {
+            assert_eq!(q.tx_burst(&mut b), 0);
+        }
+        // The first burst found the error and failed; then one retry per 1024 bursts.
+        assert_eq!(x(&q, "tx_recovery_failures"), 1 + 1 + 4);
+        assert!(q.is_down());
+        drop(b);
         drop(q);
         assert_eq!(pool.in_use(), 0);
     }

@@ -74,10 +74,18 @@ pub enum PortKind {
     },
     /// A real mlx5 port; with no keys, the first mlx5 port found.
     Mlx5 {
+        /// Select the port whose netdev has this MAC.
+        mac: Option<MacAddr>,
         /// Select this IB device (e.g. `mlx5_0`).
         dev: Option<String>,
         /// Select this IB port (1-based).
         port: Option<u32>,
+        /// `inline=N`: inline at least N bytes of each frame (the device's own minimum, 18
+        /// on ConnectX-4, is always honoured).
+        inline: Option<u16>,
+        /// `cqe-comp=0|1`: compressed receive CQEs where the device has them (default 1,
+        /// as DPDK's `rxq_cqe_comp_en`).
+        cqe_comp: bool,
     },
     /// The MANA device model.
     #[cfg(feature = "emu")]
@@ -202,7 +210,9 @@ fn accepted_keys(kind: &str) -> &'static [&'static str] {
             "rxq",
             "txq",
         ],
-        "mlx5" => &["dev", "port", "rxq", "txq"],
+        "mlx5" => &[
+            "mac", "dev", "port", "netdev", "inline", "cqe-comp", "rxq", "txq",
+        ],
         "emu-mana" => &[
             "wire",
             "mac",
@@ -264,6 +274,19 @@ fn parse_mac(value: &str) -> Result<MacAddr, DevargsError> {
         value: value.to_string(),
         expected: "six hex byte pairs like 00:15:5d:01:02:03",
     })
+}
+
+/// `inline=N`: bytes of each frame inline in the WQE.
+fn parse_inline(value: &str) -> Result<u16, DevargsError> {
+    value
+        .parse::<u16>()
+        .ok()
+        .filter(|n| *n <= 255)
+        .ok_or_else(|| DevargsError::BadValue {
+            key: "inline",
+            value: value.into(),
+            expected: "the bytes the device needs inline, 0 to 255 (18 for a ConnectX-4)",
+        })
 }
 
 /// `busy-timeout=SECONDS`: a positive number of seconds, millisecond precision.
@@ -487,25 +510,23 @@ impl FromStr for PortSpec {
         };
         let kind = match kind {
             "mana" => PortKind::Mana { mac, dev, port },
-            "mlx5" => PortKind::Mlx5 { dev, port },
+            "mlx5" => PortKind::Mlx5 {
+                mac,
+                dev,
+                port,
+                inline: get("inline").map(parse_inline).transpose()?,
+                cqe_comp: get("cqe-comp")
+                    .map(|v| parse_num("cqe-comp", v, (0u8, 1), "0 or 1"))
+                    .transpose()?
+                    .is_none_or(|v| v == 1),
+            },
             #[cfg(feature = "emu")]
             "emu-mana" => PortKind::EmuMana { wire: wire()?, mac },
             #[cfg(feature = "emu")]
             "emu-mlx5" => PortKind::EmuMlx5 {
                 wire: wire()?,
                 mac,
-                inline: get("inline")
-                    .map(|v| {
-                        v.parse::<u16>().ok().filter(|n| *n <= 255).ok_or_else(|| {
-                            DevargsError::BadValue {
-                                key: "inline",
-                                value: v.into(),
-                                expected: "the bytes the device needs inline, 0 to 255 (18 for a ConnectX-4)",
-                            }
-                        })
-                    })
-                    .transpose()?
-                    .unwrap_or(0),
+                inline: get("inline").map(parse_inline).transpose()?.unwrap_or(0),
                 rx: parse_mlx5_rx(get)?,
             },
             #[cfg(not(feature = "emu"))]
@@ -567,9 +588,20 @@ impl fmt::Display for PortSpec {
                 parts.extend(port.map(|p| format!("port={p}")));
                 "mana"
             }
-            PortKind::Mlx5 { dev, port } => {
+            PortKind::Mlx5 {
+                mac,
+                dev,
+                port,
+                inline,
+                cqe_comp,
+            } => {
+                parts.extend(mac.map(|m| format!("mac={m}")));
                 parts.extend(dev.as_ref().map(|d| format!("dev={d}")));
                 parts.extend(port.map(|p| format!("port={p}")));
+                parts.extend(inline.map(|n| format!("inline={n}")));
+                if !cqe_comp {
+                    parts.push("cqe-comp=0".into());
+                }
                 "mlx5"
             }
             #[cfg(feature = "emu")]
@@ -657,8 +689,11 @@ mod tests {
         assert_eq!(
             p("mlx5:dev=mlx5_0").unwrap().kind,
             PortKind::Mlx5 {
+                mac: None,
                 dev: Some("mlx5_0".into()),
-                port: None
+                port: None,
+                inline: None,
+                cqe_comp: true,
             }
         );
         assert_eq!(
@@ -744,10 +779,8 @@ mod tests {
             ("null:size=10", &["'10'", "14 to 9600"]),
             ("null:size=abc", &["'abc'"]),
             ("null:rxq=65", &["'65'", "1 to 64"]),
-            (
-                "mlx5:mac=00:15:5d:01:02:03",
-                &["'mlx5' ports take no key 'mac'"],
-            ),
+            ("mlx5:busy=wait", &["'mlx5' ports take no key 'busy'"]),
+            ("mlx5:cqe-comp=2", &["'2'", "0 or 1"]),
         ];
         for (input, needles) in cases {
             let e = p(input).expect_err(input).to_string();
@@ -947,10 +980,19 @@ mod tests {
             )
                 .prop_map(|(mac, dev, port)| PortKind::Mana { mac, dev, port }),
             (
+                mac.clone(),
                 proptest::option::of(arb_name()),
-                proptest::option::of(1u32..=256)
+                proptest::option::of(1u32..=256),
+                proptest::option::of(0u16..=255),
+                any::<bool>()
             )
-                .prop_map(|(dev, port)| PortKind::Mlx5 { dev, port }),
+                .prop_map(|(mac, dev, port, inline, cqe_comp)| PortKind::Mlx5 {
+                    mac,
+                    dev,
+                    port,
+                    inline,
+                    cqe_comp
+                }),
             (wire.clone(), mac.clone()).prop_map(|(wire, mac)| PortKind::EmuMana { wire, mac }),
             (
                 wire,
@@ -986,7 +1028,8 @@ mod tests {
             // busy and netdev only where the kind takes them.
             let emu = matches!(kind, PortKind::EmuMana { .. } | PortKind::EmuMlx5 { .. });
             let mana = matches!(kind, PortKind::EmuMana { .. } | PortKind::Mana { .. });
-            let netdev = (t && (mana || emu)).then(|| "veth9".to_string());
+            let mlx5 = matches!(kind, PortKind::Mlx5 { .. });
+            let netdev = (t && (mana || emu || mlx5)).then(|| "veth9".to_string());
             PortSpec {
                 kind,
                 rxq,

@@ -17,7 +17,6 @@
 
 use super::devargs::{PortKind, PortSpec};
 use super::Port;
-use crate::devices::{self, Family};
 use crate::ethdev::{PortDriver, PortError};
 
 /// Builds the driver (and its provider) for `spec`, as port `id`.
@@ -92,9 +91,49 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
                 mana_options(spec),
             )))
         }
+        #[cfg(feature = "verbs")]
+        PortKind::Mlx5 {
+            mac,
+            dev,
+            port,
+            inline,
+            cqe_comp,
+        } => {
+            let sel = crate::devices::PortSelector {
+                dev: dev.clone(),
+                port: *port,
+                mac: *mac,
+                netdev: spec.netdev.clone(),
+            };
+            let opts = crate::verbs::mlx5::Options {
+                min_inline: *inline,
+                promiscuous: false,
+                cqe_compression: *cqe_comp,
+            };
+            let provider =
+                crate::verbs::mlx5::Mlx5Provider::open(&sel, opts).map_err(|e| match e {
+                    crate::mlx5::SetupError::NoPort(why) => PortError::NoDevice {
+                        spec: spec.to_string(),
+                        why,
+                    },
+                    other => PortError::Setup {
+                        what: format!("opening {spec}"),
+                        source: Box::new(other),
+                    },
+                })?;
+            // The driver asks for compressed CQEs as cqe-comp says; the provider grants them
+            // where the device has them.
+            let rx = crate::mlx5::Options {
+                mprq: None,
+                cqe_compression: *cqe_comp,
+            };
+            Ok(Box::new(crate::mlx5::Driver::with_options(
+                Box::new(provider),
+                rx,
+            )))
+        }
         #[cfg(not(feature = "verbs"))]
-        PortKind::Mana { .. } => Err(hardware_unavailable(spec)),
-        PortKind::Mlx5 { .. } => Err(hardware_unavailable(spec)),
+        PortKind::Mana { .. } | PortKind::Mlx5 { .. } => Err(hardware_unavailable(spec)),
     }
 }
 
@@ -134,7 +173,9 @@ fn mana_options(spec: &PortSpec) -> crate::mana::Options {
     crate::mana::Options { busy: spec.busy }
 }
 
+#[cfg(not(feature = "verbs"))]
 fn hardware_unavailable(spec: &PortSpec) -> PortError {
+    use crate::devices::{self, Family};
     let root = std::path::Path::new(devices::DEFAULT_SYSFS_ROOT);
     let devs = devices::list(root).unwrap_or_default();
     let (want, name) = match spec.kind {

@@ -139,6 +139,13 @@ impl WorkQueue {
         debug_assert!(units <= self.head.wrapping_sub(self.tail));
         self.tail = self.tail.wrapping_add(units);
     }
+
+    /// Forgets every WQE: both positions back to 0, where the device's counter is after the
+    /// queue went through RESET (error recovery). The ring's bytes are left as they are.
+    pub fn restart(&mut self) {
+        self.head = 0;
+        self.tail = 0;
+    }
 }
 
 /// The software side of a queue: what each posted WQE carries (its mbuf, and for TX its size),

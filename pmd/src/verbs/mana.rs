@@ -20,8 +20,7 @@ use super::events::{self, Fetched};
 use super::manadv::{self, Allocators};
 use super::objects::{Context, Cq, IndTable, Mr, ParentDomain, Pd, Qp, Wq};
 use super::VerbsError;
-use crate::devices::sysfs_root;
-use crate::devices::{self, resolve_mana_port as resolve, PortSelector as Selector};
+use crate::devices::{self, resolve_mana_port as resolve, sysfs_root, PortSelector as Selector};
 use crate::ethdev::{Link, PortEvent, QueueRef, RssConfig, RssFields};
 use crate::hw::mana::MAX_TX_SGES;
 use crate::mana::{Provider, QueueAllocator, QueueOwner, RawRxQueue, RawTxQueue, SetupError};
@@ -120,7 +119,7 @@ impl ManaProvider {
         let pattr = ctx
             .query_port(u8::try_from(port).unwrap_or(0))
             .map_err(verbs)?;
-        let alloc = Allocators::install(&ctx).map_err(verbs)?;
+        let alloc = manadv::install_allocators(&ctx).map_err(verbs)?;
         let pd = Pd::alloc(&ctx).map_err(verbs)?;
         let domain = ParentDomain::alloc(&pd, port as usize).map_err(verbs)?;
         let events_live = match events::set_nonblocking(&ctx) {
@@ -263,13 +262,10 @@ impl Provider for ManaProvider {
     fn set_mtu(&mut self, mtu: u16) -> Result<(), SetupError> {
         // On MANA the MTU is the kernel netdev's (spec §1.1): the device drops larger TX
         // frames. A smaller MTU for the port is the application's business.
-        let Some(nd) = &self.netdev else {
-            return Ok(());
-        };
-        let path = sysfs_root().join("class/net").join(&nd.name).join("mtu");
-        match std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok())
+        match self
+            .netdev
+            .as_ref()
+            .and_then(|n| super::netdev_mtu(&n.name))
         {
             Some(cur) if u32::from(mtu) > cur => Err(SetupError::Limit {
                 what: "mtu (the netdev's MTU; raise it with ip link set DEV mtu N)",
@@ -296,8 +292,14 @@ impl Provider for ManaProvider {
             let what = format!("tx queue {q} of {}", self.name());
             let cq = Cq::create(&self.ctx, nb_desc, format!("{what}: CQ")).map_err(verbs)?;
             let sge = (MAX_TX_SGES as u32).min(self.limits.max_sge.max(1));
-            let qp = Qp::raw_packet(&self.domain, &cq, nb_desc, sge, format!("{what}: QP"))
-                .map_err(|e| self.busy_or(e))?;
+            let qp = Qp::raw_packet(
+                &(&self.domain).into(),
+                &cq,
+                nb_desc,
+                sge,
+                format!("{what}: QP"),
+            )
+            .map_err(|e| self.busy_or(e))?;
             self.objects.insert(cq.as_ptr() as usize, QueueRef::Tx(q));
             self.objects.insert(qp.as_ptr() as usize, QueueRef::Tx(q));
             objs.push((what, Arc::new(TxObjects { qp, cq })));
@@ -339,8 +341,14 @@ impl Provider for ManaProvider {
         for q in 0..n {
             let what = format!("rx queue {q} of {}", self.name());
             let cq = Cq::create(&self.ctx, nb_desc, format!("{what}: CQ")).map_err(verbs)?;
-            let wq =
-                Wq::create(&self.domain, &cq, nb_desc, 1, format!("{what}: WQ")).map_err(verbs)?;
+            let wq = Wq::create(
+                &(&self.domain).into(),
+                &cq,
+                nb_desc,
+                1,
+                format!("{what}: WQ"),
+            )
+            .map_err(verbs)?;
             self.objects.insert(cq.as_ptr() as usize, QueueRef::Rx(q));
             self.objects.insert(wq.as_ptr() as usize, QueueRef::Rx(q));
             wqs.push((what, wq, cq));
@@ -348,7 +356,7 @@ impl Provider for ManaProvider {
         let table = IndTable::create(&self.ctx, wqs.iter().map(|w| Arc::clone(&w.1)).collect())
             .map_err(verbs)?;
         let rss_qp = Qp::rss(
-            &self.domain,
+            &(&self.domain).into(),
             &table,
             &rss.key,
             hash_fields(rss.fields),

@@ -10,17 +10,25 @@
 //! * [`manadv`]: the MANA direct-verbs calls: queue-buffer allocators backed by our memory
 //!   (`manadv_set_context_attr`) and the raw queue descriptions (`manadv_init_obj`).
 //! * [`mana`]: the MANA provider (`mana:` ports), implementing [`crate::mana::Provider`].
+//! * [`mlx5dv`]: the mlx5 direct-verbs calls: the same allocators
+//!   (`mlx5dv_set_context_attr`), `mlx5dv_query_device`, compressed CQs (`mlx5dv_create_cq`)
+//!   and the raw queue descriptions (`mlx5dv_init_obj`).
+//! * [`mlx5`]: the mlx5 provider (`mlx5:` ports), implementing [`crate::mlx5::Provider`].
 //! * [`events`]: the context's asynchronous events (`ibv_get_async_event`), fetched,
 //!   acknowledged and mapped to [`crate::ethdev::PortEvent`]s for one port.
 //!
-//! The unsafe FFI lives in `objects`, `manadv` and `events` only; the provider is safe code.
+//! The unsafe FFI lives in `objects`, `alloc`, `manadv`, `mlx5dv` and `events` only; the
+//! providers are safe code.
 
+mod alloc;
 pub mod events;
 pub mod mana;
 pub mod manadv;
+pub mod mlx5;
+pub mod mlx5dv;
 pub mod objects;
 
-pub use objects::{Context, Cq, IndTable, Mr, ParentDomain, Pd, Qp, Wq};
+pub use objects::{Context, Cq, Domain, Flow, FlowMatch, IndTable, Mr, ParentDomain, Pd, Qp, Wq};
 
 use std::io;
 
@@ -87,6 +95,18 @@ fn hint(call: &str, errno: i32) -> &'static str {
         libc::EAGAIN => "the device is out of resources for now: retry, or use fewer queues",
         _ => "see dmesg for the kernel's reason",
     }
+}
+
+/// The MTU of the kernel netdev `name` (under [`crate::devices::sysfs_root`]), if readable.
+/// On both MANA and mlx5 the device drops frames larger than the netdev's MTU.
+pub(crate) fn netdev_mtu(name: &str) -> Option<u32> {
+    let path = crate::devices::sysfs_root()
+        .join("class/net")
+        .join(name)
+        .join("mtu");
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
 }
 
 /// The errno of an int-returning verbs call: rdma-core returns the errno itself (positive),

@@ -317,6 +317,46 @@ impl Drop for ParentDomain {
     }
 }
 
+/// The protection domain a queue is created on: a plain PD (mlx5) or a parent domain
+/// (MANA, which takes the port from its `pd_context`).
+#[derive(Clone)]
+pub enum Domain {
+    /// A plain PD.
+    Pd(Arc<Pd>),
+    /// A parent domain.
+    Parent(Arc<ParentDomain>),
+}
+
+impl Domain {
+    /// The raw `ibv_pd` (a parent domain is one too).
+    pub fn as_ptr(&self) -> *mut ibv_pd {
+        match self {
+            Self::Pd(p) => p.as_ptr(),
+            Self::Parent(p) => p.as_ptr(),
+        }
+    }
+
+    /// Its context.
+    pub fn context(&self) -> &Arc<Context> {
+        match self {
+            Self::Pd(p) => p.context(),
+            Self::Parent(p) => p.context(),
+        }
+    }
+}
+
+impl From<&Arc<Pd>> for Domain {
+    fn from(p: &Arc<Pd>) -> Self {
+        Self::Pd(Arc::clone(p))
+    }
+}
+
+impl From<&Arc<ParentDomain>> for Domain {
+    fn from(p: &Arc<ParentDomain>) -> Self {
+        Self::Parent(Arc::clone(p))
+    }
+}
+
 /// A memory registration (`ibv_reg_mr`); deregistered on drop.
 pub struct Mr {
     ptr: NonNull<ibv_mr>,
@@ -396,6 +436,22 @@ impl Cq {
         }))
     }
 
+    /// Takes ownership of a CQ another creation call made (`mlx5dv_create_cq`).
+    ///
+    /// # Safety
+    /// `ptr` is a live CQ of `ctx` that nothing else destroys.
+    pub(super) unsafe fn from_raw(
+        ptr: NonNull<ibv_cq>,
+        ctx: &Arc<Context>,
+        what: String,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            ptr,
+            ctx: Arc::clone(ctx),
+            what,
+        })
+    }
+
     /// The raw CQ.
     pub fn as_ptr(&self) -> *mut ibv_cq {
         self.ptr.as_ptr()
@@ -418,7 +474,7 @@ impl Drop for Cq {
 /// A receive work queue (`ibv_create_wq`).
 pub struct Wq {
     ptr: NonNull<ibv_wq>,
-    _domain: Arc<ParentDomain>,
+    _domain: Domain,
     _cq: Arc<Cq>,
     what: String,
 }
@@ -434,7 +490,7 @@ impl Wq {
     /// # Errors
     /// `ibv_create_wq` failed.
     pub fn create(
-        domain: &Arc<ParentDomain>,
+        domain: &Domain,
         cq: &Arc<Cq>,
         max_wr: u32,
         max_sge: u32,
@@ -453,7 +509,7 @@ impl Wq {
             .ok_or_else(|| VerbsError::new("ibv_create_wq", what.clone(), errno()))?;
         Ok(Arc::new(Self {
             ptr,
-            _domain: Arc::clone(domain),
+            _domain: domain.clone(),
             _cq: Arc::clone(cq),
             what,
         }))
@@ -462,6 +518,34 @@ impl Wq {
     /// The raw WQ.
     pub fn as_ptr(&self) -> *mut ibv_wq {
         self.ptr.as_ptr()
+    }
+
+    /// The WQ number the kernel assigned (the RQ number of its CQEs).
+    pub fn number(&self) -> u32 {
+        // SAFETY: the WQ is live while `self` exists.
+        unsafe { (*self.ptr.as_ptr()).wq_num }
+    }
+
+    /// Moves the WQ to `state` (`ibv_modify_wq`): `IBV_WQS_RDY` after creation, `RESET` and
+    /// back for error recovery.
+    ///
+    /// # Errors
+    /// The call failed (MANA v44 refuses every modification with `EOPNOTSUPP`).
+    pub fn modify_state(&self, state: rdma_sys::ibv_wq_state::Type) -> Result<(), VerbsError> {
+        // SAFETY: all-zero is a valid attr.
+        let mut attr: rdma_sys::ibv_wq_attr = unsafe { std::mem::zeroed() };
+        attr.attr_mask = rdma_sys::ibv_wq_attr_mask::IBV_WQ_ATTR_STATE.0;
+        attr.wq_state = state;
+        // SAFETY: the WQ is live; `attr` is initialised.
+        let ret = unsafe { inl::ibv_modify_wq(self.ptr.as_ptr(), &mut attr) };
+        if ret != 0 {
+            return Err(VerbsError::new(
+                "ibv_modify_wq",
+                format!("{} to state {state}", self.what),
+                ret_errno(ret),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -523,7 +607,7 @@ impl Drop for IndTable {
 /// A queue pair: a raw-packet send QP, or an RSS receive QP over an indirection table.
 pub struct Qp {
     ptr: NonNull<ibv_qp>,
-    _domain: Arc<ParentDomain>,
+    _domain: Domain,
     _cq: Option<Arc<Cq>>,
     _table: Option<Arc<IndTable>>,
     what: String,
@@ -541,7 +625,7 @@ impl Qp {
     /// # Errors
     /// `ibv_create_qp` failed (on MANA `ENODEV`/`EBUSY` while the kernel holds the vPort).
     pub fn raw_packet(
-        domain: &Arc<ParentDomain>,
+        domain: &Domain,
         cq: &Arc<Cq>,
         max_send_wr: u32,
         max_send_sge: u32,
@@ -560,7 +644,7 @@ impl Qp {
             .ok_or_else(|| VerbsError::new("ibv_create_qp", what.clone(), errno()))?;
         Ok(Arc::new(Self {
             ptr,
-            _domain: Arc::clone(domain),
+            _domain: domain.clone(),
             _cq: Some(Arc::clone(cq)),
             _table: None,
             what,
@@ -573,7 +657,7 @@ impl Qp {
     /// # Errors
     /// `ibv_create_qp_ex` failed.
     pub fn rss(
-        domain: &Arc<ParentDomain>,
+        domain: &Domain,
         table: &Arc<IndTable>,
         key: &[u8; 40],
         fields: u64,
@@ -601,9 +685,50 @@ impl Qp {
             .ok_or_else(|| VerbsError::new("ibv_create_qp_ex", what.clone(), errno()))?;
         Ok(Arc::new(Self {
             ptr,
-            _domain: Arc::clone(domain),
+            _domain: domain.clone(),
             _cq: None,
             _table: Some(Arc::clone(table)),
+            what,
+        }))
+    }
+
+    /// A raw-packet send QP created with `ibv_create_qp_ex` (what mlx5 needs for TSO):
+    /// `max_send_wr` WQEs of `max_send_sge` SGEs, room for `max_tso_header` header bytes
+    /// (0: no TSO), no receive side, completing on `cq`.
+    ///
+    /// # Errors
+    /// `ibv_create_qp_ex` failed.
+    pub fn raw_packet_ex(
+        domain: &Domain,
+        cq: &Arc<Cq>,
+        max_send_wr: u32,
+        max_send_sge: u32,
+        max_tso_header: u16,
+        what: String,
+    ) -> Result<Arc<Self>, VerbsError> {
+        use rdma_sys::ibv_qp_init_attr_mask as m;
+        // SAFETY: all-zero is a valid init attr.
+        let mut attr: rdma_sys::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        attr.qp_type = rdma_sys::ibv_qp_type::IBV_QPT_RAW_PACKET;
+        attr.send_cq = cq.as_ptr();
+        attr.recv_cq = cq.as_ptr();
+        attr.cap.max_send_wr = max_send_wr;
+        attr.cap.max_send_sge = max_send_sge;
+        attr.pd = domain.as_ptr();
+        attr.comp_mask = m::IBV_QP_INIT_ATTR_PD.0;
+        if max_tso_header > 0 {
+            attr.comp_mask |= m::IBV_QP_INIT_ATTR_MAX_TSO_HEADER.0;
+            attr.max_tso_header = max_tso_header;
+        }
+        // SAFETY: context, domain and CQ are live; `attr` is initialised.
+        let p = unsafe { inl::ibv_create_qp_ex(domain.context().as_ptr(), &mut attr) };
+        let ptr = NonNull::new(p)
+            .ok_or_else(|| VerbsError::new("ibv_create_qp_ex", what.clone(), errno()))?;
+        Ok(Arc::new(Self {
+            ptr,
+            _domain: domain.clone(),
+            _cq: Some(Arc::clone(cq)),
+            _table: None,
             what,
         }))
     }
@@ -611,6 +736,125 @@ impl Qp {
     /// The raw QP.
     pub fn as_ptr(&self) -> *mut ibv_qp {
         self.ptr.as_ptr()
+    }
+
+    /// What the QP is, for messages.
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+
+    /// Moves the QP to `state` (`ibv_modify_qp` with `IBV_QP_STATE`, plus `IBV_QP_PORT` with
+    /// `port` when going to INIT), as a raw-packet QP needs: RESET→INIT→RTR→RTS, and any
+    /// state→RESET for error recovery.
+    ///
+    /// # Errors
+    /// The call failed (MANA v44 refuses every modification with `EOPNOTSUPP`).
+    pub fn modify_state(
+        &self,
+        state: rdma_sys::ibv_qp_state::Type,
+        port: u8,
+    ) -> Result<(), VerbsError> {
+        use rdma_sys::ibv_qp_attr_mask as m;
+        // SAFETY: all-zero is a valid attr.
+        let mut attr: rdma_sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = state;
+        let mut mask = m::IBV_QP_STATE;
+        if state == rdma_sys::ibv_qp_state::IBV_QPS_INIT {
+            attr.port_num = port;
+            mask |= m::IBV_QP_PORT;
+        }
+        // SAFETY: the QP is live; `attr` is initialised and the mask names what is set.
+        let ret = unsafe { rdma_sys::ibv_modify_qp(self.ptr.as_ptr(), &mut attr, mask.0 as i32) };
+        if ret != 0 {
+            return Err(VerbsError::new(
+                "ibv_modify_qp",
+                format!("{} to state {state}", self.what),
+                ret_errno(ret),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A steering rule (`ibv_create_flow`) sending matching frames to a QP; removed on drop.
+pub struct Flow {
+    ptr: NonNull<rdma_sys::ibv_flow>,
+    _qp: Arc<Qp>,
+    what: String,
+}
+
+// SAFETY: as for `Pd`.
+unsafe impl Send for Flow {}
+// SAFETY: as for `Pd`.
+unsafe impl Sync for Flow {}
+
+/// What a steering rule matches on the destination MAC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowMatch {
+    /// Frames whose destination MAC equals these bytes (masked by `mask`).
+    Dst {
+        /// Value.
+        mac: [u8; 6],
+        /// Mask.
+        mask: [u8; 6],
+    },
+}
+
+impl Flow {
+    /// A rule on port `port` of `qp` for the frames `m` selects (one `ibv_flow_spec_eth`,
+    /// priority 0, normal rule; all-zero value and mask is promiscuous, as DPDK does).
+    ///
+    /// # Errors
+    /// `ibv_create_flow` failed.
+    pub fn eth(qp: &Arc<Qp>, port: u8, m: FlowMatch) -> Result<Self, VerbsError> {
+        #[repr(C)]
+        struct Rule {
+            attr: rdma_sys::ibv_flow_attr,
+            eth: rdma_sys::ibv_flow_spec_eth,
+        }
+        let FlowMatch::Dst { mac, mask } = m;
+        let what = format!(
+            "flow rule dst {} / {} on {}",
+            fmt_mac(&mac),
+            fmt_mac(&mask),
+            qp.what
+        );
+        // SAFETY: all-zero is a valid rule (no specs filled yet).
+        let mut r: Rule = unsafe { std::mem::zeroed() };
+        r.attr.type_ = rdma_sys::ibv_flow_attr_type::IBV_FLOW_ATTR_NORMAL;
+        r.attr.size = std::mem::size_of::<Rule>() as u16;
+        r.attr.priority = 0;
+        r.attr.num_of_specs = 1;
+        r.attr.port = port;
+        r.eth.type_ = rdma_sys::ibv_flow_spec_type::IBV_FLOW_SPEC_ETH;
+        r.eth.size = std::mem::size_of::<rdma_sys::ibv_flow_spec_eth>() as u16;
+        r.eth.val.dst_mac = mac;
+        r.eth.mask.dst_mac = mask;
+        // SAFETY: the QP is live; the attribute and its one spec are laid out contiguously
+        // as `ibv_create_flow` reads them (`attr.size` covers both).
+        let p = unsafe { inl::ibv_create_flow(qp.as_ptr(), &mut r.attr) };
+        let ptr = NonNull::new(p)
+            .ok_or_else(|| VerbsError::new("ibv_create_flow", what.clone(), errno()))?;
+        Ok(Self {
+            ptr,
+            _qp: Arc::clone(qp),
+            what,
+        })
+    }
+}
+
+fn fmt_mac(m: &[u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+impl Drop for Flow {
+    fn drop(&mut self) {
+        // SAFETY: created once, destroyed once, before the QP it holds.
+        let ret = unsafe { inl::ibv_destroy_flow(self.ptr.as_ptr()) };
+        log_destroy("ibv_destroy_flow", &self.what, ret);
     }
 }
 

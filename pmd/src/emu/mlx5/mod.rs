@@ -16,8 +16,22 @@
 //! * WQEs are checked strictly: the WQE index must equal the device's counter and the QPN
 //!   the SQ's, else REQ_ERR LOCAL_QP_OP; a SEND/TSO with fewer inline bytes than the SQ's
 //!   `min_inline` is LOCAL_QP_OP too; a bad key or range LOCAL_PROT. A failed WQE puts the SQ
-//!   in error: every later WQE completes with WR_FLUSH until [`Model::reset_sq`] (the
-//!   driver's RESET → RTS).
+//!   in error: every later WQE completes with WR_FLUSH (one error CQE per WQE, whatever its
+//!   CE; §9 item 5 leaves open whether hardware flushes per WQE or per signalled WQE).
+//! * Queue state machines (§1.5, §8 item 7), moved by each queue's [`RawSq::state`] /
+//!   [`RawRq::state`] ([`port::ModelQueueState`], through the [`ModelHandle`]) or by
+//!   [`Engine::sq_to_reset`] and friends: RESET from any state stops the device using the
+//!   queue and restarts its counter at 0 (the CQ is not reset); RTS (SQ) or RDY (RQ) only
+//!   from RESET. An SQ in RESET is not read; back in RTS it is served from counter 0 up to
+//!   the doorbell record, so the driver writes the record 0 while the SQ is in RESET (a
+//!   device reads the record only after a UAR write, which the model does not watch).
+//! * An RQ WQE whose key or range is bad fails the frame with RESP_ERR LOCAL_PROT (the WQE
+//!   consumed) and puts the RQ in error, as the IB rules have it for a receive queue whose
+//!   WQE failed: every WQE posted then or later completes with RESP_ERR WR_FLUSH, in order
+//!   (`rx_flushed`), and frames for it are dropped as no-WQE drops, until RESET; then, once
+//!   RDY with the record rewritten (0, then the new postings), frames land from WQE 0. An
+//!   RQ in RESET drops its frames as no-WQE drops too. A frame larger than its WQE
+//!   (LOCAL_LENGTH) does not put the RQ in error.
 //! * A CQE is written for WQEs with CE = 2 or 3 and for every error; the device never gets
 //!   more than `cqe_cnt` entries ahead of `SET_CI` — an SQ waits (`tx_cq_stalls`), an RX
 //!   frame is dropped (`rx_cq_full`).
@@ -32,6 +46,10 @@
 //! * Optional per RQ: compressed CQEs, basic layout, HASH minis on cyclic RQs and
 //!   CSUM_STRIDX minis (stride index, packed `byte_cnt`; checksum 0) on striding RQs
 //!   ([`Model::set_rx_compression`]).
+//! * Faults ([`Faults`]): a TX WQE failed every n-th (LOCAL_QP_OP, `tx_error_every`), a
+//!   pointer segment read as if its key were unknown every n-th (`tx_bad_key_every`), an RX
+//!   WQE likewise (`rx_bad_key_every`), the next n state changes refused
+//!   (`fail_state_changes`), and the wire's dropped frames and link down.
 //!
 //! Not modelled: the enhanced compression layout (§6.3), CQ arming and events (§5.5), flow
 //! steering rules (every frame is accepted), tunnel offloads (inner checksum flags are
@@ -224,16 +242,18 @@ impl Model {
     /// A size out of range, no memory, or a CQ already in use.
     pub fn create_sq(&self, wqe_cnt: u32, cq: &RawCq) -> Result<RawSq, ModelError> {
         let wqe_cnt = pow2(wqe_cnt, "SQ WQEBBs", engine::MAX_WQE_CNT)?;
+        let sqn = self.id();
         let sq = RawSq {
             buf: alloc(wqe_cnt as usize * WQEBB_BYTES, "SQ")?,
             wqe_cnt,
-            sqn: self.id(),
+            sqn,
             dbrec: alloc(8, "QP doorbell record")?,
             bf_reg: alloc(2 * BF_SIZE as usize, "BlueFlame register")?,
             bf_size: BF_SIZE,
             min_inline: self.min_inline,
             cq: cq.clone(),
             owner: self.owner(),
+            state: Arc::new(port::ModelQueueState::sq(self.handle(), sqn)),
         };
         self.thread.core().lock().add_sq(SqSpec::from(&sq))?;
         Ok(sq)
@@ -259,16 +279,18 @@ impl Model {
         let wqe_cnt = pow2(wqe_cnt, "RQ WQEs", engine::MAX_WQE_CNT)?;
         let stride = pow2(max_sge, "RQ scatter entries", 64)? * 16;
         let bytes = (wqe_cnt as usize * stride as usize).max(64);
+        let rqn = self.id();
         let rq = RawRq {
             buf: alloc(bytes, "RQ")?,
             wqe_cnt: (bytes / stride as usize) as u32,
             stride,
-            rqn: self.id(),
+            rqn,
             dbrec: alloc(8, "RQ doorbell record")?,
             cq: cq.clone(),
             mprq: None,
             cqe_compression: false,
             owner: self.owner(),
+            state: Arc::new(port::ModelQueueState::rq(self.handle(), rqn)),
         };
         self.thread
             .core()
@@ -294,16 +316,18 @@ impl Model {
         let wqe_cnt = pow2(wqe_cnt, "striding RQ WQEs", engine::MAX_WQE_CNT)?;
         let stride = MPRQ_WQE_BYTES;
         let bytes = (wqe_cnt as usize * stride).max(64);
+        let rqn = self.id();
         let rq = RawRq {
             buf: alloc(bytes, "RQ")?,
             wqe_cnt: (bytes / stride) as u32,
             stride: stride as u32,
-            rqn: self.id(),
+            rqn,
             dbrec: alloc(8, "RQ doorbell record")?,
             cq: cq.clone(),
             mprq: Some(geo),
             cqe_compression: false,
             owner: self.owner(),
+            state: Arc::new(port::ModelQueueState::rq(self.handle(), rqn)),
         };
         self.thread
             .core()
@@ -335,10 +359,11 @@ impl Model {
     }
 
     /// Moves SQ `sqn` through RESET back to RTS: the device's counter restarts at 0 and its
-    /// error state is cleared (§2.8).
+    /// error state is cleared (§2.8). The queue's [`RawSq::state`] does the same in two
+    /// steps.
     ///
     /// # Errors
-    /// No such SQ.
+    /// No such SQ, or an injected state-change failure.
     pub fn reset_sq(&self, sqn: u32) -> Result<(), ModelError> {
         Ok(self.thread.core().lock().reset_sq(sqn)?)
     }

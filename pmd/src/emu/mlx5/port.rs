@@ -1,12 +1,13 @@
 //! The mlx5 device model as an [`mlx5::Provider`](crate::mlx5::Provider): what an
 //! `emu-mlx5:wire=...` port runs on. Queues come from [`Model`] (memory it allocates as
-//! rdma-core would), one CQ per queue, RSS over the RX queues in order.
+//! rdma-core would), one CQ per queue, RSS over the RX queues in order; each queue's state
+//! machine for error recovery is a [`ModelQueueState`] on the model's handle.
 #![deny(unsafe_code)]
 
 use super::{Model, ModelError, ModelHandle, RxHashFields, MPRQ_CAPS};
 use crate::emu::wire::{self, WireSpec};
 use crate::ethdev::{Link, RssFields};
-use crate::mlx5::{MprqCaps, Provider, RawRq, RawSq, RxQueueRequest, SetupError};
+use crate::mlx5::{MprqCaps, Provider, QueueState, RawRq, RawSq, RxQueueRequest, SetupError};
 use crate::net::MacAddr;
 use crate::sys::DevMem;
 use mempool::{ChunkInfo, Registration};
@@ -92,6 +93,65 @@ fn hash_fields(f: RssFields) -> RxHashFields {
         h |= RxHashFields::SRC_PORT_UDP | RxHashFields::DST_PORT_UDP;
     }
     h
+}
+
+/// A model queue's state machine, as a queue handle moves it for error recovery (what
+/// `ibv_modify_qp` / `ibv_modify_wq` do on hardware): through the model handle, so from any
+/// thread. When a call returns, the engine is between two passes and already sees the new
+/// state.
+pub struct ModelQueueState {
+    handle: ModelHandle,
+    queue: Queue,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Queue {
+    Sq(u32),
+    Rq(u32),
+}
+
+impl ModelQueueState {
+    /// The state machine of SQ (raw QP) `sqn`.
+    pub fn sq(handle: ModelHandle, sqn: u32) -> Self {
+        Self {
+            handle,
+            queue: Queue::Sq(sqn),
+        }
+    }
+
+    /// The state machine of RQ (WQ) `rqn`.
+    pub fn rq(handle: ModelHandle, rqn: u32) -> Self {
+        Self {
+            handle,
+            queue: Queue::Rq(rqn),
+        }
+    }
+}
+
+impl std::fmt::Debug for ModelQueueState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ModelQueueState({:?})", self.queue)
+    }
+}
+
+impl QueueState for ModelQueueState {
+    fn reset(&self) -> Result<(), SetupError> {
+        let mut e = self.handle.engine();
+        let r = match self.queue {
+            Queue::Sq(n) => e.sq_to_reset(n),
+            Queue::Rq(n) => e.rq_to_reset(n),
+        };
+        r.map_err(|e| dev(e.into()))
+    }
+
+    fn ready(&self) -> Result<(), SetupError> {
+        let mut e = self.handle.engine();
+        let r = match self.queue {
+            Queue::Sq(n) => e.sq_to_rts(n),
+            Queue::Rq(n) => e.rq_to_rdy(n),
+        };
+        r.map_err(|e| dev(e.into()))
+    }
 }
 
 /// Deregisters a memory region when the pool drops its registration (before unmapping).
@@ -236,12 +296,16 @@ impl Provider for ModelPort {
             ("dev_rx_bytes".into(), s.rx_bytes),
             ("dev_rx_no_wqe".into(), s.rx_no_wqe),
             ("dev_rx_oversize".into(), s.rx_oversize),
+            ("dev_rx_prot_errors".into(), s.rx_prot_errors),
+            ("dev_rx_flushed".into(), s.rx_flushed),
             ("dev_rx_fillers".into(), s.rx_fillers),
             (
                 "dev_rx_compressed_sessions".into(),
                 s.rx_compressed_sessions,
             ),
             ("dev_rx_cq_full".into(), s.rx_cq_full),
+            ("dev_sq_resets".into(), s.sq_resets),
+            ("dev_rq_resets".into(), s.rq_resets),
         ]
     }
 

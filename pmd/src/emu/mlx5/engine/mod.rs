@@ -60,6 +60,17 @@ pub struct Faults {
     /// Link down: frames in both directions are dropped (TX still completes, as on a NIC
     /// whose cable is out). A wire fault.
     pub link_down: bool,
+    /// Every n-th pointer data segment an SQ gathers is looked up as if its memory key were
+    /// unknown: the WQE fails with LOCAL_PROT and its SQ goes to error, exactly as for a
+    /// driver that wrote a bad key (0: off).
+    pub tx_bad_key_every: u32,
+    /// Every n-th frame that reaches a posted RQ WQE is scattered as if the WQE's memory key
+    /// were unknown: RESP_ERR LOCAL_PROT, the WQE consumed and the RQ in error, exactly as
+    /// for a driver that posted a bad key (0: off).
+    pub rx_bad_key_every: u32,
+    /// The next n queue state changes (to RESET, or back to RTS / RDY, of any queue) fail,
+    /// as `ibv_modify_qp` / `ibv_modify_wq` can; the queue keeps its state (0: off).
+    pub fail_state_changes: u32,
 }
 
 /// Device-side counters.
@@ -94,8 +105,17 @@ pub struct ModelStats {
     /// Striding RQ: filler CQEs written (a frame did not fit the strides left in a WQE,
     /// §4.2).
     pub rx_fillers: u64,
-    /// Frames whose scatter list names a bad key or range (RESP_ERR LOCAL_PROT).
+    /// Frames whose scatter list names a bad key or range (RESP_ERR LOCAL_PROT; the RQ goes
+    /// to error).
     pub rx_prot_errors: u64,
+    /// RQ WQEs flushed (RESP_ERR WR_FLUSH) because their RQ was in error.
+    pub rx_flushed: u64,
+    /// SQs moved to RESET (error recovery).
+    pub sq_resets: u64,
+    /// RQs moved to RESET (error recovery).
+    pub rq_resets: u64,
+    /// Queue state changes refused by the `fail_state_changes` fault.
+    pub state_change_failures: u64,
     /// Frames dropped because their RQ's CQ had no free entry (a real device raises a CQ
     /// error; the model counts and drops).
     pub rx_cq_full: u64,
@@ -288,6 +308,29 @@ pub enum EngineError {
         /// The WQE stride.
         stride: u32,
     },
+    /// A state change the queue's state does not allow (§1.5): only RESET may go back to
+    /// RTS (an SQ) or RDY (an RQ).
+    #[error("{kind} {id:#x}: cannot go from {from} to {to}")]
+    BadTransition {
+        /// `SQ` or `RQ`.
+        kind: &'static str,
+        /// Its number.
+        id: u32,
+        /// The queue's state.
+        from: &'static str,
+        /// The state asked for.
+        to: &'static str,
+    },
+    /// A state change refused on purpose ([`Faults::fail_state_changes`]).
+    #[error("{kind} {id:#x}: moving to {to} failed (injected fault)")]
+    StateChangeFailed {
+        /// `SQ` or `RQ`.
+        kind: &'static str,
+        /// Its number.
+        id: u32,
+        /// The state asked for.
+        to: &'static str,
+    },
     /// An indirection table whose size is not a power of two (`log_ind_tbl_size`, §1.6).
     #[error("RSS indirection table of {entries} entries: need a power of two, 1 to 65536")]
     RssTable {
@@ -302,6 +345,31 @@ fn record(mem: &DevMem, off: usize) -> u32 {
     u32::from_be(mem.load_u32(off, Ordering::Acquire))
 }
 
+/// Where a queue is in its state machine (§1.5), as far as the device's datapath cares: a
+/// raw QP's SQ runs in RTS, a WQ in RDY; both go to error on a failed WQE and only leave it
+/// through RESET.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HwQueueState {
+    /// RTS (SQ) or RDY (RQ): the device serves the queue.
+    Ready,
+    /// After a failed WQE: SQ WQEs complete with WR_FLUSH, posted RQ WQEs are flushed with
+    /// WR_FLUSH and frames for the RQ are dropped.
+    Error,
+    /// The device does not touch the queue; its counter is 0.
+    Reset,
+}
+
+impl HwQueueState {
+    fn name(self, sq: bool) -> &'static str {
+        match (self, sq) {
+            (Self::Ready, true) => "RTS",
+            (Self::Ready, false) => "RDY",
+            (Self::Error, _) => "ERR",
+            (Self::Reset, _) => "RESET",
+        }
+    }
+}
+
 pub(crate) struct Sq {
     pub buf: Arc<DevMem>,
     pub wqe_cnt: u32,
@@ -311,8 +379,8 @@ pub(crate) struct Sq {
     pub cq: Cq,
     /// The device's consumer counter in WQEBBs (16 bits, §2.1).
     pub ci: u16,
-    /// In error after a failed WQE: the rest are flushed until [`Engine::reset_sq`].
-    pub error: bool,
+    /// RTS, error (after a failed WQE: the rest are flushed) or RESET.
+    pub state: HwQueueState,
 }
 
 pub(crate) struct Rq {
@@ -325,6 +393,8 @@ pub(crate) struct Rq {
     pub cq: Cq,
     /// The device's consumer counter in WQEs (16 bits, §4.1).
     pub ci: u16,
+    /// RDY, error (after a failed WQE: posted WQEs are flushed, frames dropped) or RESET.
+    pub state: HwQueueState,
     /// Striding geometry (`None`: cyclic).
     pub mprq: Option<Mprq>,
     /// Striding RQ: strides of WQE `ci` used so far.
@@ -356,6 +426,10 @@ pub struct Engine {
     frame: Vec<u8>,
     seg: Vec<u8>,
     tx_executed: u64,
+    /// Pointer data segments gathered (the `tx_bad_key_every` fault counts them).
+    pub(crate) tx_gathers: u64,
+    /// Frames that reached a posted RQ WQE (the `rx_bad_key_every` fault counts them).
+    pub(crate) rx_scatters: u64,
 }
 
 fn check_ring(
@@ -412,6 +486,8 @@ impl Engine {
             frame: vec![0; LSO_MAX_BYTES + 4],
             seg: Vec::with_capacity(crate::emu::wire::MAX_FRAME + 4),
             tx_executed: 0,
+            tx_gathers: 0,
+            rx_scatters: 0,
         }
     }
 
@@ -469,27 +545,138 @@ impl Engine {
             min_inline: sq.min_inline,
             cq,
             ci: 0,
-            error: false,
+            state: HwQueueState::Ready,
         });
         Ok(())
     }
 
     /// Moves send queue `sqn` through RESET back to RTS (what DPDK does after an error CQE,
-    /// §2.8): the device's counter restarts at 0 and the error state is cleared.
+    /// §2.8): [`sq_to_reset`](Engine::sq_to_reset) then [`sq_to_rts`](Engine::sq_to_rts).
     ///
     /// # Errors
-    /// No SQ of that number.
+    /// No SQ of that number, or a state change failed.
     pub fn reset_sq(&mut self, sqn: u32) -> Result<(), EngineError> {
-        let q = self
-            .sqs
-            .iter_mut()
-            .find(|q| q.sqn == sqn)
+        self.sq_to_reset(sqn)?;
+        self.sq_to_rts(sqn)
+    }
+
+    /// Counts a state change and fails it if the `fail_state_changes` fault says so.
+    fn state_change(
+        &mut self,
+        kind: &'static str,
+        id: u32,
+        to: &'static str,
+    ) -> Result<(), EngineError> {
+        if self.faults.fail_state_changes > 0 {
+            self.faults.fail_state_changes -= 1;
+            self.stats.state_change_failures += 1;
+            return Err(EngineError::StateChangeFailed { kind, id, to });
+        }
+        Ok(())
+    }
+
+    fn sq_index(&self, sqn: u32) -> Result<usize, EngineError> {
+        self.sqs
+            .iter()
+            .position(|q| q.sqn == sqn)
             .ok_or(EngineError::NoSuchQueue {
                 kind: "SQ",
                 id: sqn,
-            })?;
+            })
+    }
+
+    fn rq_index(&self, rqn: u32) -> Result<usize, EngineError> {
+        self.rqs
+            .iter()
+            .position(|q| q.rqn == rqn)
+            .ok_or(EngineError::NoSuchQueue {
+                kind: "RQ",
+                id: rqn,
+            })
+    }
+
+    /// Moves send queue `sqn` to RESET (from any state, §1.5): the device stops reading it
+    /// and its WQE counter restarts at 0 (§8 item 7). CQEs already written stay in the CQ,
+    /// which is not reset.
+    ///
+    /// # Errors
+    /// No SQ of that number, or the `fail_state_changes` fault.
+    pub fn sq_to_reset(&mut self, sqn: u32) -> Result<(), EngineError> {
+        let i = self.sq_index(sqn)?;
+        self.state_change("SQ", sqn, "RESET")?;
+        let q = &mut self.sqs[i];
+        q.state = HwQueueState::Reset;
         q.ci = 0;
-        q.error = false;
+        self.stats.sq_resets += 1;
+        tracing::debug!(target: "pmd::emu", sqn, "SQ to RESET");
+        Ok(())
+    }
+
+    /// Moves send queue `sqn` from RESET through INIT and RTR to RTS (§1.5): the device
+    /// serves it again from WQE counter 0 up to the doorbell record. The model takes the
+    /// record as the doorbell (`tx.rs`), so the record must not announce stale WQEs when
+    /// the engine next looks: a driver writes it 0 while the SQ is in RESET (ours does). A
+    /// device reads the record only after a UAR write, which is why DPDK can leave the old
+    /// value until its next doorbell (§8 item 7); against the engine thread such a driver
+    /// would have stale WQEs executed (a stepped engine sees no difference).
+    ///
+    /// # Errors
+    /// No SQ of that number, an SQ not in RESET, or the `fail_state_changes` fault.
+    pub fn sq_to_rts(&mut self, sqn: u32) -> Result<(), EngineError> {
+        let i = self.sq_index(sqn)?;
+        let from = self.sqs[i].state;
+        if from != HwQueueState::Reset {
+            return Err(EngineError::BadTransition {
+                kind: "SQ",
+                id: sqn,
+                from: from.name(true),
+                to: "RTS",
+            });
+        }
+        self.state_change("SQ", sqn, "RTS")?;
+        self.sqs[i].state = HwQueueState::Ready;
+        Ok(())
+    }
+
+    /// Moves receive queue `rqn` to RESET (from any state, §5.3): the device stops using it,
+    /// its consumer counter restarts at 0 (a striding RQ's stride position too), and frames
+    /// for it count as no-WQE drops until it is RDY again. A compressed session being
+    /// gathered is written first; the CQ is not reset.
+    ///
+    /// # Errors
+    /// No RQ of that number, or the `fail_state_changes` fault.
+    pub fn rq_to_reset(&mut self, rqn: u32) -> Result<(), EngineError> {
+        let i = self.rq_index(rqn)?;
+        self.state_change("RQ", rqn, "RESET")?;
+        let q = &mut self.rqs[i];
+        self.stats.rx_cqes += q.cq.flush() as u64;
+        q.state = HwQueueState::Reset;
+        q.ci = 0;
+        q.stride_ci = 0;
+        self.stats.rq_resets += 1;
+        tracing::debug!(target: "pmd::emu", rqn, "RQ to RESET");
+        Ok(())
+    }
+
+    /// Moves receive queue `rqn` from RESET to RDY: the device takes WQEs again from its
+    /// counter 0 up to the RQ doorbell record, which the driver writes 0 before this and
+    /// reposts after (§4.1, §5.3).
+    ///
+    /// # Errors
+    /// No RQ of that number, an RQ not in RESET, or the `fail_state_changes` fault.
+    pub fn rq_to_rdy(&mut self, rqn: u32) -> Result<(), EngineError> {
+        let i = self.rq_index(rqn)?;
+        let from = self.rqs[i].state;
+        if from != HwQueueState::Reset {
+            return Err(EngineError::BadTransition {
+                kind: "RQ",
+                id: rqn,
+                from: from.name(false),
+                to: "RDY",
+            });
+        }
+        self.state_change("RQ", rqn, "RDY")?;
+        self.rqs[i].state = HwQueueState::Ready;
         Ok(())
     }
 
@@ -555,6 +742,7 @@ impl Engine {
             vlan_strip: rq.vlan_strip,
             cq,
             ci: 0,
+            state: HwQueueState::Ready,
             mprq: rq.mprq,
             stride_ci: 0,
         });
@@ -698,6 +886,11 @@ impl Engine {
         s
     }
 
+    /// The numbers of the receive queues served, oldest first.
+    pub fn rq_numbers(&self) -> Vec<u32> {
+        self.rqs.iter().map(|q| q.rqn).collect()
+    }
+
     /// How many send and receive queues the engine serves.
     pub fn queue_counts(&self) -> (usize, usize) {
         (self.sqs.len(), self.rqs.len())
@@ -717,6 +910,11 @@ impl Engine {
         let mut work = 0;
         for i in 0..self.sqs.len() {
             work += self.process_sq(i);
+        }
+        for i in 0..self.rqs.len() {
+            if self.rqs[i].state == HwQueueState::Error {
+                work += self.flush_rq(i);
+            }
         }
         work += self.process_wire();
         work

@@ -13,9 +13,12 @@
 //!   posted. A frame longer than a whole WQE, or a bad key, completes with RESP_ERR
 //!   (LOCAL_LENGTH, LOCAL_PROT) that uses up the rest of the current WQE (the model's choice:
 //!   what hardware does there is not documented, spec §9).
+//! * Either kind: RESP_ERR LOCAL_PROT for a bad key or range puts the RQ in error: its posted
+//!   WQEs are flushed (WR_FLUSH; a striding RQ's with the strides each had left) and its
+//!   frames dropped until the driver resets it (§5.3, §8 item 7). LOCAL_LENGTH does not.
 #![deny(unsafe_code)]
 
-use super::{record, Engine, RxHashFields, BUDGET};
+use super::{record, Engine, HwQueueState, RxHashFields, BUDGET};
 use crate::emu::wire::faults::Arrival;
 use crate::hw::mlx5::cqe::{csum_ok, hash_type, hdr_type, CqeFields, CqeOpcode, Syndrome};
 use crate::hw::mlx5::doorbell::RCV_DBR;
@@ -58,6 +61,44 @@ impl Engine {
         n
     }
 
+    /// Flushes the WQEs posted to RQ `i`, which is in error: each completes with RESP_ERR
+    /// WR_FLUSH in order (at most [`BUDGET`] per pass, and only as the CQ has room); returns
+    /// how many.
+    pub(super) fn flush_rq(&mut self, i: usize) -> usize {
+        let now = self.now_ns();
+        let rq = &mut self.rqs[i];
+        let posted = record(&rq.dbrec, RCV_DBR) as u16;
+        let mut n = 0;
+        while n < BUDGET && posted != rq.ci && rq.cq.room() > 0 {
+            let mut f = CqeFields {
+                opcode: u8::from(CqeOpcode::RespErr),
+                syndrome: u8::from(Syndrome::WrFlush),
+                wqe_counter: rq.ci,
+                qpn: rq.rqn,
+                timestamp: now,
+                ..CqeFields::default()
+            };
+            if let Some(geo) = rq.mprq {
+                // A striding WQE is flushed with the strides it had left (the model's
+                // choice, like its other striding errors).
+                f.wqe_id = rq.ci;
+                f.wqe_counter = rq.stride_ci as u16;
+                f.byte_cnt = MprqByteCnt {
+                    filler: false,
+                    strides: (geo.strides() - rq.stride_ci) as u16,
+                    len: 0,
+                }
+                .word();
+                rq.stride_ci = 0;
+            }
+            self.stats.rx_cqes += rq.cq.write(&f) as u64;
+            self.stats.rx_flushed += 1;
+            rq.ci = rq.ci.wrapping_add(1);
+            n += 1;
+        }
+        n
+    }
+
     /// Delivers one frame.
     fn receive(&mut self, frame: &mut [u8]) {
         // The parser looks through one C-VLAN tag whether or not the RQ strips it.
@@ -79,6 +120,11 @@ impl Engine {
             self.stats.rx_no_wqe += 1;
             return;
         };
+        // An RQ in RESET or in error has no WQE the device may use.
+        if rq.state != HwQueueState::Ready {
+            self.stats.rx_no_wqe += 1;
+            return;
+        }
         let strip = tag.is_some() && rq.vlan_strip;
         let data: &[u8] = if strip || tag.is_none() {
             &frame[untagged_at..]
@@ -140,8 +186,13 @@ impl Engine {
         };
         let capacity: usize = entries().map(|d| d.byte_count() as usize).sum();
         let mut failed = None;
+        self.rx_scatters += 1;
+        let every = u64::from(self.faults.rx_bad_key_every);
         if data.len() > capacity {
             failed = Some(Syndrome::LocalLength);
+        } else if every > 0 && self.rx_scatters.is_multiple_of(every) {
+            // The fault: the WQE's key is looked up as if it were not registered.
+            failed = Some(Syndrome::LocalProt);
         } else {
             let mut done = 0;
             for d in entries() {
@@ -165,7 +216,7 @@ impl Engine {
         match failed {
             Some(s) => {
                 let e = error_cqe(&f, s, rq.rqn);
-                self.count_error(s);
+                self.rq_failed(qi, s, index);
                 self.stats.rx_cqes += self.rqs[qi].cq.write(&e) as u64;
             }
             None => {
@@ -229,8 +280,13 @@ impl Engine {
         };
         let d = wqe.dseg();
         let end = (u64::from(first) + u64::from(need)) * stride_bytes as u64;
+        self.rx_scatters += 1;
+        let every = u64::from(self.faults.rx_bad_key_every);
         let failed = if need > strides || end > u64::from(d.byte_count()) {
             Some(Syndrome::LocalLength)
+        } else if every > 0 && self.rx_scatters.is_multiple_of(every) {
+            // The fault: the WQE's key is looked up as if it were not registered.
+            Some(Syndrome::LocalProt)
         } else if !self.mrs.write(
             d.addr() + u64::from(first) * stride_bytes as u64,
             d.lkey(),
@@ -269,7 +325,7 @@ impl Engine {
         match failed {
             Some(s) => {
                 let e = error_cqe(&f, s, rq.rqn);
-                self.count_error(s);
+                self.rq_failed(qi, s, index);
                 self.stats.rx_cqes += self.rqs[qi].cq.write(&e) as u64;
             }
             None => {
@@ -280,11 +336,17 @@ impl Engine {
         }
     }
 
-    fn count_error(&mut self, s: Syndrome) {
+    /// Counts a failed receive WQE of RQ `qi`: LOCAL_LENGTH loses the packet and the RQ goes
+    /// on (§8 item 9); a protection error puts the RQ in error: its posted WQEs are flushed
+    /// and it takes no frame until it is reset (§5.3: the driver resets it).
+    fn rq_failed(&mut self, qi: usize, s: Syndrome, index: u16) {
         if s == Syndrome::LocalLength {
             self.stats.rx_oversize += 1;
         } else {
             self.stats.rx_prot_errors += 1;
+            let rq = &mut self.rqs[qi];
+            rq.state = HwQueueState::Error;
+            tracing::debug!(target: "pmd::emu", rqn = rq.rqn, index, "receive WQE failed; RQ in error");
         }
     }
 }

@@ -10,7 +10,7 @@
 //! BlueFlame copies into it are ignored (the WQE is always in the ring too, §3.2).
 #![deny(unsafe_code)]
 
-use super::{record, Engine, BUDGET, VENDOR_ERR_INJECTED};
+use super::{record, Engine, HwQueueState, BUDGET, VENDOR_ERR_INJECTED};
 use crate::emu::wire::Wire;
 use crate::hw::mlx5::cqe::{CqeFields, CqeOpcode, Syndrome};
 use crate::hw::mlx5::doorbell::SND_DBR;
@@ -45,6 +45,10 @@ impl Engine {
     /// Consumes the WQEs the SQ's doorbell record announces (at most [`BUDGET`]); returns
     /// how many.
     pub(super) fn process_sq(&mut self, i: usize) -> usize {
+        // The device does not look at an SQ in RESET.
+        if self.sqs[i].state == HwQueueState::Reset {
+            return 0;
+        }
         let rec = record(&self.sqs[i].dbrec, SND_DBR) as u16;
         let mut done = 0;
         let mut wqe = [0u8; MAX_WQE_BYTES];
@@ -78,7 +82,7 @@ impl Engine {
             read_ring(&sq.buf, ring_bytes, pos, &mut wqe[..bytes]);
             self.sqs[i].ci = index.wrapping_add(bbs);
             self.stats.tx_wqes += 1;
-            let outcome = if self.sqs[i].error {
+            let outcome = if self.sqs[i].state == HwQueueState::Error {
                 Err((Syndrome::WrFlush, 0))
             } else {
                 self.execute(i, &wqe[..ds * DS_BYTES], index)
@@ -119,7 +123,7 @@ impl Engine {
                 if syndrome == Syndrome::WrFlush {
                     self.stats.tx_flushed += 1;
                 } else {
-                    sq.error = true;
+                    sq.state = HwQueueState::Error;
                     self.stats.tx_errors += 1;
                     tracing::debug!(target: "pmd::emu", sqn = sq.sqn, index, ?syndrome, "send WQE failed; SQ in error");
                 }
@@ -207,7 +211,7 @@ impl Engine {
     /// memory key (LOCAL_PROT on a bad key or range, §8 item 3), inline segments from the WQE.
     /// With `one`, stops after one segment and returns it (eMPW). Returns the segments read.
     fn gather(
-        &self,
+        &mut self,
         segs: &[u8],
         frame: &mut [u8],
         len: &mut usize,
@@ -237,9 +241,14 @@ impl Engine {
                     if *len + n > frame.len() {
                         return Err((Syndrome::LocalLength, 0));
                     }
-                    if !self
-                        .mrs
-                        .read(d.addr(), d.lkey(), &mut frame[*len..*len + n])
+                    self.tx_gathers += 1;
+                    let every = u64::from(self.faults.tx_bad_key_every);
+                    // The fault: the key is looked up as if it were not registered.
+                    let unknown_key = every > 0 && self.tx_gathers.is_multiple_of(every);
+                    if unknown_key
+                        || !self
+                            .mrs
+                            .read(d.addr(), d.lkey(), &mut frame[*len..*len + n])
                     {
                         return Err((Syndrome::LocalProt, 0));
                     }

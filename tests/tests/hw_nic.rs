@@ -1,8 +1,9 @@
-//! Tests on a real MANA NIC (an Azure VM with Accelerated Networking), ignored unless
-//! `PMD_TEST_MANA_PORT` names the port to use, e.g.
-//! `PMD_TEST_MANA_PORT=mana:dev=mana_0,port=2 cargo test -p integration-tests --test hw_mana -- --ignored`.
-//! The port's netdev must be down (or add `busy=takeover` to the spec). Never name the NIC that
-//! carries your SSH session.
+//! Tests on a real NIC, ignored unless `PMD_TEST_PORT` names the port to use: a MANA port (an
+//! Azure VM with Accelerated Networking), e.g.
+//! `PMD_TEST_PORT=mana:dev=mana_0,port=2 cargo test -p integration-tests --test hw_nic -- --ignored`,
+//! or an mlx5 one (`PMD_TEST_PORT=mlx5:dev=mlx5_0`). `PMD_TEST_MANA_PORT` is the older name.
+//! A MANA port's netdev must be down (or add `busy=takeover` to the spec). Never name the NIC
+//! that carries your SSH session.
 
 use mempool::{MbufPool, MbufPoolConfig};
 use pmd::ethdev::Burst;
@@ -10,17 +11,18 @@ use pmd::port::{Port, PortConfig};
 use std::time::{Duration, Instant};
 
 fn port_spec() -> String {
-    std::env::var("PMD_TEST_MANA_PORT")
-        .expect("set PMD_TEST_MANA_PORT to a mana: port spec to run the hardware tests")
+    std::env::var("PMD_TEST_PORT")
+        .or_else(|_| std::env::var("PMD_TEST_MANA_PORT"))
+        .expect("set PMD_TEST_PORT to a mana: or mlx5: port spec to run the hardware tests")
 }
 
 /// The port opens, configures, comes up and closes again, twice (nothing leaks between the
 /// two bring-ups), with the pool whole at the end.
 #[test]
-#[ignore = "needs a MANA NIC: set PMD_TEST_MANA_PORT"]
+#[ignore = "needs a MANA or mlx5 NIC: set PMD_TEST_PORT"]
 fn bringup_and_teardown_twice() {
     let spec = port_spec();
-    let pool = MbufPool::new(MbufPoolConfig::new("hw-mana-up", 4096)).unwrap();
+    let pool = MbufPool::new(MbufPoolConfig::new("hw-nic-up", 4096)).unwrap();
     for _ in 0..2 {
         let mut port = Port::open(0, &spec.parse().unwrap()).unwrap();
         port.configure(&PortConfig::default(), &pool).unwrap();
@@ -35,10 +37,10 @@ fn bringup_and_teardown_twice() {
 /// 10,000 broadcast frames leave the port: every one completes without error and every
 /// buffer comes back.
 #[test]
-#[ignore = "needs a MANA NIC: set PMD_TEST_MANA_PORT"]
+#[ignore = "needs a MANA or mlx5 NIC: set PMD_TEST_PORT"]
 fn broadcast_frames_complete_and_buffers_come_back() {
     let spec = port_spec();
-    let pool = MbufPool::new(MbufPoolConfig::new("hw-mana-tx", 4096)).unwrap();
+    let pool = MbufPool::new(MbufPoolConfig::new("hw-nic-tx", 4096)).unwrap();
     let mut port = Port::open(0, &spec.parse().unwrap()).unwrap();
     port.configure(&PortConfig::default(), &pool).unwrap();
     let mut txq = port.tx_queue(0).unwrap();
