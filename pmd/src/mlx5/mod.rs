@@ -3,8 +3,9 @@
 //!
 //! * [`provider`]: the raw queue descriptions a provider hands out, each with the
 //!   [`QueueState`] machine the queue's error recovery moves it through.
-//! * [`driver`]: the port driver over a [`Provider`] (today the device model, `emu-mlx5`
-//!   ports; the rdma-core provider for `mlx5:` ports is not built yet).
+//! * [`driver`]: the port driver over a [`Provider`] (the device model for `emu-mlx5`
+//!   ports, rdma-core for `mlx5:` ports), which asks for its RX queues with one
+//!   [`RxQueueRequest`] (cyclic or striding, CQE compression).
 //! * [`txq`]: SEND/TSO with the device's minimum inline header, VLAN, checksum flags,
 //!   multi-segment, eMPW, completion moderation.
 //! * [`rxq`]: cyclic RQ (one mbuf per WQE). [`rxq_mprq`]: multi-packet (striding) RQ, each
