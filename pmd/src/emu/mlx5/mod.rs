@@ -332,7 +332,7 @@ impl Model {
         self.thread
             .core()
             .lock()
-            .add_rq(RqSpec::from_raw(&rq, vlan_strip))?;
+            .add_striding_rq(RqSpec::from_raw(&rq, vlan_strip), geo)?;
         Ok(rq)
     }
 

@@ -181,7 +181,9 @@ impl From<&RawSq> for SqSpec {
     }
 }
 
-/// A receive queue handed to the engine, with its CQ: cyclic (§4.1) or striding (§4.2).
+/// A receive queue handed to the engine, with its CQ: cyclic (§4.1) through
+/// [`Engine::add_rq`], or striding (§4.2) through [`Engine::add_striding_rq`], which takes
+/// the geometry.
 #[derive(Debug, Clone)]
 pub struct RqSpec {
     /// The ring: `wqe_cnt` WQEs of `stride` bytes.
@@ -191,8 +193,6 @@ pub struct RqSpec {
     /// Bytes per WQE: a power of two, at least 16 (one scatter entry); a striding RQ's WQE
     /// is 32 bytes (its data segment at byte 16).
     pub stride: u32,
-    /// Striding geometry (within [`MPRQ_CAPS`]); `None` for a cyclic RQ.
-    pub mprq: Option<Mprq>,
     /// RQ number.
     pub rqn: u32,
     /// The doorbell record; the engine reads the RQ counter at byte 0.
@@ -204,13 +204,13 @@ pub struct RqSpec {
 }
 
 impl RqSpec {
-    /// The spec of a raw RQ, with or without VLAN stripping.
+    /// The spec of a raw RQ, with or without VLAN stripping (a striding RQ's geometry,
+    /// `q.mprq`, goes to [`Engine::add_striding_rq`]).
     pub fn from_raw(q: &RawRq, vlan_strip: bool) -> Self {
         Self {
             buf: Arc::clone(&q.buf),
             wqe_cnt: q.wqe_cnt,
             stride: q.stride,
-            mprq: q.mprq,
             rqn: q.rqn,
             dbrec: Arc::clone(&q.dbrec),
             vlan_strip,
@@ -698,12 +698,25 @@ impl Engine {
         Ok(())
     }
 
-    /// Serves a receive queue and its CQ from now on (the WQ reached RDY). Frames reach it
-    /// when it is the only RQ, or when the RSS table names it.
+    /// Serves a cyclic receive queue and its CQ from now on (the WQ reached RDY). Frames
+    /// reach it when it is the only RQ, or when the RSS table names it.
     ///
     /// # Errors
     /// A duplicate RQ or CQ number, a bad ring size, stride or doorbell record.
     pub fn add_rq(&mut self, rq: RqSpec) -> Result<(), EngineError> {
+        self.add_rq_with(rq, None)
+    }
+
+    /// Serves a striding receive queue of geometry `geo` (within [`MPRQ_CAPS`], WQEs of at
+    /// least 32 bytes, §4.2) and its CQ from now on, as [`add_rq`](Engine::add_rq) does.
+    ///
+    /// # Errors
+    /// As `add_rq`; a geometry outside the caps.
+    pub fn add_striding_rq(&mut self, rq: RqSpec, geo: Mprq) -> Result<(), EngineError> {
+        self.add_rq_with(rq, Some(geo))
+    }
+
+    fn add_rq_with(&mut self, rq: RqSpec, mprq: Option<Mprq>) -> Result<(), EngineError> {
         if !rq.stride.is_power_of_two() || rq.stride < 16 {
             return Err(EngineError::RingSize {
                 kind: "RQ",
@@ -714,7 +727,7 @@ impl Engine {
                 bytes: rq.buf.len(),
             });
         }
-        if let Some(m) = rq.mprq {
+        if let Some(m) = mprq {
             if !MPRQ_CAPS.allows(m) || rq.stride < 32 {
                 return Err(EngineError::Mprq {
                     id: rq.rqn,
@@ -743,7 +756,7 @@ impl Engine {
             cq,
             ci: 0,
             state: HwQueueState::Ready,
-            mprq: rq.mprq,
+            mprq,
             stride_ci: 0,
         });
         self.rebuild_rss();
