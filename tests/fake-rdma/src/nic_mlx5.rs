@@ -243,7 +243,8 @@ impl Mlx5Nics {
     /// and record until the CQ is destroyed (after the QP).
     ///
     /// # Errors
-    /// `EIO` if the wire cannot be opened, `EINVAL` if the engine refuses the rings.
+    /// `EIO` if the wire cannot be opened. A queue the model cannot serve (a CQ shared by
+    /// two queues) stops the program: that is the fake's limit, not a kernel answer.
     pub unsafe fn add_sq(
         &mut self,
         dev: &Device,
@@ -276,11 +277,14 @@ impl Mlx5Nics {
                 port.queues += 1;
                 Ok(())
             }
-            Err(e) => {
-                eprintln!("fake-rdma: {call}: the device model refuses the send queue: {e}");
-                self.stop_if_idle(dev.index);
-                Err(libc::EINVAL)
-            }
+            // The kernel took the queue; the model cannot serve it (a CQ shared by two
+            // queues, which the model does not do): not a result hardware would give.
+            Err(e) => crate::state::die(
+                call,
+                &format!(
+                    "the device model cannot serve this send queue ({e}): not modelled by the fake"
+                ),
+            ),
         }
     }
 
@@ -354,11 +358,10 @@ impl Mlx5Nics {
                 port.queues += 1;
                 Ok(())
             }
-            Err(e) => {
-                eprintln!("fake-rdma: {call}: the device model refuses the receive queue: {e}");
-                self.stop_if_idle(dev.index);
-                Err(libc::EINVAL)
-            }
+            Err(e) => crate::state::die(
+                call,
+                &format!("the device model cannot serve this receive queue ({e}): not modelled by the fake"),
+            ),
         }
     }
 

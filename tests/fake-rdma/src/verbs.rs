@@ -601,12 +601,16 @@ pub extern "C" fn fake_rdma_live_objects() -> c_int {
     c_int::try_from(g.as_ref().map_or(0, |s| s.objects.len())).unwrap_or(c_int::MAX)
 }
 
-/// Device-model engines running in this process (one per vPort with queues); unversioned,
-/// for tests.
+/// Device-model engines running in this process (one per MANA vPort, one per mlx5 device,
+/// with queues); unversioned, for tests.
 #[no_mangle]
 pub extern "C" fn fake_rdma_engines() -> c_int {
     let g = lock();
-    c_int::try_from(g.as_ref().map_or(0, |s| s.nics.running())).unwrap_or(c_int::MAX)
+    c_int::try_from(
+        g.as_ref()
+            .map_or(0, |s| s.nics.running() + s.mlx5_nics.running()),
+    )
+    .unwrap_or(c_int::MAX)
 }
 
 /// Writes a JSON object with the live objects by kind (`{"cq":1,...}`) to stderr; for
@@ -688,7 +692,10 @@ pub unsafe extern "C" fn query_port_slot(
             }
             let a = match ctx.family {
                 Family::Mana => mana::port_attr(),
-                Family::Mlx5 { .. } => mlx5::port_attr(),
+                Family::Mlx5 { .. } => {
+                    let netdev = &ctx.device().view.ports[usize::from(port_num) - 1].netdev;
+                    mlx5::port_attr(netdev.as_ref().is_none_or(|(_, f)| world::netdev_up(f)))
+                }
             };
             let n = len.min(size_of::<ibv_port_attr>());
             // SAFETY: the caller's struct has `len` writable bytes; we write `n <= len`

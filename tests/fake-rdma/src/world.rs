@@ -51,6 +51,8 @@ pub enum Family {
 }
 /// Kernel `IFF_UP | IFF_BROADCAST | IFF_MULTICAST` minus `IFF_UP`: an interface that is down.
 const FLAGS_DOWN: &str = "0x1002";
+/// `IFF_UP | IFF_BROADCAST | IFF_MULTICAST`: an interface that is up.
+const FLAGS_UP: &str = "0x1003";
 /// The file, in a port's sysfs directory, that names the wire the device model serves the
 /// port's queues on. Only the fake writes it; its presence marks a device as the fake's.
 pub const WIRE_FILE: &str = "fake_rdma_wire";
@@ -81,7 +83,8 @@ pub struct PortSpec {
 }
 
 impl PortSpec {
-    /// The netdev name shown in sysfs: the real interface, or a made-up one that is down.
+    /// The netdev name shown in sysfs: the real interface, or a made-up one (down on MANA,
+    /// up on mlx5).
     pub fn netdev_name(&self) -> String {
         self.netdev
             .clone()
@@ -344,7 +347,16 @@ pub fn write_sysfs(root: &Path, ports: &[PortSpec]) -> io::Result<()> {
                     fs::create_dir_all(&class)?;
                     symlink(&ndir, &class.join(real))?;
                 }
-                None => write(&ndir.join("flags"), FLAGS_DOWN)?,
+                // A made-up netdev: down on MANA (where an up netdev holds the port), up on
+                // mlx5 (the netdev and the raw queues share the port, and the RoCE port is
+                // ACTIVE only while its netdev is up).
+                None => write(
+                    &ndir.join("flags"),
+                    match p.family {
+                        Family::Mana => FLAGS_DOWN,
+                        Family::Mlx5 { .. } => FLAGS_UP,
+                    },
+                )?,
             }
         }
     }

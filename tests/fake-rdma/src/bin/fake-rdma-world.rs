@@ -69,6 +69,9 @@ fn main() -> ExitCode {
                 format!("{n} (a real interface: shares the port)")
             }
             Some(n) => format!("{n} (a real interface: holds the port while up)"),
+            None if matches!(p.family, world::Family::Mlx5 { .. }) => {
+                format!("{} (made up, up)", p.netdev_name())
+            }
             None => format!("{} (made up, down)", p.netdev_name()),
         };
         eprintln!(

@@ -395,11 +395,16 @@ pub fn device_attr(ctx: &Ctx) -> ibv_device_attr {
 }
 
 /// What `mlx5_query_port` → `ibv_cmd_query_port` reports for the Ethernet port (kernel
-/// `mlx5_query_port_roce`): active, RoCE link layer Ethernet, the netdev's MTU (1500 →
+/// `mlx5_query_port_roce`): the state follows the port's netdev (ACTIVE / LinkUp while it
+/// is up, DOWN / Disabled otherwise), link layer Ethernet, the netdev's MTU (1500 →
 /// `IBV_MTU_1024`); libibverbs' part is [`crate::verbs::query_port_slot`].
-pub fn port_attr() -> ibv_port_attr {
+pub fn port_attr(netdev_up: bool) -> ibv_port_attr {
     ibv_port_attr {
-        state: IBV_PORT_ACTIVE,
+        state: if netdev_up {
+            IBV_PORT_ACTIVE
+        } else {
+            IBV_PORT_DOWN
+        },
         max_mtu: IBV_MTU_4096,
         active_mtu: IBV_MTU_1024,
         gid_tbl_len: GID_TABLE_LEN,
@@ -408,7 +413,7 @@ pub fn port_attr() -> ibv_port_attr {
         pkey_tbl_len: 1,
         active_width: 2,  // 4X
         active_speed: 32, // EDR: 100 Gb/s over 4X
-        phys_state: 5,
+        phys_state: if netdev_up { 5 } else { 3 },
         link_layer: IBV_LINK_LAYER_ETHERNET as u8,
         ..Default::default()
     }
