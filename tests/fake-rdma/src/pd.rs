@@ -121,7 +121,7 @@ export!("IBVERBS_1.1" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
             return Ok(0);
         }
         // mlx5_free_pd: EBUSY from user space while parent domains hold it (v44
-        // providers/mlx5/verbs.c:588–589).
+        // providers/mlx5/verbs.c:589–590).
         if mlx5 && p.refs > 0 {
             return Err(libc::EBUSY);
         }

@@ -14,7 +14,7 @@ use serde_json::json;
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
-/// `MLX5_CQE_INVALID << 4`: the `op_own` every entry starts with (v44 cq.c:1963–1967).
+/// `MLX5_CQE_INVALID << 4`: the `op_own` every entry starts with (v44 cq.c:1963–1967, the store at l. 1966).
 const OP_OWN_INVALID: u8 = 0xf0;
 /// Offset of `op_own` in a 64-byte CQE.
 const OP_OWN: usize = 63;
@@ -45,7 +45,7 @@ pub struct Cq {
     pub parent: *mut Pd,
 }
 
-/// `CREATE_CQ_SUPPORTED_WC_FLAGS` (v44 verbs.c:917–923) = libibverbs'
+/// `CREATE_CQ_SUPPORTED_WC_FLAGS` (v44 verbs.c:920–927) = libibverbs'
 /// `IBV_CREATE_CQ_SUP_WC_FLAGS` (verbs.h:567–574).
 fn supported_wc_flags() -> u64 {
     u64::from(IBV_CREATE_CQ_SUP_WC_FLAGS)
@@ -118,7 +118,7 @@ fn create(
             _ => return Err(libc::EINVAL),
         }
     }
-    // l. 1033–1038: ncqe = roundup_pow_of_two(cqe + 1), at most 2^24.
+    // l. 1034–1039: ncqe = roundup_pow_of_two(cqe + 1), at most 2^24.
     let want = u64::from(a.cqe) + 1;
     let ncqe = want.next_power_of_two();
     if ncqe > 1 << 24 {
@@ -172,7 +172,7 @@ fn create(
         alloc::free_dbrec(m, db, call);
         alloc::free_buf(m, buf, call);
     };
-    // l. 1053–1054: SET_CI and ARM start at 0.
+    // l. 1060–1061: SET_CI and ARM start at 0.
     // SAFETY: a doorbell record has 8 writable bytes (a cache-line slot, or 8 bytes from a
     // parent domain's allocator).
     unsafe {
@@ -181,7 +181,7 @@ fn create(
     }
     let mut comp = None;
     if let Some(d) = dv {
-        // l. 1064–1076: compression needs max_num and an overlap with the supported
+        // l. 1071–1082: compression needs max_num and an overlap with the supported
         // formats (EINVAL).
         if d.comp_mask & u64::from(MLX5DV_CQ_INIT_ATTR_MASK_COMPRESSED_CQE) != 0 {
             let fmt = u32::from(d.cqe_comp_res_format);
@@ -191,7 +191,7 @@ fn create(
             }
             comp = Some(fmt);
         }
-        // l. 1078–1098: flags beyond CQE_PAD → EINVAL; CQE_PAD needs the 128-byte padding
+        // l. 1084–1103: flags beyond CQE_PAD → EINVAL; CQE_PAD needs the 128-byte padding
         // capability (not reported) and 128-byte CQEs → EINVAL.
         if d.comp_mask & u64::from(MLX5DV_CQ_INIT_ATTR_MASK_FLAGS) != 0
             && (d.flags & !(MLX5DV_CQ_INIT_ATTR_FLAGS_RESERVED - 1) != 0
@@ -201,7 +201,7 @@ fn create(
             return Err(libc::EINVAL);
         }
     }
-    // The kernel (mlx5_ib_create_cq): the command names ncqe - 1 entries (l. 1116);
+    // The kernel (mlx5_ib_create_cq): the command names ncqe - 1 entries (l. 1121);
     // comp_vector must name a completion EQ; compression needs the 64-byte capability
     // (EOPNOTSUPP for 128-byte CQEs) and exactly one mini format it knows (HASH; CSUM is
     // not reported, several bits → EINVAL, mini_cqe_res_format_to_hw); the ring and the

@@ -14,7 +14,7 @@
 //! (`MLX5_LIB_CAP_DYN_UAR`) and the kernel grants them (`tot_bfregs = 0` in the
 //! alloc-ucontext response), so no UAR is mapped by `ibv_open_device` except the singleton
 //! non-cached one, and each QP gets a BlueFlame register from UAR pages allocated on demand
-//! (v44 mlx5.c:2466–2478 `bf_done`, verbs.c:273–400).
+//! (v44 mlx5.c:2466–2480 and `bf_done` l. 2514, verbs.c:273–400).
 
 pub mod alloc;
 pub mod cq;
@@ -86,6 +86,9 @@ const BFREGS_PER_UAR: usize = 2;
 /// `MLX5_IB_MMAP_OFFSET_START << 16`: the first mmap page offset the kernel gives a
 /// dynamically allocated UAR (kernel `mlx5_rdma_user_mmap_entry_insert`).
 const UAR_MMAP_PGOFF_START: u64 = 9 << 16;
+
+/// `MLX5DV_CONTEXT_FLAGS_BLUEFLAME` (rdma-core main mlx5dv.h; not in v44's header).
+const FLAGS_BLUEFLAME: u64 = 1 << 8;
 
 /// `RDMA_DRIVER_MLX5` in `enum rdma_driver_id`.
 const RDMA_DRIVER_MLX5: u64 = 1;
@@ -190,7 +193,7 @@ impl Mlx5Ctx {
             dbr_pages: Vec::new(),
             dbr_available: VecDeque::new(),
         };
-        // A failure leaves nc_uar NULL, and the CQ UAR with it (verbs.c:487–488).
+        // A failure leaves nc_uar NULL, and the CQ UAR with it (verbs.c:486–489).
         m.nc_uar = m.map_uar();
         m
     }
@@ -210,7 +213,7 @@ impl Mlx5Ctx {
         Some(self.uars.len() - 1)
     }
 
-    /// The CQ UAR (`cq_uar_reg` = the non-cached UAR's page, mlx5.c:2557).
+    /// The CQ UAR (`cq_uar_reg` = the non-cached UAR's page, mlx5.c:2553).
     pub fn cq_uar(&self) -> *mut c_void {
         self.nc_uar
             .map_or(std::ptr::null_mut(), |i| self.uars[i].page)
@@ -328,7 +331,7 @@ impl Mlx5Ctx {
 
     /// The minimum inline header a send WQE must carry: 18 bytes on ConnectX-4 and 4 Lx
     /// (the kernel's `eth_min_inline` is L2 there), none on later parts (spec mlx5.md
-    /// §1.9; v44 mlx5.c:2441–2445).
+    /// §1.9; v44 mlx5.c:2435–2439).
     pub fn min_inline(&self) -> u16 {
         if (0x1013..=0x1016).contains(&self.part) {
             18
@@ -371,7 +374,7 @@ pub fn device_attr(ctx: &Ctx) -> ibv_device_attr {
     };
     let mut fw_ver = [0 as std::ffi::c_char; 64];
     // mlx5_query_device_ex prints the firmware version as major.minor.sub_minor
-    // (v44 verbs.c:3990–3996).
+    // (v44 verbs.c:3994–4000).
     for (d, b) in fw_ver.iter_mut().zip(b"16.35.2000".iter()) {
         *d = *b as std::ffi::c_char;
     }
@@ -594,28 +597,33 @@ export!("MLX5_1.0" fn mlx5dv_query_device(ctx_in: *mut ibv_context, attrs: *mut 
         };
         // SAFETY: the caller passes its `struct mlx5dv_context`.
         let out = unsafe { &mut *non_null(attrs, "mlx5dv_query_device", "attrs_out") };
+        let main = st.cfg.profile == crate::state::Profile::Main;
         let m = mctx(ctx);
-        query_dv(m, out);
+        query_dv(m, out, main);
         Ok(0)
     })
 });
 
 /// `_mlx5dv_query_device` (v44 mlx5.c:858–971): version 0, the flags, then each optional
 /// group the caller asked for in `comp_mask` (and the device has), `comp_mask` = the groups
-/// filled.
-fn query_dv(m: &Mlx5Ctx, out: &mut mlx5dv_context) {
+/// filled. rdma-core main adds `MLX5DV_CONTEXT_FLAGS_BLUEFLAME` when the device has
+/// BlueFlame registers (main mlx5.c:906–907; `bf_reg_size` > 0 here).
+fn query_dv(m: &Mlx5Ctx, out: &mut mlx5dv_context, main: bool) {
     let asked = out.comp_mask;
     let mut filled = 0u64;
     out.version = 0;
     // CQE version 1 (the library asks for it and current kernels grant it).
     out.flags = u64::from(MLX5DV_CONTEXT_FLAGS_CQE_V1);
     // The kernel's multi-packet send support (MLX5_IB_ALLOW_MPW / SUPPORT_EMPW from
-    // multi_pkt_send_wqe / enhanced_multi_pkt_send_wqe, v44 verbs.c:4034–4038): legacy MPW
+    // multi_pkt_send_wqe / enhanced_multi_pkt_send_wqe, v44 verbs.c:4032–4036): legacy MPW
     // on ConnectX-4 Lx, enhanced MPW from ConnectX-5 on, neither on ConnectX-4.
     match m.part {
         0x1013 | 0x1014 => {}
         0x1015 | 0x1016 => out.flags |= u64::from(MLX5DV_CONTEXT_FLAGS_MPW_ALLOWED),
         _ => out.flags |= u64::from(MLX5DV_CONTEXT_FLAGS_ENHANCED_MPW),
+    }
+    if main {
+        out.flags |= FLAGS_BLUEFLAME;
     }
     let mut want = |bit: u32| {
         let b = u64::from(bit);

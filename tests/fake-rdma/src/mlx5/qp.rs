@@ -168,10 +168,10 @@ fn sq_size(a: &mut ibv_qp_init_attr_ex) -> Result<Option<(u32, u32, u32, u32)>, 
         return Err(libc::EINVAL);
     }
     let wqe_size = tot.div_ceil(SEND_WQE_BB as u32) * SEND_WQE_BB as u32;
-    // l. 1661–1664: max_inline_data = wqe_size − overhead − inline segment header.
+    // l. 1667–1669: max_inline_data = wqe_size − overhead − inline segment header.
     let max_inline = wqe_size - SQ_OVERHEAD_RAW - INL_SEG;
     a.cap.max_inline_data = max_inline;
-    // l. 1670–1677: max_send_wr above 0x7fffffff / max_sq_desc_sz → EINVAL.
+    // l. 1675–1678: max_send_wr above 0x7fffffff / max_sq_desc_sz → EINVAL.
     if a.cap.max_send_wr > 0x7fff_ffff / caps::MAX_SQ_DESC_SZ {
         return Err(libc::EINVAL);
     }
@@ -239,14 +239,14 @@ fn create(
     {
         return Err(libc::EINVAL);
     }
-    // l. 2314–2322: SOURCE_QPN only on UD → EINVAL.
+    // l. 2315–2323: SOURCE_QPN only on UD → EINVAL.
     if a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0
         && a.create_flags & IBV_QP_CREATE_SOURCE_QPN != 0
         && a.qp_type != IBV_QPT_UD
     {
         return Err(libc::EINVAL);
     }
-    // l. 2436–2438: a DRIVER QP needs the vendor attr → NULL, errno untouched.
+    // l. 2441–2442: a DRIVER QP needs the vendor attr → NULL, errno untouched.
     if a.qp_type == IBV_QPT_DRIVER {
         return Err(0);
     }
@@ -262,12 +262,12 @@ fn create(
             ),
         );
     }
-    // l. 2475–2479: the geometry.
+    // l. 2494–2498: the geometry.
     let sq = sq_size(a)?;
     let rq = rq_size(a)?;
     let (sq_bytes, sq_wqe_cnt, sq_max_post, max_inline) = sq.unwrap_or((0, 0, 0, 0));
     let (rq_bytes, rq_wqe_cnt, rq_wqe_shift, rq_max_gs) = rq.unwrap_or((0, 0, 0, 0));
-    // l. 2481–2489: a raw QP's main buffer is the RQ; the SQ has its own.
+    // l. 2500–2508: a raw QP's main buffer is the RQ; the SQ has its own.
     let buf_size = rq_bytes as usize;
     let sq_buf_size = sq_bytes as usize;
     let pd = non_null(a.pd, call, "pd").cast::<Pd>();
@@ -304,7 +304,7 @@ fn create(
             std::ptr::write_bytes(sq_buf.ptr.cast::<u8>(), 0, sq_aligned);
         }
     }
-    // l. 2509–2518: the doorbell record, zeroed unless a parent domain gave it.
+    // l. 2532–2541: the doorbell record, zeroed unless a parent domain gave it.
     let Some(db) = alloc::alloc_dbrec(m, pd) else {
         alloc::free_buf(m, buf, call);
         alloc::free_buf(m, sq_buf, call);
@@ -317,7 +317,7 @@ fn create(
             db.ptr.add(1).write_volatile(0);
         }
     }
-    // l. 2547–2553: a BlueFlame register (mlx5_get_qp_uar).
+    // l. 2566–2573: a BlueFlame register (mlx5_get_qp_uar).
     let bf = m.get_qp_uar();
     let release = |m: &mut super::Mlx5Ctx, bf: Option<Bf>| {
         if let Some(bf) = bf {
@@ -374,7 +374,7 @@ fn create(
         }
     };
     // Success: the numbers (a raw QP's number is its SQ's, else its RQ's: mlx5_ib
-    // create_raw_packet_qp), the caps written back (l. 2604–2606).
+    // create_raw_packet_qp), the caps written back (l. 2623–2625).
     let sqn = if sq.is_some() { st.next_id() } else { 0 };
     let tisn = if sq.is_some() { st.next_id() } else { 0 };
     let rqn = if rq.is_some() { st.next_id() } else { 0 };
@@ -573,7 +573,7 @@ fn raw_transition(cur: ibv_qp_state, new: ibv_qp_state) -> Option<(u32, u32)> {
 /// `mlx5_modify_qp` (v44 verbs.c:2952–3067) with `ibv_cmd_modify_qp` and the kernel,
 /// behind the exported `ibv_modify_qp`: an RSS QP → EOPNOTSUPP; the kernel checks the
 /// port and the transition (EINVAL); on success libmlx5 zeroes both doorbell records at
-/// RESET (l. 3016–3031) and writes the RQ record at RTR (l. 3042–3050), and libibverbs
+/// RESET (l. 3017–3032) and writes the RQ record at RTR (l. 3042–3050), and libibverbs
 /// stores the new state (verbs.c:708–723). The device model follows the SQ: served from
 /// its first RTS, reset (counter 0) at RESET and again at the next RTS.
 pub fn modify_qp(

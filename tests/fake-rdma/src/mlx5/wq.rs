@@ -107,7 +107,7 @@ fn create(
 ) -> Result<*mut ibv_wq, c_int> {
     let ctx = ctx_of(st, context, call);
     let device = ctx.device().index;
-    // l. 4146–4147: only RQs → NULL, errno untouched.
+    // l. 4147–4148: only RQs → NULL, errno untouched.
     if a.wq_type != IBV_WQT_RQ {
         return Err(0);
     }
@@ -148,7 +148,7 @@ fn create(
     ) else {
         return Err(libc::ENOMEM);
     };
-    // l. 4174–4181: the record, zeroed unless a parent domain gave it.
+    // l. 4176–4183: the record, zeroed unless a parent domain gave it.
     let Some(db) = alloc::alloc_dbrec(m, pd) else {
         alloc::free_buf(m, buf, call);
         return Err(0);
@@ -165,7 +165,7 @@ fn create(
         alloc::free_buf(m, buf, call);
     };
     let checked = (|| {
-        // l. 4195–4218: striding parameters outside the device's striding caps → EINVAL
+        // l. 4199–4224: striding parameters outside the device's striding caps → EINVAL
         // (the device reports none: every cap is 0).
         if mprq {
             let s = dv.expect("mprq").striding_rq_attrs;
@@ -275,12 +275,12 @@ pub unsafe extern "C" fn modify_wq_slot(wq: *mut ibv_wq, attr: *mut ibv_wq_attr)
         let a = unsafe { &*non_null(attr, CALL, "wq_attr") };
         let to_rdy = a.attr_mask & IBV_WQ_ATTR_STATE != 0 && a.wq_state == IBV_WQS_RDY;
         if to_rdy {
-            // l. 4282–4284: a current state that is not the WQ's → -EINVAL (negative, as
+            // l. 4283–4285: a current state that is not the WQ's → -EINVAL (negative, as
             // the return value).
             if a.attr_mask & IBV_WQ_ATTR_CURR_STATE != 0 && a.curr_wq_state != w.wq.state {
                 return Ok(-libc::EINVAL);
             }
-            // l. 4286–4294: from RESET, libmlx5 zeroes the record before the command.
+            // l. 4287–4295: from RESET, libmlx5 zeroes the record before the command.
             if w.wq.state == IBV_WQS_RESET {
                 // SAFETY: 8 writable bytes.
                 unsafe {

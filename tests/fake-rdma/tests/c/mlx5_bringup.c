@@ -172,6 +172,12 @@ static int engine_threads(void)
 	return n;
 }
 
+static int main_profile(void)
+{
+	const char *p = getenv("FAKE_RDMA_PROFILE");
+	return p && strcmp(p, "main") == 0;
+}
+
 static double now(void)
 {
 	struct timespec t;
@@ -363,6 +369,7 @@ static int bringup(struct world *w, uint16_t part)
 	struct ibv_qp_init_attr qinit;
 	static const uint8_t ones[6] = { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff };
 	int i, k, ok = 0, before;
+	unsigned long long bf_flag;
 
 	errno = ibv_query_device_ex(w->ctx, NULL, &dx);
 	STEP("ibv_query_device_ex", errno == 0);
@@ -396,11 +403,13 @@ static int bringup(struct world *w, uint16_t part)
 				       MLX5DV_CONTEXT_MASK_STRIDING_RQ),
 	      "mlx5dv_query_device: comp_mask out 0x%llx (the groups asked for and filled)",
 	      (unsigned long long)dv.comp_mask);
+	/* rdma-core main also says BlueFlame (MLX5DV_CONTEXT_FLAGS_BLUEFLAME, 1 << 8) */
+	bf_flag = main_profile() ? 1ull << 8 : 0;
 	if (part == 0x1013)
-		CHECK(dv.flags == MLX5DV_CONTEXT_FLAGS_CQE_V1,
+		CHECK(dv.flags == (MLX5DV_CONTEXT_FLAGS_CQE_V1 | bf_flag),
 		      "ConnectX-4 flags 0x%llx: CQE v1, no MPW", (unsigned long long)dv.flags);
 	else
-		CHECK(dv.flags == (MLX5DV_CONTEXT_FLAGS_CQE_V1 | MLX5DV_CONTEXT_FLAGS_ENHANCED_MPW),
+		CHECK(dv.flags == (MLX5DV_CONTEXT_FLAGS_CQE_V1 | MLX5DV_CONTEXT_FLAGS_ENHANCED_MPW | bf_flag),
 		      "flags 0x%llx: CQE v1, enhanced MPW", (unsigned long long)dv.flags);
 	CHECK(dv.cqe_comp_caps.max_num == 64 &&
 		      dv.cqe_comp_caps.supported_format == MLX5DV_CQE_RES_FORMAT_HASH,
