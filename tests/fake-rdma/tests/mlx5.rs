@@ -193,7 +193,8 @@ fn next_frame(peer: &mut Shm, child: &mut std::process::Child) -> Vec<u8> {
 /// the TX frames reach the wire; of the peer's frames, the one for another MAC is steered
 /// away and ours and the broadcast land in the posted buffers of RQ 0; the SQ goes through
 /// RESET and starts again at WQE 0; the WQ goes through RESET and its next frame lands in
-/// WQE 0 again. Nothing is left at the end.
+/// WQE 0 again; with only an ALL_DEFAULT rule left, a frame for another MAC is taken.
+/// Nothing is left at the end.
 fn traffic(part: Option<&str>) {
     let wire = format!("fake-mlx5-{}", part.unwrap_or("cx5"));
     let fake = Fake::new(Some(&format!(
@@ -236,6 +237,13 @@ fn traffic(part: Option<&str>) {
     );
     let ours2 = frame([2, 0, 0, 0, 0x50, 1], b"from the peer #2");
     assert!(peer.send(&ours2));
+    assert_eq!(
+        next_frame(&mut peer, &mut child),
+        sent(4),
+        "tx #4 (ALL_DEFAULT rule)"
+    );
+    let other = frame([2, 0, 0, 0, 0x50, 0x77], b"for anyone left");
+    assert!(peer.send(&other));
     let o = child.wait_with_output().unwrap();
     let t = text(&o);
     assert_clean(&o);
@@ -249,6 +257,10 @@ fn traffic(part: Option<&str>) {
     );
     assert!(
         t.contains(&format!("rx2: 60 bytes:{}\n", hex(&ours2))),
+        "{t}"
+    );
+    assert!(
+        t.contains(&format!("rx3: 60 bytes:{}\n", hex(&other))),
         "{t}"
     );
     assert!(
@@ -431,5 +443,38 @@ fn the_mlx5dv_entry_points_are_exported_at_the_real_libmlx5s_versions() {
             "the installed libmlx5 has no {sym}@@{ver}"
         );
         assert!(fake.contains(&s), "the fake does not export {sym}@@{ver}");
+    }
+}
+
+/// A kernel failure at each creating call fails it cleanly: the program stops there with
+/// the injected errno, and its teardown gives every buffer and record page back.
+#[test]
+fn injected_kernel_failures_give_every_buffer_back() {
+    let fake = two_families();
+    for (fault, step, errno) in [
+        (
+            "mlx5dv_create_cq:ENOMEM",
+            "mlx5dv_create_cq(rx, compressed)",
+            12,
+        ),
+        ("ibv_create_wq#2:ENOSPC", "ibv_create_wq", 28),
+        ("ibv_create_cq#2:EIO", "ibv_create_cq(tx)", 5),
+        ("ibv_create_qp_ex#2:EIO", "ibv_create_qp_ex(tx)", 5),
+        ("ibv_create_flow#2:ENOMEM", "ibv_create_flow(broadcast)", 12),
+    ] {
+        let o = fake
+            .cmd(c_program())
+            .arg("bringup")
+            .env("FAKE_RDMA_FAIL", fault)
+            .output()
+            .unwrap();
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{fault}: {t}");
+        assert!(
+            t.contains(&format!("FAILED at {step}: errno {errno} ")),
+            "{fault}: expected a failure at {step} with errno {errno}:\n{t}"
+        );
+        let (a, f, live) = accounting(&o);
+        assert_eq!((a, live), (f, 0), "{fault}: {t}");
     }
 }

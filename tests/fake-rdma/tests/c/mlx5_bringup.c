@@ -754,7 +754,9 @@ static int tx_one(struct world *w, int n, uint16_t pi, uint32_t ci, int inl)
  *     steered away;
  *  3. the SQ goes RESET → INIT → RTR → RTS and tx #2 starts again at WQE index 0;
  *  4. wq 0 goes RDY → RESET → RDY, one WQE is posted at slot 0 again, tx #3 says so, and
- *     the peer's last frame lands there. */
+ *     the peer's next frame lands there;
+ *  5. the rules give way to one ALL_DEFAULT rule, tx #4 says so, and the peer's frame for
+ *     another MAC lands in WQE 1. */
 static int traffic(struct world *w)
 {
 	uint8_t cqe[64];
@@ -802,6 +804,24 @@ static int traffic(struct world *w)
 	CHECK(wqe[0] == 0 && ci == 3, "rx 2: WQE 0 again after the reset (counter %u), CQ entry 2",
 	      wqe[0]);
 	print_frame("rx2", rx0, len[0]);
+
+	/* the leftovers: with only an ALL_DEFAULT rule, a frame for any MAC is taken */
+	WANT_RET(0, ibv_destroy_flow(w->flow[0]));
+	WANT_RET(0, ibv_destroy_flow(w->flow[1]));
+	w->flow[1] = NULL;
+	{
+		struct ibv_flow_attr a = { .type = IBV_FLOW_ATTR_ALL_DEFAULT, .size = sizeof(a),
+					   .port = 1 };
+		w->flow[0] = ibv_create_flow(w->rss, &a);
+		CHECK(w->flow[0] != NULL, "an ALL_DEFAULT rule");
+	}
+	post_rx(w, 0, 1, rx1);
+	set_rq_record(w, 0, 2);
+	if (!tx_one(w, 4, 2, 3, 18))
+		return 0;
+	CHECK(rx_poll(&w->rc[0], &ci, 1, wqe, len, &sessions, 20) == 1, "rx: the leftover frame");
+	CHECK(wqe[0] == 1, "rx 3: WQE 1");
+	print_frame("rx3", rx1, len[0]);
 	return fails == 0;
 }
 
