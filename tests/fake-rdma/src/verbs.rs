@@ -426,7 +426,7 @@ export!("IBVERBS_1.1" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             family,
             alloc: manadv_ctx_allocators::default(),
             db_page: db,
-            mlx5: mlx5_part.map(|part| Box::new(mlx5::Mlx5Ctx::new(part, dev.view.ports.len()))),
+            mlx5: mlx5_part.map(|part| Box::new(mlx5::Mlx5Ctx::new(part))),
             private,
         }));
         // SAFETY: just allocated; the address of its `ibv_context` is what callers hold.

@@ -97,11 +97,12 @@ fn the_mlx5_bringup_passes_on_the_fake_and_finds_no_device_without_it() {
     assert!(text(&real).contains("0 device(s)"));
 
     let fake = two_families();
-    for profile in ["v44", "main"] {
+    for (profile, shut_up_bf) in [("v44", "0"), ("main", "0"), ("v44", "1")] {
         let o = fake
             .cmd(exe)
             .arg("bringup")
             .env("FAKE_RDMA_PROFILE", profile)
+            .env("MLX5_SHUT_UP_BF", shut_up_bf)
             .output()
             .unwrap();
         let t = text(&o);

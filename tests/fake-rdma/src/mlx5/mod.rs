@@ -171,11 +171,10 @@ fn low_lat_uuars(total: u32) -> u32 {
 }
 
 impl Mlx5Ctx {
-    /// The provider part of a new context on device `part` with `nports` ports
+    /// The provider part of a new context on a device of PCI device id `part`
     /// (`mlx5_init_context` + `mlx5_set_context`, v44 mlx5.c:2342–2570): the singleton
     /// non-cached UAR is mapped (`mlx5_set_singleton_nc_uar`, verbs.c:480–502).
-    pub fn new(part: u16, nports: usize) -> Self {
-        let _ = nports;
+    pub fn new(part: u16) -> Self {
         let shut_up_bf = std::env::var("MLX5_SHUT_UP_BF").is_ok_and(|v| v != "0");
         let low = low_lat_uuars(TOT_UUARS);
         let mut m = Mlx5Ctx {
