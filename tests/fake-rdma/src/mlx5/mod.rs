@@ -7,8 +7,9 @@
 //!
 //! Citations: `v44 FILE:LINE` is rdma-core tag v44.0 (`providers/mlx5/*` unless a
 //! `libibverbs/` path is given); kernel rules name the function of
-//! `drivers/infiniband/hw/mlx5` or `drivers/infiniband/core` they copy. rdma-core main does
-//! not differ for any rule here (see RULES.md), so `FAKE_RDMA_PROFILE` does not change mlx5.
+//! `drivers/infiniband/hw/mlx5` or `drivers/infiniband/core` they copy. rdma-core main
+//! differs in one answer only (`mlx5dv_query_device` adds the BlueFlame flag; RULES.md lists
+//! what else changed there and why it does not show here).
 //!
 //! The kernel modelled is a current one: the library asks for dynamic UARs
 //! (`MLX5_LIB_CAP_DYN_UAR`) and the kernel grants them (`tot_bfregs = 0` in the
