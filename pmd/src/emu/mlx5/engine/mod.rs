@@ -702,6 +702,25 @@ impl Engine {
         Ok(())
     }
 
+    /// Moves receive queue `rqn` through RESET back to RDY (a WQ's RDY → RESET → RDY, what
+    /// DPDK does after an RX error CQE, §4.1): the device's consumer counter restarts at 0.
+    /// The driver zeroes the doorbell record before RDY, so nothing is posted then.
+    ///
+    /// # Errors
+    /// No RQ of that number.
+    pub fn reset_rq(&mut self, rqn: u32) -> Result<(), EngineError> {
+        let q = self
+            .rqs
+            .iter_mut()
+            .find(|q| q.rqn == rqn)
+            .ok_or(EngineError::NoSuchQueue {
+                kind: "RQ",
+                id: rqn,
+            })?;
+        q.ci = 0;
+        Ok(())
+    }
+
     /// Stops serving receive queue `rqn` and its CQ; RSS entries naming it drop their
     /// frames from now on.
     ///
