@@ -11,12 +11,12 @@
 //! What reaches the engine, and when (the hardware objects' states in `mlx5_ib`):
 //! * a raw QP's SQ and its send CQ when the QP goes RTR → RTS (`modify_raw_packet_qp`:
 //!   RTR2RTS makes the SQ ready); at RESET the SQ's counter restarts at 0
-//!   ([`Engine::reset_sq`], under the engine's lock together with libmlx5's zeroing of the
+//!   ([`Engine::sq_to_reset`] / [`Engine::sq_to_rts`], under the engine's lock together with libmlx5's zeroing of the
 //!   doorbell record), and again at the next RTS; `ibv_destroy_qp` removes them before the
 //!   SQ buffer goes back to the application's allocator;
 //! * a WQ's RQ and its CQ when the WQ first goes RDY, with compressed CQEs when the CQ was
 //!   created with them ([`Engine::set_rx_compression`]); a later RESET → RDY restarts its
-//!   counter ([`Engine::reset_rq`]); `ibv_destroy_wq` removes them;
+//!   counter ([`Engine::rq_to_reset`] / [`Engine::rq_to_rdy`]); `ibv_destroy_wq` removes them;
 //! * the RSS setting (key, merged hash fields, the table's RQs) of the hash QPs that carry
 //!   flow rules, and the rules themselves, which decide which frames from the wire reach
 //!   the RQs at all ([`crate::mlx5::flow`]): a steering filter sits between the wire and
@@ -288,14 +288,19 @@ impl Mlx5Nics {
         }
     }
 
-    /// SQ `sqn` through RESET: its counter restarts at 0; with `zero`, the QP's doorbell
-    /// record is zeroed under the same lock (libmlx5's part of the RESET).
-    pub fn reset_sq(&mut self, dev: u32, sqn: u32, zero: Option<*mut u32>) {
+    /// SQ `sqn` to RESET (its counter restarts at 0: the QP went to RESET), or back to RTS
+    /// (`to_reset` false: the QP went RTR→RTS again); with `zero`, the QP's doorbell record
+    /// is zeroed under the same lock (libmlx5's part of the RESET).
+    pub fn sq_state(&mut self, dev: u32, sqn: u32, to_reset: bool, zero: Option<*mut u32>) {
         let Some(t) = self.ports.get(&dev).and_then(|p| p.thread.as_ref()) else {
             return;
         };
         let mut e = t.core().lock();
-        let _ = e.reset_sq(sqn);
+        let _ = if to_reset {
+            e.sq_to_reset(sqn)
+        } else {
+            e.sq_to_rts(sqn)
+        };
         if let Some(db) = zero {
             // SAFETY: the QP's record (8 bytes), live while the QP is.
             unsafe {
@@ -365,10 +370,16 @@ impl Mlx5Nics {
         }
     }
 
-    /// RQ `rqn` through RESET back to RDY: its counter restarts at 0.
-    pub fn reset_rq(&mut self, dev: u32, rqn: u32) {
+    /// RQ `rqn` to RESET (its counter restarts at 0, an RQ in error leaves it) or back to
+    /// RDY (`to_reset` false).
+    pub fn rq_state(&mut self, dev: u32, rqn: u32, to_reset: bool) {
         if let Some(t) = self.ports.get(&dev).and_then(|p| p.thread.as_ref()) {
-            let _ = t.core().lock().reset_rq(rqn);
+            let mut e = t.core().lock();
+            let _ = if to_reset {
+                e.rq_to_reset(rqn)
+            } else {
+                e.rq_to_rdy(rqn)
+            };
         }
     }
 

@@ -630,7 +630,7 @@ pub fn modify_qp(
                 // both records; under the engine's lock, so it never sees the old record
                 // with the new counter.
                 if q.served {
-                    st.mlx5_nics.reset_sq(dev, q.sqn, Some(db.ptr));
+                    st.mlx5_nics.sq_state(dev, q.sqn, true, Some(db.ptr));
                 } else {
                     zero_dbrec(db);
                 }
@@ -643,7 +643,7 @@ pub fn modify_qp(
             IBV_QPS_RTS if cur == IBV_QPS_RTR && q.sq_wqe_cnt > 0 => {
                 // modify_raw_packet_qp: RTR2RTS makes the SQ ready.
                 if q.served {
-                    st.mlx5_nics.reset_sq(dev, q.sqn, None);
+                    st.mlx5_nics.sq_state(dev, q.sqn, false, None);
                 } else {
                     serve_sq(st, q)?;
                 }

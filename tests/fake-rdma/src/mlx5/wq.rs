@@ -326,12 +326,15 @@ pub unsafe extern "C" fn modify_wq_slot(wq: *mut ibv_wq, attr: *mut ibv_wq_attr)
         if a.attr_mask & IBV_WQ_ATTR_STATE != 0 {
             w.wq.state = new;
         }
-        // The device model: the RQ is served from its first RDY; a later RESET → RDY
-        // restarts its counter at 0 (the record was zeroed above); steering follows the
-        // states of the table's RQs.
+        // The device model: the RQ is served from its first RDY; RESET stops it (and takes
+        // it out of an error), a later RDY restarts its counter at 0 (the record was zeroed
+        // above); steering follows the states of the table's RQs.
+        if new == IBV_WQS_RESET && old != IBV_WQS_RESET && w.served {
+            st.mlx5_nics.rq_state(w.device, w.wq.wq_num, true);
+        }
         if new == IBV_WQS_RDY && old != IBV_WQS_RDY {
             if w.served {
-                st.mlx5_nics.reset_rq(w.device, w.wq.wq_num);
+                st.mlx5_nics.rq_state(w.device, w.wq.wq_num, false);
             } else {
                 serve_rq(st, w)?;
             }

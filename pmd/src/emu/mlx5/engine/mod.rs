@@ -707,18 +707,10 @@ impl Engine {
     /// The driver zeroes the doorbell record before RDY, so nothing is posted then.
     ///
     /// # Errors
-    /// No RQ of that number.
+    /// As [`Self::rq_to_reset`] and [`Self::rq_to_rdy`].
     pub fn reset_rq(&mut self, rqn: u32) -> Result<(), EngineError> {
-        let q = self
-            .rqs
-            .iter_mut()
-            .find(|q| q.rqn == rqn)
-            .ok_or(EngineError::NoSuchQueue {
-                kind: "RQ",
-                id: rqn,
-            })?;
-        q.ci = 0;
-        Ok(())
+        self.rq_to_reset(rqn)?;
+        self.rq_to_rdy(rqn)
     }
 
     /// Stops serving receive queue `rqn` and its CQ; RSS entries naming it drop their
