@@ -17,10 +17,14 @@ stderr, and refuses to run next to a real libibverbs.
 
 Environment:
   FAKE_RDMA_PORTS    the world: a ';'-separated list of
-                       DEV/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N]
+                       mana_N/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N]
+                       mlx5_N/1:mac=MAC,wire=WIRE[,netdev=IFNAME][,part=ID]
                      WIRE is a device-model wire (none, shm:NAME, loop:NAME, afpacket:IF);
                      netdev=IFNAME names a real interface that plays the port's kernel
-                     netdev: while it is up it holds the port (raw QPs fail with ENODEV).
+                     netdev: on MANA, while it is up it holds the port (raw QPs fail with
+                     ENODEV); on mlx5 the port is ACTIVE while it is up. An mlx5 device has
+                     one port; part= is its PCI device id (vendor_part_id): 0x1017
+                     ConnectX-5 (default), 0x1013 ConnectX-4 (18-byte inline header).
                      Default: mana_0 with ports 1 and 2, MACs 02:00:00:00:10:01 and
                      02:00:00:00:10:02, wires shm:fake-mana_0-1 and shm:fake-mana_0-2
                      (attach from another process with emu-mana:wire=shm:fake-mana_0-1).

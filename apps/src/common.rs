@@ -49,7 +49,8 @@ pub fn make_pool(
 }
 
 /// Opens and configures `specs` as ports 0.., each with `rxq` RX (unless the spec says
-/// otherwise) and `txq` TX queues.
+/// otherwise) and `txq` TX queues. `base.promiscuous` asks for promiscuous mode where a port
+/// has it (MANA has none: its ports receive their own MAC, broadcast and multicast).
 ///
 /// # Errors
 /// A message naming the port and what went wrong.
@@ -64,6 +65,7 @@ pub fn open_ports(
         let cfg = PortConfig {
             rx_queues: spec.rxq.unwrap_or(base.rx_queues),
             tx_queues: spec.txq.unwrap_or(base.tx_queues).max(base.tx_queues),
+            promiscuous: base.promiscuous && port.caps().promiscuous,
             ..base.clone()
         };
         port.configure(&cfg, pool)

@@ -665,6 +665,37 @@ fn rx_lands_in_posted_buffers_with_cqe_fields_and_owner_bits() {
     assert_eq!(h.stats().rx_frames, 20);
 }
 
+/// A WQ's RDY → RESET → RDY (the driver zeroes the record before RDY): the device's RQ
+/// counter restarts at 0, while its CQ carries on where it was.
+#[test]
+fn reset_rq_restarts_the_rq_counter_and_the_cq_carries_on() {
+    let (m, h, mut peer) = world(0);
+    let mut rq = Rq::new(&m, 4, 1, 3, false);
+    rq.post(3, RX_BUF as u32);
+    for i in 0..3u16 {
+        assert!(peer.send(&udp_frame(i, 60)));
+    }
+    assert_eq!(h.step(), 3);
+    for i in 0..3u16 {
+        assert_eq!(cqe(&rq.poll().unwrap()).wqe_counter(), i);
+    }
+    h.engine().reset_rq(rq.q.rqn).unwrap();
+    assert!(h.engine().reset_rq(rq.q.rqn + 1000).is_err());
+    rq.posted = 0;
+    rq.post(2, RX_BUF as u32);
+    let f = udp_frame(9, 60);
+    assert!(peer.send(&f) && peer.send(&f));
+    assert_eq!(h.step(), 2);
+    for i in 0..2u16 {
+        // CQ entries 3 and 4: the second is on the CQ's second lap (4 entries).
+        let lap = (rq.cq_ci / 4) & 1 == 1;
+        let c = rq.poll().expect("the CQ continues");
+        assert_eq!(cqe(&c).owner(), lap);
+        assert_eq!(cqe(&c).wqe_counter(), i);
+        assert_eq!(rq.data(i, f.len()), f);
+    }
+}
+
 #[test]
 fn no_posted_wqe_counts_a_drop_and_an_oversize_frame_consumes_its_wqe_with_local_length() {
     let (m, h, mut peer) = world(0);

@@ -29,7 +29,7 @@ fn main() {
         .allowlist_type("_compat_ibv_port_attr")
         .allowlist_type("verbs_context")
         .allowlist_type("manadv_.*")
-        .allowlist_type("mlx5dv_(context|obj|qp|cq|rwq)")
+        .allowlist_type("mlx5dv_.*")
         .allowlist_var("IBV_.*")
         .allowlist_var("MANADV_.*")
         .allowlist_var("MLX5DV_.*")

@@ -48,6 +48,10 @@ struct Args {
     /// Forward frames untouched (io forwarding).
     #[arg(long)]
     no_mac_updating: bool,
+    /// Receive only frames for each port's own MAC and broadcast. By default a port that
+    /// can (mlx5, the device models) receives every frame, as DPDK's l2fwd does.
+    #[arg(long)]
+    no_promiscuous: bool,
     /// Seconds between live statistics lines on stderr (0: none).
     #[arg(long, default_value_t = 1.0)]
     stats_interval: f64,
@@ -114,6 +118,7 @@ fn run(args: &Args) -> Result<(), String> {
         tx_queues: cores as u16,
         rx_ring_size: args.ring_size,
         tx_ring_size: args.ring_size,
+        promiscuous: !args.no_promiscuous,
         ..Default::default()
     };
     // Stop signals are guarded before the first port opens: from then on a taken-over netdev

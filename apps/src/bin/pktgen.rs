@@ -65,6 +65,10 @@ struct Args {
     /// Tag frames with this 802.1Q VLAN id.
     #[arg(long, value_parser = clap::value_parser!(u16).range(0..4095))]
     vlan: Option<u16>,
+    /// Receive only frames for the receiving port's own MAC and broadcast. By default a port
+    /// that can (mlx5, the device models) receives every frame, as pktgen-dpdk does.
+    #[arg(long)]
+    no_promiscuous: bool,
     /// Destination MAC of generated frames.
     #[arg(long, default_value = "02:00:00:00:00:00")]
     dst_mac: MacAddr,
@@ -249,6 +253,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         tx_ring_size: args.ring_size,
         // A child process must never share pages the NIC writes.
         fork_safe: args.run.is_some(),
+        promiscuous: !args.no_promiscuous,
         ..Default::default()
     };
     // Stop signals are guarded before the first port opens: from then on a taken-over netdev

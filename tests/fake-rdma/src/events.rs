@@ -244,7 +244,7 @@ fn port_down(ctx: usize, port: u8) -> bool {
         .is_some_and(|w| port >= 1 && !link_up(&w.ibdev, port))
 }
 
-/// The `query_port` op: MANA's answer, then, while the port's link knob says down, state
+/// The `query_port` op: the provider's answer, then, while the port's link knob says down, state
 /// `IBV_PORT_DOWN` and physical state 3 (disabled), as the kernel's `mana_ib_query_port`
 /// reports a port whose netdev has no carrier or is not running.
 ///
@@ -257,7 +257,7 @@ pub unsafe extern "C" fn query_port_slot(
     len: usize,
 ) -> c_int {
     // SAFETY: same contract as ours.
-    let ret = unsafe { crate::mana::query_port_slot(context, port_num, attr, len) };
+    let ret = unsafe { crate::verbs::query_port_slot(context, port_num, attr, len) };
     if ret == 0 && port_down(context as usize, port_num) {
         let state = offset_of!(ibv_port_attr, state);
         let phys = offset_of!(ibv_port_attr, phys_state);

@@ -1,13 +1,14 @@
 //! A fake rdma-core: one shared object that stands in for `libibverbs.so.1`, `libmana.so.1`
-//! and `libmlx5.so.1`, so the unchanged binaries run their real `mana:` control path
-//! without hardware.
+//! and `libmlx5.so.1`, so the unchanged binaries run their real `mana:` (and `mlx5:`)
+//! control path without hardware.
 //!
 //! It exports the versioned symbols those binaries import (`ibv_*@@IBVERBS_1.x`,
 //! `manadv_*@@MANA_1.0`, `mlx5dv_*@@MLX5_1.x`), lays contexts out exactly as libibverbs does
 //! (`struct verbs_context` with `sz`, `abi_compat = UINTPTR_MAX` and every op slot filled),
 //! so the `static inline` verbs of `verbs.h` dispatch into it, and copies, call by call, the
-//! checks, buffer sizes, allocator calls, ids and errno values of rdma-core v44's libibverbs
-//! and `providers/mana`, plus the kernel's documented checks. Each rule cites the source it
+//! checks, buffer sizes, allocator calls, ids and errno values of rdma-core v44's libibverbs,
+//! `providers/mana` and `providers/mlx5`, plus the kernel's documented checks. A device of
+//! the world is MANA (`mana_N`) or mlx5 (`mlx5_N`); its contexts get that provider's ops. Each rule cites the source it
 //! copies (`rdma-core v44.0 FILE:LINE`, or the kernel function).
 //!
 //! `scripts/fake-rdma.sh COMMAND` runs a program on it; see `--help` there for the knobs:
@@ -54,6 +55,9 @@ mod guard;
 mod mana;
 mod mlx5;
 mod nic;
+mod nic_mlx5;
+mod objects;
+mod pd;
 pub mod state;
 mod verbs;
 pub mod world;

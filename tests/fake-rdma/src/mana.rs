@@ -7,7 +7,9 @@
 
 use crate::ffi::*;
 use crate::nic::{CqRing, Ring};
-use crate::state::{addr, call_int, call_ptr, die, Kind, Profile, State};
+use crate::objects::{has_cap_net_raw, mapped, new_qp, non_null, obj, UVERBS_MAX_LOG_IND_TABLE};
+use crate::pd::{real_pd, Pd};
+use crate::state::{addr, call_int, call_ptr, Kind, Profile, State};
 use crate::verbs::{ctx_of, device_name, Ctx};
 use crate::world;
 use serde_json::json;
@@ -34,8 +36,6 @@ const KERNEL_MAX_SEND_SGE: u32 = 30;
 const KERNEL_MAX_QP_WR: u32 = 256;
 /// Kernel: `MANA_INDIRECT_TABLE_DEF_SIZE` (64 entries).
 const KERNEL_MAX_IND_TABLE: u32 = 64;
-/// Kernel (uverbs core): `IB_USER_VERBS_MAX_LOG_IND_TBL_SIZE`.
-const UVERBS_MAX_LOG_IND_TABLE: u32 = 13;
 /// GID table length reported for a port.
 pub const GID_TABLE_LEN: c_int = 16;
 
@@ -53,26 +53,6 @@ fn hw_size(x: u64) -> u64 {
     } else {
         a.next_power_of_two()
     }
-}
-
-/// A protection domain or a parent domain (`struct mana_pd` / `mana_parent_domain`,
-/// v44 mana.h:96–110).
-#[repr(C)]
-pub struct Pd {
-    pd: ibv_pd,
-    /// For a parent domain, the PD it was made from (`mprotection_domain`); NULL for a PD.
-    of: *mut Pd,
-    /// The parent domain's `pd_context`, which MANA reads as the IB port.
-    pd_context: *mut c_void,
-    /// Kernel users (MRs, QPs, WQs) of a PD.
-    users: u32,
-}
-
-/// A memory region.
-#[repr(C)]
-pub struct Mr {
-    mr: ibv_mr,
-    pd: *mut Pd,
 }
 
 /// A completion queue (`struct mana_cq`, v44 mana.h:89–94).
@@ -136,35 +116,6 @@ pub struct Qp {
 /// (`mana_ib_cfg_vport`: per-PD use count; the first QP configures the vPort).
 static VPORTS: Mutex<BTreeMap<(u32, u32), (usize, u32)>> = Mutex::new(BTreeMap::new());
 
-/// A registered object of the expected kind, or abort (real rdma-core would misread it).
-fn obj<T>(st: &State, p: *mut T, kinds: &[Kind], call: &str) -> &'static mut T {
-    match st.kind_of(p as usize) {
-        Some(k) if kinds.contains(&k) => {
-            // SAFETY: registered objects of these kinds are live boxes of `T` (repr(C) with
-            // the public verbs struct first), freed only after they are unregistered.
-            unsafe { &mut *p }
-        }
-        _ => die(
-            call,
-            &format!(
-                "{:#x} is not a live {} (real rdma-core would crash or corrupt memory)",
-                p as usize,
-                kinds[0].name()
-            ),
-        ),
-    }
-}
-
-fn non_null<T>(p: *mut T, call: &str, what: &str) -> *mut T {
-    if p.is_null() {
-        die(
-            call,
-            &format!("{what} is NULL (real rdma-core dereferences it and crashes)"),
-        );
-    }
-    p
-}
-
 fn allocators_set(ctx: &Ctx) -> bool {
     ctx.alloc.alloc.is_some() && ctx.alloc.free.is_some()
 }
@@ -199,34 +150,6 @@ fn kernel_pin(buf: *mut c_void, len: usize) -> Result<(), c_int> {
     mapped(buf, len)
 }
 
-fn mapped(buf: *mut c_void, len: usize) -> Result<(), c_int> {
-    let start = buf as usize & !(PAGE - 1);
-    let end = (buf as usize + len.max(1)).div_ceil(PAGE) * PAGE;
-    let pages = (end - start) / PAGE;
-    let mut vec = vec![0u8; pages];
-    // SAFETY: mincore only reads the page tables for the range and writes `pages` bytes.
-    let r = unsafe { libc::mincore(start as *mut c_void, end - start, vec.as_mut_ptr()) };
-    if r != 0 {
-        return Err(libc::EFAULT);
-    }
-    Ok(())
-}
-
-/// `CAP_NET_RAW` (linux/capability.h).
-const CAP_NET_RAW: u32 = 13;
-
-/// Kernel (uverbs core `create_qp`): a raw-packet QP needs `CAP_NET_RAW` (EPERM).
-fn has_cap_net_raw() -> bool {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << CAP_NET_RAW) != 0)
-}
-
 /// The device attributes the kernel reports (`mana_ib_query_device`).
 pub fn device_attr(ctx: &Ctx) -> ibv_device_attr {
     ibv_device_attr {
@@ -248,53 +171,20 @@ pub fn device_attr(ctx: &Ctx) -> ibv_device_attr {
 
 // ---- queries -------------------------------------------------------------------------------
 
-/// `vctx->query_port` = libibverbs' `__lib_query_port` (v44 libibverbs/verbs.c:174–195) over
-/// `mana_query_port` → `ibv_cmd_query_port` (v44 mana.c:60–66).
-///
-/// # Safety
-/// `attr` points to `len` writable bytes.
-pub unsafe extern "C" fn query_port_slot(
-    context: *mut ibv_context,
-    port_num: u8,
-    attr: *mut ibv_port_attr,
-    len: usize,
-) -> c_int {
-    call_int(
-        "ibv_query_port",
-        json!({"context": addr(context), "port": port_num, "len": len}),
-        |st| {
-            let ctx = ctx_of(st, context, "ibv_query_port");
-            non_null(attr, "ibv_query_port", "port_attr");
-            st.kernel("ibv_query_port")?;
-            // uverbs core: rdma_is_port_valid → EINVAL.
-            if port_num == 0 || port_num > ctx.nports() {
-                return Err(libc::EINVAL);
-            }
-            let a = ibv_port_attr {
-                state: IBV_PORT_ACTIVE,
-                max_mtu: IBV_MTU_4096,
-                active_mtu: IBV_MTU_4096,
-                gid_tbl_len: GID_TABLE_LEN,
-                max_msg_sz: 0x4000_0000,
-                pkey_tbl_len: 1,
-                phys_state: 5,
-                link_layer: IBV_LINK_LAYER_ETHERNET as u8,
-                ..Default::default()
-            };
-            let n = len.min(size_of::<ibv_port_attr>());
-            // SAFETY: the caller's struct has `len` writable bytes; we write `n <= len`
-            // (the rest was zeroed, as __lib_query_port memsets it first).
-            unsafe {
-                std::ptr::write_bytes(attr.cast::<u8>(), 0, len);
-                std::ptr::copy_nonoverlapping(
-                    (&a as *const ibv_port_attr).cast::<u8>(),
-                    attr.cast::<u8>(),
-                    n,
-                );
-            }
-            Ok(0)
-        },
-    )
+/// What `mana_query_port` → `ibv_cmd_query_port` reports for a port (v44 mana.c:60–66;
+/// kernel `mana_ib_query_port`); libibverbs' part is [`crate::verbs::query_port_slot`].
+pub fn port_attr() -> ibv_port_attr {
+    ibv_port_attr {
+        state: IBV_PORT_ACTIVE,
+        max_mtu: IBV_MTU_4096,
+        active_mtu: IBV_MTU_4096,
+        gid_tbl_len: GID_TABLE_LEN,
+        max_msg_sz: 0x4000_0000,
+        pkey_tbl_len: 1,
+        phys_state: 5,
+        link_layer: IBV_LINK_LAYER_ETHERNET as u8,
+        ..Default::default()
+    }
 }
 
 /// `mana_query_device_ex` → `ibv_cmd_query_device_any` (v44 mana.c:41–58,
@@ -360,24 +250,6 @@ pub unsafe extern "C" fn query_device_ex(
 
 // ---- PDs and MRs ---------------------------------------------------------------------------
 
-export!("IBVERBS_1.1" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
-    call_ptr("ibv_alloc_pd", json!({"context": addr(context)}), |st| {
-        let _ = ctx_of(st, context, "ibv_alloc_pd");
-        // mana_alloc_pd: kernel error → errno (v44 mana.c:68–89); libibverbs sets
-        // pd->context (v44 verbs.c:290–301).
-        st.kernel("ibv_alloc_pd")?;
-        let handle = st.next_id();
-        let p = Box::into_raw(Box::new(Pd {
-            pd: ibv_pd { context, handle },
-            of: null_mut(),
-            pd_context: null_mut(),
-            users: 0,
-        }));
-        st.register(p as usize, Kind::Pd, context as usize);
-        Ok(p.cast::<ibv_pd>())
-    })
-});
-
 /// `mana_alloc_parent_domain` (v44 mana.c:91–125): NULL pd → EINVAL
 /// (`ibv_check_alloc_parent_domain`, driver.h:727–737); a comp_mask other than
 /// `PD_CONTEXT` → EINVAL (main: EOPNOTSUPP). User space only.
@@ -417,219 +289,113 @@ pub unsafe extern "C" fn alloc_parent_domain(
                 null_mut()
             };
             // ibv_initialize_parent_domain copies context and handle (driver.h:744–749).
-            let p = Box::into_raw(Box::new(Pd {
-                pd: of.pd,
-                of,
-                pd_context,
-                users: 0,
-            }));
+            let p = Box::into_raw(Box::new(Pd::new(of.pd, of, pd_context)));
             st.register(p as usize, Kind::ParentDomain, context as usize);
             Ok(p.cast::<ibv_pd>())
         },
     )
 }
 
-/// The kernel PD behind a PD or parent domain.
-fn real_pd(p: &mut Pd) -> &'static mut Pd {
-    let raw: *mut Pd = if p.of.is_null() { p } else { p.of };
-    // SAFETY: `p` is live, and a parent domain's `of` is a PD (the fake does not check that
-    // it outlives the parent, as rdma-core does not).
-    unsafe { &mut *raw }
-}
-
-export!("IBVERBS_1.1" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    call_int("ibv_dealloc_pd", json!({"pd": addr(pd)}), |st| {
-        let p = obj(st, pd.cast::<Pd>(), &[Kind::Pd, Kind::ParentDomain], "ibv_dealloc_pd");
-        if st.kind_of(pd as usize) == Some(Kind::ParentDomain) {
-            // A parent domain is freed in user space, 0 (v44 mana.c:127–150).
-            st.unregister(pd as usize);
-            // SAFETY: unregistered above; freed once.
-            drop(unsafe { Box::from_raw(p as *mut Pd) });
-            return Ok(0);
-        }
-        // uverbs_free_pd: EBUSY while an MR, QP or WQ uses it.
-        if p.users > 0 {
-            return Err(libc::EBUSY);
-        }
-        st.kernel("ibv_dealloc_pd")?;
-        st.unregister(pd as usize);
-        // SAFETY: as above.
-        drop(unsafe { Box::from_raw(p as *mut Pd) });
-        Ok(0)
-    })
-});
-
-fn reg_mr(
-    st: &mut State,
-    pd: *mut ibv_pd,
-    a: *mut c_void,
-    length: usize,
-    iova: u64,
-    access: u32,
-) -> Result<*mut ibv_mr, c_int> {
-    let p = obj(
-        st,
-        pd.cast::<Pd>(),
-        &[Kind::Pd, Kind::ParentDomain],
-        "ibv_reg_mr",
-    );
-    let context = p.pd.context;
-    st.kernel("ibv_reg_mr")?;
-    // mana_ib_reg_user_mr: access ⊄ VALID_MR_FLAGS → EINVAL.
-    let valid = IBV_ACCESS_LOCAL_WRITE
-        | IBV_ACCESS_REMOTE_WRITE
-        | IBV_ACCESS_REMOTE_READ
-        | IBV_ACCESS_REMOTE_ATOMIC
-        | IBV_ACCESS_MW_BIND
-        | IBV_ACCESS_ZERO_BASED;
-    if access & !valid != 0 || length == 0 {
-        return Err(libc::EINVAL);
-    }
-    // ib_umem_get: the range must be mapped (EFAULT).
-    mapped(a, length)?;
-    let real = real_pd(p);
-    real.users += 1;
-    let key = 0x300 + st.next_id();
-    // libibverbs sets context, pd, addr, length (v44 verbs.c:324–328); the command sets
-    // handle, lkey, rkey (cmd.c:130–135).
-    let m = Box::into_raw(Box::new(Mr {
-        mr: ibv_mr {
-            context,
-            pd,
-            addr: a,
-            length,
-            handle: key,
-            lkey: key,
-            rkey: key,
-        },
-        pd: real,
-    }));
-    // The NIC can now reach the region through WQE addresses iova.. under the key.
-    let dev = ctx_of(st, context, "ibv_reg_mr").device().index;
-    st.nics
-        .add_mr(dev, context as usize, key, iova, a as usize, length);
-    st.register(m as usize, Kind::Mr, context as usize);
-    Ok(m.cast::<ibv_mr>())
-}
-
-export!("IBVERBS_1.1" fn ibv_reg_mr(pd: *mut ibv_pd, a: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
-    call_ptr("ibv_reg_mr", json!({"pd": addr(pd), "addr": addr(a), "length": length, "access": access}), |st| {
-        reg_mr(st, pd, a, length, a as u64, access as u32)
-    })
-});
-
-export!("IBVERBS_1.7" fn ibv_reg_mr_iova(pd: *mut ibv_pd, a: *mut c_void, length: usize, iova: u64, access: c_int) -> *mut ibv_mr {
-    call_ptr("ibv_reg_mr_iova", json!({"pd": addr(pd), "addr": addr(a), "length": length, "iova": iova, "access": access}), |st| {
-        reg_mr(st, pd, a, length, iova, access as u32)
-    })
-});
-
-export!("IBVERBS_1.8" fn ibv_reg_mr_iova2(pd: *mut ibv_pd, a: *mut c_void, length: usize, iova: u64, access: u32) -> *mut ibv_mr {
-    call_ptr("ibv_reg_mr_iova2", json!({"pd": addr(pd), "addr": addr(a), "length": length, "iova": iova, "access": access}), |st| {
-        reg_mr(st, pd, a, length, iova, access)
-    })
-});
-
-export!("IBVERBS_1.1" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
-    call_int("ibv_dereg_mr", json!({"mr": addr(mr)}), |st| {
-        let m = obj(st, mr.cast::<Mr>(), &[Kind::Mr], "ibv_dereg_mr");
-        st.kernel("ibv_dereg_mr")?;
-        // The NIC loses the region before ibv_dereg_mr returns (and the memory may go).
-        st.nics.remove_mr(m.mr.lkey);
-        // SAFETY: `m.pd` is the live PD counted at registration.
-        unsafe { (*m.pd).users -= 1 };
-        st.unregister(mr as usize);
-        // SAFETY: unregistered above; freed once.
-        drop(unsafe { Box::from_raw(m as *mut Mr) });
-        Ok(0)
-    })
-});
-
 // ---- CQs -----------------------------------------------------------------------------------
 
-export!("IBVERBS_1.1" fn ibv_create_cq(context: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, channel: *mut ibv_comp_channel, comp_vector: c_int) -> *mut ibv_cq {
-    call_ptr("ibv_create_cq", json!({"context": addr(context), "cqe": cqe, "comp_vector": comp_vector}), |st| {
-        let ctx = ctx_of(st, context, "ibv_create_cq");
-        let main = st.cfg.profile == Profile::Main;
-        let cqe_u = u32::try_from(cqe).unwrap_or(0);
-        // v44 mana.c:203: cqe > 256 → EINVAL (main: the kernel checks max_qp_wr).
-        if !main && cqe_u > MAX_WR {
-            return Err(libc::EINVAL);
+/// `mana_create_cq` (v44 mana.c:192–255; main cq.c:124–193) behind the exported
+/// `ibv_create_cq`.
+pub fn create_cq(
+    st: &mut State,
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> Result<*mut ibv_cq, c_int> {
+    let _ = comp_vector;
+    let ctx = ctx_of(st, context, "ibv_create_cq");
+    let main = st.cfg.profile == Profile::Main;
+    let cqe_u = u32::try_from(cqe).unwrap_or(0);
+    // v44 mana.c:203: cqe > 256 → EINVAL (main: the kernel checks max_qp_wr).
+    if !main && cqe_u > MAX_WR {
+        return Err(libc::EINVAL);
+    }
+    // v44 mana.c:210: allocators unset → EINVAL (main: the provider maps its own).
+    let internal = !allocators_set(ctx);
+    if internal && !main {
+        return Err(libc::EINVAL);
+    }
+    // v44 mana.c:225–227: size = align(roundup_pow_of_two(cqe * 64), 4096)
+    // (cqe = 0 is undefined there; the fake gives one page).
+    let size = ((cqe_u as usize * CQE_SIZE).max(1).next_power_of_two()).div_ceil(PAGE) * PAGE;
+    let buf = if internal {
+        // SAFETY: anonymous zeroed mapping, checked below.
+        let m = unsafe {
+            libc::mmap(
+                null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if m == libc::MAP_FAILED {
+            return Err(libc::ENOMEM);
         }
-        // v44 mana.c:210: allocators unset → EINVAL (main: the provider maps its own).
-        let internal = !allocators_set(ctx);
-        if internal && !main {
-            return Err(libc::EINVAL);
-        }
-        // v44 mana.c:225–227: size = align(roundup_pow_of_two(cqe * 64), 4096)
-        // (cqe = 0 is undefined there; the fake gives one page).
-        let size = ((cqe_u as usize * CQE_SIZE).max(1).next_power_of_two()).div_ceil(PAGE) * PAGE;
-        let buf = if internal {
-            // SAFETY: anonymous zeroed mapping, checked below.
-            let m = unsafe {
-                libc::mmap(null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
-            };
-            if m == libc::MAP_FAILED {
-                return Err(libc::ENOMEM);
-            }
-            m
+        m
+    } else {
+        user_alloc(ctx, size as u64)? // v44 mana.c:229–233: NULL → ENOMEM
+    };
+    let release = |ctx: &Ctx| {
+        if internal {
+            // SAFETY: mapped above with `size`.
+            unsafe { libc::munmap(buf, size) };
         } else {
-            user_alloc(ctx, size as u64)? // v44 mana.c:229–233: NULL → ENOMEM
-        };
-        let release = |ctx: &Ctx| {
-            if internal {
-                // SAFETY: mapped above with `size`.
-                unsafe { libc::munmap(buf, size) };
-            } else {
-                user_free(ctx, buf);
-            }
-        };
-        // The kernel (mana_ib_create_cq): cqe ≤ max_qp_wr, then pins cqe * 64 bytes from a
-        // page-aligned start. comp_vector is reduced modulo the vectors, never refused.
-        let k = st.kernel("ibv_create_cq").and_then(|()| {
-            if cqe_u == 0 || cqe_u > KERNEL_MAX_QP_WR {
-                return Err(libc::EINVAL);
-            }
-            kernel_pin(buf, cqe_u as usize * CQE_SIZE)
-        });
-        if let Err(e) = k {
-            release(ctx);
-            return Err(e);
+            user_free(ctx, buf);
         }
-        if !internal && !zeroed(buf, size) {
-            eprintln!(
+    };
+    // The kernel (mana_ib_create_cq): cqe ≤ max_qp_wr, then pins cqe * 64 bytes from a
+    // page-aligned start. comp_vector is reduced modulo the vectors, never refused.
+    let k = st.kernel("ibv_create_cq").and_then(|()| {
+        if cqe_u == 0 || cqe_u > KERNEL_MAX_QP_WR {
+            return Err(libc::EINVAL);
+        }
+        kernel_pin(buf, cqe_u as usize * CQE_SIZE)
+    });
+    if let Err(e) = k {
+        release(ctx);
+        return Err(e);
+    }
+    if !internal && !zeroed(buf, size) {
+        eprintln!(
                 "fake-rdma: ibv_create_cq: warning: the allocator returned CQ memory that is not zeroed; \
                  the NIC would read stale entries as completions"
             );
-        }
-        let cqid = if main { st.next_id() } else { 0 };
-        let handle = st.next_id();
-        // SAFETY: zeroed `ibv_cq` is valid (NULL pointers, initializer mutex/cond).
-        let mut pubcq: ibv_cq = unsafe { std::mem::zeroed() };
-        // verbs_init_cq (v44 device.c:160–178) and ibv_cmd_create_cq (cmd_cq.c:49, 89–90).
-        pubcq.context = context;
-        pubcq.channel = channel;
-        pubcq.cq_context = cq_context;
-        pubcq.handle = handle;
-        pubcq.cqe = cqe;
-        if !channel.is_null() {
-            // SAFETY: a channel from ibv_create_comp_channel.
-            unsafe { (*channel).refcnt += 1 };
-        }
-        let c = Box::into_raw(Box::new(Cq {
-            cq: pubcq,
-            cqe: cqe_u,
-            buf,
-            buf_size: size,
-            cqid,
-            users: 0,
-            installed: false,
-            internal,
-        }));
-        st.register(c as usize, Kind::Cq, context as usize);
-        Ok(c.cast::<ibv_cq>())
-    })
-});
+    }
+    let cqid = if main { st.next_id() } else { 0 };
+    let handle = st.next_id();
+    // SAFETY: zeroed `ibv_cq` is valid (NULL pointers, initializer mutex/cond).
+    let mut pubcq: ibv_cq = unsafe { std::mem::zeroed() };
+    // verbs_init_cq (v44 device.c:160–178) and ibv_cmd_create_cq (cmd_cq.c:49, 89–90).
+    pubcq.context = context;
+    pubcq.channel = channel;
+    pubcq.cq_context = cq_context;
+    pubcq.handle = handle;
+    pubcq.cqe = cqe;
+    if !channel.is_null() {
+        // SAFETY: a channel from ibv_create_comp_channel.
+        unsafe { (*channel).refcnt += 1 };
+    }
+    let c = Box::into_raw(Box::new(Cq {
+        cq: pubcq,
+        cqe: cqe_u,
+        buf,
+        buf_size: size,
+        cqid,
+        users: 0,
+        installed: false,
+        internal,
+    }));
+    st.register(c as usize, Kind::Cq, context as usize);
+    Ok(c.cast::<ibv_cq>())
+}
 
 fn zeroed(buf: *mut c_void, len: usize) -> bool {
     // SAFETY: the allocator handed out `len` bytes at `buf` (checked mapped by kernel_pin
@@ -639,35 +405,34 @@ fn zeroed(buf: *mut c_void, len: usize) -> bool {
         .all(|&b| b == 0)
 }
 
-export!("IBVERBS_1.1" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    call_int("ibv_destroy_cq", json!({"cq": addr(cq)}), |st| {
-        let c = obj(st, cq.cast::<Cq>(), &[Kind::Cq], "ibv_destroy_cq");
-        let ctx = ctx_of(st, c.cq.context, "ibv_destroy_cq");
-        // v44 mana.c:263–271: free unset → -EINVAL, before the kernel (main: no check).
-        if st.cfg.profile == Profile::V44 && ctx.alloc.free.is_none() {
-            return Ok(-libc::EINVAL);
-        }
-        // ib_destroy_cq_user: EBUSY while a QP or WQ uses it.
-        if c.users > 0 {
-            return Err(libc::EBUSY);
-        }
-        st.kernel("ibv_destroy_cq")?;
-        if c.internal {
-            // SAFETY: mapped by ibv_create_cq with `buf_size`.
-            unsafe { libc::munmap(c.buf, c.buf_size) };
-        } else {
-            user_free(ctx, c.buf);
-        }
-        if !c.cq.channel.is_null() {
-            // SAFETY: the channel outlives its CQs (destroy_comp_channel refuses otherwise).
-            unsafe { (*c.cq.channel).refcnt -= 1 };
-        }
-        st.unregister(cq as usize);
-        // SAFETY: unregistered above; freed once.
-        drop(unsafe { Box::from_raw(c as *mut Cq) });
-        Ok(0)
-    })
-});
+/// `mana_destroy_cq` (v44 mana.c:257–284) behind the exported `ibv_destroy_cq`.
+pub fn destroy_cq(st: &mut State, cq: *mut ibv_cq) -> Result<c_int, c_int> {
+    let c = obj(st, cq.cast::<Cq>(), &[Kind::Cq], "ibv_destroy_cq");
+    let ctx = ctx_of(st, c.cq.context, "ibv_destroy_cq");
+    // v44 mana.c:263–271: free unset → -EINVAL, before the kernel (main: no check).
+    if st.cfg.profile == Profile::V44 && ctx.alloc.free.is_none() {
+        return Ok(-libc::EINVAL);
+    }
+    // ib_destroy_cq_user: EBUSY while a QP or WQ uses it.
+    if c.users > 0 {
+        return Err(libc::EBUSY);
+    }
+    st.kernel("ibv_destroy_cq")?;
+    if c.internal {
+        // SAFETY: mapped by ibv_create_cq with `buf_size`.
+        unsafe { libc::munmap(c.buf, c.buf_size) };
+    } else {
+        user_free(ctx, c.buf);
+    }
+    if !c.cq.channel.is_null() {
+        // SAFETY: the channel outlives its CQs (destroy_comp_channel refuses otherwise).
+        unsafe { (*c.cq.channel).refcnt -= 1 };
+    }
+    st.unregister(cq as usize);
+    // SAFETY: unregistered above; freed once.
+    drop(unsafe { Box::from_raw(c as *mut Cq) });
+    Ok(0)
+}
 
 // ---- WQs and indirection tables ------------------------------------------------------------
 
@@ -887,35 +652,10 @@ pub unsafe extern "C" fn destroy_rwq_ind_table(table: *mut ibv_rwq_ind_table) ->
 
 // ---- QPs -----------------------------------------------------------------------------------
 
-fn new_qp(
-    context: *mut ibv_context,
-    pd: *mut ibv_pd,
-    send_cq: *mut ibv_cq,
-    recv_cq: *mut ibv_cq,
-    qp_context: *mut c_void,
-    handle: u32,
-) -> ibv_qp {
-    // SAFETY: zeroed `ibv_qp` is valid; `set_qp` (cmd_qp.c:45–70) fills the rest.
-    let mut q: ibv_qp = unsafe { std::mem::zeroed() };
-    q.context = context;
-    q.qp_context = qp_context;
-    q.pd = pd;
-    q.send_cq = send_cq;
-    q.recv_cq = recv_cq;
-    q.qp_type = IBV_QPT_RAW_PACKET;
-    q.state = IBV_QPS_RESET;
-    q.handle = handle;
-    q.qp_num = handle;
-    q
-}
-
-export!("IBVERBS_1.1" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
-    call_ptr("ibv_create_qp", json!({"pd": addr(pd)}), |st| create_tx_qp(st, pd, attr))
-});
-
 /// `mana_create_qp` → `mana_create_qp_raw` (v44 qp.c:29–140), `ibv_cmd_create_qp`
-/// (cmd_qp.c:373–399) and `mana_ib_create_qp_raw` in the kernel.
-fn create_tx_qp(
+/// (cmd_qp.c:373–399) and `mana_ib_create_qp_raw` in the kernel, behind the exported
+/// `ibv_create_qp`.
+pub fn create_qp(
     st: &mut State,
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
@@ -1236,24 +976,18 @@ pub unsafe extern "C" fn create_qp_ex(
     })
 }
 
-export!("IBVERBS_1.1" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mask: c_int) -> c_int {
-    // mana_modify_qp: always EOPNOTSUPP, as the return value (v44 qp.c:142–145); libibverbs
-    // stores qp->state only on success (verbs.c:708–723).
-    call_int("ibv_modify_qp", json!({"qp": addr(qp), "attr_mask": attr_mask}), |st| {
-        let _ = obj(st, qp.cast::<Qp>(), &[Kind::Qp], "ibv_modify_qp");
-        let _ = attr;
-        Err(libc::EOPNOTSUPP)
-    })
-});
+/// `mana_modify_qp`: always EOPNOTSUPP, as the return value (v44 qp.c:142–145); libibverbs
+/// stores qp->state only on success (verbs.c:708–723).
+pub fn modify_qp(st: &mut State, qp: *mut ibv_qp) -> Result<c_int, c_int> {
+    let _ = obj(st, qp.cast::<Qp>(), &[Kind::Qp], "ibv_modify_qp");
+    Err(libc::EOPNOTSUPP)
+}
 
-export!("IBVERBS_1.1" fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mask: c_int, init_attr: *mut ibv_qp_init_attr) -> c_int {
-    // MANA v44 has no query_qp op: the libibverbs dummy answers EOPNOTSUPP.
-    call_int("ibv_query_qp", json!({"qp": addr(qp), "attr_mask": attr_mask}), |st| {
-        let _ = obj(st, qp.cast::<Qp>(), &[Kind::Qp], "ibv_query_qp");
-        let _ = (attr, init_attr);
-        Err(libc::EOPNOTSUPP)
-    })
-});
+/// MANA v44 has no query_qp op: the libibverbs dummy answers EOPNOTSUPP.
+pub fn query_qp(st: &mut State, qp: *mut ibv_qp) -> Result<c_int, c_int> {
+    let _ = obj(st, qp.cast::<Qp>(), &[Kind::Qp], "ibv_query_qp");
+    Err(libc::EOPNOTSUPP)
+}
 
 /// Releases what a QP holds in the kernel (its queues on the NIC, CQ slots, table, PD,
 /// vPort). The NIC lets go of the queues first, so their memory may be freed afterwards.
@@ -1296,25 +1030,24 @@ fn release_qp(st: &mut State, q: &mut Qp) {
     }
 }
 
-export!("IBVERBS_1.1" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
-    call_int("ibv_destroy_qp", json!({"qp": addr(qp)}), |st| {
-        let q = obj(st, qp.cast::<Qp>(), &[Kind::Qp], "ibv_destroy_qp");
-        let ctx = ctx_of(st, q.qp.context, "ibv_destroy_qp");
-        // v44 qp.c:153–161: free unset → -EINVAL before the kernel (main: no check).
-        if st.cfg.profile == Profile::V44 && ctx.alloc.free.is_none() {
-            return Ok(-libc::EINVAL);
-        }
-        st.kernel("ibv_destroy_qp")?;
-        release_qp(st, q);
-        if q.rss.is_none() {
-            user_free(ctx, q.send_buf);
-        }
-        st.unregister(qp as usize);
-        // SAFETY: unregistered above; freed once.
-        drop(unsafe { Box::from_raw(q as *mut Qp) });
-        Ok(0)
-    })
-});
+/// `mana_destroy_qp` (v44 qp.c:147–173) behind the exported `ibv_destroy_qp`.
+pub fn destroy_qp(st: &mut State, qp: *mut ibv_qp) -> Result<c_int, c_int> {
+    let q = obj(st, qp.cast::<Qp>(), &[Kind::Qp], "ibv_destroy_qp");
+    let ctx = ctx_of(st, q.qp.context, "ibv_destroy_qp");
+    // v44 qp.c:153–161: free unset → -EINVAL before the kernel (main: no check).
+    if st.cfg.profile == Profile::V44 && ctx.alloc.free.is_none() {
+        return Ok(-libc::EINVAL);
+    }
+    st.kernel("ibv_destroy_qp")?;
+    release_qp(st, q);
+    if q.rss.is_none() {
+        user_free(ctx, q.send_buf);
+    }
+    st.unregister(qp as usize);
+    // SAFETY: unregistered above; freed once.
+    drop(unsafe { Box::from_raw(q as *mut Qp) });
+    Ok(0)
+}
 
 /// Called for each object left on a context at `ibv_close_device`: the kernel tears it
 /// down (the vPort is released), user-space memory stays with its owner.
@@ -1327,8 +1060,8 @@ pub fn forget(st: &mut State, a: usize) {
         }
         Some(Kind::Mr) => {
             // SAFETY: a registered MR.
-            let m = unsafe { &*(a as *const Mr) };
-            st.nics.remove_mr(m.mr.lkey);
+            let m = unsafe { &*(a as *const crate::pd::Mr) };
+            crate::pd::forget_mr(st, m);
         }
         _ => {}
     }
@@ -1342,6 +1075,14 @@ export!("MANA_1.0" fn manadv_set_context_attr(ibv_ctx: *mut ibv_context, type_: 
         // v44 manadv.c:23–41: type ≠ BUF_ALLOCATORS → EOPNOTSUPP; else a plain copy.
         if type_ != MANADV_CTX_ATTR_BUF_ALLOCATORS {
             return Err(libc::EOPNOTSUPP);
+        }
+        // libmana does not check the provider (to_mctx is a cast, manadv.c:26): on an mlx5
+        // context the copy lands in the mlx5 context's own fields.
+        if ctx.family != world::Family::Mana {
+            crate::state::die(
+                "manadv_set_context_attr",
+                "the context is not a MANA context: real libmana would write the allocators into the mlx5 context's memory",
+            );
         }
         let a = non_null(attr.cast::<manadv_ctx_allocators>(), "manadv_set_context_attr", "attr");
         // SAFETY: the caller passes a `struct manadv_ctx_allocators`.
@@ -1359,6 +1100,24 @@ export!("MANA_1.0" fn manadv_init_obj(o: *mut manadv_obj, obj_type: u64) -> c_in
         }
         // SAFETY: the caller passes its `struct manadv_obj`.
         let o = unsafe { &mut *non_null(o, "manadv_init_obj", "obj") };
+        // libmana casts whatever it is given (container_of, manadv.c:48–85): an mlx5 object
+        // would be read as a MANA one.
+        let objs: [(u32, *mut c_void); 3] = [
+            (MANADV_OBJ_QP, o.qp.in_.cast()),
+            (MANADV_OBJ_CQ, o.cq.in_.cast()),
+            (MANADV_OBJ_RWQ, o.rwq.in_.cast()),
+        ];
+        for (bit, p) in objs {
+            if obj_type & u64::from(bit) != 0
+                && crate::objects::ctx_of_obj(st, p, &[Kind::Qp, Kind::Cq, Kind::Wq], "manadv_init_obj").family
+                    != world::Family::Mana
+            {
+                crate::state::die(
+                    "manadv_init_obj",
+                    "the object belongs to an mlx5 context: real libmana would read an mlx5 object as a MANA one",
+                );
+            }
+        }
         if obj_type & u64::from(MANADV_OBJ_QP) != 0 {
             let q = obj(st, o.qp.in_.cast::<Qp>(), &[Kind::Qp], "manadv_init_obj(qp)");
             let ctx = ctx_of(st, q.qp.context, "manadv_init_obj");

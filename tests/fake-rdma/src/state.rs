@@ -158,6 +158,8 @@ pub enum Kind {
     IndTable,
     /// A queue pair.
     Qp,
+    /// A flow steering rule.
+    Flow,
 }
 
 impl Kind {
@@ -172,6 +174,7 @@ impl Kind {
             Kind::Wq => "wq",
             Kind::IndTable => "rwq_ind_table",
             Kind::Qp => "qp",
+            Kind::Flow => "flow",
         }
     }
 }
@@ -202,6 +205,8 @@ pub struct State {
     pub devices: Option<Vec<usize>>,
     /// The device model behind the MANA queues: one engine per vPort.
     pub nics: crate::nic::Nics,
+    /// The device model behind the mlx5 queues: one engine per device (one port each).
+    pub mlx5_nics: crate::nic_mlx5::Mlx5Nics,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -229,6 +234,7 @@ pub fn lock() -> MutexGuard<'static, Option<State>> {
             seq: 0,
             devices: None,
             nics: Default::default(),
+            mlx5_nics: Default::default(),
         });
     }
     g

@@ -1,12 +1,16 @@
 //! libibverbs' part: the device list, contexts laid out as `verbs_init_context` lays them
 //! out, the dummy op table, and the exported wrappers with their bookkeeping. The provider
-//! behind every context is `providers/mana` ([`crate::mana`]).
+//! behind a context is the device's: `providers/mana` ([`crate::mana`]) or `providers/mlx5`
+//! ([`crate::mlx5`]); exported calls reach it as libibverbs does, through the context of
+//! the object they are given (`get_ops(obj->context)`).
 
 use crate::events;
 use crate::ffi::*;
 use crate::mana;
+use crate::mlx5;
+use crate::objects::{ctx_of_obj, non_null};
 use crate::state::{addr, call_int, call_ptr, die, lock, set_errno, Kind, State};
-use crate::world::{self, DeviceView};
+use crate::world::{self, DeviceView, Family};
 use serde_json::json;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::{offset_of, size_of};
@@ -23,18 +27,23 @@ pub struct Device {
     pub view: DeviceView,
 }
 
-/// A context, laid out as `struct mana_context`: the `verbs_context` first (its last member
-/// is the `ibv_context` callers hold), then the provider's fields.
+/// A context, laid out as `struct mana_context` / `struct mlx5_context` begin: the
+/// `verbs_context` first (its last member is the `ibv_context` callers hold), then the
+/// provider's fields.
 #[repr(C)]
 pub struct Ctx {
     /// libibverbs' part; callers hold `&vctx.context`.
     pub vctx: verbs_context,
     /// The device it was opened on.
     pub dev: *const Device,
-    /// `manadv_set_context_attr(BUF_ALLOCATORS)`; all NULL until set.
+    /// The provider behind it (the device's family).
+    pub family: Family,
+    /// MANA: `manadv_set_context_attr(BUF_ALLOCATORS)`; all NULL until set.
     pub alloc: manadv_ctx_allocators,
-    /// The one doorbell page of the context (rdma-core v44 providers/mana/mana.c l. 388).
+    /// MANA: the one doorbell page of the context (rdma-core v44 providers/mana/mana.c l. 388).
     pub db_page: *mut c_void,
+    /// mlx5: the provider's context state (allocators, UAR pages, doorbell-record pages).
+    pub mlx5: Option<Box<mlx5::Mlx5Ctx>>,
     /// libibverbs' private block (`verbs_context.priv`).
     pub private: *mut c_void,
 }
@@ -105,6 +114,10 @@ dummy_ptr! {
     d_open_xrcd(*mut ibv_context, *mut ibv_xrcd_init_attr) -> ibv_xrcd;
     d_alloc_mw(*mut ibv_pd, ibv_mw_type) -> ibv_mw;
     d_compat() -> c_void;
+    d_alloc_parent_domain(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> ibv_pd;
+    d_create_rwq_ind_table(*mut ibv_context, *mut ibv_rwq_ind_table_init_attr) -> ibv_rwq_ind_table;
+    d_create_wq(*mut ibv_context, *mut ibv_wq_init_attr) -> ibv_wq;
+    d_create_qp_ex(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> ibv_qp;
 }
 dummy_int! {
     d_advise_mr(*mut ibv_pd, ib_uverbs_advise_mr_advice, u32, *mut ibv_sge, u32);
@@ -131,15 +144,46 @@ dummy_int! {
     d_post_recv(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr);
     d_compat_query_device(*mut ibv_context, *mut ibv_device_attr);
     d_compat_query_port(*mut ibv_context, u8, *mut _compat_ibv_port_attr);
+    d_destroy_rwq_ind_table(*mut ibv_rwq_ind_table);
+    d_destroy_wq(*mut ibv_wq);
+    d_modify_wq(*mut ibv_wq, *mut ibv_wq_attr);
+    d_query_device_ex(*mut ibv_context, *const ibv_query_device_ex_input, *mut ibv_device_attr_ex, usize);
 }
 extern "C" fn d_placeholder() {}
 
 /// Fills every op slot as `verbs_init_context` + `verbs_set_ops(&verbs_dummy_ops)` +
-/// `verbs_set_ops(&mana_ctx_ops)` + `set_lib_ops` leave them (rdma-core v44.0
-/// libibverbs/device.c l. 230–320, libibverbs/dummy_ops.c, providers/mana/mana.c l. 321–344).
-fn fill_ops(v: &mut verbs_context) {
-    // MANA's query_port, with the port reported down while the world's link knob says so.
+/// `verbs_set_ops(&<provider>_ctx_ops)` + `set_lib_ops` leave them (rdma-core v44.0
+/// libibverbs/device.c l. 230–320, libibverbs/dummy_ops.c, providers/mana/mana.c l. 321–344,
+/// providers/mlx5/mlx5.c l. 97–175).
+fn fill_ops(v: &mut verbs_context, family: Family) {
+    fill_dummy_ops(v);
+    match family {
+        Family::Mana => mana_ops(v),
+        Family::Mlx5 { .. } => mlx5::set_ops(v),
+    }
+    // set_lib_ops: the public query_port slot is libibverbs' __lib_query_port over the
+    // provider's op (with the port reported down while the world's link knob says so).
     v.query_port = Some(events::query_port_slot);
+}
+
+/// The slots `mana_ctx_ops` sets (v44 providers/mana/mana.c l. 321–344).
+fn mana_ops(v: &mut verbs_context) {
+    v.alloc_parent_domain = Some(mana::alloc_parent_domain);
+    v.destroy_rwq_ind_table = Some(mana::destroy_rwq_ind_table);
+    v.create_rwq_ind_table = Some(mana::create_rwq_ind_table);
+    v.destroy_wq = Some(mana::destroy_wq);
+    v.modify_wq = Some(mana::modify_wq);
+    v.create_wq = Some(mana::create_wq);
+    v.query_device_ex = Some(mana::query_device_ex);
+    v.create_qp_ex = Some(mana::create_qp_ex);
+    // set_lib_ops: __lib_ibv_create_cq_ex calls the provider's private create_cq_ex, which
+    // MANA v44 does not have, so the dummy answers (EOPNOTSUPP). MANA has no create_flow:
+    // the slots keep the dummies. MANA v44 sets poll_cq, post_recv and post_send to stubs
+    // that return EOPNOTSUPP, as the dummies do.
+}
+
+/// Every slot as `verbs_set_ops(&verbs_dummy_ops)` leaves it (libibverbs/dummy_ops.c).
+fn fill_dummy_ops(v: &mut verbs_context) {
     v.advise_mr = Some(d_advise_mr);
     v.alloc_null_mr = Some(d_alloc_null_mr);
     v.read_counters = Some(d_read_counters);
@@ -153,28 +197,25 @@ fn fill_ops(v: &mut verbs_context) {
     v.destroy_flow_action = Some(d_destroy_flow_action);
     v.create_flow_action_esp = Some(d_create_flow_action_esp);
     v.modify_qp_rate_limit = Some(d_modify_qp_rate_limit);
-    v.alloc_parent_domain = Some(mana::alloc_parent_domain);
+    v.alloc_parent_domain = Some(d_alloc_parent_domain);
     v.dealloc_td = Some(d_dealloc_td);
     v.alloc_td = Some(d_alloc_td);
     v.modify_cq = Some(d_modify_cq);
     v.post_srq_ops = Some(d_post_srq_ops);
-    v.destroy_rwq_ind_table = Some(mana::destroy_rwq_ind_table);
-    v.create_rwq_ind_table = Some(mana::create_rwq_ind_table);
-    v.destroy_wq = Some(mana::destroy_wq);
-    v.modify_wq = Some(mana::modify_wq);
-    v.create_wq = Some(mana::create_wq);
+    v.destroy_rwq_ind_table = Some(d_destroy_rwq_ind_table);
+    v.create_rwq_ind_table = Some(d_create_rwq_ind_table);
+    v.destroy_wq = Some(d_destroy_wq);
+    v.modify_wq = Some(d_modify_wq);
+    v.create_wq = Some(d_create_wq);
     v.query_rt_values = Some(d_query_rt_values);
-    // set_lib_ops: __lib_ibv_create_cq_ex calls the provider's private create_cq_ex, which
-    // MANA v44 does not have, so the dummy answers (EOPNOTSUPP).
     v.create_cq_ex = Some(d_create_cq_ex);
-    v.query_device_ex = Some(mana::query_device_ex);
-    // MANA has no create_flow: the slots keep the dummies.
+    v.query_device_ex = Some(d_query_device_ex);
     v.ibv_destroy_flow = Some(d_destroy_flow);
     v.ABI_placeholder2 = Some(d_placeholder);
     v.ibv_create_flow = Some(d_create_flow);
     v.ABI_placeholder1 = Some(d_placeholder);
     v.open_qp = Some(d_open_qp);
-    v.create_qp_ex = Some(mana::create_qp_ex);
+    v.create_qp_ex = Some(d_create_qp_ex);
     v.get_srq_num = Some(d_get_srq_num);
     v.create_srq_ex = Some(d_create_srq_ex);
     v.open_xrcd = Some(d_open_xrcd);
@@ -192,7 +233,6 @@ fn fill_ops(v: &mut verbs_context) {
     o.bind_mw = Some(d_bind_mw);
     o.dealloc_mw = Some(d_dealloc_mw);
     o._compat_create_cq = Some(d_compat);
-    // MANA v44 sets poll_cq, post_recv and post_send to stubs that return EOPNOTSUPP.
     o.poll_cq = Some(d_poll_cq);
     o.req_notify_cq = Some(d_req_notify_cq);
     o._compat_cq_event = Some(d_compat);
@@ -259,7 +299,8 @@ fn devices(st: &mut State) -> Vec<usize> {
     list
 }
 
-fn device_of(st: &mut State, dev: *mut ibv_device, call: &str) -> &'static Device {
+/// The device of the list `dev` is; aborts on anything else.
+pub fn device_of(st: &mut State, dev: *mut ibv_device, call: &str) -> &'static Device {
     if !devices(st).contains(&(dev as usize)) {
         die(
             call,
@@ -341,47 +382,51 @@ export!("IBVERBS_1.1" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             // SAFETY: `cmd_fd` was opened just above and is not shared.
             unsafe { libc::close(cmd_fd) };
         })?;
-        // mana_alloc_context maps the doorbell page from the command fd; a failure there is
-        // ENOENT (rdma-core v44.0 providers/mana/mana.c l. 388–393). Ordinary shared memory
-        // here, write-combining MMIO on hardware.
-        // SAFETY: anonymous mapping of one page, checked below.
-        let db = unsafe {
-            libc::mmap(
-                null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if db == libc::MAP_FAILED {
-            // SAFETY: both fds were opened above.
-            unsafe {
-                libc::close(cmd_fd);
-                libc::close(async_fd);
+        let family = dev.view.family;
+        let mut db = null_mut();
+        let mut mlx5_part = None;
+        match family {
+            Family::Mana => {
+                // mana_alloc_context maps the doorbell page from the command fd; a failure
+                // there is ENOENT (rdma-core v44.0 providers/mana/mana.c l. 388–393).
+                // Ordinary shared memory here, write-combining MMIO on hardware.
+                db = map_page();
+                if db.is_null() {
+                    // SAFETY: both fds were opened above.
+                    unsafe {
+                        libc::close(cmd_fd);
+                        libc::close(async_fd);
+                    }
+                    return Err(libc::ENOENT);
+                }
             }
-            return Err(libc::ENOENT);
+            // mlx5_alloc_context: the context's UAR pages (mlx5::Mlx5Ctx::new).
+            Family::Mlx5 { part } => mlx5_part = Some(part),
         }
         // SAFETY: zeroed `verbs_context` is its valid initial state (all pointers NULL, a
         // zero pthread mutex is PTHREAD_MUTEX_INITIALIZER on glibc).
         let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
-        fill_ops(&mut vctx);
+        fill_ops(&mut vctx, family);
         // verbs_init_context (libibverbs/device.c l. 243–244).
         vctx.context.abi_compat = usize::MAX as *mut c_void;
         vctx.sz = size_of::<verbs_context>();
         vctx.context.device = device;
         vctx.context.cmd_fd = cmd_fd;
         vctx.context.async_fd = async_fd;
-        vctx.context.num_comp_vectors = 1;
+        vctx.context.num_comp_vectors = match family {
+            Family::Mana => 1,
+            Family::Mlx5 { .. } => mlx5::NUM_COMP_VECTORS,
+        };
         // SAFETY: calloc of libibverbs' private block; NULL is tolerated (never read here).
         let private = unsafe { libc::calloc(1, 256) };
         vctx.priv_ = private.cast();
         let ctx = Box::into_raw(Box::new(Ctx {
             vctx,
             dev,
+            family,
             alloc: manadv_ctx_allocators::default(),
             db_page: db,
+            mlx5: mlx5_part.map(|part| Box::new(mlx5::Mlx5Ctx::new(part))),
             private,
         }));
         // SAFETY: just allocated; the address of its `ibv_context` is what callers hold.
@@ -406,17 +451,28 @@ export!("IBVERBS_1.1" fn ibv_close_device(context: *mut ibv_context) -> c_int {
             .map(|(&a, _)| a)
             .collect();
         for a in left {
-            mana::forget(st, a);
+            match ctx.family {
+                Family::Mana => mana::forget(st, a),
+                Family::Mlx5 { .. } => mlx5::forget(st, a),
+            }
             st.unregister(a);
         }
         // The NIC forgets the context's memory regions and doorbell page before it goes.
         st.nics.close_context(context as usize);
+        st.mlx5_nics.close_context(context as usize);
+        if matches!(ctx.family, Family::Mlx5 { .. }) {
+            // Rules of other contexts of the device stay; the context's are gone.
+            mlx5::flow::sync(st, ctx.device().index);
+            mlx5::close(ctx);
+        }
         // No more events for this context; its async fd is closed below.
         events::unregister(context as usize);
         // SAFETY: the doorbell page and the fds were created by ibv_open_device and are
         // released once, here; the context box is freed after it was unregistered.
         unsafe {
-            libc::munmap(ctx.db_page, 4096);
+            if !ctx.db_page.is_null() {
+                libc::munmap(ctx.db_page, 4096);
+            }
             libc::close(ctx.vctx.context.cmd_fd);
             libc::close(ctx.vctx.context.async_fd);
             libc::free(ctx.private);
@@ -433,8 +489,12 @@ export!("IBVERBS_1.1" fn ibv_query_device(context: *mut ibv_context, device_attr
         let Some(out) = NonNull::new(device_attr) else {
             die("ibv_query_device", "device_attr is NULL (real rdma-core would crash)");
         };
+        let attr = match ctx.family {
+            Family::Mana => mana::device_attr(ctx),
+            Family::Mlx5 { .. } => mlx5::device_attr(ctx),
+        };
         // SAFETY: the caller passes a writable `ibv_device_attr`.
-        unsafe { out.as_ptr().write(mana::device_attr(ctx)) };
+        unsafe { out.as_ptr().write(attr) };
         Ok(0)
     })
 });
@@ -450,7 +510,11 @@ export!("IBVERBS_1.1" fn ibv_query_port(context: *mut ibv_context, port_num: u8,
 export!("IBVERBS_1.1" fn ibv_query_gid(context: *mut ibv_context, port_num: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
     call_int("ibv_query_gid", json!({"context": addr(context), "port": port_num, "index": index}), |st| {
         let ctx = ctx_of(st, context, "ibv_query_gid");
-        if port_num == 0 || port_num > ctx.nports() || !(0..mana::GID_TABLE_LEN).contains(&index) {
+        let gids = match ctx.family {
+            Family::Mana => mana::GID_TABLE_LEN,
+            Family::Mlx5 { .. } => mlx5::GID_TABLE_LEN,
+        };
+        if port_num == 0 || port_num > ctx.nports() || !(0..gids).contains(&index) {
             // Returns -1 through the sysfs read failing (libibverbs/verbs.c ibv_query_gid).
             return Ok(-1);
         }
@@ -537,12 +601,16 @@ pub extern "C" fn fake_rdma_live_objects() -> c_int {
     c_int::try_from(g.as_ref().map_or(0, |s| s.objects.len())).unwrap_or(c_int::MAX)
 }
 
-/// Device-model engines running in this process (one per vPort with queues); unversioned,
-/// for tests.
+/// Device-model engines running in this process (one per MANA vPort, one per mlx5 device,
+/// with queues); unversioned, for tests.
 #[no_mangle]
 pub extern "C" fn fake_rdma_engines() -> c_int {
     let g = lock();
-    c_int::try_from(g.as_ref().map_or(0, |s| s.nics.running())).unwrap_or(c_int::MAX)
+    c_int::try_from(
+        g.as_ref()
+            .map_or(0, |s| s.nics.running() + s.mlx5_nics.running()),
+    )
+    .unwrap_or(c_int::MAX)
 }
 
 /// Writes a JSON object with the live objects by kind (`{"cq":1,...}`) to stderr; for
@@ -575,3 +643,127 @@ pub fn device_name(dev: &Device) -> String {
         .to_string_lossy()
         .into_owned()
 }
+
+/// One page of ordinary shared memory standing in for a page the provider maps from the
+/// command fd (MANA's doorbell page, mlx5's UAR pages); NULL if the mapping fails.
+pub fn map_page() -> *mut c_void {
+    // SAFETY: anonymous mapping of one page, checked below.
+    let p = unsafe {
+        libc::mmap(
+            null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        null_mut()
+    } else {
+        p
+    }
+}
+
+// ---- exported calls that reach the provider through an object's context -------------------
+
+/// `vctx->query_port` = libibverbs' `__lib_query_port` (v44 libibverbs/verbs.c:174–195) over
+/// the provider's `query_port` → `ibv_cmd_query_port` (v44 providers/mana/mana.c:60–66,
+/// providers/mlx5/verbs.c:117–123).
+///
+/// # Safety
+/// `attr` points to `len` writable bytes.
+pub unsafe extern "C" fn query_port_slot(
+    context: *mut ibv_context,
+    port_num: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    call_int(
+        "ibv_query_port",
+        json!({"context": addr(context), "port": port_num, "len": len}),
+        |st| {
+            let ctx = ctx_of(st, context, "ibv_query_port");
+            non_null(attr, "ibv_query_port", "port_attr");
+            st.kernel("ibv_query_port")?;
+            // uverbs core: rdma_is_port_valid → EINVAL.
+            if port_num == 0 || port_num > ctx.nports() {
+                return Err(libc::EINVAL);
+            }
+            let a = match ctx.family {
+                Family::Mana => mana::port_attr(),
+                Family::Mlx5 { .. } => {
+                    let netdev = &ctx.device().view.ports[usize::from(port_num) - 1].netdev;
+                    mlx5::port_attr(netdev.as_ref().is_none_or(|(_, f)| world::netdev_up(f)))
+                }
+            };
+            let n = len.min(size_of::<ibv_port_attr>());
+            // SAFETY: the caller's struct has `len` writable bytes; we write `n <= len`
+            // (the rest was zeroed, as __lib_query_port memsets it first).
+            unsafe {
+                std::ptr::write_bytes(attr.cast::<u8>(), 0, len);
+                std::ptr::copy_nonoverlapping(
+                    (&a as *const ibv_port_attr).cast::<u8>(),
+                    attr.cast::<u8>(),
+                    n,
+                );
+            }
+            Ok(0)
+        },
+    )
+}
+
+export!("IBVERBS_1.1" fn ibv_create_cq(context: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, channel: *mut ibv_comp_channel, comp_vector: c_int) -> *mut ibv_cq {
+    call_ptr("ibv_create_cq", json!({"context": addr(context), "cqe": cqe, "comp_vector": comp_vector}), |st| {
+        match ctx_of(st, context, "ibv_create_cq").family {
+            Family::Mana => mana::create_cq(st, context, cqe, cq_context, channel, comp_vector),
+            Family::Mlx5 { .. } => mlx5::cq::create_cq(st, context, cqe, cq_context, channel, comp_vector),
+        }
+    })
+});
+
+export!("IBVERBS_1.1" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    call_int("ibv_destroy_cq", json!({"cq": addr(cq)}), |st| {
+        match ctx_of_obj(st, cq, &[Kind::Cq], "ibv_destroy_cq").family {
+            Family::Mana => mana::destroy_cq(st, cq),
+            Family::Mlx5 { .. } => mlx5::cq::destroy_cq(st, cq),
+        }
+    })
+});
+
+export!("IBVERBS_1.1" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    call_ptr("ibv_create_qp", json!({"pd": addr(pd)}), |st| {
+        let pd = non_null(pd, "ibv_create_qp", "pd");
+        match ctx_of_obj(st, pd, &[Kind::Pd, Kind::ParentDomain], "ibv_create_qp").family {
+            Family::Mana => mana::create_qp(st, pd, attr),
+            Family::Mlx5 { .. } => mlx5::qp::create_qp(st, pd, attr),
+        }
+    })
+});
+
+export!("IBVERBS_1.1" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mask: c_int) -> c_int {
+    call_int("ibv_modify_qp", json!({"qp": addr(qp), "attr_mask": attr_mask}), |st| {
+        match ctx_of_obj(st, qp, &[Kind::Qp], "ibv_modify_qp").family {
+            Family::Mana => mana::modify_qp(st, qp),
+            Family::Mlx5 { .. } => mlx5::qp::modify_qp(st, qp, attr, attr_mask),
+        }
+    })
+});
+
+export!("IBVERBS_1.1" fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mask: c_int, init_attr: *mut ibv_qp_init_attr) -> c_int {
+    call_int("ibv_query_qp", json!({"qp": addr(qp), "attr_mask": attr_mask}), |st| {
+        match ctx_of_obj(st, qp, &[Kind::Qp], "ibv_query_qp").family {
+            Family::Mana => mana::query_qp(st, qp),
+            Family::Mlx5 { .. } => mlx5::qp::query_qp(st, qp, attr, attr_mask, init_attr),
+        }
+    })
+});
+
+export!("IBVERBS_1.1" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    call_int("ibv_destroy_qp", json!({"qp": addr(qp)}), |st| {
+        match ctx_of_obj(st, qp, &[Kind::Qp], "ibv_destroy_qp").family {
+            Family::Mana => mana::destroy_qp(st, qp),
+            Family::Mlx5 { .. } => mlx5::qp::destroy_qp(st, qp),
+        }
+    })
+});

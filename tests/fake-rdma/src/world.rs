@@ -7,7 +7,14 @@
 //! both (the tool includes it by path, so it never links the library itself).
 //!
 //! World syntax (`FAKE_RDMA_PORTS`): a `;`-separated list of
-//! `DEV/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N]`.
+//! `DEV/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N]` for MANA devices (`mana_N`,
+//! ports 1..8) and `DEV/1:mac=MAC,wire=WIRE[,netdev=IFNAME][,part=ID]` for mlx5 devices
+//! (`mlx5_N`: one port per device, spec mlx5.md §1.1; `part` is the PCI device id, which the
+//! kernel also reports as `vendor_part_id`: 0x1017 ConnectX-5 by default, 0x1013 ConnectX-4).
+//!
+//! A device's family follows from its name when the world is parsed, and from its PCI
+//! vendor id (`device/vendor`) when the library reads the tree back, as `pmd::devices` and
+//! the rdma-core providers' match tables do.
 
 use pmd::emu::wire::WireSpec;
 use pmd::net::MacAddr;
@@ -19,8 +26,33 @@ use std::path::{Path, PathBuf};
 /// PCI ids of a MANA virtual function (Microsoft, `0x00ba`).
 const MANA_VENDOR: &str = "0x1414";
 const MANA_DEVICE: &str = "0x00ba";
+/// PCI vendor id of Mellanox / NVIDIA networking (`PCI_VENDOR_ID_MELLANOX`).
+pub const MLX5_VENDOR: u16 = 0x15b3;
+/// The PCI device id (= `vendor_part_id`) of a ConnectX-5, the default mlx5 part.
+pub const MLX5_DEFAULT_PART: u16 = 0x1017;
+/// The PCI device ids rdma-core v44's mlx5 provider matches (rdma-core v44.0
+/// providers/mlx5/mlx5.c:67–93, `mlx5_hca_table`): Connect-IB, ConnectX-4 … 8 (PFs and VFs),
+/// BlueField 1–4.
+pub const MLX5_PARTS: &[u16] = &[
+    0x1011, 0x1012, 0x1013, 0x1014, 0x1015, 0x1016, 0x1017, 0x1018, 0x1019, 0x101a, 0x101b, 0x101c,
+    0x101d, 0x101e, 0x101f, 0x1021, 0x1023, 0xa2d2, 0xa2d3, 0xa2d6, 0xa2dc, 0xa2df,
+];
+
+/// Which provider drives a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// Azure MANA (`providers/mana`).
+    Mana,
+    /// NVIDIA ConnectX (`providers/mlx5`), with its PCI device id.
+    Mlx5 {
+        /// PCI device id = `vendor_part_id` (0x1017 ConnectX-5, 0x1013 ConnectX-4, ...).
+        part: u16,
+    },
+}
 /// Kernel `IFF_UP | IFF_BROADCAST | IFF_MULTICAST` minus `IFF_UP`: an interface that is down.
 const FLAGS_DOWN: &str = "0x1002";
+/// `IFF_UP | IFF_BROADCAST | IFF_MULTICAST`: an interface that is up.
+const FLAGS_UP: &str = "0x1003";
 /// The file, in a port's sysfs directory, that names the wire the device model serves the
 /// port's queues on. Only the fake writes it; its presence marks a device as the fake's.
 pub const WIRE_FILE: &str = "fake_rdma_wire";
@@ -44,12 +76,15 @@ pub struct PortSpec {
     pub wire: WireSpec,
     /// A real Linux interface that plays the port's kernel netdev (holds the port while up).
     pub netdev: Option<String>,
-    /// The TX vPort offset the kernel reports for this port.
+    /// The TX vPort offset the kernel reports for this port (MANA only).
     pub vp_offset: u32,
+    /// The device's family (and, for mlx5, its part).
+    pub family: Family,
 }
 
 impl PortSpec {
-    /// The netdev name shown in sysfs: the real interface, or a made-up one that is down.
+    /// The netdev name shown in sysfs: the real interface, or a made-up one (down on MANA,
+    /// up on mlx5).
     pub fn netdev_name(&self) -> String {
         self.netdev
             .clone()
@@ -86,13 +121,22 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
         let Some((dev, port)) = name.split_once('/') else {
             return err(format!("`{name}`: expected DEV/PORT, e.g. mana_0/1"));
         };
-        if !dev.starts_with("mana_") || dev.len() > 63 {
+        let mlx5 = dev.starts_with("mlx5_");
+        if !(dev.starts_with("mana_") || mlx5) || dev.len() > 63 || dev.contains('/') {
             return err(format!(
-                "`{dev}`: only MANA devices (mana_N) are modelled; mlx5 devices come with the mlx5 driver"
+                "`{dev}`: devices are MANA (mana_N) or mlx5 (mlx5_N)"
             ));
         }
         let port: u8 = match port.parse() {
-            Ok(p @ 1..=8) => p,
+            Ok(1) => 1,
+            // One port per mlx5 device: each PCI function is its own IB device with
+            // port 1 (spec mlx5.md §1.1).
+            Ok(_) if mlx5 => {
+                return err(format!(
+                    "`{name}`: an mlx5 device has one port, port 1 (one IB device per PCI function)"
+                ))
+            }
+            Ok(p @ 2..=8) => p,
             _ => return err(format!("`{name}`: port must be 1..8")),
         };
         let mut spec = PortSpec {
@@ -102,6 +146,13 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
             wire: WireSpec::None,
             netdev: None,
             vp_offset: 0,
+            family: if mlx5 {
+                Family::Mlx5 {
+                    part: MLX5_DEFAULT_PART,
+                }
+            } else {
+                Family::Mana
+            },
         };
         let mut have_mac = false;
         // A MAC contains ':' but never ',', so options split on ',' then the first '='.
@@ -126,10 +177,26 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
                     }
                     spec.netdev = Some(v.to_string());
                 }
-                "vp_offset" => {
+                "vp_offset" if !mlx5 => {
                     spec.vp_offset = v
                         .parse()
                         .map_err(|_| WorldError(format!("{name}: vp_offset={v}: not a number")))?;
+                }
+                "part" if mlx5 => {
+                    let part = u16::from_str_radix(v.trim_start_matches("0x"), 16)
+                        .ok()
+                        .filter(|p| MLX5_PARTS.contains(p));
+                    let Some(part) = part else {
+                        return err(format!(
+                            "{name}: part={v}: not a PCI device id rdma-core's mlx5 provider matches (e.g. 0x1017 ConnectX-5, 0x1013 ConnectX-4)"
+                        ));
+                    };
+                    spec.family = Family::Mlx5 { part };
+                }
+                _ if mlx5 => {
+                    return err(format!(
+                        "{name}: unknown option `{k}` for an mlx5 device (mac, wire, netdev, part)"
+                    ))
                 }
                 _ => {
                     return err(format!(
@@ -200,22 +267,52 @@ pub fn write_sysfs(root: &Path, ports: &[PortSpec]) -> io::Result<()> {
     write(&root.join("class/infiniband_verbs/abi_version"), "6")?;
     let mut devs: Vec<&str> = ports.iter().map(|p| p.dev.as_str()).collect();
     devs.dedup();
-    let driver = root.join("bus/pci/drivers/mana");
-    fs::create_dir_all(&driver)?;
     for (i, dev) in devs.iter().enumerate() {
+        let family = ports
+            .iter()
+            .find(|p| p.dev == *dev)
+            .map_or(Family::Mana, |p| p.family);
         let ib = root.join("class/infiniband").join(dev);
         let uverbs = root.join(format!("class/infiniband_verbs/uverbs{i}"));
         write(&uverbs.join("ibdev"), dev)?;
         write(&uverbs.join("dev"), &format!("231:{}", 192 + i))?;
-        write(&uverbs.join("abi_version"), "1")?;
         write(&ib.join("node_type"), "1: CA")?;
-        write(&ib.join("device/vendor"), MANA_VENDOR)?;
-        write(&ib.join("device/device"), MANA_DEVICE)?;
-        write(
-            &ib.join("device/uevent"),
-            &format!("DRIVER=mana\nPCI_SLOT_NAME=7870:00:{i:02x}.0"),
-        )?;
-        symlink(&driver, &ib.join("device/driver"))?;
+        match family {
+            Family::Mana => {
+                write(&uverbs.join("abi_version"), "1")?;
+                write(&ib.join("device/vendor"), MANA_VENDOR)?;
+                write(&ib.join("device/device"), MANA_DEVICE)?;
+                write(
+                    &ib.join("device/uevent"),
+                    &format!("DRIVER=mana\nPCI_SLOT_NAME=7870:00:{i:02x}.0"),
+                )?;
+                let driver = root.join("bus/pci/drivers/mana");
+                fs::create_dir_all(&driver)?;
+                symlink(&driver, &ib.join("device/driver"))?;
+            }
+            Family::Mlx5 { part } => {
+                // The mlx5 uverbs ABI is 1 (rdma-core providers/mlx5: MLX5_UVERBS_MIN/MAX_ABI_VERSION);
+                // the PCI function is bound to mlx5_core, and libibverbs can also match it by
+                // its modalias (rdma-core v44.0 providers/mlx5/mlx5.c:67–93).
+                write(&uverbs.join("abi_version"), "1")?;
+                write(&ib.join("device/vendor"), &format!("{MLX5_VENDOR:#06x}"))?;
+                write(&ib.join("device/device"), &format!("{part:#06x}"))?;
+                write(
+                    &ib.join("device/uevent"),
+                    &format!(
+                        "DRIVER=mlx5_core\nPCI_ID=15B3:{part:04X}\nPCI_SLOT_NAME=0000:{:02x}:00.0",
+                        0x30 + i
+                    ),
+                )?;
+                write(
+                    &ib.join("device/modalias"),
+                    &format!("pci:v000015B3d0000{part:04X}sv000015B3sd00000001bc02sc00i00"),
+                )?;
+                let driver = root.join("bus/pci/drivers/mlx5_core");
+                fs::create_dir_all(&driver)?;
+                symlink(&driver, &ib.join("device/driver"))?;
+            }
+        }
         for p in ports.iter().filter(|p| p.dev == *dev) {
             let pdir = ib.join(format!("ports/{}", p.port));
             write(&pdir.join("state"), "4: ACTIVE")?;
@@ -250,7 +347,16 @@ pub fn write_sysfs(root: &Path, ports: &[PortSpec]) -> io::Result<()> {
                     fs::create_dir_all(&class)?;
                     symlink(&ndir, &class.join(real))?;
                 }
-                None => write(&ndir.join("flags"), FLAGS_DOWN)?,
+                // A made-up netdev: down on MANA (where an up netdev holds the port), up on
+                // mlx5 (the netdev and the raw queues share the port, and the RoCE port is
+                // ACTIVE only while its netdev is up).
+                None => write(
+                    &ndir.join("flags"),
+                    match p.family {
+                        Family::Mana => FLAGS_DOWN,
+                        Family::Mlx5 { .. } => FLAGS_UP,
+                    },
+                )?,
             }
         }
     }
@@ -277,6 +383,8 @@ pub struct PortView {
 pub struct DeviceView {
     /// RDMA device name.
     pub name: String,
+    /// Its family, from its PCI vendor id (`device/vendor`) and device id.
+    pub family: Family,
     /// `<root>/class/infiniband/<name>`.
     pub ibdev_path: PathBuf,
     /// Its ports, by number.
@@ -332,8 +440,20 @@ pub fn read_sysfs(root: &Path) -> Vec<DeviceView> {
             });
         }
         if !ports.is_empty() {
+            let hex = |f: &str| {
+                fs::read_to_string(dir.join("device").join(f))
+                    .ok()
+                    .and_then(|s| u16::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok())
+            };
+            let family = match (hex("vendor"), hex("device")) {
+                (Some(MLX5_VENDOR), part) => Family::Mlx5 {
+                    part: part.unwrap_or(MLX5_DEFAULT_PART),
+                },
+                _ => Family::Mana,
+            };
             devices.push(DeviceView {
                 name,
+                family,
                 ibdev_path: dir,
                 ports,
             });

@@ -491,7 +491,22 @@ fn the_world_tool_rejects_bad_worlds_with_a_reason() {
     for (ports, why) in [
         ("mana_0/1:wire=none", "mac= is required"),
         ("mana_0/2:mac=02:00:00:00:00:01", "without gaps"),
-        ("mlx5_0/1:mac=02:00:00:00:00:01", "only MANA devices"),
+        (
+            "mlx4_0/1:mac=02:00:00:00:00:01",
+            "MANA (mana_N) or mlx5 (mlx5_N)",
+        ),
+        (
+            "mlx5_0/2:mac=02:00:00:00:00:01",
+            "an mlx5 device has one port",
+        ),
+        (
+            "mlx5_0/1:mac=02:00:00:00:00:01,part=0x1234",
+            "not a PCI device id",
+        ),
+        (
+            "mlx5_0/1:mac=02:00:00:00:00:01,vp_offset=1",
+            "unknown option `vp_offset` for an mlx5 device",
+        ),
         ("mana_0/1:mac=03:00:00:00:00:01", "not a unicast MAC"),
         ("mana_0/1:mac=02:00:00:00:00:01,wire=tcp:x", "unknown wire"),
         (

@@ -14,12 +14,17 @@ usage: fake-rdma-world --sysfs DIR
 Writes the fake rdma-core's devices as a sysfs tree under DIR (which must not exist yet):
 the files pmd-devices and the fake libibverbs both read. The world comes from
 FAKE_RDMA_PORTS, a ';'-separated list of
-    DEV/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N]
-  DEV      a MANA device name, mana_0, mana_1, ...
-  PORT     its IB port, 1..8, numbered without gaps
+    mana_N/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N]
+    mlx5_N/1:mac=MAC,wire=WIRE[,netdev=IFNAME][,part=ID]
+  mana_N   a MANA device; PORT is its IB port, 1..8, numbered without gaps
+  mlx5_N   an mlx5 (ConnectX) device: one port per device, port 1
   WIRE     the device model's wire for the port: none, shm:NAME, loop:NAME, afpacket:IF
-  IFNAME   a real Linux interface that plays the port's kernel netdev: while it is up it
-           holds the port, and raw QPs fail with ENODEV, as on MANA
+  IFNAME   a real Linux interface that plays the port's kernel netdev: on MANA, while it
+           is up it holds the port, and raw QPs fail with ENODEV; on mlx5 the netdev and
+           the raw queues share the port
+  N        (vp_offset, MANA) the TX vPort offset the kernel reports
+  ID       (part, mlx5) the PCI device id = vendor_part_id: 0x1017 ConnectX-5 (default),
+           0x1013 ConnectX-4 (needs an 18-byte inline header in every send WQE), ...
 Without FAKE_RDMA_PORTS: mana_0 with ports 1 and 2, MACs 02:00:00:00:10:01 and
 02:00:00:00:10:02, wires shm:fake-mana_0-1 and shm:fake-mana_0-2.";
 
@@ -60,12 +65,26 @@ fn main() -> ExitCode {
     }
     for p in &ports {
         let netdev = match &p.netdev {
+            Some(n) if matches!(p.family, world::Family::Mlx5 { .. }) => {
+                format!("{n} (a real interface: shares the port)")
+            }
             Some(n) => format!("{n} (a real interface: holds the port while up)"),
+            None if matches!(p.family, world::Family::Mlx5 { .. }) => {
+                format!("{} (made up, up)", p.netdev_name())
+            }
             None => format!("{} (made up, down)", p.netdev_name()),
         };
         eprintln!(
-            "fake-rdma: {} port {}: mac {}, netdev {}, wire {}",
-            p.dev, p.port, p.mac, netdev, p.wire
+            "fake-rdma: {} port {}: mac {}, netdev {}, wire {}{}",
+            p.dev,
+            p.port,
+            p.mac,
+            netdev,
+            p.wire,
+            match p.family {
+                world::Family::Mlx5 { part } => format!(", part {part:#06x}"),
+                world::Family::Mana => String::new(),
+            }
         );
     }
     ExitCode::SUCCESS

@@ -448,8 +448,9 @@ static void errno_table(struct world *w)
 	WANT_RET(EINVAL, ibv_query_port(w->ctx, 3, &port));
 	WANT_RET(EOPNOTSUPP, manadv_set_context_attr(w->ctx, 1, &al));
 	WANT_RET(EINVAL, manadv_init_obj(&obj, 8));
+	/* libmlx5 finds the context from the first object named: none → EINVAL */
 	memset(&mo, 0, sizeof(mo));
-	WANT_RET(EOPNOTSUPP, mlx5dv_init_obj(&mo, 0));
+	WANT_RET(EINVAL, mlx5dv_init_obj(&mo, 0));
 
 	/* no allocators yet */
 	if (v44) {
@@ -482,6 +483,10 @@ static void errno_table(struct world *w)
 	alloc_misaligned = 0;
 	c = cq(w->ctx, 32);
 	CHECK(c && c->cqe == 32 && sizes[allocs - 1] == 4096, "32-entry CQ: 4096 bytes");
+	/* a MANA object's context has no mlx5 dv ops → EOPNOTSUPP */
+	mo.cq.in = c;
+	WANT_RET(EOPNOTSUPP, mlx5dv_init_obj(&mo, MLX5DV_OBJ_CQ));
+	WANT_RET(EOPNOTSUPP, mlx5dv_query_device(w->ctx, &(struct mlx5dv_context){ 0 }));
 
 	/* WQs */
 	if (v44) { /* main moved these caps to the kernel, which has none for WQs */

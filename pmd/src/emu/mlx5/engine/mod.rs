@@ -763,6 +763,17 @@ impl Engine {
         Ok(())
     }
 
+    /// Moves receive queue `rqn` through RESET back to RDY (a WQ's RDY → RESET → RDY, what
+    /// DPDK does after an RX error CQE, §4.1): the device's consumer counter restarts at 0.
+    /// The driver zeroes the doorbell record before RDY, so nothing is posted then.
+    ///
+    /// # Errors
+    /// As [`Self::rq_to_reset`] and [`Self::rq_to_rdy`].
+    pub fn reset_rq(&mut self, rqn: u32) -> Result<(), EngineError> {
+        self.rq_to_reset(rqn)?;
+        self.rq_to_rdy(rqn)
+    }
+
     /// Stops serving receive queue `rqn` and its CQ; RSS entries naming it drop their
     /// frames from now on.
     ///

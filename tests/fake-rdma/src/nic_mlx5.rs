@@ -1,0 +1,473 @@
+//! The NIC behind the fake's mlx5 queues: pmd's mlx5 device model ([`Engine`]) plays a
+//! ConnectX for the queues an application creates with verbs calls, so that the WQEs it
+//! posts and the doorbell records it writes put frames on the port's wire, and frames
+//! from the wire land in its posted receive buffers with CQEs.
+//!
+//! One engine per mlx5 device (one port each, on the port's wire `ports/1/fake_rdma_wire`),
+//! whichever contexts create queues on it. It starts (on its own thread, `fakenic-D-1`)
+//! with the first queue it serves and stops with the last one, or when the contexts that
+//! held them close.
+//!
+//! What reaches the engine, and when (the hardware objects' states in `mlx5_ib`):
+//! * a raw QP's SQ and its send CQ when the QP goes RTR → RTS (`modify_raw_packet_qp`:
+//!   RTR2RTS makes the SQ ready); at RESET the SQ's counter restarts at 0
+//!   ([`Engine::sq_to_reset`] / [`Engine::sq_to_rts`], under the engine's lock together with libmlx5's zeroing of the
+//!   doorbell record), and again at the next RTS; `ibv_destroy_qp` removes them before the
+//!   SQ buffer goes back to the application's allocator;
+//! * a WQ's RQ and its CQ when the WQ first goes RDY, with compressed CQEs when the CQ was
+//!   created with them ([`Engine::set_rx_compression`]); a later RESET → RDY restarts its
+//!   counter ([`Engine::rq_to_reset`] / [`Engine::rq_to_rdy`]); `ibv_destroy_wq` removes them;
+//! * the RSS setting (key, merged hash fields, the table's RQs) of the hash QPs that carry
+//!   flow rules, and the rules themselves, which decide which frames from the wire reach
+//!   the RQs at all ([`crate::mlx5::flow`]): a steering filter sits between the wire and
+//!   the engine, and drops what no rule takes (on hardware: the kernel's netdev gets it);
+//! * memory regions of the device, whatever the PD, in each of its engines.
+//!
+//! Doorbells: the model watches the doorbell records (the SQ record at `dbrec[1]`, the RQ
+//! record at `dbrec[0]`); the BlueFlame / UAR page is plain memory nobody reads (spec
+//! mlx5.md §3.1: a driver always writes the record before the UAR).
+
+use crate::mlx5::cq::Cq;
+use crate::mlx5::flow::Steering;
+use crate::verbs::{device_name, Device};
+use pmd::emu::mlx5::{CqSpec, Engine, RqSpec, RxHashFields, SqSpec};
+use pmd::emu::thread::EngineThread;
+use pmd::emu::wire::{self, Wire};
+use pmd::sys::DevMem;
+use std::collections::BTreeMap;
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex};
+
+/// A send queue as the fake created it.
+#[derive(Debug, Clone, Copy)]
+pub struct SqRing {
+    /// The SQ buffer (`wqe_cnt` WQEBBs).
+    pub buf: *mut c_void,
+    /// WQEBBs.
+    pub wqe_cnt: u32,
+    /// SQ number.
+    pub sqn: u32,
+    /// The QP's doorbell record (8 bytes).
+    pub dbrec: *mut u32,
+    /// Inline header bytes every SEND WQE must carry.
+    pub min_inline: u16,
+}
+
+/// A receive queue as the fake created it.
+#[derive(Debug, Clone, Copy)]
+pub struct RqRing {
+    /// The ring.
+    pub buf: *mut c_void,
+    /// WQEs.
+    pub wqe_cnt: u32,
+    /// Bytes per WQE.
+    pub stride: u32,
+    /// RQ number.
+    pub rqn: u32,
+    /// The WQ's doorbell record (8 bytes; the counter at 0).
+    pub dbrec: *mut u32,
+    /// Strip C-VLAN tags.
+    pub vlan_strip: bool,
+}
+
+/// A completion queue as the fake created it.
+#[derive(Debug, Clone, Copy)]
+pub struct CqRing {
+    buf: *mut c_void,
+    cqe_cnt: u32,
+    cqe_sz: u32,
+    dbrec: *mut u32,
+    cqn: u32,
+}
+
+/// The ring of a CQ.
+pub fn cq_ring(c: &Cq) -> CqRing {
+    CqRing {
+        buf: c.buf.ptr,
+        cqe_cnt: c.ncqe,
+        cqe_sz: c.cqe_sz,
+        dbrec: c.dbrec.ptr,
+        cqn: c.cqn,
+    }
+}
+
+/// A view of memory the application owns.
+///
+/// # Safety
+/// `p..p + len` must stay valid until the queue using it has left its engine (under the
+/// engine lock), and nobody may hold Rust references into it meanwhile.
+unsafe fn mem(p: *mut c_void, len: usize) -> Arc<DevMem> {
+    // SAFETY: forwarded to the caller.
+    Arc::new(unsafe { DevMem::from_raw(p.cast(), len) })
+}
+
+/// # Safety
+/// As [`mem`], for the CQ's ring and record.
+unsafe fn cq_spec(c: CqRing, call: &str) -> Result<CqSpec, c_int> {
+    if c.cqe_sz != 64 {
+        crate::state::die(
+            call,
+            "128-byte CQEs are not modelled by the device model: create the CQ with 64-byte CQEs",
+        );
+    }
+    Ok(CqSpec {
+        // SAFETY: the caller's contract.
+        buf: unsafe { mem(c.buf, c.cqe_cnt as usize * 64) },
+        cqe_cnt: c.cqe_cnt,
+        // SAFETY: as above; a record is 8 bytes.
+        dbrec: unsafe { mem(c.dbrec.cast(), 8) },
+        cqn: c.cqn,
+    })
+}
+
+/// The wire as the engine sees it: frames from the far end pass the port's steering rules
+/// first; what no rule takes goes elsewhere (the kernel's netdev on hardware).
+struct SteeredWire {
+    inner: Box<dyn Wire>,
+    steering: Arc<Mutex<Steering>>,
+}
+
+impl Wire for SteeredWire {
+    fn send(&mut self, frame: &[u8]) -> bool {
+        self.inner.send(frame)
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {
+        loop {
+            let n = self.inner.recv(buf)?;
+            let s = self.steering.lock().unwrap_or_else(|p| p.into_inner());
+            if s.accepts(&buf[..n.min(buf.len())]) {
+                return Some(n);
+            }
+        }
+    }
+
+    fn peer_alive(&self) -> bool {
+        self.inner.peer_alive()
+    }
+
+    fn peer_attached(&self) -> bool {
+        self.inner.peer_attached()
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (steered)", self.inner.describe())
+    }
+}
+
+/// A memory region the engines may reach.
+struct MrRec {
+    dev: u32,
+    ctx: usize,
+    iova: u64,
+    addr: usize,
+    len: usize,
+}
+
+/// One device's port.
+#[derive(Default)]
+struct PortNic {
+    thread: Option<EngineThread<Engine>>,
+    queues: usize,
+    steering: Arc<Mutex<Steering>>,
+    rss: Option<([u8; 40], u32, Vec<u32>)>,
+}
+
+/// Every mlx5 engine of the process and the memory regions they may reach.
+#[derive(Default)]
+pub struct Mlx5Nics {
+    ports: BTreeMap<u32, PortNic>,
+    mrs: BTreeMap<u32, MrRec>,
+}
+
+impl std::fmt::Debug for Mlx5Nics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Mlx5Nics({} engines, {} MRs)",
+            self.running(),
+            self.mrs.len()
+        )
+    }
+}
+
+impl Mlx5Nics {
+    /// The running engine of `dev`, started (wire opened, the device's memory regions and
+    /// RSS setting given) if it is not.
+    fn engine(&mut self, dev: &Device, call: &str) -> Result<&mut PortNic, c_int> {
+        let port = self.ports.entry(dev.index).or_default();
+        if port.thread.is_none() {
+            let spec = &dev.view.ports[0].wire;
+            let w = wire::open(spec).map_err(|e| {
+                eprintln!(
+                    "fake-rdma: {call}: {} port 1: the device model cannot open its wire {spec}: {e}",
+                    device_name(dev)
+                );
+                libc::EIO
+            })?;
+            let mut e = Engine::new(Box::new(SteeredWire {
+                inner: w,
+                steering: Arc::clone(&port.steering),
+            }));
+            e.set_mtu(crate::nic::MTU);
+            for (&lkey, m) in self.mrs.iter().filter(|(_, m)| m.dev == dev.index) {
+                // SAFETY: as in `add_mr`.
+                let mem = unsafe { DevMem::from_raw(m.addr as *mut u8, m.len) };
+                let _ = e.add_mr(lkey, m.iova, Arc::new(mem));
+            }
+            let thread =
+                EngineThread::spawn(e, &format!("fakenic-{}-1", dev.index)).map_err(|e| {
+                    eprintln!("fake-rdma: {call}: starting the device model's thread: {e}");
+                    libc::ENOMEM
+                })?;
+            port.thread = Some(thread);
+            port.rss = None;
+        }
+        Ok(port)
+    }
+
+    fn stop_if_idle(&mut self, dev: u32) {
+        if let Some(p) = self.ports.get_mut(&dev) {
+            if p.queues == 0 {
+                // Dropping the thread stops and joins it.
+                p.thread = None;
+                p.rss = None;
+            }
+        }
+    }
+
+    /// A QP's SQ and send CQ, served from now on.
+    ///
+    /// # Safety
+    /// The SQ buffer and record stay valid until [`Mlx5Nics::remove_sq`], the CQ's ring
+    /// and record until the CQ is destroyed (after the QP).
+    ///
+    /// # Errors
+    /// `EIO` if the wire cannot be opened. A queue the model cannot serve (a CQ shared by
+    /// two queues) stops the program: that is the fake's limit, not a kernel answer.
+    pub unsafe fn add_sq(
+        &mut self,
+        dev: &Device,
+        sq: SqRing,
+        cq: CqRing,
+        call: &str,
+    ) -> Result<(), c_int> {
+        // SAFETY: the caller's contract.
+        let cq = unsafe { cq_spec(cq, call) }?;
+        let spec = SqSpec {
+            // SAFETY: the caller's contract.
+            buf: unsafe { mem(sq.buf, sq.wqe_cnt as usize * 64) },
+            wqe_cnt: sq.wqe_cnt,
+            sqn: sq.sqn,
+            // SAFETY: as above; the record is 8 bytes.
+            dbrec: unsafe { mem(sq.dbrec.cast(), 8) },
+            min_inline: sq.min_inline,
+            cq,
+        };
+        let port = self.engine(dev, call)?;
+        let r = port
+            .thread
+            .as_ref()
+            .expect("started")
+            .core()
+            .lock()
+            .add_sq(spec);
+        match r {
+            Ok(()) => {
+                port.queues += 1;
+                Ok(())
+            }
+            // The kernel took the queue; the model cannot serve it (a CQ shared by two
+            // queues, which the model does not do): not a result hardware would give.
+            Err(e) => crate::state::die(
+                call,
+                &format!(
+                    "the device model cannot serve this send queue ({e}): not modelled by the fake"
+                ),
+            ),
+        }
+    }
+
+    /// SQ `sqn` to RESET (its counter restarts at 0: the QP went to RESET), or back to RTS
+    /// (`to_reset` false: the QP went RTR→RTS again); with `zero`, the QP's doorbell record
+    /// is zeroed under the same lock (libmlx5's part of the RESET).
+    pub fn sq_state(&mut self, dev: u32, sqn: u32, to_reset: bool, zero: Option<*mut u32>) {
+        let Some(t) = self.ports.get(&dev).and_then(|p| p.thread.as_ref()) else {
+            return;
+        };
+        let mut e = t.core().lock();
+        let _ = if to_reset {
+            e.sq_to_reset(sqn)
+        } else {
+            e.sq_to_rts(sqn)
+        };
+        if let Some(db) = zero {
+            // SAFETY: the QP's record (8 bytes), live while the QP is.
+            unsafe {
+                db.write_volatile(0);
+                db.add(1).write_volatile(0);
+            }
+        }
+    }
+
+    /// Removes SQ `sqn` (under the engine lock), stopping the engine with its last queue.
+    pub fn remove_sq(&mut self, dev: u32, sqn: u32) {
+        if let Some(p) = self.ports.get_mut(&dev) {
+            if let Some(t) = &p.thread {
+                if t.core().lock().remove_sq(sqn).is_ok() {
+                    p.queues -= 1;
+                }
+            }
+        }
+        self.stop_if_idle(dev);
+    }
+
+    /// A WQ's RQ and its CQ, served from now on, with compressed sessions of at most
+    /// `compression` completions when set.
+    ///
+    /// # Safety
+    /// The ring and record stay valid until [`Mlx5Nics::remove_rq`], the CQ's until the CQ
+    /// is destroyed (after the WQ).
+    ///
+    /// # Errors
+    /// As [`Mlx5Nics::add_sq`].
+    pub unsafe fn add_rq(
+        &mut self,
+        dev: &Device,
+        rq: RqRing,
+        cq: CqRing,
+        compression: Option<u32>,
+        call: &str,
+    ) -> Result<(), c_int> {
+        // SAFETY: the caller's contract.
+        let cq = unsafe { cq_spec(cq, call) }?;
+        let spec = RqSpec {
+            // SAFETY: the caller's contract.
+            buf: unsafe { mem(rq.buf, rq.wqe_cnt as usize * rq.stride as usize) },
+            wqe_cnt: rq.wqe_cnt,
+            stride: rq.stride,
+            rqn: rq.rqn,
+            // SAFETY: as above; the record is 8 bytes.
+            dbrec: unsafe { mem(rq.dbrec.cast(), 8) },
+            vlan_strip: rq.vlan_strip,
+            cq,
+        };
+        let port = self.engine(dev, call)?;
+        let r = {
+            let mut e = port.thread.as_ref().expect("started").core().lock();
+            e.add_rq(spec)
+                .and_then(|()| e.set_rx_compression(rq.rqn, compression))
+        };
+        match r {
+            Ok(()) => {
+                port.queues += 1;
+                Ok(())
+            }
+            Err(e) => crate::state::die(
+                call,
+                &format!("the device model cannot serve this receive queue ({e}): not modelled by the fake"),
+            ),
+        }
+    }
+
+    /// RQ `rqn` to RESET (its counter restarts at 0, an RQ in error leaves it) or back to
+    /// RDY (`to_reset` false).
+    pub fn rq_state(&mut self, dev: u32, rqn: u32, to_reset: bool) {
+        if let Some(t) = self.ports.get(&dev).and_then(|p| p.thread.as_ref()) {
+            let mut e = t.core().lock();
+            let _ = if to_reset {
+                e.rq_to_reset(rqn)
+            } else {
+                e.rq_to_rdy(rqn)
+            };
+        }
+    }
+
+    /// Removes RQ `rqn` (under the engine lock), stopping the engine with its last queue.
+    pub fn remove_rq(&mut self, dev: u32, rqn: u32) {
+        if let Some(p) = self.ports.get_mut(&dev) {
+            if let Some(t) = &p.thread {
+                if t.core().lock().remove_rq(rqn).is_ok() {
+                    p.queues -= 1;
+                }
+            }
+        }
+        self.stop_if_idle(dev);
+    }
+
+    /// The port's steering rules and RSS setting (key, hash fields, table by RQ number):
+    /// the filter takes the rules at once; the engine gets the RSS setting (or loses it).
+    pub fn set_steering(&mut self, dev: u32, s: Steering, rss: Option<([u8; 40], u32, Vec<u32>)>) {
+        let port = self.ports.entry(dev).or_default();
+        // The RSS setting first, so a frame the new rules admit finds it.
+        if let Some(t) = &port.thread {
+            if port.rss != rss {
+                let mut e = t.core().lock();
+                match &rss {
+                    Some((key, fields, table)) => {
+                        if let Err(err) =
+                            e.set_rss(*key, RxHashFields::from_bits_truncate(*fields), table)
+                        {
+                            eprintln!("fake-rdma: the device model refuses the RSS setting: {err}");
+                        }
+                    }
+                    None => e.clear_rss(),
+                }
+                drop(e);
+                port.rss = rss;
+            }
+        }
+        *port.steering.lock().unwrap_or_else(|p| p.into_inner()) = s;
+    }
+
+    /// A memory region of `dev`, registered by context `ctx`: `addr..addr + len` reached
+    /// through WQE addresses `iova..` under `lkey`, in the device's engine (now and when it
+    /// starts).
+    pub fn add_mr(&mut self, dev: u32, ctx: usize, lkey: u32, iova: u64, addr: usize, len: usize) {
+        if let Some(t) = self.ports.get(&dev).and_then(|p| p.thread.as_ref()) {
+            // SAFETY: `ibv_reg_mr` checked that the range is mapped; the application keeps
+            // it mapped until `ibv_dereg_mr` (the verbs contract), which removes this view
+            // from the engine under its lock first (`remove_mr`).
+            let mem = unsafe { DevMem::from_raw(addr as *mut u8, len) };
+            let _ = t.core().lock().add_mr(lkey, iova, Arc::new(mem));
+        }
+        self.mrs.insert(
+            lkey,
+            MrRec {
+                dev,
+                ctx,
+                iova,
+                addr,
+                len,
+            },
+        );
+    }
+
+    /// Deregisters `lkey` from its engine (under its lock) and forgets it.
+    pub fn remove_mr(&mut self, lkey: u32) {
+        if let Some(m) = self.mrs.remove(&lkey) {
+            if let Some(t) = self.ports.get(&m.dev).and_then(|p| p.thread.as_ref()) {
+                t.core().lock().remove_mr(lkey);
+            }
+        }
+    }
+
+    /// Context `ctx` is being closed: its memory regions leave the engines. Its queues must
+    /// have been removed already.
+    pub fn close_context(&mut self, ctx: usize) {
+        let keys: Vec<u32> = self
+            .mrs
+            .iter()
+            .filter(|(_, m)| m.ctx == ctx)
+            .map(|(&k, _)| k)
+            .collect();
+        for k in keys {
+            self.remove_mr(k);
+        }
+    }
+
+    /// Running engines (for the tests' "nothing left" checks).
+    pub fn running(&self) -> usize {
+        self.ports.values().filter(|p| p.thread.is_some()).count()
+    }
+}
