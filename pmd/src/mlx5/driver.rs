@@ -299,6 +299,7 @@ impl PortDriver for Driver {
             rss: cfg.rss.clone(),
             mprq: self.opts.mprq,
             cqe_compression: self.opts.cqe_compression,
+            promiscuous: cfg.promiscuous,
         };
         let raw_rx = self
             .provider

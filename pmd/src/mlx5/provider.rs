@@ -88,6 +88,9 @@ pub struct RxQueueRequest {
     pub mprq: Option<Mprq>,
     /// Ask for compressed CQEs.
     pub cqe_compression: bool,
+    /// Receive every frame of the port, not only those for its MAC and broadcast (steering
+    /// rules on hardware).
+    pub promiscuous: bool,
 }
 
 /// Moves a queue through its state machine for error recovery (spec §1.5, §5.3).

@@ -107,8 +107,6 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
             };
             let opts = crate::verbs::mlx5::Options {
                 min_inline: *inline,
-                promiscuous: false,
-                cqe_compression: *cqe_comp,
             };
             let provider =
                 crate::verbs::mlx5::Mlx5Provider::open(&sel, opts).map_err(|e| match e {

@@ -80,10 +80,6 @@ pub struct Limits {
 pub struct Options {
     /// Inline at least this many bytes of each frame (raises the device's minimum).
     pub min_inline: Option<u16>,
-    /// Steer every frame of the port to our queues, not only our MAC and broadcast.
-    pub promiscuous: bool,
-    /// Ask for compressed receive CQEs where the device has them.
-    pub cqe_compression: bool,
 }
 
 /// One TX queue's objects: what its handle keeps alive.
@@ -159,7 +155,6 @@ pub struct Mlx5Provider {
     limits: Limits,
     dv: DvCaps,
     min_inline: u16,
-    opts: Options,
     tx: Vec<QueueOwner>,
     rx: Option<QueueOwner>,
     objects: HashMap<usize, QueueRef>,
@@ -259,7 +254,6 @@ impl Mlx5Provider {
             limits,
             dv,
             min_inline,
-            opts,
             tx: Vec::new(),
             rx: None,
             objects: HashMap::new(),
@@ -310,16 +304,15 @@ impl Mlx5Provider {
         Ok(())
     }
 
-    /// Whether receive CQs are compressed.
-    fn compress(&self) -> bool {
-        self.opts.cqe_compression
-            && self.dv.cqe_comp_max >= 2
+    /// Whether the device compresses receive CQEs with HASH mini CQEs.
+    fn can_compress(&self) -> bool {
+        self.dv.cqe_comp_max >= 2
             && self.dv.cqe_comp_formats & crate::sys::dv::MLX5DV_CQE_RES_FORMAT_HASH != 0
     }
 
-    /// The steering rules of the RX side.
-    fn rules(&self) -> Vec<FlowMatch> {
-        if self.opts.promiscuous {
+    /// The steering rules of the RX side: everything, or the port's MAC and broadcast.
+    fn rules(&self, promiscuous: bool) -> Vec<FlowMatch> {
+        if promiscuous {
             return vec![FlowMatch::Dst {
                 mac: [0; 6],
                 mask: [0; 6],
@@ -504,7 +497,7 @@ impl Provider for Mlx5Provider {
         }
         let domain = Domain::from(&self.pd);
         // Compressed as the driver asks, where the device can (HASH minis, §1.4).
-        let compress = req.cqe_compression && self.compress();
+        let compress = req.cqe_compression && self.can_compress();
         // With compression a CQE slot may hold mini CQEs of several packets, but a session
         // is written only when the device has room: twice the ring, as DPDK's scalar path
         // sizes it (§1.4).
@@ -537,7 +530,7 @@ impl Provider for Mlx5Provider {
         .map_err(verbs)?;
         self.objects.insert(hash.as_ptr() as usize, QueueRef::RxAll);
         let mut flows = Vec::new();
-        for m in self.rules() {
+        for m in self.rules(req.promiscuous) {
             flows.push(Flow::eth(&hash, self.port, m).map_err(verbs)?);
         }
         let owner: QueueOwner = Arc::new(RxObjects {
@@ -560,7 +553,7 @@ impl Provider for Mlx5Provider {
                 state: Arc::new(WqState { wq: Arc::clone(wq) }),
             });
         }
-        tracing::debug!(target: "pmd::verbs", port = %self.name(), queues = n, compress, promiscuous = self.opts.promiscuous, "rx queues steered");
+        tracing::debug!(target: "pmd::verbs", port = %self.name(), queues = n, compress, promiscuous = req.promiscuous, "rx queues steered");
         self.rx = Some(owner);
         Ok(out)
     }
