@@ -377,6 +377,7 @@ fn parse_switch(key: &'static str, value: &str) -> Result<bool, DevargsError> {
     }
 }
 
+#[cfg(feature = "emu")]
 /// The mlx5 receive options: `mprq=`, `mprq-log-stride=`, `mprq-log-strides=`, `cqe-comp=`.
 /// The geometry is checked against the device (and the MTU, the ring) when the port is
 /// configured; here only against what the format can hold.
@@ -516,9 +517,9 @@ impl FromStr for PortSpec {
                 port,
                 inline: get("inline").map(parse_inline).transpose()?,
                 cqe_comp: get("cqe-comp")
-                    .map(|v| parse_num("cqe-comp", v, (0u8, 1), "0 or 1"))
+                    .map(|v| parse_switch("cqe-comp", v))
                     .transpose()?
-                    .is_none_or(|v| v == 1),
+                    .unwrap_or(true),
             },
             #[cfg(feature = "emu")]
             "emu-mana" => PortKind::EmuMana { wire: wire()?, mac },
@@ -780,7 +781,7 @@ mod tests {
             ("null:size=abc", &["'abc'"]),
             ("null:rxq=65", &["'65'", "1 to 64"]),
             ("mlx5:busy=wait", &["'mlx5' ports take no key 'busy'"]),
-            ("mlx5:cqe-comp=2", &["'2'", "0 or 1"]),
+            ("mlx5:cqe-comp=2", &["'2'", "1 or 0"]),
         ];
         for (input, needles) in cases {
             let e = p(input).expect_err(input).to_string();
