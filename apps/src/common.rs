@@ -97,6 +97,39 @@ pub fn wait_links(ports: &[Port], timeout: Duration) -> Result<(), String> {
     }
 }
 
+/// Tells scripts that the tool is ready (its ports are open, started and their links waited
+/// for; forwarding or sending starts now): with `--json`, one line on stderr,
+/// `{"event":"ready","tool":..,"pid":..,"ports":[{"port","spec","mac","link_up"}]}`, so a
+/// script starts the next process when it sees it instead of sleeping. stdout keeps only the
+/// summary document.
+pub fn announce_ready(tool: &str, specs: &[PortSpec], ports: &[Port], json: bool) {
+    if !json {
+        return;
+    }
+    let ports: Vec<serde_json::Value> = ports
+        .iter()
+        .zip(specs)
+        .enumerate()
+        .map(|(i, (p, spec))| {
+            serde_json::json!({
+                "port": i,
+                "spec": spec.to_string(),
+                "mac": p.mac().to_string(),
+                "link_up": p.link().up,
+            })
+        })
+        .collect();
+    eprintln!(
+        "{}",
+        serde_json::json!({
+            "event": "ready",
+            "tool": tool,
+            "pid": std::process::id(),
+            "ports": ports,
+        })
+    );
+}
+
 /// One port event as a tool saw it.
 #[derive(Debug, Clone)]
 pub struct SeenEvent {

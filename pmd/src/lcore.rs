@@ -149,9 +149,11 @@ impl StopFlag {
         Self::default()
     }
 
-    /// Sets the flag on SIGINT, SIGTERM, SIGHUP or SIGQUIT. A second signal ends the process
-    /// at once (for a loop that does not check the flag), but only after every netdev taken
-    /// over is given back ([`crate::takeover::exit`]); a stop signal also ends a `busy=wait`.
+    /// Sets the flag on SIGINT, SIGTERM, SIGHUP or SIGQUIT. A second signal still lets the
+    /// app clean up, only faster ([`crate::takeover::exit::hurry_requested`]); a third, or a
+    /// cleanup that takes longer than [`crate::takeover::exit::HURRY_GRACE`] after the
+    /// second, ends the process at once, but only after every netdev taken over is given back
+    /// ([`crate::takeover::exit`]); a stop signal also ends a `busy=wait`.
     /// Call it before opening the first port, so no moment leaves a taken-over netdev
     /// unguarded.
     ///

@@ -1,7 +1,9 @@
 //! l2fwd: forwards every frame that arrives on a port to its paired port (0<->1, 2<->3, ...),
 //! optionally rewriting the MAC addresses, like DPDK's examples/l2fwd.
 
-use apps::common::{make_pool, open_ports, si, wait_links, Counter, EventWatch, Idle};
+use apps::common::{
+    announce_ready, make_pool, open_ports, si, wait_links, Counter, EventWatch, Idle,
+};
 use clap::Parser;
 use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
@@ -122,7 +124,7 @@ fn run(args: &Args) -> Result<(), String> {
         ..Default::default()
     };
     // Stop signals are guarded before the first port opens: from then on a taken-over netdev
-    // is given back however the process stops (first signal: clean stop; second: at once).
+    // is given back however the process stops (first signal: clean stop; second: clean stop without the drain; third: at once).
     let stop = StopFlag::new();
     stop.on_signals().map_err(|e| e.to_string())?;
     let mut ports = open_ports(&args.ports, &cfg, &pool)?;
@@ -158,6 +160,7 @@ fn run(args: &Args) -> Result<(), String> {
     if let Err(down) = wait_links(&ports, Duration::from_secs_f64(args.link_timeout)) {
         eprintln!("l2fwd: warning: forwarding with a link down:\n{down}");
     }
+    announce_ready("l2fwd", &args.ports, &ports, args.json);
     let counters: Arc<Vec<Vec<PortCounters>>> = Arc::new(
         (0..cores)
             .map(|_| (0..np).map(|_| PortCounters::default()).collect())

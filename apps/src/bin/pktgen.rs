@@ -1,6 +1,8 @@
 //! pktgen: a traffic generator with sequence numbers, loss and latency measurement.
 
-use apps::common::{make_pool, open_ports, si, wait_links, Counter, EventWatch, Idle};
+use apps::common::{
+    announce_ready, make_pool, open_ports, si, wait_links, Counter, EventWatch, Idle,
+};
 use apps::pktgen::{
     load_pcap, read_stamp, FrameGen, FrameSpec, IpRange, PortRange, SeqTracker, MIN_SIZE,
 };
@@ -257,7 +259,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         ..Default::default()
     };
     // Stop signals are guarded before the first port opens: from then on a taken-over netdev
-    // is given back however the process stops (first signal: clean stop; second: at once).
+    // is given back however the process stops (first signal: clean stop; second: clean stop without the drain; third: at once).
     let stop = StopFlag::new();
     stop.on_signals().map_err(|e| e.to_string())?;
     let mut ports = open_ports(&args.ports, &cfg, &pool)?;
@@ -269,6 +271,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     // Frames sent into a down link are lost: wait for the peer, or say why not.
     wait_links(&ports, Duration::from_secs_f64(args.link_timeout))
         .map_err(|down| format!("{down}\n(raise --link-timeout, or start the peer first)"))?;
+    announce_ready("pktgen", &args.ports, &ports, args.json);
     let burst = usize::from(args.burst);
     let tx = TxSide {
         q: txq,
@@ -546,13 +549,16 @@ impl RxSide {
     }
 }
 
-/// Waits up to `limit` for the `--run` child, then kills it; says how it ended.
+/// Waits up to `limit` for the `--run` child (not at all after a second stop signal), then
+/// kills it; says how it ended.
 fn reap(c: &mut std::process::Child, limit: Duration) {
     let end = Instant::now() + limit;
     let status = loop {
         match c.try_wait() {
             Ok(Some(s)) => break Some(s),
-            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) if Instant::now() < end && !pmd::takeover::exit::hurry_requested() => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
             Ok(None) => {
                 eprintln!("pktgen: --run child {} still running: killed", c.id());
                 let _ = c.kill();

@@ -4,11 +4,14 @@
 //!   [`on_stop_signal`] ran (`pmd::lcore::StopFlag::on_signals` calls the latter; apps do it
 //!   before they open their first port). The signals are read by a thread (signal-hook's
 //!   self-pipe), so the work below runs in ordinary code, not in a signal handler. The first
-//!   signal sets every registered stop flag: the app stops, closes its ports, and the ports
-//!   give their netdevs back. A second signal, or the first when no stop flag is registered,
-//!   gives back everything in the registry ([`super::restore_all`]) and only then ends the
-//!   process the way the signal's default action would. So a second Ctrl-C never skips the
-//!   restore.
+//!   signal sets every registered stop flag: the app stops, closes its ports (giving their
+//!   netdevs back, removing their cable files) and prints its report. A second signal never
+//!   skips that cleanup: it asks the app to hurry ([`hurry_requested`]: drains are cut
+//!   short) and starts a watchdog that, if the process is still alive [`HURRY_GRACE`] later
+//!   (a loop that does not check its flag), gives back everything in the registry
+//!   ([`super::restore_all`]) and ends the process the way the signal's default action
+//!   would. A third signal, or the first when no stop flag is registered, does that at once.
+//!   So no stop signal ever skips the netdev restore.
 //! * A panic: the workspace builds release binaries with `panic = "abort"`, so no destructor
 //!   runs. [`install_panic_hook`] (installed by the first take-over, and by
 //!   [`guard_signals`]) runs the previous hook (the message), then gives everything back
@@ -22,7 +25,7 @@
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::Duration;
 
@@ -34,8 +37,12 @@ pub const STOP_SIGNALS: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
 static FLAGS: Mutex<Vec<Arc<AtomicBool>>> = Mutex::new(Vec::new());
 /// Whether the signal thread runs.
 static GUARDED: Mutex<bool> = Mutex::new(false);
-/// Whether a stop signal has arrived.
-static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
+/// Stop signals received so far.
+static SIGNALS_SEEN: AtomicUsize = AtomicUsize::new(0);
+
+/// How long after a second stop signal a process that has not finished its cleanup is ended
+/// (netdevs given back first).
+pub const HURRY_GRACE: Duration = Duration::from_secs(10);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -93,7 +100,13 @@ pub fn signals_guarded() -> bool {
 
 /// Whether a stop signal has arrived: long waits (`busy=wait`) give up when it has.
 pub fn stop_requested() -> bool {
-    STOP_REQUESTED.load(Ordering::SeqCst)
+    SIGNALS_SEEN.load(Ordering::SeqCst) > 0
+}
+
+/// Whether a second stop signal has arrived: the app should finish its cleanup without
+/// waiting for in-flight frames (drains, child processes).
+pub fn hurry_requested() -> bool {
+    SIGNALS_SEEN.load(Ordering::SeqCst) > 1
 }
 
 /// What a stop signal does.
@@ -101,23 +114,35 @@ pub fn stop_requested() -> bool {
 enum Action {
     /// Set the stop flags; the app closes its ports.
     Stop,
+    /// Set the stop flags again, ask the app to hurry, and end the process after
+    /// [`HURRY_GRACE`] if it is still running then.
+    Hurry,
     /// Give every netdev back, then end the process.
     RestoreAndExit,
 }
 
-fn decide(already_requested: bool, have_flags: bool) -> Action {
-    if !already_requested && have_flags {
-        Action::Stop
-    } else {
-        Action::RestoreAndExit
+/// What the `n`-th stop signal (1-based) does.
+fn decide(n: usize, have_flags: bool) -> Action {
+    match (n, have_flags) {
+        (_, false) => Action::RestoreAndExit,
+        (1, true) => Action::Stop,
+        (2, true) => Action::Hurry,
+        _ => Action::RestoreAndExit,
     }
+}
+
+fn restore_and_exit(sig: i32, why: &str) -> ! {
+    super::guard::restore_all(why);
+    signal_hook::low_level::emulate_default_handler(sig).ok();
+    // The default action of every stop signal ends the process; should it not have:
+    std::process::exit(128 + sig);
 }
 
 fn on_signal(sig: i32) {
     let name = signal_name(sig);
-    let already = STOP_REQUESTED.swap(true, Ordering::SeqCst);
+    let n = SIGNALS_SEEN.fetch_add(1, Ordering::SeqCst) + 1;
     let flags = lock(&FLAGS);
-    match decide(already, !flags.is_empty()) {
+    match decide(n, !flags.is_empty()) {
         Action::Stop => {
             for f in flags.iter() {
                 f.store(true, Ordering::SeqCst);
@@ -127,12 +152,26 @@ fn on_signal(sig: i32) {
                 tracing::info!(target: "pmd::port", "{name}: stopping; the netdevs taken over come back when the ports close (a second signal gives them back and exits at once)");
             }
         }
+        Action::Hurry => {
+            for f in flags.iter() {
+                f.store(true, Ordering::SeqCst);
+            }
+            drop(flags);
+            tracing::warn!(target: "pmd::port", "second stop signal ({name}): finishing the cleanup without draining; a third signal, or {} s without finishing, ends the process at once (netdevs given back first)", HURRY_GRACE.as_secs());
+            let late = format!("signal {name}, cleanup not finished");
+            let spawned = std::thread::Builder::new()
+                .name("pmd-hurry".into())
+                .spawn(move || {
+                    std::thread::sleep(HURRY_GRACE);
+                    restore_and_exit(sig, &late);
+                });
+            if spawned.is_err() {
+                restore_and_exit(sig, &format!("signal {name}"));
+            }
+        }
         Action::RestoreAndExit => {
             drop(flags);
-            super::guard::restore_all(&format!("signal {name}"));
-            signal_hook::low_level::emulate_default_handler(sig).ok();
-            // The default action of every stop signal ends the process; should it not have:
-            std::process::exit(128 + sig);
+            restore_and_exit(sig, &format!("signal {name}"));
         }
     }
 }
@@ -163,11 +202,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn first_signal_stops_second_restores() {
-        assert_eq!(decide(false, true), Action::Stop);
-        assert_eq!(decide(true, true), Action::RestoreAndExit);
+    fn first_signal_stops_second_hurries_third_restores() {
+        assert_eq!(decide(1, true), Action::Stop);
+        assert_eq!(decide(2, true), Action::Hurry);
+        assert_eq!(decide(3, true), Action::RestoreAndExit);
+        assert_eq!(decide(9, true), Action::RestoreAndExit);
         // Nobody to tell: behave like the default action, after giving the port back.
-        assert_eq!(decide(false, false), Action::RestoreAndExit);
+        assert_eq!(decide(1, false), Action::RestoreAndExit);
     }
 
     #[test]
