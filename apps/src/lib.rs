@@ -1,6 +1,7 @@
 //! Shared code of the command-line tools (`pmd-devices`, and later `l2fwd`, `pktgen`).
 #![deny(unsafe_code)]
 
+pub mod cli;
 pub mod common;
 pub mod pktgen;
 

@@ -36,6 +36,11 @@ impl FromStr for IpRange {
         if b < a {
             return Err(format!("'{s}': the range ends before it starts"));
         }
+        if a == 0 && b == u32::MAX {
+            return Err(format!(
+                "'{s}': at most 4294967295 addresses (the whole IPv4 space is one too many)"
+            ));
+        }
         Ok(Self {
             start: a,
             len: b - a + 1,

@@ -42,7 +42,7 @@ struct Args {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
     rxq: u16,
     /// Descriptors per queue (a power of two).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = apps::cli::ring_size)]
     ring_size: u16,
     /// Rewrite MAC addresses (default).
     #[arg(long, overrides_with = "no_mac_updating")]
@@ -55,14 +55,14 @@ struct Args {
     #[arg(long)]
     no_promiscuous: bool,
     /// Seconds between live statistics lines on stderr (0: none).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = apps::cli::seconds)]
     stats_interval: f64,
     /// Seconds to wait for every port's link to come up before forwarding (a device-model
     /// port is down until the far end of its cable is attached); after that, warn and go on.
-    #[arg(long, default_value_t = 10.0, value_name = "S")]
+    #[arg(long, default_value_t = 10.0, value_name = "S", value_parser = apps::cli::seconds)]
     link_timeout: f64,
     /// Stop after this many seconds (default: run until a stop signal).
-    #[arg(long)]
+    #[arg(long, value_parser = apps::cli::positive_seconds)]
     duration: Option<f64>,
     /// Never yield the CPU when idle (for dedicated cores).
     #[arg(long)]

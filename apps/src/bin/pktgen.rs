@@ -38,10 +38,10 @@ struct Args {
     #[arg(long, default_value = "0", value_name = "LIST")]
     lcores: CoreList,
     /// Packets per second.
-    #[arg(long, group = "speed", value_name = "PPS")]
+    #[arg(long, group = "speed", value_name = "PPS", value_parser = apps::cli::pps)]
     rate: Option<f64>,
     /// Bit rate in Gbit/s of frame bytes (converted to packets per second for --size).
-    #[arg(long, group = "speed", value_name = "G")]
+    #[arg(long, group = "speed", value_name = "G", value_parser = apps::cli::gbps)]
     rate_gbps: Option<f64>,
     /// As fast as possible (the default when no rate is given).
     #[arg(long, group = "speed")]
@@ -78,7 +78,7 @@ struct Args {
     #[arg(long)]
     count: Option<u64>,
     /// Send for this many seconds (default 10 unless --count is given).
-    #[arg(long)]
+    #[arg(long, value_parser = apps::cli::positive_seconds)]
     duration: Option<f64>,
     /// Replay the frames of this pcap file (looping) instead of generating UDP frames.
     #[arg(long, value_name = "FILE")]
@@ -90,17 +90,17 @@ struct Args {
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=512))]
     burst: u16,
     /// Descriptors per queue.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = apps::cli::ring_size)]
     ring_size: u16,
     /// Seconds between live statistics lines on stderr (0: none).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = apps::cli::seconds)]
     stats_interval: f64,
     /// Seconds to wait for every port's link to come up before sending (a device-model port
     /// is down until the far end of its cable is attached); then fail, exit status 1.
-    #[arg(long, default_value_t = 10.0, value_name = "S")]
+    #[arg(long, default_value_t = 10.0, value_name = "S", value_parser = apps::cli::seconds)]
     link_timeout: f64,
     /// After sending, wait at most this long for frames still on their way.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = apps::cli::seconds)]
     drain_timeout: f64,
     /// Never yield the CPU when idle.
     #[arg(long)]

@@ -35,7 +35,7 @@ const MAX_KEEP: usize = 512;
 )]
 struct Args {
     /// Seconds per row.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = apps::cli::positive_seconds)]
     seconds: f64,
 
     /// Cache sizes to run (comma-separated; 0 = no cache, straight to the ring).

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 #[command(version, about)]
 struct Args {
     /// Seconds to run.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = apps::cli::positive_seconds)]
     duration: f64,
     /// Core to forward on (default: the last usable core, leaving core 0 as the main core).
     #[arg(long)]

@@ -1,0 +1,156 @@
+//! Value parsers for the tools' numeric options, shared by every binary: each number has a
+//! range, and anything outside it (including NaN, infinities and values whose conversion to
+//! a `Duration` or a count would overflow) is a usage error naming the option and the range,
+//! instead of a panic later. clap turns a parser's error into exit status 2.
+#![deny(unsafe_code)]
+
+/// The longest duration any option takes: one year, far below what `Duration` can hold.
+pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+/// The highest packet rate: 1 Gpps, several times a 100 Gbit/s link of minimal frames.
+pub const MAX_PPS: f64 = 1e9;
+/// The lowest packet rate: one packet in 1000 s.
+pub const MIN_PPS: f64 = 1e-3;
+/// The highest bit rate, Gbit/s.
+pub const MAX_GBPS: f64 = 1000.0;
+/// The lowest bit rate, Gbit/s (1 kbit/s).
+pub const MIN_GBPS: f64 = 1e-6;
+
+fn number(what: &str, s: &str, lo: f64, hi: f64, lo_open: bool) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number ({what})"))?;
+    let above_lo = if lo_open { v > lo } else { v >= lo };
+    if v.is_finite() && above_lo && v <= hi {
+        Ok(v)
+    } else {
+        let from = if lo_open {
+            format!("more than {lo}")
+        } else {
+            format!("{lo}")
+        };
+        Err(format!("'{s}': expected {what} from {from} to {hi}"))
+    }
+}
+
+/// Seconds, more than 0, at most [`MAX_SECONDS`] (durations, timeouts).
+///
+/// # Errors
+/// Not a number, or out of range.
+pub fn positive_seconds(s: &str) -> Result<f64, String> {
+    number("a number of seconds", s, 0.0, MAX_SECONDS, true)
+}
+
+/// Seconds, 0 or more, at most [`MAX_SECONDS`] (intervals where 0 means "none", timeouts
+/// where 0 means "do not wait").
+///
+/// # Errors
+/// Not a number, or out of range.
+pub fn seconds(s: &str) -> Result<f64, String> {
+    number("a number of seconds", s, 0.0, MAX_SECONDS, false)
+}
+
+/// Packets per second, [`MIN_PPS`] to [`MAX_PPS`].
+///
+/// # Errors
+/// Not a number, or out of range.
+pub fn pps(s: &str) -> Result<f64, String> {
+    number("packets per second", s, MIN_PPS, MAX_PPS, false)
+}
+
+/// Gbit/s, [`MIN_GBPS`] to [`MAX_GBPS`].
+///
+/// # Errors
+/// Not a number, or out of range.
+pub fn gbps(s: &str) -> Result<f64, String> {
+    number("Gbit/s", s, MIN_GBPS, MAX_GBPS, false)
+}
+
+/// The most descriptors per queue a tool asks for (mlx5's `max_qp_wr`; the port layer
+/// reduces it to what a device takes, with a warning).
+pub const MAX_RING: u16 = 32768;
+/// The fewest descriptors per queue.
+pub const MIN_RING: u16 = 64;
+
+/// Descriptors per queue: a power of two from [`MIN_RING`] to [`MAX_RING`], checked before
+/// any memory is allocated for it.
+///
+/// # Errors
+/// Not a number, out of range, or not a power of two.
+pub fn ring_size(s: &str) -> Result<u16, String> {
+    let bad = || {
+        format!(
+            "'{s}': expected descriptors per queue, a power of two from {MIN_RING} to {MAX_RING}"
+        )
+    };
+    let v: u16 = s.trim().parse().map_err(|_| bad())?;
+    if (MIN_RING..=MAX_RING).contains(&v) && v.is_power_of_two() {
+        Ok(v)
+    } else {
+        Err(bad())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_reported_crashes_are_usage_errors() {
+        for bad in ["1e30", "inf", "-inf", "NaN", "-1", "0", "abc", ""] {
+            assert!(positive_seconds(bad).is_err(), "{bad}");
+        }
+        for bad in ["1e-30", "1e30", "0", "inf"] {
+            assert!(pps(bad).is_err(), "{bad}");
+        }
+        for bad in ["1e-25", "1e4", "NaN"] {
+            assert!(gbps(bad).is_err(), "{bad}");
+        }
+        for bad in ["65535", "0", "63", "100", "65536", "x"] {
+            assert!(ring_size(bad).is_err(), "{bad}");
+        }
+        assert_eq!(ring_size("1024"), Ok(1024));
+        assert_eq!(seconds("0"), Ok(0.0));
+        assert_eq!(positive_seconds("2.5"), Ok(2.5));
+        assert_eq!(pps("1000000"), Ok(1e6));
+        assert!(positive_seconds("1e30")
+            .unwrap_err()
+            .contains("expected a number of seconds from more than 0 to 31536000"));
+    }
+
+    proptest! {
+        /// Whatever the text, a parser either refuses it or returns a value in its range that
+        /// the tools can use without panicking (as a `Duration`, as a rate).
+        #[test]
+        fn accepted_values_are_usable(s in prop_oneof![
+            any::<f64>().prop_map(|v| v.to_string()),
+            any::<f64>().prop_map(|v| format!("{v:e}")),
+            "[-+0-9.eEinfNa]{0,12}",
+        ]) {
+            if let Ok(v) = positive_seconds(&s) {
+                prop_assert!(v > 0.0 && v <= MAX_SECONDS);
+                let _ = Duration::from_secs_f64(v);
+            }
+            if let Ok(v) = seconds(&s) {
+                prop_assert!((0.0..=MAX_SECONDS).contains(&v));
+                let _ = Duration::from_secs_f64(v);
+            }
+            if let Ok(v) = pps(&s) {
+                prop_assert!((MIN_PPS..=MAX_PPS).contains(&v));
+                // The pacing interval of one packet, and a year of packets as a count.
+                let _ = Duration::from_secs_f64(1.0 / v);
+                prop_assert!((v * MAX_SECONDS) < u64::MAX as f64);
+            }
+            if let Ok(v) = gbps(&s) {
+                prop_assert!((MIN_GBPS..=MAX_GBPS).contains(&v));
+                // As packets per second of the smallest and largest frames.
+                for bytes in [60.0, 9018.0] {
+                    let p = v * 1e9 / (bytes * 8.0);
+                    prop_assert!(p.is_finite() && p > 0.0);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! Every numeric option has a range: out-of-range values (the ones that used to panic) are
+//! usage errors, exit status 2, with a message naming the option and the range, before any
+//! port is opened or memory allocated.
+
+use std::process::Command;
+
+fn run(bin: &str, args: &[&str]) -> (Option<i32>, String) {
+    let path = match bin {
+        "l2fwd" => env!("CARGO_BIN_EXE_l2fwd"),
+        "pktgen" => env!("CARGO_BIN_EXE_pktgen"),
+        _ => unreachable!(),
+    };
+    let o = Command::new(path).args(args).output().unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn out_of_range_numbers_are_usage_errors() {
+    let l2 = ["--port", "null", "--port", "null"];
+    let pg = ["--port", "null"];
+    let cases: &[(&str, &[&str], &[&str], &str)] = &[
+        ("l2fwd", &l2, &["--duration", "1e30"], "--duration"),
+        (
+            "l2fwd",
+            &l2,
+            &["--stats-interval", "inf"],
+            "--stats-interval",
+        ),
+        ("l2fwd", &l2, &["--link-timeout=-1"], "--link-timeout"),
+        (
+            "l2fwd",
+            &l2,
+            &["--ring-size", "65535"],
+            "power of two from 64 to 32768",
+        ),
+        ("pktgen", &pg, &["--rate", "1e-30"], "packets per second"),
+        ("pktgen", &pg, &["--rate", "1e30"], "packets per second"),
+        ("pktgen", &pg, &["--rate-gbps", "1e-25"], "Gbit/s"),
+        ("pktgen", &pg, &["--duration", "1e30"], "--duration"),
+        (
+            "pktgen",
+            &pg,
+            &["--drain-timeout", "inf"],
+            "--drain-timeout",
+        ),
+        ("pktgen", &pg, &["--ring-size", "65535"], "power of two"),
+        (
+            "pktgen",
+            &pg,
+            &["--src-ip", "0.0.0.0-255.255.255.255"],
+            "at most 4294967295 addresses",
+        ),
+    ];
+    for (bin, ports, args, want) in cases {
+        let mut all: Vec<&str> = ports.to_vec();
+        all.extend_from_slice(args);
+        let (code, err) = run(bin, &all);
+        assert_eq!(code, Some(2), "{bin} {args:?}: {err}");
+        assert!(err.contains(want), "{bin} {args:?}: {want:?} in {err}");
+        let value = args.last().unwrap().rsplit('=').next().unwrap();
+        assert!(
+            err.contains(value),
+            "{bin} {args:?}: the value is named: {err}"
+        );
+    }
+}
