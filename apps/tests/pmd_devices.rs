@@ -48,3 +48,17 @@ fn unreadable_root_is_an_error_not_a_crash() {
         "{e}"
     );
 }
+
+#[test]
+fn a_sysfs_root_that_does_not_exist_is_a_usage_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pmd-devices"))
+        .args(["--sysfs-root", "/nonexistent/sysfs"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        e.contains("--sysfs-root /nonexistent/sysfs: no such directory"),
+        "{e}"
+    );
+}

@@ -22,10 +22,19 @@ struct Args {
 fn main() -> ExitCode {
     pmd::log::init("warn");
     let args = Args::parse();
+    let given = args.sysfs_root.is_some();
     let root = args
         .sysfs_root
         .or_else(|| std::env::var_os("SYSFS_PATH").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from(pmd::devices::DEFAULT_SYSFS_ROOT));
+    // A root that was asked for and is not there is a mistake, not "no devices".
+    if given && !root.is_dir() {
+        eprintln!(
+            "pmd-devices: --sysfs-root {}: no such directory",
+            root.display()
+        );
+        return ExitCode::from(2);
+    }
     let devices = match pmd::devices::list(&root) {
         Ok(d) => d,
         Err(e) => {

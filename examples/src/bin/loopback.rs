@@ -9,7 +9,31 @@ use mempool::{MbufPool, MbufPoolConfig};
 use pmd::port::{Burst, Port, PortConfig};
 use std::time::{Duration, Instant};
 
+const HELP: &str = "loopback: the smallest complete program on the port API.
+
+Two MANA device-model ports joined by an in-process cable: port 0 sends 8 UDP frames, port 1
+receives them, and every buffer goes back to the pool. Takes no options.
+
+Usage: loopback [--help]";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        [] => {}
+        ["-h" | "--help"] => {
+            println!("{HELP}");
+            return Ok(());
+        }
+        other => {
+            eprintln!("loopback: unexpected argument {other:?}\n\n{HELP}");
+            std::process::exit(2);
+        }
+    }
     pmd::log::init("info");
     let pool = MbufPool::new(MbufPoolConfig::new("example", 2048))?;
     let cfg = PortConfig {
