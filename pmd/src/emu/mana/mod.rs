@@ -291,14 +291,9 @@ impl Model {
         if let Some(path) = &spec.pcap {
             w = Box::new(wire::PcapTap::new(w, path)?);
         }
-        let mac = spec.mac.unwrap_or(MacAddr([
-            0x02,
-            0x15,
-            0x5d,
-            0x00,
-            (port_id >> 8) as u8,
-            port_id as u8,
-        ]));
+        let mac = spec
+            .mac
+            .unwrap_or_else(|| crate::emu::default_mac(0x5d, port_id));
         let mut p = Self::with_wire(w, mac, port_id);
         p.netdev = spec.netdev.clone();
         if let Some(v) = spec.vp_offset {

@@ -56,14 +56,7 @@ impl ModelPort {
             w = Box::new(wire::PcapTap::new(w, p)?);
         }
         let model = Model::new(w, min_inline, port_id)?;
-        let mac = mac.unwrap_or(MacAddr([
-            0x02,
-            0x15,
-            0x6d,
-            0x00,
-            (port_id >> 8) as u8,
-            port_id as u8,
-        ]));
+        let mac = mac.unwrap_or_else(|| crate::emu::default_mac(0x6d, port_id));
         Ok(Self {
             model,
             mac,
