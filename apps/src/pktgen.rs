@@ -224,54 +224,156 @@ pub fn read_stamp(frame: &[u8]) -> Option<(u64, u64)> {
     Some((seq, ts))
 }
 
-/// Loads every packet of a pcap file (Ethernet link type).
-///
-/// # Errors
-/// A message naming the file and the problem: unreadable, not a pcap, truncated, a link type
-/// other than Ethernet, an empty capture, or a frame larger than `max_len`.
-pub fn load_pcap(path: &Path, max_len: usize) -> Result<Vec<Vec<u8>>, String> {
-    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut r = pcap_file::pcap::PcapReader::new(&data[..])
-        .map_err(|e| format!("{}: not a pcap file ({e})", path.display()))?;
-    if r.header().datalink != pcap_file::DataLink::ETHERNET {
+/// The frames of a capture, ready to replay.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Capture {
+    /// Every frame, in capture order.
+    pub frames: Vec<Vec<u8>>,
+    /// Records shorter than an Ethernet header (14 bytes): not frames, skipped.
+    pub skipped_short: u64,
+}
+
+/// Bytes of an Ethernet header: a shorter record is not a frame.
+const ETH_HEADER: usize = 14;
+/// The first four bytes of a pcapng file (a Section Header Block).
+const PCAPNG_MAGIC: [u8; 4] = [0x0a, 0x0d, 0x0d, 0x0a];
+
+/// Checks record `n + 1` of capture `name` (its bytes, its original length, its link type)
+/// and keeps it in `cap`, or skips and counts it when it is shorter than an Ethernet header.
+fn take(
+    cap: &mut Capture,
+    n: &mut usize,
+    name: &str,
+    max_len: usize,
+    bytes: &[u8],
+    orig_len: u32,
+    link: pcap_file::DataLink,
+) -> Result<(), String> {
+    *n += 1;
+    let n = *n;
+    if link != pcap_file::DataLink::ETHERNET {
         return Err(format!(
-            "{}: link type {:?}, only Ethernet captures can be replayed",
-            path.display(),
-            r.header().datalink
+            "{name}: packet {n}: link type {link:?}, only Ethernet captures can be replayed"
         ));
     }
-    let mut frames = Vec::new();
-    while let Some(p) = r.next_packet() {
-        let p = p.map_err(|e| {
-            format!(
-                "{}: packet {} is malformed or truncated ({e})",
-                path.display(),
-                frames.len() + 1
-            )
-        })?;
-        if p.data.len() < p.orig_len as usize {
-            return Err(format!(
-                "{}: packet {} was captured cut to {} of {} bytes; it cannot be replayed as it was",
-                path.display(),
-                frames.len() + 1,
-                p.data.len(),
-                p.orig_len
-            ));
-        }
-        if p.data.len() > max_len {
-            return Err(format!(
-                "{}: packet {} has {} bytes, more than the {max_len} an mbuf holds",
-                path.display(),
-                frames.len() + 1,
-                p.data.len()
-            ));
-        }
-        frames.push(p.data.into_owned());
+    if bytes.len() < orig_len as usize {
+        return Err(format!(
+            "{name}: packet {n} was captured cut to {} of {orig_len} bytes; it cannot be replayed as it was",
+            bytes.len()
+        ));
     }
-    if frames.is_empty() {
-        return Err(format!("{}: the capture holds no packets", path.display()));
+    if bytes.len() > max_len {
+        return Err(format!(
+            "{name}: packet {n} has {} bytes, more than the {max_len} an mbuf holds",
+            bytes.len()
+        ));
     }
-    Ok(frames)
+    if bytes.len() < ETH_HEADER {
+        cap.skipped_short += 1;
+    } else {
+        cap.frames.push(bytes.to_vec());
+    }
+    Ok(())
+}
+
+/// Loads every packet of a capture, classic pcap or pcapng (Wireshark's default), of
+/// Ethernet link type. Records shorter than an Ethernet header are skipped and counted.
+///
+/// # Errors
+/// A message naming the file and the problem: unreadable, not a capture, truncated, a link
+/// type other than Ethernet, a packet captured cut short, a frame larger than `max_len`, or
+/// no frame at all.
+pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
+    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let name = path.display().to_string();
+    let mut cap = Capture::default();
+    let mut n = 0usize;
+    if data.starts_with(&PCAPNG_MAGIC) {
+        use pcap_file::pcapng::{Block, PcapNgReader};
+        let mut r =
+            PcapNgReader::new(&data[..]).map_err(|e| format!("{name}: not a pcapng file ({e})"))?;
+        // Link types of the section's interfaces, by interface id.
+        let mut links: Vec<pcap_file::DataLink> = Vec::new();
+        while let Some(b) = r.next_block() {
+            let b = b.map_err(|e| {
+                format!("{name}: block after packet {n} is malformed or truncated ({e})")
+            })?;
+            match b {
+                Block::SectionHeader(_) => links.clear(),
+                Block::InterfaceDescription(i) => links.push(i.linktype),
+                Block::EnhancedPacket(p) => {
+                    let link = *links.get(p.interface_id as usize).ok_or_else(|| {
+                        format!(
+                            "{name}: packet {} names interface {} that the file does not describe",
+                            n + 1,
+                            p.interface_id
+                        )
+                    })?;
+                    take(
+                        &mut cap,
+                        &mut n,
+                        &name,
+                        max_len,
+                        &p.data,
+                        p.original_len,
+                        link,
+                    )?;
+                }
+                Block::SimplePacket(p) => {
+                    let link = *links.first().ok_or_else(|| {
+                        format!(
+                            "{name}: packet {} comes before any interface description",
+                            n + 1
+                        )
+                    })?;
+                    take(
+                        &mut cap,
+                        &mut n,
+                        &name,
+                        max_len,
+                        &p.data,
+                        p.original_len,
+                        link,
+                    )?;
+                }
+                Block::Packet(p) => {
+                    let link = *links.get(usize::from(p.interface_id)).ok_or_else(|| {
+                        format!(
+                            "{name}: packet {} names interface {} that the file does not describe",
+                            n + 1,
+                            p.interface_id
+                        )
+                    })?;
+                    take(
+                        &mut cap,
+                        &mut n,
+                        &name,
+                        max_len,
+                        &p.data,
+                        p.original_len,
+                        link,
+                    )?;
+                }
+                _ => {}
+            }
+        }
+    } else {
+        let mut r = pcap_file::pcap::PcapReader::new(&data[..])
+            .map_err(|e| format!("{name}: not a pcap or pcapng file ({e})"))?;
+        let link = r.header().datalink;
+        while let Some(p) = r.next_packet() {
+            let p =
+                p.map_err(|e| format!("{name}: packet {} is malformed or truncated ({e})", n + 1))?;
+            take(&mut cap, &mut n, &name, max_len, &p.data, p.orig_len, link)?;
+        }
+    }
+    if cap.frames.is_empty() {
+        return Err(format!(
+            "{name}: the capture holds no frames to replay ({} records shorter than an Ethernet header skipped)",
+            cap.skipped_short
+        ));
+    }
+    Ok(cap)
 }
 
 /// Sequence numbers seen on the receive side: received, duplicates, reordering and gaps,
@@ -443,7 +545,9 @@ mod tests {
     fn pcap_errors_are_clear() {
         let d = std::env::temp_dir().join(format!("pktgen-pcap-{}", std::process::id()));
         std::fs::write(&d, b"definitely not a pcap").unwrap();
-        assert!(load_pcap(&d, 2048).unwrap_err().contains("not a pcap file"));
+        assert!(load_pcap(&d, 2048)
+            .unwrap_err()
+            .contains("not a pcap or pcapng file"));
         // A valid header followed by a cut record.
         let mut w = pcap_file::pcap::PcapWriter::new(Vec::new()).unwrap();
         w.write_packet(&pcap_file::pcap::PcapPacket::new(
@@ -457,6 +561,70 @@ mod tests {
         std::fs::write(&d, &bytes).unwrap();
         let e = load_pcap(&d, 2048).unwrap_err();
         assert!(e.contains("malformed or truncated"), "{e}");
+        let _ = std::fs::remove_file(&d);
+    }
+
+    fn frame(n: u8, len: usize) -> Vec<u8> {
+        (0..len).map(|i| n.wrapping_add(i as u8)).collect()
+    }
+
+    /// A pcapng file (Wireshark's default) replays like a pcap one; records shorter than an
+    /// Ethernet header (0 and 3 bytes) are skipped and counted, not sent.
+    #[test]
+    fn pcapng_is_read_and_short_records_are_skipped_and_counted() {
+        use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
+        use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionBlock;
+        use pcap_file::pcapng::PcapNgWriter;
+        use std::borrow::Cow;
+        let mut w = PcapNgWriter::new(Vec::new()).unwrap();
+        w.write_pcapng_block(InterfaceDescriptionBlock {
+            linktype: pcap_file::DataLink::ETHERNET,
+            snaplen: 0,
+            options: vec![],
+        })
+        .unwrap();
+        let lens = [60usize, 0, 3, 1514, 14];
+        for (i, len) in lens.iter().enumerate() {
+            let data = frame(i as u8, *len);
+            w.write_pcapng_block(EnhancedPacketBlock {
+                interface_id: 0,
+                timestamp: std::time::Duration::from_micros(i as u64),
+                original_len: *len as u32,
+                data: Cow::Owned(data),
+                options: vec![],
+            })
+            .unwrap();
+        }
+        let d = std::env::temp_dir().join(format!("pktgen-pcapng-{}", std::process::id()));
+        std::fs::write(&d, w.into_inner()).unwrap();
+        let cap = load_pcap(&d, 2048).unwrap();
+        assert_eq!(cap.skipped_short, 2);
+        assert_eq!(cap.frames, vec![frame(0, 60), frame(3, 1514), frame(4, 14)]);
+        // The same in a classic pcap.
+        let mut w = pcap_file::pcap::PcapWriter::new(Vec::new()).unwrap();
+        for (i, len) in lens.iter().enumerate() {
+            let data = frame(i as u8, *len);
+            w.write_packet(&pcap_file::pcap::PcapPacket::new(
+                std::time::Duration::ZERO,
+                *len as u32,
+                &data,
+            ))
+            .unwrap();
+        }
+        std::fs::write(&d, w.into_writer()).unwrap();
+        let cap2 = load_pcap(&d, 2048).unwrap();
+        assert_eq!(cap2, cap);
+        // Nothing but short records: nothing to replay, said so.
+        let mut w = pcap_file::pcap::PcapWriter::new(Vec::new()).unwrap();
+        w.write_packet(&pcap_file::pcap::PcapPacket::new(
+            std::time::Duration::ZERO,
+            3,
+            &[1, 2, 3],
+        ))
+        .unwrap();
+        std::fs::write(&d, w.into_writer()).unwrap();
+        let e = load_pcap(&d, 2048).unwrap_err();
+        assert!(e.contains("no frames to replay (1 records shorter"), "{e}");
         let _ = std::fs::remove_file(&d);
     }
 }

@@ -390,7 +390,7 @@ fn bad_command_lines_fail_with_a_clear_message() {
         (
             "pktgen",
             vec!["--port", "null", "--pcap", &junk],
-            "not a pcap file",
+            "not a pcap or pcapng file",
         ),
         (
             "pktgen",

@@ -232,7 +232,18 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     };
     let pool = make_pool("pktgen", np, 1, 1, args.ring_size, ncores).map_err(|e| e.to_string())?;
     let frames = match &args.pcap {
-        Some(p) => Frames::Pcap(load_pcap(p, usize::from(pool.data_room()))?),
+        Some(p) => {
+            let cap = load_pcap(p, usize::from(pool.data_room()))?;
+            if cap.skipped_short > 0 {
+                eprintln!(
+                    "pktgen: {}: {} records shorter than an Ethernet header (14 bytes) skipped; replaying {} frames",
+                    p.display(),
+                    cap.skipped_short,
+                    cap.frames.len()
+                );
+            }
+            Frames::Pcap(cap.frames)
+        }
         None => Frames::Gen(FrameGen::new(&FrameSpec {
             size: args.size,
             flows: args.flows,

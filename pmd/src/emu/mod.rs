@@ -46,6 +46,10 @@ mod tests {
         assert_eq!(m[0] & 1, 0, "unicast");
         assert_ne!(default_mac(0x5d, 0), default_mac(0x5d, 1));
         assert_ne!(default_mac(0x5d, 0), default_mac(0x6d, 0));
-        assert_ne!(default_mac(0x5d, 1), default_mac(0x5d, 257), "port ids above 255");
+        assert_ne!(
+            default_mac(0x5d, 1),
+            default_mac(0x5d, 257),
+            "port ids above 255"
+        );
     }
 }
