@@ -91,6 +91,54 @@ pub fn ring_size(s: &str) -> Result<u16, String> {
     }
 }
 
+/// Why a tool failed, and so its exit status: 2 for a usage error (what the user typed cannot
+/// work; clap's own errors exit 2 too), 1 for a failure while running (a port that does not
+/// open, a link that stays down, a device that fails). Every tool uses the same codes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The command line cannot work.
+    Usage(String),
+    /// Something failed while running.
+    Runtime(String),
+}
+
+impl Failure {
+    /// The process exit status for it.
+    pub fn exit_code(&self) -> std::process::ExitCode {
+        std::process::ExitCode::from(match self {
+            Self::Usage(_) => 2,
+            Self::Runtime(_) => 1,
+        })
+    }
+
+    /// Prints `tool: message` on stderr and returns the exit status.
+    pub fn report(&self, tool: &str) -> std::process::ExitCode {
+        match self {
+            Self::Usage(m) | Self::Runtime(m) => eprintln!("{tool}: {m}"),
+        }
+        self.exit_code()
+    }
+}
+
+/// A failure while running, from any error message.
+impl From<String> for Failure {
+    fn from(m: String) -> Self {
+        Self::Runtime(m)
+    }
+}
+
+/// A failure while running, from a message.
+impl From<&str> for Failure {
+    fn from(m: &str) -> Self {
+        Self::Runtime(m.to_string())
+    }
+}
+
+/// A usage error.
+pub fn usage(m: impl Into<String>) -> Failure {
+    Failure::Usage(m.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,3 +67,67 @@ fn out_of_range_numbers_are_usage_errors() {
         );
     }
 }
+
+/// The same exit codes in every tool: 2 when the command line cannot work, 1 when something
+/// fails while running.
+#[test]
+fn usage_errors_exit_2_runtime_failures_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = format!("emu-mana:wire=shm:cli{}", std::process::id());
+    let cases: &[(&str, &[&str], i32, &str)] = &[
+        ("l2fwd", &["--port", "null"], 2, "even number"),
+        (
+            "l2fwd",
+            &["--port", "null", "--port", "null", "--lcores", "999"],
+            2,
+            "999",
+        ),
+        (
+            "pktgen",
+            &["--port", "null", "--size", "20"],
+            2,
+            "--size 20",
+        ),
+        (
+            "pktgen",
+            &["--port", "null", "--port", "null", "--port", "null"],
+            2,
+            "3 ports given",
+        ),
+        (
+            "pktgen",
+            &["--port", "null", "--rx-only", "--count", "5"],
+            2,
+            "--rx-only",
+        ),
+        // A link that stays down: the far end of the cable never attaches.
+        (
+            "pktgen",
+            &["--port", &shm, "--link-timeout", "0.2"],
+            1,
+            "link",
+        ),
+        // A device that does not exist on this machine.
+        (
+            "l2fwd",
+            &["--port", "mana:dev=mana_9", "--port", "null"],
+            1,
+            "mana_9",
+        ),
+    ];
+    for (bin, args, code, want) in cases {
+        let path = match *bin {
+            "l2fwd" => env!("CARGO_BIN_EXE_l2fwd"),
+            _ => env!("CARGO_BIN_EXE_pktgen"),
+        };
+        let o = Command::new(path)
+            .args(*args)
+            .env("PMD_SHM_DIR", dir.path())
+            .env("PMD_SYSFS_ROOT", dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(*code), "{bin} {args:?}: {err}");
+        assert!(err.contains(want), "{bin} {args:?}: {want:?} in {err}");
+    }
+}

@@ -1,6 +1,7 @@
 //! l2fwd: forwards every frame that arrives on a port to its paired port (0<->1, 2<->3, ...),
 //! optionally rewriting the MAC addresses, like DPDK's examples/l2fwd.
 
+use apps::cli::{usage, Failure};
 use apps::common::{
     announce_ready, make_pool, open_ports, si, wait_links, Counter, EventWatch, Idle,
 };
@@ -91,26 +92,16 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("l2fwd: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => e.report("l2fwd"),
     }
 }
 
-fn run(args: &Args) -> Result<(), String> {
+fn run(args: &Args) -> Result<(), Failure> {
     let np = args.ports.len();
     if np < 2 || !np.is_multiple_of(2) {
-        return Err(format!("{np} port(s) given: l2fwd forwards between pairs, give an even number (--port A --port B)"));
+        return Err(usage(format!("{np} port(s) given: l2fwd forwards between pairs, give an even number (--port A --port B)")));
     }
-    args.lcores.validate().map_err(|e| e.to_string())?;
-    if let Some(d) = args.duration {
-        if !(d > 0.0 && d.is_finite()) {
-            return Err(format!(
-                "--duration {d}: expected a positive number of seconds"
-            ));
-        }
-    }
+    args.lcores.validate().map_err(|e| usage(e.to_string()))?;
     let cores = args.lcores.cores().len();
     let mac_updating = !args.no_mac_updating;
     let pool = make_pool("l2fwd", np, args.rxq, cores as u16, args.ring_size, cores)
@@ -248,10 +239,10 @@ fn run(args: &Args) -> Result<(), String> {
     let in_use = pool.in_use();
     report(args, &counters, np, secs, in_use, &events);
     if let Some(f) = fatal {
-        return Err(f);
+        return Err(f.into());
     }
     if in_use != 0 {
-        return Err(format!("{in_use} mbufs were not returned to the pool"));
+        return Err(format!("{in_use} mbufs were not returned to the pool").into());
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! pktgen: a traffic generator with sequence numbers, loss and latency measurement.
 
+use apps::cli::{usage, Failure};
 use apps::common::{
     announce_ready, make_pool, open_ports, si, wait_links, Counter, EventWatch, Idle,
 };
@@ -174,10 +175,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("pktgen: {e}");
-            ExitCode::from(2)
-        }
+        Err(e) => e.report("pktgen"),
     }
 }
 
@@ -196,36 +194,33 @@ fn rate_pps(args: &Args, frame_len: usize) -> Result<Option<f64>, String> {
     })
 }
 
-fn run(args: &Args) -> Result<ExitCode, String> {
+fn run(args: &Args) -> Result<ExitCode, Failure> {
     let np = args.ports.len();
     if np > 2 {
-        return Err(format!(
+        return Err(usage(format!(
             "{np} ports given: pktgen sends on one port and receives on the same or a second one"
-        ));
+        )));
     }
     let ncores = args.lcores.cores().len();
     if ncores > 2 {
-        return Err(format!(
+        return Err(usage(format!(
             "--lcores {}: pktgen uses one core (TX and RX) or two (TX, RX)",
             args.lcores
-        ));
+        )));
     }
-    args.lcores.validate().map_err(|e| e.to_string())?;
+    args.lcores.validate().map_err(|e| usage(e.to_string()))?;
     if !(60..=2048).contains(&args.size) {
-        return Err(format!(
+        return Err(usage(format!(
             "--size {}: expected {MIN_SIZE}..=2048 bytes",
             args.size
-        ));
+        )));
     }
     if args.rx_only && (args.pcap.is_some() || args.count.is_some()) {
-        return Err("--rx-only sends nothing: it takes neither --pcap nor --count".into());
+        return Err(usage(
+            "--rx-only sends nothing: it takes neither --pcap nor --count",
+        ));
     }
     let duration = match (args.duration, args.count) {
-        (Some(d), _) if !(d > 0.0 && d.is_finite()) => {
-            return Err(format!(
-                "--duration {d}: expected a positive number of seconds"
-            ))
-        }
         (Some(d), _) => Some(Duration::from_secs_f64(d)),
         (None, Some(_)) => None,
         (None, None) => Some(Duration::from_secs(10)),
@@ -401,7 +396,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     }
     report(args, &shared, &tracker, &hist, epoch, in_use, &events);
     if in_use != 0 {
-        return Err(format!("{in_use} mbufs were not returned to the pool"));
+        return Err(format!("{in_use} mbufs were not returned to the pool").into());
     }
     if let Some(f) = fatal {
         eprintln!("pktgen: {f}");
