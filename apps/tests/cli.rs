@@ -107,6 +107,30 @@ fn usage_errors_exit_2_runtime_failures_exit_1() {
             1,
             "link",
         ),
+        // Two ports recording to one file: refused, not half a capture each.
+        (
+            "l2fwd",
+            &[
+                "--port",
+                "emu-mana:wire=none,pcap=same.pcap",
+                "--port",
+                "emu-mana:wire=none,pcap=same.pcap",
+            ],
+            1,
+            "another port (of this or another process) is recording to this file",
+        ),
+        // A capture that cannot be written fails at once, naming the file and why.
+        (
+            "l2fwd",
+            &[
+                "--port",
+                "emu-mana:wire=none,pcap=/dev/full",
+                "--port",
+                "null",
+            ],
+            1,
+            "/dev/full: No space left on device",
+        ),
         // A device that does not exist on this machine.
         (
             "l2fwd",
@@ -122,6 +146,7 @@ fn usage_errors_exit_2_runtime_failures_exit_1() {
         };
         let o = Command::new(path)
             .args(*args)
+            .current_dir(dir.path())
             .env("PMD_SHM_DIR", dir.path())
             .env("PMD_SYSFS_ROOT", dir.path())
             .output()

@@ -376,7 +376,11 @@ fn bad_command_lines_fail_with_a_clear_message() {
             vec!["--port", "null", "--size", "20"],
             "--size 20",
         ),
-        ("pktgen", vec!["--port", "null", "--rate", "0"], "--rate <PPS>"),
+        (
+            "pktgen",
+            vec!["--port", "null", "--rate", "0"],
+            "--rate <PPS>",
+        ),
         (
             "pktgen",
             vec!["--port", "null", "--rate", "5", "--max"],

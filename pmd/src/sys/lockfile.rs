@@ -38,7 +38,7 @@ pub enum TryLock {
 
 /// `flock(fd, LOCK_EX | LOCK_NB)`: `Ok(true)` when locked, `Ok(false)` when another open file
 /// holds the lock.
-fn flock_exclusive_nonblocking(file: &File) -> io::Result<bool> {
+pub fn flock_exclusive_nonblocking(file: &File) -> io::Result<bool> {
     loop {
         // SAFETY: flock(2) takes a descriptor and flags only; `file` keeps the descriptor
         // open for the duration of the call.

@@ -7,9 +7,29 @@ use std::path::{Path, PathBuf};
 /// Records every frame a wire carries, both directions, to a pcap file (Ethernet link type).
 pub struct PcapTap {
     inner: Box<dyn Wire>,
-    writer: Option<pcap_file::pcap::PcapWriter<std::io::BufWriter<std::fs::File>>>,
+    writer: Option<pcap_file::pcap::PcapWriter<WriteThroughFirst>>,
     path: PathBuf,
     failed: bool,
+}
+
+/// A buffered file whose first write goes straight to the file: the start of the pcap header,
+/// so a file that cannot be written fails when the tap opens, not at the first frame.
+struct WriteThroughFirst {
+    out: std::io::BufWriter<std::fs::File>,
+    first: bool,
+}
+
+impl std::io::Write for WriteThroughFirst {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if std::mem::take(&mut self.first) {
+            self.out.get_mut().write_all(buf)?;
+            return Ok(buf.len());
+        }
+        self.out.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 impl std::fmt::Debug for PcapTap {
@@ -24,24 +44,52 @@ impl std::fmt::Debug for PcapTap {
 }
 
 impl PcapTap {
-    /// Wraps `inner`, writing to a new pcap file at `path`.
+    /// Wraps `inner`, writing to a new pcap file at `path`. The file is locked (`flock`) while
+    /// the tap records, so a second capture into it, from another port of this process or
+    /// from another process, is refused instead of interleaving with this one; it is
+    /// truncated only once locked, and the header is written through at once, so a file that
+    /// cannot be written (a full disk, `/dev/full`) fails here.
     ///
     /// # Errors
-    /// [`WireError::Pcap`] if the file cannot be created.
+    /// [`WireError::Pcap`] if the file cannot be created, locked or written.
     pub fn new(inner: Box<dyn Wire>, path: &Path) -> Result<Self, WireError> {
         let err = |source| WireError::Pcap {
             path: path.into(),
             source,
         };
-        let file = std::fs::File::create(path).map_err(err)?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(err)?;
+        if !crate::sys::lockfile::flock_exclusive_nonblocking(&file).map_err(err)? {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                "another port (of this or another process) is recording to this file; give each port its own pcap= file",
+            )));
+        }
+        if file.metadata().map_err(err)?.is_file() {
+            file.set_len(0).map_err(err)?;
+        }
         let header = pcap_file::pcap::PcapHeader {
             datalink: pcap_file::DataLink::ETHERNET,
             snaplen: MAX_FRAME as u32,
             ..Default::default()
         };
-        let writer =
-            pcap_file::pcap::PcapWriter::with_header(std::io::BufWriter::new(file), header)
-                .map_err(|e| err(std::io::Error::other(e.to_string())))?;
+        let writer = pcap_file::pcap::PcapWriter::with_header(
+            WriteThroughFirst {
+                out: std::io::BufWriter::new(file),
+                first: true,
+            },
+            header,
+        )
+        .map_err(|e| {
+            err(match e {
+                pcap_file::PcapError::IoError(io) => io,
+                other => std::io::Error::other(other.to_string()),
+            })
+        })?;
         Ok(Self {
             inner,
             writer: Some(writer),
@@ -59,7 +107,7 @@ impl PcapTap {
             .unwrap_or_default();
         let pkt = pcap_file::pcap::PcapPacket::new(ts, frame.len() as u32, frame);
         if let Err(e) = writer.write_packet(&pkt) {
-            tracing::warn!(target: "pmd::emu::wire", path = %self.path.display(), error = %e, "pcap capture stopped");
+            tracing::error!(target: "pmd::emu::wire", path = %self.path.display(), error = %e, "pcap capture stopped: frames from now on are not recorded");
             self.failed = true;
         }
     }
@@ -116,6 +164,34 @@ impl Drop for PcapTap {
 mod tests {
     use super::*;
     use crate::emu::wire::Loopback;
+
+    #[test]
+    fn a_file_is_recorded_by_one_tap_at_a_time() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("one.pcap");
+        let first = PcapTap::new(Box::new(Loopback::open("t-pcap2").unwrap()), &path).unwrap();
+        let e = PcapTap::new(Box::new(Loopback::open("t-pcap2").unwrap()), &path).unwrap_err();
+        assert!(
+            e.to_string().contains("another port") && e.to_string().contains("one.pcap"),
+            "{e}"
+        );
+        drop(first);
+        // Free again once the first tap is gone.
+        PcapTap::new(Box::new(Loopback::open("t-pcap3").unwrap()), &path).unwrap();
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_written_fails_at_open() {
+        let e = PcapTap::new(
+            Box::new(Loopback::open("t-pcap4").unwrap()),
+            Path::new("/dev/full"),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("/dev/full") && e.to_string().contains("No space left"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn pcap_tap_records_both_directions() {
