@@ -108,10 +108,79 @@ pub struct FrameSpec {
     pub dst_mac: [u8; 6],
 }
 
+/// Distinct 5-tuples the ranges give: every combination of the four ranges (their product,
+/// saturating), which the flows walk through like the digits of a number.
+fn distinct_tuples(spec: &FrameSpec) -> u64 {
+    [
+        u64::from(spec.src_ip.len),
+        u64::from(spec.dst_ip.len),
+        u64::from(spec.src_port.len),
+        u64::from(spec.dst_port.len),
+    ]
+    .into_iter()
+    .fold(1u64, u64::saturating_mul)
+}
+
+/// Makes `spec.flows` distinct 5-tuples: with every range a single value (the defaults),
+/// the source UDP port varies over `flows` ports from its start (as pktgen-dpdk's range mode
+/// does); ranges that give fewer distinct tuples than flows are an error.
+fn flows_vary(spec: &FrameSpec) -> Result<FrameSpec, String> {
+    let mut s = spec.clone();
+    if u64::from(s.flows) <= distinct_tuples(&s) {
+        return Ok(s);
+    }
+    let single = [s.src_ip.len, s.dst_ip.len, s.src_port.len, s.dst_port.len]
+        .iter()
+        .all(|&n| n == 1);
+    if single {
+        let last = u32::from(s.src_port.start) + s.flows - 1;
+        if last > u32::from(u16::MAX) {
+            return Err(format!(
+                "--flows {}: the source port would run from {} past 65535; give --src-port a lower start or a range",
+                s.flows, s.src_port.start
+            ));
+        }
+        s.src_port.len = s.flows;
+        return Ok(s);
+    }
+    Err(format!(
+        "--flows {}: the address and port ranges give only {} distinct 5-tuples; widen a range or lower --flows",
+        s.flows,
+        distinct_tuples(&s)
+    ))
+}
+
+/// What varies between the flows of `spec`, e.g. `source UDP port 1024-1087`.
+fn describe_flows(spec: &FrameSpec) -> String {
+    if spec.flows == 1 {
+        return "one 5-tuple".into();
+    }
+    let mut v = Vec::new();
+    if spec.src_ip.len > 1 {
+        v.push(format!("source IP {}", spec.src_ip));
+    }
+    if spec.dst_ip.len > 1 {
+        v.push(format!("destination IP {}", spec.dst_ip));
+    }
+    let port = |r: &PortRange| {
+        let last = u32::from(r.start) + r.len - 1;
+        format!("{}-{last}", r.start)
+    };
+    if spec.src_port.len > 1 {
+        v.push(format!("source UDP port {}", port(&spec.src_port)));
+    }
+    if spec.dst_port.len > 1 {
+        v.push(format!("destination UDP port {}", port(&spec.dst_port)));
+    }
+    v.join(", ")
+}
+
 /// Prebuilt frames, one per flow, with valid IPv4 and UDP checksums for an all-zero stamp.
 #[derive(Debug, Clone)]
 pub struct FrameGen {
     templates: Vec<Vec<u8>>,
+    /// What varies between flows, for the banner.
+    varies: String,
     /// Offset of the stamp in each frame.
     stamp_at: usize,
     /// Offset of the UDP checksum.
@@ -133,12 +202,22 @@ impl FrameGen {
             ));
         }
         let payload = usize::from(spec.size) - HEADERS - vlan_bytes;
+        let spec = &flows_vary(spec)?;
+        let varies = describe_flows(spec);
         let mut templates = Vec::with_capacity(spec.flows as usize);
         for f in 0..spec.flows {
-            let src = Ipv4Addr::from(spec.src_ip.start + f % spec.src_ip.len).octets();
-            let dst = Ipv4Addr::from(spec.dst_ip.start + f % spec.dst_ip.len).octets();
-            let sport = spec.src_port.start + (f % spec.src_port.len) as u16;
-            let dport = spec.dst_port.start + (f % spec.dst_port.len) as u16;
+            // Flow f is a mixed-radix number over the ranges: source port fastest, then
+            // destination port, source IP, destination IP.
+            let mut d = f;
+            let mut digit = |len: u32| {
+                let v = d % len;
+                d /= len;
+                v
+            };
+            let sport = spec.src_port.start + digit(spec.src_port.len) as u16;
+            let dport = spec.dst_port.start + digit(spec.dst_port.len) as u16;
+            let src = Ipv4Addr::from(spec.src_ip.start + digit(spec.src_ip.len)).octets();
+            let dst = Ipv4Addr::from(spec.dst_ip.start + digit(spec.dst_ip.len)).octets();
             let eth = etherparse::PacketBuilder::ethernet2(spec.src_mac, spec.dst_mac);
             let mut out = Vec::with_capacity(usize::from(spec.size));
             let zeros = vec![0u8; payload];
@@ -161,6 +240,7 @@ impl FrameGen {
         }
         Ok(Self {
             templates,
+            varies,
             stamp_at: HEADERS + vlan_bytes,
             udp_csum_at: 14 + vlan_bytes + 20 + 6,
         })
@@ -192,6 +272,11 @@ impl FrameGen {
     /// Frame length.
     pub fn len(&self) -> usize {
         self.templates[0].len()
+    }
+
+    /// What varies between flows (`source UDP port 1024-1087`, or `one 5-tuple`).
+    pub fn varies(&self) -> &str {
+        &self.varies
     }
 
     /// Whether there are no templates (never: at least one flow).
@@ -469,6 +554,46 @@ mod tests {
         }
     }
 
+    /// `--flows N` gives N distinct 5-tuples: with the default single values the source port
+    /// varies (and the banner says so); ranges that cannot give N tuples are refused.
+    #[test]
+    fn flows_are_distinct_five_tuples() {
+        let mut sp = spec(128, 64, None);
+        sp.src_ip = "169.254.1.1".parse().unwrap();
+        sp.src_port = "1024".parse().unwrap();
+        let g = FrameGen::new(&sp).unwrap();
+        assert_eq!(g.varies(), "source UDP port 1024-1087");
+        let tuples: std::collections::BTreeSet<Vec<u8>> = (0..64u64)
+            .map(|i| {
+                let mut out = vec![0u8; 128];
+                g.write(i, 0, &mut out);
+                // IPv4 addresses and UDP ports.
+                out[26..38].to_vec()
+            })
+            .collect();
+        assert_eq!(tuples.len(), 64);
+        // 4 source IPs x 2 source ports: 8 combinations, not 64.
+        let e = FrameGen::new(&spec(128, 64, None)).unwrap_err();
+        assert!(e.contains("only 8 distinct 5-tuples"), "{e}");
+        let g = FrameGen::new(&spec(128, 8, None)).unwrap();
+        let tuples: std::collections::BTreeSet<Vec<u8>> = (0..8u64)
+            .map(|i| {
+                let mut out = vec![0u8; 128];
+                g.write(i, 0, &mut out);
+                out[26..38].to_vec()
+            })
+            .collect();
+        assert_eq!(tuples.len(), 8, "every combination once");
+        assert_eq!(
+            g.varies(),
+            "source IP 169.254.1.1-169.254.1.4, source UDP port 1000-1001"
+        );
+        let mut sp = spec(128, 100, None);
+        sp.src_ip = "169.254.1.1".parse().unwrap();
+        sp.src_port = "65500".parse().unwrap();
+        assert!(FrameGen::new(&sp).unwrap_err().contains("past 65535"));
+    }
+
     #[test]
     fn frames_carry_stamps_with_valid_checksums() {
         for vlan in [None, Some(100)] {
@@ -492,11 +617,11 @@ mod tests {
                     u.to_header().calc_checksum_ipv4(&h, u.payload()).unwrap(),
                     "seq {seq}"
                 );
-                // Flow fields cycle with the sequence number.
+                // Flow fields walk the combinations: source port fastest, then source IP.
                 let f = (seq % 8) as u32;
                 assert_eq!(
                     u32::from(Ipv4Addr::from(h.source)),
-                    u32::from(Ipv4Addr::new(169, 254, 1, 1)) + f % 4
+                    u32::from(Ipv4Addr::new(169, 254, 1, 1)) + f / 2
                 );
                 assert_eq!(u.source_port(), 1000 + (f % 2) as u16);
             }

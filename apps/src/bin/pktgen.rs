@@ -50,7 +50,9 @@ struct Args {
     /// Frame size in bytes, without FCS (60..=2048).
     #[arg(long, default_value_t = 60)]
     size: u16,
-    /// Number of flows: the 5-tuple fields cycle through their ranges with the flow index.
+    /// Number of flows, each a distinct 5-tuple: the flows walk every combination of the
+    /// address and port ranges (source port fastest); with every range a single value (the
+    /// defaults) the source UDP port varies from --src-port. The banner says what varies.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
     flows: u32,
     /// Source IPv4 address or range A.B.C.D[-E.F.G.H].
@@ -310,16 +312,22 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     }
     let epoch = Instant::now();
     if !args.json {
+        let what = match &frames {
+            Frames::Gen(g) => format!(
+                "UDP frames of {frame_len} B, {} flows ({})",
+                args.flows,
+                g.varies()
+            ),
+            Frames::Pcap(f) => format!("{} pcap frames, {frame_len} B on average", f.len()),
+        };
         eprintln!(
-            "pktgen: {} on {}, rx on port {}, {} frames of {frame_len} B, {} flows",
+            "pktgen: {} on {}, rx on port {}, {what}",
             match rate {
                 Some(r) => format!("{}pps", si(r)),
                 None => "max rate".into(),
             },
             args.ports[0],
             np - 1,
-            if args.pcap.is_some() { "pcap" } else { "UDP" },
-            args.flows
         );
     }
     let mut child = match &args.run {
