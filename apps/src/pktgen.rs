@@ -150,7 +150,15 @@ fn flows_vary(spec: &FrameSpec) -> Result<FrameSpec, String> {
     ))
 }
 
-/// What varies between the flows of `spec`, e.g. `source UDP port 1024-1087`.
+/// What varies between the flows [`FrameGen::new`] builds for `spec`, e.g. `source UDP port
+/// 1024-1087`, or `one 5-tuple`.
+///
+/// # Errors
+/// As [`FrameGen::new`] for the flows.
+pub fn flows_varying(spec: &FrameSpec) -> Result<String, String> {
+    flows_vary(spec).map(|s| describe_flows(&s))
+}
+
 fn describe_flows(spec: &FrameSpec) -> String {
     if spec.flows == 1 {
         return "one 5-tuple".into();
@@ -179,8 +187,6 @@ fn describe_flows(spec: &FrameSpec) -> String {
 #[derive(Debug, Clone)]
 pub struct FrameGen {
     templates: Vec<Vec<u8>>,
-    /// What varies between flows, for the banner.
-    varies: String,
     /// Offset of the stamp in each frame.
     stamp_at: usize,
     /// Offset of the UDP checksum.
@@ -203,7 +209,6 @@ impl FrameGen {
         }
         let payload = usize::from(spec.size) - HEADERS - vlan_bytes;
         let spec = &flows_vary(spec)?;
-        let varies = describe_flows(spec);
         let mut templates = Vec::with_capacity(spec.flows as usize);
         for f in 0..spec.flows {
             // Flow f is a mixed-radix number over the ranges: source port fastest, then
@@ -240,7 +245,6 @@ impl FrameGen {
         }
         Ok(Self {
             templates,
-            varies,
             stamp_at: HEADERS + vlan_bytes,
             udp_csum_at: 14 + vlan_bytes + 20 + 6,
         })
@@ -272,11 +276,6 @@ impl FrameGen {
     /// Frame length.
     pub fn len(&self) -> usize {
         self.templates[0].len()
-    }
-
-    /// What varies between flows (`source UDP port 1024-1087`, or `one 5-tuple`).
-    pub fn varies(&self) -> &str {
-        &self.varies
     }
 
     /// Whether there are no templates (never: at least one flow).
@@ -562,7 +561,7 @@ mod tests {
         sp.src_ip = "169.254.1.1".parse().unwrap();
         sp.src_port = "1024".parse().unwrap();
         let g = FrameGen::new(&sp).unwrap();
-        assert_eq!(g.varies(), "source UDP port 1024-1087");
+        assert_eq!(flows_varying(&sp).unwrap(), "source UDP port 1024-1087");
         let tuples: std::collections::BTreeSet<Vec<u8>> = (0..64u64)
             .map(|i| {
                 let mut out = vec![0u8; 128];
@@ -585,7 +584,7 @@ mod tests {
             .collect();
         assert_eq!(tuples.len(), 8, "every combination once");
         assert_eq!(
-            g.varies(),
+            flows_varying(&spec(128, 8, None)).unwrap(),
             "source IP 169.254.1.1-169.254.1.4, source UDP port 1000-1001"
         );
         let mut sp = spec(128, 100, None);

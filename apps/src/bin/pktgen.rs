@@ -5,7 +5,8 @@ use apps::common::{
     announce_ready, make_pool, open_ports, si, wait_links, Counter, EventWatch, Idle,
 };
 use apps::pktgen::{
-    load_pcap, read_stamp, FrameGen, FrameSpec, IpRange, PortRange, SeqTracker, MIN_SIZE,
+    flows_varying, load_pcap, read_stamp, FrameGen, FrameSpec, IpRange, PortRange, SeqTracker,
+    MIN_SIZE,
 };
 use clap::Parser;
 use hdrhistogram::Histogram;
@@ -228,6 +229,17 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         (None, None) => Some(Duration::from_secs(10)),
     };
     let pool = make_pool("pktgen", np, 1, 1, args.ring_size, ncores).map_err(|e| e.to_string())?;
+    let gen_spec = FrameSpec {
+        size: args.size,
+        flows: args.flows,
+        src_ip: args.src_ip,
+        dst_ip: args.dst_ip,
+        src_port: args.src_port,
+        dst_port: args.dst_port,
+        vlan: args.vlan,
+        src_mac: [0x02, 0, 0, 0, 0xaa, 0x01],
+        dst_mac: args.dst_mac.0,
+    };
     let frames = match &args.pcap {
         Some(p) => {
             let cap = load_pcap(p, usize::from(pool.data_room()))?;
@@ -241,21 +253,19 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
             }
             Frames::Pcap(cap.frames)
         }
-        None => Frames::Gen(FrameGen::new(&FrameSpec {
-            size: args.size,
-            flows: args.flows,
-            src_ip: args.src_ip,
-            dst_ip: args.dst_ip,
-            src_port: args.src_port,
-            dst_port: args.dst_port,
-            vlan: args.vlan,
-            src_mac: [0x02, 0, 0, 0, 0xaa, 0x01],
-            dst_mac: args.dst_mac.0,
-        })?),
+        None => Frames::Gen(FrameGen::new(&gen_spec).map_err(usage)?),
     };
     let frame_len = match &frames {
         Frames::Gen(g) => g.len(),
         Frames::Pcap(f) => f.iter().map(Vec::len).sum::<usize>() / f.len(),
+    };
+    let what = match &frames {
+        Frames::Gen(_) => format!(
+            "UDP frames of {frame_len} B, {} flows ({})",
+            args.flows,
+            flows_varying(&gen_spec).map_err(usage)?
+        ),
+        Frames::Pcap(f) => format!("{} pcap frames, {frame_len} B on average", f.len()),
     };
     let rate = rate_pps(args, frame_len)?;
     let cfg = PortConfig {
@@ -312,14 +322,6 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     }
     let epoch = Instant::now();
     if !args.json {
-        let what = match &frames {
-            Frames::Gen(g) => format!(
-                "UDP frames of {frame_len} B, {} flows ({})",
-                args.flows,
-                g.varies()
-            ),
-            Frames::Pcap(f) => format!("{} pcap frames, {frame_len} B on average", f.len()),
-        };
         eprintln!(
             "pktgen: {} on {}, rx on port {}, {what}",
             match rate {
