@@ -163,3 +163,44 @@ fn pktgen_ready_then_two_signals_still_report() {
     assert!(err.contains("second stop signal (SIGINT)"), "{err}");
     assert!(err.contains("still running: killed"), "{err}");
 }
+
+/// Latency across processes: a receiving pktgen started 2 s before the sender measures the
+/// frames' flight time, not the time between the two processes' starts (both stamp and read
+/// the machine's monotonic clock).
+#[test]
+fn latency_across_processes_uses_one_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = format!("lat{}", std::process::id());
+    let a = format!("emu-mana:wire=shm:{id}");
+    let mut rx = bin("pktgen");
+    rx.args(["--port", &a, "--rx-only", "--duration", "6", "--json"])
+        .args(["--lcores", "0", "--link-timeout", "20"])
+        .env("PMD_SHM_DIR", dir.path());
+    let (rx_child, rx_lines) = spawn(rx);
+    std::thread::sleep(Duration::from_secs(2));
+    let tx = bin("pktgen")
+        .args(["--port", &a, "--count", "2000", "--rate", "2000", "--json"])
+        .args([
+            "--lcores",
+            "0",
+            "--link-timeout",
+            "20",
+            "--drain-timeout",
+            "0",
+        ])
+        .env("PMD_SHM_DIR", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        tx.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tx.stderr)
+    );
+    let (status, out, err) = finish(rx_child, &rx_lines);
+    assert!(status.success(), "{err}");
+    let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(j["rx_packets"], 2000, "{out}");
+    let p50 = j["latency_ns"]["p50"].as_u64().unwrap();
+    // With a clock per process the p50 would be the 2 s between the starts.
+    assert!(p50 > 0 && p50 < 1_000_000_000, "p50 {p50} ns: {out}");
+}

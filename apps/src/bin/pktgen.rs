@@ -362,7 +362,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
                 }
                 Role::Rx(mut r) => {
                     while !lcore.stop.is_set() {
-                        let w = r.poll(&pool, &sh, epoch);
+                        let w = r.poll(&pool, &sh);
                         idle.after(w);
                     }
                     Outcome::Rx(Box::new(r))
@@ -370,7 +370,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
                 Role::Both(mut t, mut r) => {
                     while !lcore.stop.is_set() {
                         let a = t.poll(&pool, &sh, epoch);
-                        let b = r.poll(&pool, &sh, epoch);
+                        let b = r.poll(&pool, &sh);
                         pace(&t, a || b, busy, &mut idle);
                     }
                     t.finish(&pool);
@@ -391,7 +391,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         return Err("no receive side ran".into());
     };
     // One last look at frames that arrived after the workers stopped polling.
-    rx.poll(&pool, &shared, epoch);
+    rx.poll(&pool, &shared);
     for p in &mut ports {
         p.stop();
     }
@@ -483,7 +483,9 @@ impl TxSide {
             want = want.min(c - self.made);
         }
         if want > 0 {
-            let ts = epoch.elapsed().as_nanos() as u64;
+            // The machine's clock, not this process's: a receiver in another process reads
+            // the same one.
+            let ts = pmd::sys::clock::monotonic_ns();
             for _ in 0..want {
                 let Some(mut m) = lcache::alloc(pool) else {
                     break;
@@ -531,10 +533,10 @@ impl TxSide {
 }
 
 impl RxSide {
-    fn poll(&mut self, pool: &Arc<mempool::MbufPool>, sh: &Shared, epoch: Instant) -> bool {
+    fn poll(&mut self, pool: &Arc<mempool::MbufPool>, sh: &Shared) -> bool {
         let n = self.q.rx_burst(&mut self.burst);
         if n > 0 {
-            let now = epoch.elapsed().as_nanos() as u64;
+            let now = pmd::sys::clock::monotonic_ns();
             let mut bytes = 0u64;
             for m in self.burst.iter() {
                 bytes += u64::from(m.pkt_len());

@@ -30,6 +30,7 @@ pub mod dv {
 }
 
 pub mod barrier;
+pub mod clock;
 pub mod event;
 #[cfg(all(test, feature = "verbs"))]
 mod layout;
