@@ -470,14 +470,28 @@ pub struct SeqTracker {
     pub unique: u64,
     /// Frames received again.
     pub duplicates: u64,
-    /// Frames that arrived after a later one.
+    /// Frames that arrived after a later frame of the same flow (flow = sequence number
+    /// modulo the flow count, as the generator assigns them). Frames of different flows may
+    /// pass each other (RSS puts them on different queues) without counting.
     pub reordered: u64,
     /// Sequence numbers skipped so far (lost unless they turn up late).
     pub gaps: u64,
+    /// Per flow, one past the highest sequence number seen (0: none yet).
+    last: Vec<u64>,
 }
 
 impl Default for SeqTracker {
     fn default() -> Self {
+        Self::with_flows(1)
+    }
+}
+
+impl SeqTracker {
+    /// How far back a late frame is still told apart from a duplicate.
+    pub const WINDOW: u64 = 1 << 20;
+
+    /// A tracker for frames of `flows` flows (at least 1).
+    pub fn with_flows(flows: u32) -> Self {
         Self {
             next: 0,
             bits: vec![0; (Self::WINDOW / 64) as usize],
@@ -485,13 +499,20 @@ impl Default for SeqTracker {
             duplicates: 0,
             reordered: 0,
             gaps: 0,
+            last: vec![0; flows.max(1) as usize],
         }
     }
-}
 
-impl SeqTracker {
-    /// How far back a late frame is still told apart from a duplicate.
-    pub const WINDOW: u64 = 1 << 20;
+    /// Counts `s` as reordered if a later frame of its flow came first.
+    #[inline]
+    fn order(&mut self, s: u64) {
+        let f = (s % self.last.len() as u64) as usize;
+        if s < self.last[f] {
+            self.reordered += 1;
+        } else {
+            self.last[f] = s + 1;
+        }
+    }
 
     #[inline]
     fn bit(&mut self, s: u64) -> (&mut u64, u64) {
@@ -517,19 +538,20 @@ impl SeqTracker {
             *w |= m;
             self.next = s + 1;
             self.unique += 1;
+            self.order(s);
         } else if self.next - s >= Self::WINDOW {
-            self.reordered += 1;
             self.gaps = self.gaps.saturating_sub(1);
             self.unique += 1;
+            self.order(s);
         } else {
             let (w, m) = self.bit(s);
             if *w & m != 0 {
                 self.duplicates += 1;
             } else {
                 *w |= m;
-                self.reordered += 1;
                 self.gaps = self.gaps.saturating_sub(1);
                 self.unique += 1;
+                self.order(s);
             }
         }
     }
@@ -663,6 +685,29 @@ mod tests {
         // A far jump clears the window.
         t.record(10 + SeqTracker::WINDOW * 2);
         assert_eq!(t.unique, 9);
+    }
+
+    /// Reordering is counted per flow: two flows on two queues interleave freely, a frame
+    /// overtaken by a later frame of its own flow counts.
+    #[test]
+    fn reordering_is_per_flow() {
+        let mut t = SeqTracker::with_flows(2);
+        // Flow 0: 0 2 4 6, flow 1: 1 3 5 7, delivered a queue at a time.
+        for s in [0, 2, 4, 6, 1, 3, 5, 7] {
+            t.record(s);
+        }
+        assert_eq!((t.unique, t.reordered, t.gaps, t.duplicates), (8, 0, 0, 0));
+        let mut t = SeqTracker::with_flows(2);
+        for s in [0, 4, 2, 1, 3] {
+            t.record(s);
+        }
+        assert_eq!(t.reordered, 1, "2 came after 4, both flow 0");
+        // The same arrivals with one flow: every late frame counts.
+        let mut t = SeqTracker::with_flows(1);
+        for s in [0, 2, 4, 6, 1, 3, 5, 7] {
+            t.record(s);
+        }
+        assert_eq!(t.reordered, 3);
     }
 
     #[test]

@@ -154,7 +154,8 @@ struct TxSide {
 }
 
 struct RxSide {
-    q: RxQueue,
+    /// Every RX queue of the receiving port (RSS spreads the flows over them).
+    qs: Vec<RxQueue>,
     tracker: SeqTracker,
     hist: Histogram<u64>,
     stamped: bool,
@@ -282,7 +283,11 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     stop.on_signals().map_err(|e| e.to_string())?;
     let mut ports = open_ports(&args.ports, &cfg, &pool)?;
     let txq = ports[0].tx_queue(0).map_err(|e| e.to_string())?;
-    let rxq = ports[np - 1].rx_queue(0).map_err(|e| e.to_string())?;
+    let nrxq = ports[np - 1].config().map_or(1, |c| c.rx_queues);
+    let rxqs = (0..nrxq)
+        .map(|q| ports[np - 1].rx_queue(q))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
     for p in &mut ports {
         p.start().map_err(|e| e.to_string())?;
     }
@@ -304,8 +309,10 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         done: args.rx_only,
     };
     let rx = RxSide {
-        q: rxq,
-        tracker: SeqTracker::default(),
+        qs: rxqs,
+        // Flows are what the generator assigns (sequence number modulo --flows); replayed
+        // captures carry no stamps.
+        tracker: SeqTracker::with_flows(args.flows),
         hist: Histogram::new_with_bounds(1, 3_600_000_000_000, 3).map_err(|e| e.to_string())?,
         stamped: args.pcap.is_none(),
         last_publish: Instant::now(),
@@ -534,8 +541,13 @@ impl TxSide {
 
 impl RxSide {
     fn poll(&mut self, pool: &Arc<mempool::MbufPool>, sh: &Shared) -> bool {
-        let n = self.q.rx_burst(&mut self.burst);
-        if n > 0 {
+        let mut total = 0;
+        for q in &mut self.qs {
+            let n = q.rx_burst(&mut self.burst);
+            if n == 0 {
+                continue;
+            }
+            total += n;
             let now = pmd::sys::clock::monotonic_ns();
             let mut bytes = 0u64;
             for m in self.burst.iter() {
@@ -555,6 +567,7 @@ impl RxSide {
             sh.rx_packets.add(n as u64);
             sh.rx_bytes.add(bytes);
         }
+        let n = total;
         if self.last_publish.elapsed() > Duration::from_millis(100) {
             self.last_publish = Instant::now();
             sh.gaps.store(self.tracker.gaps, Ordering::Relaxed);
