@@ -27,3 +27,51 @@ fn every_rx_queue_is_polled() {
     assert_eq!(j["lost"], 0, "{j}");
     assert_eq!(j["reordered"], 0, "{j}");
 }
+
+/// At a very low rate pktgen still stops at its deadline (not at the next frame's time) and
+/// on a signal within moments, and the duration it reports is the send period.
+#[test]
+fn pacing_honours_the_deadline_and_signals_at_any_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = format!("slow{}", std::process::id());
+    let port = format!("emu-mana:wire=loop:{id}");
+    let t0 = std::time::Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+        .args(["--port", &port, "--port", &port])
+        .args(["--rate", "0.1", "--duration", "2", "--json"])
+        .env("PMD_SHM_DIR", dir.path())
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let d = j["duration_s"].as_f64().unwrap();
+    assert!((1.9..2.5).contains(&d), "reported {d} s: {j}");
+    // The next frame was due 10 s after the first; the run ends at its 2 s deadline.
+    assert!(took < std::time::Duration::from_secs(9), "ran {took:?}");
+    assert_eq!(j["tx_packets"], 1, "{j}");
+
+    // 0.05 pps: the next frame is 20 s away; SIGINT ends the run at once.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+        .args(["--port", &port, "--port", &port])
+        .args(["--rate", "0.05", "--duration", "60", "--json"])
+        .env("PMD_SHM_DIR", dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let t1 = std::time::Instant::now();
+    pmd::sys::net::send_signal(child.id(), pmd::sys::net::SIGINT).unwrap();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(
+            t1.elapsed() < std::time::Duration::from_secs(8),
+            "SIGINT ignored while waiting for the next frame"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(child.wait().unwrap().success());
+}

@@ -422,13 +422,17 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Longest single sleep between frames: the loop looks at the stop flag and the deadline at
+/// least this often, whatever the rate (at 0.05 pps the next frame is 20 s away).
+const MAX_PACING_SLEEP: Duration = Duration::from_millis(10);
+
 /// Between sends at a set rate, give the CPU away instead of spinning on the clock: sleep
-/// when the next frame is due in more than 200 µs, yield when it is due in more than 20 µs
-/// (the device model's engine threads may share this core).
+/// when the next frame is due in more than 200 µs (at most [`MAX_PACING_SLEEP`]), yield when
+/// it is due in more than 20 µs (the device model's engine threads may share this core).
 #[inline]
 fn pace(t: &TxSide, did_work: bool, busy: bool, idle: &mut Idle) {
     if !busy {
-        if let Some(wait) = t.next_due_in() {
+        if let Some(wait) = t.next_due_in().map(|w| w.min(MAX_PACING_SLEEP)) {
             if wait > Duration::from_micros(200) {
                 std::thread::sleep(wait - Duration::from_micros(100));
                 return;
