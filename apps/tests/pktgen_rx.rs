@@ -75,3 +75,33 @@ fn pacing_honours_the_deadline_and_signals_at_any_rate() {
     }
     assert!(child.wait().unwrap().success());
 }
+
+/// Ctrl-C stops the sending, lets the frames in flight arrive, and reports the send period:
+/// nothing counted lost, the duration that of the sending.
+#[test]
+fn ctrl_c_drains_and_measures_the_send_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = format!("cc{}", std::process::id());
+    let port = format!("emu-mana:wire=loop:{id}");
+    let child = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+        .args(["--port", &port, "--port", &port])
+        .args(["--rate", "20000", "--duration", "60", "--json"])
+        .env("PMD_SHM_DIR", dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    pmd::sys::net::send_signal(child.id(), pmd::sys::net::SIGINT).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let tx = j["tx_packets"].as_u64().unwrap();
+    assert!(tx > 0, "{j}");
+    assert_eq!(j["rx_packets"], tx, "every frame sent arrives: {j}");
+    assert_eq!(j["lost"], 0, "{j}");
+    // The send period (the signal came 1.5 s after the start), not the send period plus the
+    // drain and the shutdown.
+    let secs = j["duration_s"].as_f64().unwrap();
+    assert!(secs > 0.3 && secs < 2.5, "{tx} frames over {secs} s: {j}");
+}

@@ -131,6 +131,8 @@ struct Shared {
     p50: AtomicU64,
     p99: AtomicU64,
     tx_done: AtomicBool,
+    /// A stop signal arrived: stop sending, then drain as at the end of a run.
+    stop_sending: AtomicBool,
     tx_start_ns: AtomicU64,
     tx_end_ns: AtomicU64,
 }
@@ -279,8 +281,11 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     };
     // Stop signals are guarded before the first port opens: from then on a taken-over netdev
     // is given back however the process stops (first signal: clean stop; second: clean stop without the drain; third: at once).
+    // The signals set `signalled`; the workers stop on `stop`, which the main loop lets go
+    // only after the frames in flight had their drain window.
+    let signalled = StopFlag::new();
+    signalled.on_signals().map_err(|e| e.to_string())?;
     let stop = StopFlag::new();
-    stop.on_signals().map_err(|e| e.to_string())?;
     let mut ports = open_ports(&args.ports, &cfg, &pool)?;
     let txq = ports[0].tx_queue(0).map_err(|e| e.to_string())?;
     let nrxq = ports[np - 1].config().map_or(1, |c| c.rx_queues);
@@ -387,7 +392,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
             lcache::flush();
             out
         },
-        |stop| fatal = main_loop(args, &shared, stop, epoch, &mut ports, &mut events),
+        |_| fatal = main_loop(args, &shared, &signalled, epoch, &mut ports, &mut events),
     )
     .map_err(|e| e.to_string())?;
     let rx = results.into_iter().find_map(|o| match o {
@@ -470,7 +475,8 @@ impl TxSide {
             now
         });
         let elapsed = now - start;
-        let out_of_time = self.duration.is_some_and(|d| elapsed >= d);
+        let out_of_time =
+            self.duration.is_some_and(|d| elapsed >= d) || sh.stop_sending.load(Ordering::Acquire);
         let out_of_count = self.count.is_some_and(|c| self.made >= c) && self.pending.is_empty();
         if out_of_time || out_of_count {
             self.done = true;
@@ -615,7 +621,7 @@ fn reap(c: &mut std::process::Child, limit: Duration) {
 fn main_loop(
     args: &Args,
     sh: &Shared,
-    stop: &StopFlag,
+    signalled: &StopFlag,
     epoch: Instant,
     ports: &mut [Port],
     events: &mut EventWatch,
@@ -633,8 +639,13 @@ fn main_loop(
         if let Some(f) = events.wait(ports, Duration::from_millis(10)) {
             return Some(f);
         }
-        if stop.is_set() {
-            break;
+        if signalled.is_set() {
+            // Stop sending; what is in flight gets the drain window below (a second
+            // signal cuts it short).
+            sh.stop_sending.store(true, Ordering::Release);
+            if pmd::takeover::exit::hurry_requested() || rx_only_until.is_some() {
+                break;
+            }
         }
         if let Some(until) = rx_only_until {
             if epoch.elapsed() >= until {
