@@ -66,6 +66,14 @@ pub fn gbps(s: &str) -> Result<f64, String> {
     number("Gbit/s", s, MIN_GBPS, MAX_GBPS, false)
 }
 
+/// A percentage, 0 to 100.
+///
+/// # Errors
+/// Not a number, or out of range.
+pub fn percent(s: &str) -> Result<f64, String> {
+    number("a percentage", s, 0.0, 100.0, false)
+}
+
 /// The most descriptors per queue a tool asks for (mlx5's `max_qp_wr`; the port layer
 /// reduces it to what a device takes, with a warning).
 pub const MAX_RING: u16 = 32768;

@@ -105,3 +105,62 @@ fn ctrl_c_drains_and_measures_the_send_period() {
     let secs = j["duration_s"].as_f64().unwrap();
     assert!(secs > 0.3 && secs < 2.5, "{tx} frames over {secs} s: {j}");
 }
+
+/// `--max-loss PCT`: loss above it exits 1 after the report; at or below it, 0.
+#[test]
+fn max_loss_fails_a_lossy_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = format!("ml{}", std::process::id());
+    let run = |max: &str| {
+        Command::new(env!("CARGO_BIN_EXE_pktgen"))
+            .args(["--port", &format!("emu-mana:wire=loop:{id}")])
+            .args(["--port", &format!("emu-mana:wire=loop:{id}")])
+            .args([
+                "--count",
+                "200",
+                "--rate",
+                "10000",
+                "--drain-timeout",
+                "0.2",
+            ])
+            .args(["--max-loss", max])
+            .env("PMD_SHM_DIR", dir.path())
+            .output()
+            .unwrap()
+    };
+    // Nothing is lost on a loop cable: 0% passes.
+    let o = run("0");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A model port whose frames go nowhere: every frame sent is lost.
+    let o = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+        .args([
+            "--port",
+            "emu-mana:wire=none",
+            "--count",
+            "100",
+            "--max-loss",
+            "10",
+        ])
+        .args(["--drain-timeout", "0.1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("lost 100 of 100 frames (100.000%), more than --max-loss 10%"),
+        "{err}"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("lost"),
+        "the report comes first"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+        .args(["--port", "null", "--max-loss", "150"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a percentage above 100 is a usage error"
+    );
+}

@@ -112,6 +112,10 @@ struct Args {
     /// Print the final report as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Exit with status 1 when more than this percentage of the frames sent was lost (for
+    /// scripts and CI), after the report.
+    #[arg(long, value_name = "PCT", value_parser = apps::cli::percent)]
+    max_loss: Option<f64>,
     /// A shell command (`sh -c`) to start once the links are up and traffic starts, e.g. a
     /// capture or a script that acts during the run; pktgen waits for it at the end (at most
     /// --drain-timeout, then kills it) and reports its exit status. Spawning a child makes
@@ -419,6 +423,21 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     report(args, &shared, &tracker, &hist, epoch, in_use, &events);
     if in_use != 0 {
         return Err(format!("{in_use} mbufs were not returned to the pool").into());
+    }
+    if let Some(max) = args.max_loss {
+        let tx = shared.tx_packets.get();
+        let lost = tx.saturating_sub(tracker.unique);
+        let pct = if tx == 0 {
+            0.0
+        } else {
+            lost as f64 * 100.0 / tx as f64
+        };
+        if pct > max {
+            eprintln!(
+                "pktgen: lost {lost} of {tx} frames ({pct:.3}%), more than --max-loss {max}%"
+            );
+            return Ok(ExitCode::FAILURE);
+        }
     }
     if let Some(f) = fatal {
         eprintln!("pktgen: {f}");
