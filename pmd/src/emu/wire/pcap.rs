@@ -82,6 +82,9 @@ impl Wire for PcapTap {
         self.record(frame);
         self.inner.send(frame)
     }
+    fn flush(&mut self) {
+        self.inner.flush();
+    }
     fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {
         let n = self.inner.recv(buf)?;
         let end = n.min(buf.len());
@@ -101,6 +104,9 @@ impl Wire for PcapTap {
             self.inner.describe(),
             self.path.display()
         )
+    }
+    fn stats(&self) -> Vec<(String, u64)> {
+        self.inner.stats()
     }
 }
 
