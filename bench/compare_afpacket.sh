@@ -20,6 +20,8 @@
 #   FWD_CPU=1 PEER_CPU=0   cores (default: forwarder on 1, iperf3 on 0)
 #   IPERF_ARGS="-P 1"      more iperf3 client arguments
 #   L2FWD=path/to/l2fwd    run this l2fwd binary instead of building one
+#   L2FWD_ARGS, TESTPMD_ARGS   more arguments for either forwarder
+#   KEEP_LOGS=DIR          keep the forwarders' logs and iperf3's JSON there
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
@@ -27,6 +29,8 @@ runs=${2:-3}
 fwd_cpu=${FWD_CPU:-1}
 peer_cpu=${PEER_CPU:-0}
 iperf_args=${IPERF_ARGS:-}
+l2fwd_args=${L2FWD_ARGS:-}
+testpmd_args=${TESTPMD_ARGS:-}
 target=${CARGO_TARGET_DIR:-target}
 
 PMD_SETUP_EXTRA="dpdk dpdk-dev iperf3 ethtool python3" ./scripts/setup.sh
@@ -42,6 +46,7 @@ nsa=pmdafA$tag nsb=pmdafB$tag nsf=pmdafF$tag
 work=$(mktemp -d)
 cleanup() {
     for ns in "$nsa" "$nsb" "$nsf"; do ip netns del "$ns" 2>/dev/null || true; done
+    [ -z "${KEEP_LOGS:-}" ] || { mkdir -p "$KEEP_LOGS" && cp -r "$work"/. "$KEEP_LOGS"/; }
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -70,7 +75,7 @@ run_one() {
     ours)
         ip netns exec "$nsf" taskset -c "$fwd_cpu" "$l2fwd" \
             --port emu-mana:wire=afpacket:afAf --port emu-mana:wire=afpacket:afBf \
-            --lcores "$fwd_cpu" --no-mac-updating --stats-interval 0 --json >"$log" 2>&1 &
+            --lcores "$fwd_cpu" --no-mac-updating --stats-interval 0 --json $l2fwd_args >"$log" 2>&1 &
         ;;
     dpdk)
         # The main lcore (0) and the forwarding lcore (1) both on CPU $fwd_cpu. With
@@ -78,7 +83,7 @@ run_one() {
         ip netns exec "$nsf" taskset -c "$fwd_cpu" dpdk-testpmd \
             --lcores "0@$fwd_cpu,1@$fwd_cpu" -n 1 --no-pci --in-memory --log-level=lib.eal:error \
             --vdev=net_af_packet0,iface=afAf --vdev=net_af_packet1,iface=afBf -- \
-            --forward-mode=io --auto-start --burst 32 --stats-period 3600 </dev/null >"$log" 2>&1 &
+            --forward-mode=io --auto-start --burst 32 --stats-period 3600 $testpmd_args </dev/null >"$log" 2>&1 &
         ;;
     esac
     fwd=$!

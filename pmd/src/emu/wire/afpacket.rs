@@ -13,6 +13,11 @@
 //!   it beside the frame (`tp_vlan_tci`, `tp_vlan_tpid`, `TP_STATUS_VLAN_VALID`, the ring's
 //!   form of `PACKET_AUXDATA`). The wire puts it back in front of the EtherType, so the model
 //!   sees the frame as it was on the cable, tag included.
+//! * **Checksums left to the device.** A frame sent by a local socket through an interface
+//!   with checksum offload (a veth's default) arrives with its TCP/UDP checksum unfinished
+//!   (`TP_STATUS_CSUMNOTREADY`: the field holds the pseudo-header sum). The wire finishes it,
+//!   as the sender's NIC would have, so a peer's `tx` checksum offload may stay on.
+//!   Segmentation offloads may not: a TSO/GSO frame is longer than a slot (see below).
 //! * Frames this host sends itself are skipped (`PACKET_IGNORE_OUTGOING`, and the slot's
 //!   packet type on kernels without it).
 //!
@@ -23,6 +28,7 @@
 
 use super::tpacket::{self, field, RxHeader};
 use super::{Wire, WireError, RX_DROPS};
+use crate::net::csum::{self, TxCsum};
 use crate::sys::net::{if_flags, if_mtu, IFF_RUNNING, IFF_UP};
 use crate::sys::packet_ring::{PacketRings, RingGeometry};
 use std::cell::Cell;
@@ -40,6 +46,13 @@ const KICK_EVERY: u32 = 64;
 /// Kicks one flush makes at most while the interface keeps dropping frames (each ENOBUFS
 /// stops the kernel's pass over the ring after one dropped frame).
 const MAX_KICKS: u32 = 8;
+/// What a frame with `TP_STATUS_CSUMNOTREADY` needs: its TCP or UDP checksum finished (the
+/// IPv4 header checksum is always complete).
+const PARTIAL_L4: TxCsum = TxCsum {
+    ipv4: false,
+    tcp: true,
+    udp: true,
+};
 /// Ethernet header bytes before the EtherType (destination and source MAC).
 const MACS: usize = 12;
 /// Bytes of an 802.1Q tag.
@@ -53,6 +66,7 @@ struct Counters {
     /// Kernel: frames its socket filter took, dropped ones included (`tp_packets`).
     rx_socket_frames: Cell<u64>,
     rx_too_long: u64,
+    rx_csum_completed: u64,
     tx_ring_full: u64,
     tx_too_long: u64,
     tx_kernel_drops: u64,
@@ -243,7 +257,14 @@ impl Wire for AfPacket {
                 self.counters.rx_too_long += 1;
                 None
             } else {
-                Some(self.copy_out(slot, &h, buf))
+                let n = self.copy_out(slot, &h, buf);
+                if h.status & tpacket::TP_STATUS_CSUMNOTREADY != 0 && n <= buf.len() {
+                    // A local sender left the TCP/UDP checksum to the device, with the
+                    // pseudo-header sum in its field: finish it as that device would have.
+                    self.counters.rx_csum_completed += 1;
+                    csum::apply_tx(&mut buf[..n], PARTIAL_L4);
+                }
+                Some(n)
             };
             // The slot goes back to the kernel once its bytes are copied out.
             tpacket::set_status(self.rings.mem(), slot, tpacket::TP_STATUS_KERNEL);
@@ -267,6 +288,7 @@ impl Wire for AfPacket {
     /// `rx_drops` (the kernel's PACKET_STATISTICS `tp_drops`: the receive ring was full),
     /// `rx_socket_frames` (`tp_packets`: frames the socket took, dropped ones included),
     /// `rx_too_long` (longer than a ring slot: cut by the kernel, dropped here),
+    /// `rx_csum_completed` (frames whose TCP/UDP checksum the wire finished),
     /// `tx_ring_full` (no free transmit slot), `tx_too_long` (longer than the interface's
     /// MTU allows), `tx_kernel_drops` (the interface dropped a frame when kicked, ENOBUFS),
     /// `tx_kick_errors` (a kick failed otherwise: the interface is down or gone; its frames
@@ -283,6 +305,7 @@ impl Wire for AfPacket {
             (RX_DROPS.into(), c.rx_drops.get()),
             ("rx_socket_frames".into(), c.rx_socket_frames.get()),
             ("rx_too_long".into(), c.rx_too_long),
+            ("rx_csum_completed".into(), c.rx_csum_completed),
             ("tx_ring_full".into(), c.tx_ring_full),
             ("tx_too_long".into(), c.tx_too_long),
             ("tx_kernel_drops".into(), c.tx_kernel_drops),

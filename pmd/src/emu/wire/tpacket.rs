@@ -50,6 +50,9 @@ pub mod field {
 pub const TP_STATUS_KERNEL: u32 = 0;
 /// RX: the frame is ours to read.
 pub const TP_STATUS_USER: u32 = 1 << 0;
+/// RX: the frame's checksum is not computed yet (its sender, a local socket, left it to the
+/// device: `CHECKSUM_PARTIAL`).
+pub const TP_STATUS_CSUMNOTREADY: u32 = 1 << 3;
 /// RX: `tp_vlan_tci` holds a tag the kernel took out of the frame.
 pub const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
 /// RX: `tp_vlan_tpid` is set (else the TPID is 0x8100).
@@ -154,6 +157,7 @@ mod tests {
         );
         assert!(field::SLL_PKTTYPE < field::RX_HEADER);
         assert_eq!(libc::TP_STATUS_USER, TP_STATUS_USER);
+        assert_eq!(libc::TP_STATUS_CSUMNOTREADY, TP_STATUS_CSUMNOTREADY);
         assert_eq!(libc::TP_STATUS_VLAN_VALID, TP_STATUS_VLAN_VALID);
         assert_eq!(libc::TP_STATUS_VLAN_TPID_VALID, TP_STATUS_VLAN_TPID_VALID);
         assert_eq!(libc::TP_STATUS_SEND_REQUEST, TP_STATUS_SEND_REQUEST);
