@@ -7,8 +7,9 @@
 //!   reports it as [`RX_DROPS`] (the port's imissed).
 //! * **Transmit** copies the frame into the next free slot of the transmit ring; one
 //!   `sendto` ([`Wire::flush`], once per device-model pass, or when 64 frames wait) hands all
-//!   waiting frames to the interface. A frame that finds no free slot after a kick is
-//!   dropped and counted (`tx_ring_full`), as is one the interface refuses.
+//!   waiting frames to the interface. A frame the interface refuses (ENOBUFS) stays in the
+//!   ring and goes again; a frame that finds no free slot even after a kick is refused
+//!   ([`Wire::send`] says `false`, the model counts it) and counted (`tx_ring_full`).
 //! * **802.1Q tags.** The kernel takes a VLAN tag out of every frame it receives and keeps
 //!   it beside the frame (`tp_vlan_tci`, `tp_vlan_tpid`, `TP_STATUS_VLAN_VALID`, the ring's
 //!   form of `PACKET_AUXDATA`). The wire puts it back in front of the EtherType, so the model
@@ -43,8 +44,8 @@ const TX_RING_BYTES: u32 = 4 << 20;
 /// Frames waiting in the transmit ring that make [`Wire::send`] kick without waiting for
 /// [`Wire::flush`].
 const KICK_EVERY: u32 = 64;
-/// Kicks one flush makes at most while the interface keeps dropping frames (each ENOBUFS
-/// stops the kernel's pass over the ring after one dropped frame).
+/// Kicks one flush makes at most while the interface keeps refusing frames (each ENOBUFS
+/// stops the kernel's pass over the ring at the refused frame, which stays marked).
 const MAX_KICKS: u32 = 8;
 /// What a frame with `TP_STATUS_CSUMNOTREADY` needs: its TCP or UDP checksum finished (the
 /// IPv4 header checksum is always complete).
@@ -69,7 +70,7 @@ struct Counters {
     rx_csum_completed: u64,
     tx_ring_full: u64,
     tx_too_long: u64,
-    tx_kernel_drops: u64,
+    tx_kernel_busy: u64,
     tx_kick_errors: u64,
     tx_kicks: u64,
 }
@@ -149,21 +150,22 @@ impl AfPacket {
         if self.tx_pending == 0 {
             return;
         }
-        self.tx_pending = 0;
         for _ in 0..MAX_KICKS {
             self.counters.tx_kicks += 1;
             match self.rings.kick_tx() {
-                Ok(_) => return,
-                // The interface dropped one frame (a full backlog): the kernel stopped there;
-                // the frames after it are still marked. Go on with them.
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    self.counters.tx_kernel_drops += 1;
-                }
-                // The send buffer is full: the marked frames go at the next kick.
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.tx_pending = 1;
+                Ok(_) => {
+                    self.tx_pending = 0;
                     return;
                 }
+                // The interface refused a frame (a veth whose peer's backlog is full): the
+                // kernel marked it for sending again and stopped there. Go on from it.
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    self.counters.tx_kernel_busy += 1;
+                }
+                // The send buffer is full: the marked frames go at the next kick.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                // The interface is down or gone: the frames stay marked; once the ring is
+                // full, sends are refused (and counted).
                 Err(_) => {
                     self.counters.tx_kick_errors += 1;
                     return;
@@ -290,9 +292,10 @@ impl Wire for AfPacket {
     /// `rx_too_long` (longer than a ring slot: cut by the kernel, dropped here),
     /// `rx_csum_completed` (frames whose TCP/UDP checksum the wire finished),
     /// `tx_ring_full` (no free transmit slot), `tx_too_long` (longer than the interface's
-    /// MTU allows), `tx_kernel_drops` (the interface dropped a frame when kicked, ENOBUFS),
+    /// MTU allows), `tx_kernel_busy` (the interface refused a frame when kicked, ENOBUFS: it
+    /// goes again at the next kick),
     /// `tx_kick_errors` (a kick failed otherwise: the interface is down or gone; its frames
-    /// stay in the ring), `tx_kicks` (system calls made to send). Reading costs one
+    /// stay in the ring until it is back), `tx_kicks` (system calls made to send). Reading costs one
     /// getsockopt.
     fn stats(&self) -> Vec<(String, u64)> {
         let c = &self.counters;
@@ -308,7 +311,7 @@ impl Wire for AfPacket {
             ("rx_csum_completed".into(), c.rx_csum_completed),
             ("tx_ring_full".into(), c.tx_ring_full),
             ("tx_too_long".into(), c.tx_too_long),
-            ("tx_kernel_drops".into(), c.tx_kernel_drops),
+            ("tx_kernel_busy".into(), c.tx_kernel_busy),
             ("tx_kick_errors".into(), c.tx_kick_errors),
             ("tx_kicks".into(), c.tx_kicks),
         ]
