@@ -10,9 +10,10 @@
 #         --forward-mode=io
 #
 # Same veths and the same cores for both: the forwarder (every thread of it) on CPU
-# $FWD_CPU, iperf3's client and server on CPU $PEER_CPU. The peers' checksum and
-# segmentation offloads are off (ethtool -K IF tx off rx off tso off gso off gro off), as
-# TCP through any AF_PACKET forwarder needs (see README, "Kernel peers over veth"). Runs
+# $FWD_CPU, iperf3's client and server on CPU $PEER_CPU. Offloads are off on all four veth
+# ends (ethtool -K IF tx off rx off tso off gso off gro off): TCP through testpmd's
+# net_af_packet needs all of them off; ours needs only tso, gso and gro off (README,
+# "Kernel peers over veth"). Runs
 # alternate ours, DPDK, ours, DPDK, ...; the table is the median of RUNS runs of each.
 # Link-local addresses only; the three namespaces are removed on exit (also on Ctrl-C).
 #
@@ -21,6 +22,7 @@
 #   IPERF_ARGS="-P 1"      more iperf3 client arguments
 #   L2FWD=path/to/l2fwd    run this l2fwd binary instead of building one
 #   L2FWD_ARGS, TESTPMD_ARGS   more arguments for either forwarder
+#   AFP_DEVARGS=,framecnt=4096 more devargs for testpmd's net_af_packet ports
 #   KEEP_LOGS=DIR          keep the forwarders' logs and iperf3's JSON there
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +33,7 @@ peer_cpu=${PEER_CPU:-0}
 iperf_args=${IPERF_ARGS:-}
 l2fwd_args=${L2FWD_ARGS:-}
 testpmd_args=${TESTPMD_ARGS:-}
+afp_devargs=${AFP_DEVARGS:-}
 target=${CARGO_TARGET_DIR:-target}
 
 PMD_SETUP_EXTRA="dpdk dpdk-dev iperf3 ethtool python3" ./scripts/setup.sh
@@ -44,7 +47,9 @@ fi
 tag=$$
 nsa=pmdafA$tag nsb=pmdafB$tag nsf=pmdafF$tag
 work=$(mktemp -d)
+pids=()   # what this script started and still runs: stopped on exit
 cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     for ns in "$nsa" "$nsb" "$nsf"; do ip netns del "$ns" 2>/dev/null || true; done
     [ -z "${KEEP_LOGS:-}" ] || { mkdir -p "$KEEP_LOGS" && cp -r "$work"/. "$KEEP_LOGS"/; }
     rm -rf "$work"
@@ -55,7 +60,8 @@ trap 'exit 130' INT TERM
 for ns in "$nsa" "$nsb" "$nsf"; do
     ip netns add "$ns"
     ip -n "$ns" link set lo up
-    ip netns exec "$ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+    # No IPv6: nothing but the test's traffic (and ARP) crosses the forwarder.
+    ip netns exec "$ns" sh -c 'echo 1 >/proc/sys/net/ipv6/conf/all/disable_ipv6; echo 1 >/proc/sys/net/ipv6/conf/default/disable_ipv6'
 done
 ip link add afA netns "$nsa" type veth peer name afAf netns "$nsf"
 ip link add afB netns "$nsb" type veth peer name afBf netns "$nsf"
@@ -82,11 +88,12 @@ run_one() {
         # --stats-period testpmd forwards until SIGINT, then prints its statistics.
         ip netns exec "$nsf" taskset -c "$fwd_cpu" dpdk-testpmd \
             --lcores "0@$fwd_cpu,1@$fwd_cpu" -n 1 --no-pci --in-memory --log-level=lib.eal:error \
-            --vdev=net_af_packet0,iface=afAf --vdev=net_af_packet1,iface=afBf -- \
+            --vdev=net_af_packet0,iface=afAf$afp_devargs --vdev=net_af_packet1,iface=afBf$afp_devargs -- \
             --forward-mode=io --auto-start --burst 32 --stats-period 3600 $testpmd_args </dev/null >"$log" 2>&1 &
         ;;
     esac
     fwd=$!
+    pids=("$fwd")
     # Traffic passes once ARP (forwarded like any frame) resolves through the forwarder.
     local ok=0
     for _ in $(seq 100); do
@@ -96,14 +103,17 @@ run_one() {
     [ $ok = 1 ] || { echo "$which: no ping through the forwarder" >&2; cat "$log" >&2; kill -INT "$fwd"; exit 1; }
     ip netns exec "$nsb" taskset -c "$peer_cpu" iperf3 -s -1 -p 5201 >/dev/null 2>&1 &
     local srv=$!
+    pids=("$fwd" "$srv")
     sleep 0.3
     ip netns exec "$nsa" taskset -c "$peer_cpu" iperf3 -c 169.254.91.2 -p 5201 -t "$secs" \
         $iperf_args -J >"$work/iperf.$which.$n.json" || true
+    kill "$srv" 2>/dev/null || true   # gone already unless the client never reached it
     wait "$srv" 2>/dev/null || true
     # SIGINT stops both forwarders cleanly (l2fwd prints its report, testpmd its statistics);
     # `ip netns exec` and taskset exec the forwarder, so $fwd is its pid.
     kill -INT "$fwd" 2>/dev/null || true
     wait "$fwd" 2>/dev/null || true
+    pids=()
     python3 - "$which" "$work/iperf.$which.$n.json" "$log" <<'PY'
 import json, re, sys
 which, ipf, log = sys.argv[1:]
@@ -128,8 +138,9 @@ PY
 : >"$work/results"
 for n in $(seq "$runs"); do
     for which in ours dpdk; do
-        line=$(run_one "$which" "$n")
-        echo "$which $line" | tee -a "$work/results" >&2
+        # Not in a subshell: the exit trap must see the forwarder's pid.
+        run_one "$which" "$n" >"$work/line"
+        echo "$which $(cat "$work/line")" | tee -a "$work/results" >&2
     done
 done
 
@@ -140,7 +151,7 @@ for line in open(sys.argv[1]):
     w, bps, retr, drops = line.split()
     rows.setdefault(w, []).append((float(bps), int(retr), int(drops)))
 print(f"iperf3 TCP, {sys.argv[2]} s per run, medians of {len(rows['ours'])} runs (alternating)")
-print(f"{'':22}{'Gbit/s':>8}{'retransmits':>13}{'fwd drops':>11}   runs (Gbit/s / retransmits)")
+print(f"{'':22}{'Gbit/s':>8}{'retransmits':>13}{'fwd drops':>11}   runs (Gbit/s / retransmits / fwd drops)")
 med = {}
 for w, name in (("ours", "l2fwd afpacket"), ("dpdk", "testpmd net_af_packet")):
     r = rows[w]
@@ -148,6 +159,6 @@ for w, name in (("ours", "l2fwd afpacket"), ("dpdk", "testpmd net_af_packet")):
     med[w] = g
     print(f"{name:22}{g:8.2f}{statistics.median(x[1] for x in r):13.0f}"
           f"{statistics.median(x[2] for x in r):11.0f}   "
-          + "  ".join(f"{x[0]/1e9:.2f}/{x[1]}" for x in r))
+          + "  ".join(f"{x[0]/1e9:.2f}/{x[1]}/{x[2]}" for x in r))
 print(f"ratio ours/DPDK: {med['ours']/med['dpdk']:.2f}")
 PY
