@@ -46,6 +46,9 @@ pub mod field {
     pub const RX_HEADER: usize = 48;
 }
 
+// The receive header read at once reaches the packet type.
+const _: () = assert!(field::SLL_PKTTYPE < field::RX_HEADER);
+
 /// RX: the kernel owns the frame (it may fill it).
 pub const TP_STATUS_KERNEL: u32 = 0;
 /// RX: the frame is ours to read.
@@ -155,7 +158,6 @@ mod tests {
             field::SOCKADDR + offset_of!(libc::sockaddr_ll, sll_pkttype),
             field::SLL_PKTTYPE
         );
-        assert!(field::SLL_PKTTYPE < field::RX_HEADER);
         assert_eq!(libc::TP_STATUS_USER, TP_STATUS_USER);
         assert_eq!(libc::TP_STATUS_CSUMNOTREADY, TP_STATUS_CSUMNOTREADY);
         assert_eq!(libc::TP_STATUS_VLAN_VALID, TP_STATUS_VLAN_VALID);
