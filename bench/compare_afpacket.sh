@@ -24,6 +24,8 @@
 #   L2FWD_ARGS, TESTPMD_ARGS   more arguments for either forwarder
 #   AFP_DEVARGS=,framecnt=4096 more devargs for testpmd's net_af_packet ports
 #   KEEP_LOGS=DIR          keep the forwarders' logs and iperf3's JSON there
+#   NICE=-10               run forwarders and iperf3 at this nice level (the same for both
+#                          sides: on a machine busy with other work, so that it disturbs less)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
@@ -34,6 +36,7 @@ iperf_args=${IPERF_ARGS:-}
 l2fwd_args=${L2FWD_ARGS:-}
 testpmd_args=${TESTPMD_ARGS:-}
 afp_devargs=${AFP_DEVARGS:-}
+prio=(nice -n "${NICE:-0}")
 target=${CARGO_TARGET_DIR:-target}
 
 PMD_SETUP_EXTRA="dpdk dpdk-dev iperf3 ethtool python3" ./scripts/setup.sh
@@ -79,14 +82,14 @@ run_one() {
     local which=$1 n=$2 log=$work/$1.$2.log fwd
     case $which in
     ours)
-        ip netns exec "$nsf" taskset -c "$fwd_cpu" "$l2fwd" \
+        ip netns exec "$nsf" "${prio[@]}" taskset -c "$fwd_cpu" "$l2fwd" \
             --port emu-mana:wire=afpacket:afAf --port emu-mana:wire=afpacket:afBf \
             --lcores "$fwd_cpu" --no-mac-updating --stats-interval 0 --json $l2fwd_args >"$log" 2>&1 &
         ;;
     dpdk)
         # The main lcore (0) and the forwarding lcore (1) both on CPU $fwd_cpu. With
         # --stats-period testpmd forwards until SIGINT, then prints its statistics.
-        ip netns exec "$nsf" taskset -c "$fwd_cpu" dpdk-testpmd \
+        ip netns exec "$nsf" "${prio[@]}" taskset -c "$fwd_cpu" dpdk-testpmd \
             --lcores "0@$fwd_cpu,1@$fwd_cpu" -n 1 --no-pci --in-memory --log-level=lib.eal:error \
             --vdev=net_af_packet0,iface=afAf$afp_devargs --vdev=net_af_packet1,iface=afBf$afp_devargs -- \
             --forward-mode=io --auto-start --burst 32 --stats-period 3600 $testpmd_args </dev/null >"$log" 2>&1 &
@@ -101,11 +104,11 @@ run_one() {
         sleep 0.1
     done
     [ $ok = 1 ] || { echo "$which: no ping through the forwarder" >&2; cat "$log" >&2; kill -INT "$fwd"; exit 1; }
-    ip netns exec "$nsb" taskset -c "$peer_cpu" iperf3 -s -1 -p 5201 >/dev/null 2>&1 &
+    ip netns exec "$nsb" "${prio[@]}" taskset -c "$peer_cpu" iperf3 -s -1 -p 5201 >/dev/null 2>&1 &
     local srv=$!
     pids=("$fwd" "$srv")
     sleep 0.3
-    ip netns exec "$nsa" taskset -c "$peer_cpu" iperf3 -c 169.254.91.2 -p 5201 -t "$secs" \
+    ip netns exec "$nsa" "${prio[@]}" taskset -c "$peer_cpu" iperf3 -c 169.254.91.2 -p 5201 -t "$secs" \
         $iperf_args -J >"$work/iperf.$which.$n.json" || true
     kill "$srv" 2>/dev/null || true   # gone already unless the client never reached it
     wait "$srv" 2>/dev/null || true

@@ -1,10 +1,11 @@
 //! [`AfPacket`]: an existing Linux interface as the far end of the cable, through an
 //! AF_PACKET socket with memory-mapped receive and transmit rings (`TPACKET_V2`).
 //!
-//! * **Receive** reads the next slot of the receive ring: no system call. The ring is sized
-//!   for bursts (8 MiB, about 5,000 frames at MTU 1500); when the model does not keep up
-//!   and the ring is full, the kernel drops the frame and counts it, and [`Wire::stats`]
-//!   reports it as [`RX_DROPS`] (the port's imissed).
+//! * **Receive** reads the next slot of the receive ring: no system call. The ring is the
+//!   port's receive FIFO ([`Wire::holds_arrivals`]): a model with no receive buffer posted
+//!   leaves frames in it, and it is sized for that (8 MiB, about 5,000 frames at MTU 1500).
+//!   When it is full the kernel drops the frame and counts it, and [`Wire::stats`] reports it
+//!   as [`RX_DROPS`] (the port's imissed).
 //! * **Transmit** copies the frame into the next free slot of the transmit ring; one
 //!   `sendto` ([`Wire::flush`], once per device-model pass, or when 64 frames wait) hands all
 //!   waiting frames to the interface. A frame the interface refuses (ENOBUFS) stays in the
@@ -238,6 +239,11 @@ impl Wire for AfPacket {
 
     fn flush(&mut self) {
         self.kick();
+    }
+
+    /// Yes: the receive ring is the port's receive FIFO.
+    fn holds_arrivals(&self) -> bool {
+        true
     }
 
     fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {

@@ -139,6 +139,10 @@ impl Wire for FaultyWire {
         self.inner.flush();
     }
 
+    fn holds_arrivals(&self) -> bool {
+        self.inner.holds_arrivals()
+    }
+
     /// The next frame that survives the faults; `None` when nothing is waiting, or after
     /// dropping 64 frames in this call.
     fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {

@@ -74,6 +74,15 @@ pub trait Wire: Send {
     fn flush(&mut self) {}
     /// Takes one arrived frame into `buf`; its length, or `None` if nothing is waiting.
     fn recv(&mut self, buf: &mut [u8]) -> Option<usize>;
+    /// Whether frames that arrived wait on the wire until the device model takes them (a
+    /// kernel ring: [`AfPacket`]). A model then leaves them there while it has no receive
+    /// buffer posted, as a NIC's receive FIFO holds frames while the host refills, and frames
+    /// are lost only when that ring overflows (counted as [`RX_DROPS`]). A cable
+    /// ([`Loopback`], [`Shm`]) says no: its model takes every frame as it comes and drops
+    /// what it has no buffer for.
+    fn holds_arrivals(&self) -> bool {
+        false
+    }
     /// Whether the far end exists and is alive (always true for wires without a notion of it).
     fn peer_alive(&self) -> bool {
         true

@@ -85,6 +85,9 @@ impl Wire for PcapTap {
     fn flush(&mut self) {
         self.inner.flush();
     }
+    fn holds_arrivals(&self) -> bool {
+        self.inner.holds_arrivals()
+    }
     fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {
         let n = self.inner.recv(buf)?;
         let end = n.min(buf.len());
