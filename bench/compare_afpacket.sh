@@ -21,6 +21,7 @@
 #   FWD_CPU=1 PEER_CPU=0   cores (default: forwarder on 1, iperf3 on 0)
 #   IPERF_ARGS="-P 1"      more iperf3 client arguments
 #   L2FWD=path/to/l2fwd    run this l2fwd binary instead of building one
+#   KIND=emu-mlx5          l2fwd's ports are this device model (default emu-mana)
 #   L2FWD_ARGS, TESTPMD_ARGS   more arguments for either forwarder
 #   AFP_DEVARGS=,framecnt=4096 more devargs for testpmd's net_af_packet ports
 #   KEEP_LOGS=DIR          keep the forwarders' logs and iperf3's JSON there
@@ -37,6 +38,7 @@ l2fwd_args=${L2FWD_ARGS:-}
 testpmd_args=${TESTPMD_ARGS:-}
 afp_devargs=${AFP_DEVARGS:-}
 prio=(nice -n "${NICE:-0}")
+kind=${KIND:-emu-mana}
 target=${CARGO_TARGET_DIR:-target}
 
 PMD_SETUP_EXTRA="dpdk dpdk-dev iperf3 ethtool python3" ./scripts/setup.sh
@@ -83,7 +85,7 @@ run_one() {
     case $which in
     ours)
         ip netns exec "$nsf" "${prio[@]}" taskset -c "$fwd_cpu" "$l2fwd" \
-            --port emu-mana:wire=afpacket:afAf --port emu-mana:wire=afpacket:afBf \
+            --port "$kind:wire=afpacket:afAf" --port "$kind:wire=afpacket:afBf" \
             --lcores "$fwd_cpu" --no-mac-updating --stats-interval 0 --json $l2fwd_args >"$log" 2>&1 &
         ;;
     dpdk)
@@ -147,7 +149,7 @@ for n in $(seq "$runs"); do
     done
 done
 
-python3 - "$work/results" "$secs" <<'PY'
+python3 - "$work/results" "$secs" "$kind" <<'PY'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
@@ -156,7 +158,7 @@ for line in open(sys.argv[1]):
 print(f"iperf3 TCP, {sys.argv[2]} s per run, medians of {len(rows['ours'])} runs (alternating)")
 print(f"{'':22}{'Gbit/s':>8}{'retransmits':>13}{'fwd drops':>11}   runs (Gbit/s / retransmits / fwd drops)")
 med = {}
-for w, name in (("ours", "l2fwd afpacket"), ("dpdk", "testpmd net_af_packet")):
+for w, name in (("ours", "l2fwd " + sys.argv[3]), ("dpdk", "testpmd net_af_packet")):
     r = rows[w]
     g = statistics.median(x[0] for x in r) / 1e9
     med[w] = g
