@@ -100,6 +100,7 @@ pub struct RingStatistics {
 /// A non-blocking AF_PACKET socket bound to one interface, every EtherType, with a
 /// receive and a transmit ring mapped into this process ([`PacketRings::mem`]).
 ///
+/// Frames carry a virtio-net header where the kernel allows it ([`PacketRings::vnet_hdr`]).
 /// Frames this host sends on the interface (our own, among them) are not put on the receive
 /// ring (`PACKET_IGNORE_OUTGOING`, Linux 4.20 and later; the ring's `sll_pkttype` tells
 /// them apart on older kernels). Transmission bypasses the interface's qdisc
@@ -113,6 +114,7 @@ pub struct PacketRings {
     ifname: String,
     rx: RingGeometry,
     tx: RingGeometry,
+    vnet_hdr: bool,
 }
 
 /// Sets an `int`-valued (or struct-valued) socket option.
@@ -189,6 +191,10 @@ impl PacketRings {
         let _ = setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &one);
         let _ = setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &one);
         setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_LOSS, &one)?;
+        // A virtio-net header in front of every frame (before the rings exist, or EBUSY):
+        // its `hdr_len` tells the kernel how much of a transmit frame to copy into the
+        // packet's own buffer, the rest being lent from the ring. See `vnet_hdr`.
+        let vnet_hdr = setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_VNET_HDR, &one).is_ok();
         let sndbuf = libc::c_int::try_from(tx.bytes() + (1 << 20)).unwrap_or(libc::c_int::MAX);
         if setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &sndbuf).is_err() {
             let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &sndbuf);
@@ -228,6 +234,7 @@ impl PacketRings {
             ifname: ifname.to_string(),
             rx,
             tx,
+            vnet_hdr,
         })
     }
 
@@ -244,6 +251,16 @@ impl PacketRings {
     /// The receive ring's shape.
     pub fn rx_geometry(&self) -> RingGeometry {
         self.rx
+    }
+
+    /// Whether every frame of both rings has a `struct virtio_net_hdr` (10 bytes,
+    /// linux/virtio_net.h) in front of it (`PACKET_VNET_HDR`): on receive before `tp_mac`,
+    /// on transmit at the start of the data, counted in `tp_len`. The kernel copies a
+    /// transmit frame's first `hdr_len` bytes into the packet and lends it the rest as pages
+    /// of the ring, which a veth must then copy again (and which hold the slot until the
+    /// packet is freed); with `hdr_len` the whole frame, the packet is one plain buffer.
+    pub fn vnet_hdr(&self) -> bool {
+        self.vnet_hdr
     }
 
     /// The transmit ring's shape.

@@ -6,7 +6,9 @@
 //!   leaves frames in it, and it is sized for that (8 MiB, about 5,000 frames at MTU 1500).
 //!   When it is full the kernel drops the frame and counts it, and [`Wire::stats`] reports it
 //!   as [`RX_DROPS`] (the port's imissed).
-//! * **Transmit** copies the frame into the next free slot of the transmit ring; one
+//! * **Transmit** copies the frame into the next free slot of the transmit ring (behind a
+//!   virtio-net header that has the kernel copy the whole frame into the packet it sends:
+//!   see [`PacketRings::vnet_hdr`]); one
 //!   `sendto` ([`Wire::flush`], once per device-model pass, or when 64 frames wait) hands all
 //!   waiting frames to the interface. A frame the interface refuses (ENOBUFS) stays in the
 //!   ring and goes again; a frame that finds no free slot even after a kick is refused
@@ -23,7 +25,7 @@
 //! * Frames this host sends itself are skipped (`PACKET_IGNORE_OUTGOING`, and the slot's
 //!   packet type on kernels without it).
 //!
-//! Slots are sized from the interface's MTU when the wire opens (MTU + 88 bytes, rounded up
+//! Slots are sized from the interface's MTU when the wire opens (MTU + 98 bytes, rounded up
 //! to 64): a longer frame (the interface's MTU raised later, or GRO on it) is cut by the
 //! kernel, and dropped and counted here (`rx_too_long`).
 #![deny(unsafe_code)]
@@ -95,10 +97,10 @@ pub struct AfPacket {
 }
 
 /// The frame slot for an interface of `mtu`: room for the kernel's receive offset (the
-/// frame starts 66 bytes into a slot), an Ethernet header, two tags and `mtu` bytes;
-/// 64-byte aligned.
+/// frame starts 76 bytes into a slot with a virtio-net header before it, 66 without), an
+/// Ethernet header, two tags and `mtu` bytes; 64-byte aligned.
 fn frame_bytes(mtu: u32) -> u32 {
-    (mtu.clamp(576, super::MAX_FRAME as u32) + 88).next_multiple_of(64)
+    (mtu.clamp(576, super::MAX_FRAME as u32) + 98).next_multiple_of(64)
 }
 
 /// A ring of about `bytes` in [`BLOCK_BYTES`] blocks of `frame` bytes frames.
@@ -141,7 +143,8 @@ impl AfPacket {
             rx_head: 0,
             tx_head: 0,
             tx_pending: 0,
-            tx_max: (mtu as usize + 14 + TAG).min(frame as usize - field::TX_DATA),
+            tx_max: (mtu as usize + 14 + TAG)
+                .min(frame as usize - field::TX_DATA - tpacket::VNET_HDR_BYTES),
             counters: Counters::default(),
         })
     }
@@ -228,7 +231,7 @@ impl Wire for AfPacket {
                 return false;
             }
         }
-        tpacket::post_tx(self.rings.mem(), slot, frame);
+        tpacket::post_tx(self.rings.mem(), slot, frame, self.rings.vnet_hdr());
         self.tx_head = (self.tx_head + 1) % self.tx.frames();
         self.tx_pending += 1;
         if self.tx_pending >= KICK_EVERY {
@@ -342,9 +345,11 @@ mod tests {
 
     #[test]
     fn slots_hold_a_full_frame_after_the_kernels_offset() {
-        // The kernel puts a received frame at TPACKET_ALIGN(TPACKET2_HDRLEN + 16) - 14 = 66.
-        let rx_offset = (libc::TPACKET2_HDRLEN + 16).next_multiple_of(16) - 14;
-        assert_eq!(rx_offset, 66);
+        // The kernel puts a received frame at TPACKET_ALIGN(TPACKET2_HDRLEN + 16) - 14 = 66,
+        // plus the virtio-net header when there is one.
+        let rx_offset =
+            (libc::TPACKET2_HDRLEN + 16).next_multiple_of(16) - 14 + tpacket::VNET_HDR_BYTES;
+        assert_eq!(rx_offset, 76);
         for mtu in [576, 1280, 1500, 4000, 9000] {
             let f = frame_bytes(mtu) as usize;
             assert!(rx_offset + 14 + 2 * TAG + mtu as usize <= f, "mtu {mtu}");

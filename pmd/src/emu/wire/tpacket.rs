@@ -14,7 +14,8 @@
 //! +26  tp_vlan_tpid  u16   its TPID (RX)
 //! +28  tp_padding    [u8; 4]
 //! +32  struct sockaddr_ll  (RX: sll_pkttype at +10 of it)
-//! +32  TX: the frame to send (the data of a transmit slot starts here)
+//! +32  TX: the frame to send (the data of a transmit slot starts here; with
+//!      PACKET_VNET_HDR, a 10-byte virtio-net header first)
 //! ```
 #![deny(unsafe_code)]
 
@@ -125,11 +126,27 @@ pub fn set_status(mem: &DevMem, slot: usize, status: u32) {
     mem.store_u32(slot + field::STATUS, status, Ordering::Release);
 }
 
-/// Copies a frame into a transmit slot and marks it for the next kick. The caller checked
-/// that the slot is free and that the frame fits.
-pub fn post_tx(mem: &DevMem, slot: usize, frame: &[u8]) {
-    mem.write(slot + field::TX_DATA, frame);
-    mem.store_u32(slot + field::LEN, frame.len() as u32, Ordering::Relaxed);
+/// Bytes of a `struct virtio_net_hdr` (linux/virtio_net.h): `flags` u8, `gso_type` u8,
+/// then `hdr_len`, `gso_size`, `csum_start`, `csum_offset`, each a 16-bit word in the
+/// device's byte order, which for a packet socket is little-endian (`vio_le()`, legacy
+/// virtio on a little-endian host).
+pub const VNET_HDR_BYTES: usize = 10;
+
+/// Copies a frame into a transmit slot and marks it for the next kick. With `vnet`, a
+/// virtio-net header goes first: no offload asked (`flags` 0, `GSO_NONE`), and `hdr_len`
+/// the whole frame, so that the kernel copies all of it into the packet it sends. The
+/// caller checked that the slot is free and that the frame (and header) fit.
+pub fn post_tx(mem: &DevMem, slot: usize, frame: &[u8], vnet: bool) {
+    let mut at = slot + field::TX_DATA;
+    if vnet {
+        let mut h = [0u8; VNET_HDR_BYTES];
+        h[2..4].copy_from_slice(&(frame.len() as u16).to_le_bytes());
+        mem.write(at, &h);
+        at += VNET_HDR_BYTES;
+    }
+    mem.write(at, frame);
+    let len = frame.len() + if vnet { VNET_HDR_BYTES } else { 0 };
+    mem.store_u32(slot + field::LEN, len as u32, Ordering::Relaxed);
     set_status(mem, slot, TP_STATUS_SEND_REQUEST);
 }
 
@@ -164,6 +181,9 @@ mod tests {
         assert_eq!(libc::TP_STATUS_VLAN_TPID_VALID, TP_STATUS_VLAN_TPID_VALID);
         assert_eq!(libc::TP_STATUS_SEND_REQUEST, TP_STATUS_SEND_REQUEST);
         assert_eq!(libc::PACKET_OUTGOING, PACKET_OUTGOING);
+        // linux/virtio_net.h: struct virtio_net_hdr is 10 bytes (no libc binding; the
+        // header's six fields: u8, u8, and four 16-bit words).
+        assert_eq!(VNET_HDR_BYTES, 1 + 1 + 4 * 2);
     }
 
     /// A header as the kernel writes it for a tagged frame (bytes laid out by hand from the
