@@ -8,7 +8,7 @@ use apps::common::{
 use clap::Parser;
 use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
-use pmd::port::{Burst, Port, PortConfig, PortSpec, RxQueue, TxQueue};
+use pmd::port::{Burst, Port, PortConfig, PortSpec, RxQueue, Stats, TxQueue};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -235,9 +235,12 @@ fn run(args: &Args) -> Result<(), Failure> {
     for p in &mut ports {
         p.stop();
     }
+    // What each device dropped before l2fwd saw it (imissed: no RX buffer, or a full ring
+    // under the port, such as the kernel's on an afpacket wire), and its extended counters.
+    let port_stats: Vec<Stats> = ports.iter().map(Port::stats).collect();
     drop(ports);
     let in_use = pool.in_use();
-    report(args, &counters, np, secs, in_use, &events);
+    report(args, &counters, &port_stats, secs, in_use, &events);
     if let Some(f) = fatal {
         return Err(f.into());
     }
@@ -304,36 +307,46 @@ fn main_loop(
 fn report(
     args: &Args,
     counters: &[Vec<PortCounters>],
-    np: usize,
+    port_stats: &[Stats],
     secs: f64,
     in_use: u32,
     events: &EventWatch,
 ) {
-    let t = totals(counters, np);
+    let t = totals(counters, port_stats.len());
     let rx: u64 = t.iter().map(|x| x.0).sum();
     let tx: u64 = t.iter().map(|x| x.1).sum();
     let dropped: u64 = t.iter().map(|x| x.2).sum();
+    let missed: u64 = port_stats.iter().map(|s| s.imissed).sum();
     if args.json {
         let ports: Vec<_> = t
             .iter()
+            .zip(port_stats)
             .enumerate()
-            .map(|(p, (r, x, d))| serde_json::json!({"port": p, "rx_packets": r, "tx_packets": x, "dropped": d}))
+            .map(|(p, ((r, x, d), s))| {
+                let xstats: serde_json::Map<String, serde_json::Value> = s
+                    .xstats
+                    .iter()
+                    .map(|(n, v)| (n.clone(), (*v).into()))
+                    .collect();
+                serde_json::json!({"port": p, "rx_packets": r, "tx_packets": x, "dropped": d,
+                    "imissed": s.imissed, "xstats": xstats})
+            })
             .collect();
         println!(
             "{}",
             serde_json::json!({
-                "rx_packets": rx, "tx_packets": tx, "dropped": dropped, "duration_s": secs,
-                "pps": tx as f64 / secs, "ports": ports, "pool_in_use": in_use,
-                "events": events.json(),
+                "rx_packets": rx, "tx_packets": tx, "dropped": dropped, "imissed": missed,
+                "duration_s": secs, "pps": tx as f64 / secs, "ports": ports,
+                "pool_in_use": in_use, "events": events.json(),
             })
         );
     } else {
         println!(
-            "l2fwd summary: {secs:.2} s, rx {rx}, tx {tx}, dropped {dropped}, {}pps forwarded",
+            "l2fwd summary: {secs:.2} s, rx {rx}, tx {tx}, dropped {dropped}, missed {missed}, {}pps forwarded",
             si(tx as f64 / secs)
         );
-        for (p, (r, x, d)) in t.iter().enumerate() {
-            println!("  port {p}: rx {r} tx {x} dropped {d}");
+        for (p, ((r, x, d), s)) in t.iter().zip(port_stats).enumerate() {
+            println!("  port {p}: rx {r} tx {x} dropped {d} missed {}", s.imissed);
         }
         println!("  mbufs still in use at exit: {in_use}");
         if !events.seen().is_empty() {

@@ -5,21 +5,38 @@
 use super::parse::{self, IpHeader, IpVersion};
 
 /// Adds `data` to a running one's-complement sum (big-endian 16-bit words; an odd last byte
-/// is padded with zero).
+/// is padded with zero). The result is congruent to the 16-bit sum, not equal to it: fold it
+/// ([`fold`]) before use.
+///
+/// Eight bytes at a time: a one's-complement sum may be accumulated in any width and folded
+/// at the end (RFC 1071 §2 (B), "byte order independence" and "parallel summation"), so the
+/// two big-endian 32-bit halves of each 64-bit word go into a 64-bit accumulator, which
+/// cannot overflow below 2^31 words.
 #[inline]
-pub fn add(mut sum: u32, data: &[u8]) -> u32 {
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        sum = sum.wrapping_add(u32::from(u16::from_be_bytes([c[0], c[1]])));
-        // Keep room for carries on long buffers.
-        if sum & 0x8000_0000 != 0 {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
+pub fn add(sum: u32, data: &[u8]) -> u32 {
+    let mut acc = u64::from(sum);
+    let mut words = data.chunks_exact(8);
+    for w in &mut words {
+        let w = u64::from_be_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        acc += (w >> 32) + (w & 0xffff_ffff);
     }
-    if let [last] = chunks.remainder() {
-        sum = sum.wrapping_add(u32::from(*last) << 8);
+    let mut rest = words.remainder();
+    if let [a, b, c, d, tail @ ..] = rest {
+        acc += u64::from(u32::from_be_bytes([*a, *b, *c, *d]));
+        rest = tail;
     }
-    sum
+    if let [a, b, tail @ ..] = rest {
+        acc += u64::from(u16::from_be_bytes([*a, *b]));
+        rest = tail;
+    }
+    if let [last] = rest {
+        acc += u64::from(*last) << 8;
+    }
+    // End-around carries from bit 32 keep the value congruent (2^32 = 1 mod 0xffff).
+    while acc >> 32 != 0 {
+        acc = (acc & 0xffff_ffff) + (acc >> 32);
+    }
+    acc as u32
 }
 
 /// Folds a running sum to 16 bits (not complemented).
@@ -320,7 +337,37 @@ mod tests {
         }
     }
 
+    /// The sum as RFC 1071 writes it: one 16-bit word at a time, end-around carries.
+    fn add_by_words(mut sum: u64, data: &[u8]) -> u16 {
+        for c in data.chunks(2) {
+            sum += u64::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+        while sum >> 16 != 0 {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        sum as u16
+    }
+
     proptest::proptest! {
+        #[test]
+        fn add_folds_to_the_word_by_word_sum(
+            sum in proptest::prelude::any::<u32>(),
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1600),
+            split in 0usize..1600,
+        ) {
+            proptest::prop_assert_eq!(fold(add(sum, &data)), add_by_words(u64::from(sum), &data));
+            // Chained over an even split, as the callers chain header and payload.
+            let at = (split.min(data.len())) & !1;
+            let chained = add(add(sum, &data[..at]), &data[at..]);
+            proptest::prop_assert_eq!(fold(chained), add_by_words(u64::from(sum), &data));
+        }
+
+        #[test]
+        fn all_ones_data_never_folds_to_zero(n in 1usize..200) {
+            // 0xffff words: the one's-complement sum is 0xffff ("negative zero"), never 0.
+            proptest::prop_assert_eq!(fold(add(0, &vec![0xff; 2 * n])), 0xffff);
+        }
+
         /// Any bytes, any request: no panic.
         #[test]
         fn apply_tx_never_panics(

@@ -1,6 +1,6 @@
 //! The only FFI and raw memory access in the project: rdma-core verbs, the direct-verbs APIs
 //! `manadv.h` / `mlx5dv.h` (bindgen, see `build.rs`), all with feature `verbs` only;
-//! [`DevMem`] for queue memory; [`barrier`]s; ioctl helpers for netdevs ([`net`]); per-port
+//! [`DevMem`] for queue memory; [`barrier`]s; ioctl helpers for netdevs ([`net`]); AF_PACKET rings ([`packet_ring`]); per-port
 //! lock files ([`lockfile`]); [`event`] descriptors (eventfd, poll) for port events.
 //!
 //! Verbs come from two places. `rdma-sys` supplies the types and the functions libibverbs
@@ -37,6 +37,7 @@ mod layout;
 pub mod lockfile;
 pub mod mem;
 pub mod net;
+pub mod packet_ring;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

@@ -1,8 +1,7 @@
-//! Linux system calls the device model's wires need: AF_PACKET sockets and a process-liveness
-//! check. Nothing here is on a driver's datapath.
+//! Linux system calls the device model's wires need: interface flags and MTU, and a
+//! process-liveness check (the AF_PACKET rings are in [`super::packet_ring`]). Nothing here is on a driver's datapath.
 #![allow(unsafe_code)]
 
-use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -90,6 +89,22 @@ pub fn if_flags(name: &str) -> io::Result<u32> {
     Ok(u32::from(unsafe { req.ifr_ifru.ifru_flags } as u16))
 }
 
+/// The MTU of network interface `name` (SIOCGIFMTU), in this process's network namespace.
+///
+/// # Errors
+/// No such interface, or the ioctl failed.
+pub fn if_mtu(name: &str) -> io::Result<u32> {
+    let mut req = ifreq_for(name)?;
+    let sock = ioctl_socket()?;
+    // SAFETY: SIOCGIFMTU reads the NUL-terminated name in `req` and writes the MTU into it;
+    // `req` is a valid, exclusively borrowed ifreq for the duration of the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFMTU, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: after a successful SIOCGIFMTU the union holds `ifru_mtu`.
+    Ok(u32::try_from(unsafe { req.ifr_ifru.ifru_mtu }).unwrap_or(0))
+}
+
 /// Brings interface `name` administratively up or down (SIOCSIFFLAGS; needs CAP_NET_ADMIN).
 ///
 /// # Errors
@@ -116,146 +131,6 @@ pub fn pid() -> u32 {
     std::process::id()
 }
 
-/// A non-blocking AF_PACKET raw socket bound to one interface, receiving every EtherType and
-/// ignoring the frames it sends itself.
-#[derive(Debug)]
-pub struct PacketSocket {
-    fd: OwnedFd,
-    ifname: String,
-}
-
-impl PacketSocket {
-    /// Opens a socket on `ifname` (needs CAP_NET_RAW).
-    ///
-    /// # Errors
-    /// The interface does not exist, or socket/bind failed (typically EPERM without root).
-    pub fn open(ifname: &str) -> io::Result<Self> {
-        let cname = CString::new(ifname).map_err(|_| {
-            io::Error::new(io::ErrorKind::InvalidInput, "interface name has a NUL byte")
-        })?;
-        // SAFETY: `cname` is a valid NUL-terminated string for the duration of the call.
-        let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-        if ifindex == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("no network interface named '{ifname}'"),
-            ));
-        }
-        let proto = (libc::ETH_P_ALL as u16).to_be();
-        // SAFETY: plain socket(2) call with constant arguments; the result is checked.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                i32::from(proto),
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a freshly created, valid descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let one: libc::c_int = 1;
-        // SAFETY: `one` outlives the call and its size is passed correctly. Failure (kernels
-        // before 4.20) is tolerated: `recv` also filters outgoing frames.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_IGNORE_OUTGOING,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = proto;
-        sll.sll_ifindex = ifindex as i32;
-        // SAFETY: `sll` is a valid sockaddr_ll and its exact size is passed.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Self {
-            fd,
-            ifname: ifname.to_string(),
-        })
-    }
-
-    /// The interface name.
-    pub fn ifname(&self) -> &str {
-        &self.ifname
-    }
-
-    /// Sends one frame. `Ok(false)` when the socket buffer is full (the frame is dropped).
-    ///
-    /// # Errors
-    /// Any other send error (e.g. the interface went away).
-    pub fn send(&self, frame: &[u8]) -> io::Result<bool> {
-        // SAFETY: `frame` is a valid readable buffer of `frame.len()` bytes for the call.
-        let r = unsafe {
-            libc::send(
-                self.fd.as_raw_fd(),
-                frame.as_ptr().cast(),
-                frame.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if r >= 0 {
-            return Ok(true);
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EAGAIN) | Some(libc::ENOBUFS) => Ok(false),
-            _ => Err(e),
-        }
-    }
-
-    /// Receives one frame into `buf` without blocking; `Ok(None)` when nothing is waiting.
-    /// Frames this host sent on the interface are skipped. Longer frames are cut to `buf`.
-    ///
-    /// # Errors
-    /// A receive error other than "would block".
-    pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        loop {
-            // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
-            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-            // SAFETY: `buf` is writable for `buf.len()` bytes; `from`/`from_len` are valid
-            // out-parameters of the sizes given.
-            let r = unsafe {
-                libc::recvfrom(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                    (&mut from as *mut libc::sockaddr_ll).cast(),
-                    &mut from_len,
-                )
-            };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                return match e.raw_os_error() {
-                    Some(libc::EAGAIN) => Ok(None),
-                    Some(libc::EINTR) => continue,
-                    _ => Err(e),
-                };
-            }
-            if from.sll_pkttype == libc::PACKET_OUTGOING {
-                continue;
-            }
-            return Ok(Some(r as usize));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,15 +148,7 @@ mod tests {
         assert!(if_flags("nosuchif0").is_err());
         assert!(if_flags("").is_err());
         assert!(if_flags("a-name-longer-than-ifnamsiz").is_err());
-    }
-
-    #[test]
-    fn missing_interface_is_a_clear_error() {
-        let e = PacketSocket::open("nosuchif0").unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("no network interface named 'nosuchif0'"),
-            "{e}"
-        );
+        assert!(if_mtu("lo").unwrap() >= 1280, "lo carries IPv6");
+        assert!(if_mtu("nosuchif0").is_err());
     }
 }

@@ -610,9 +610,11 @@ impl Provider for Model {
         }
     }
 
+    /// The model's counters (`dev_*`), then its wire's (`wire_*`, see [`wire::Wire::stats`]).
     fn xstats(&self) -> Vec<(String, u64)> {
-        let s = self.shared.lock().stats;
-        vec![
+        let e = self.shared.lock();
+        let s = e.stats;
+        let mut v = vec![
             ("dev_tx_frames".into(), s.tx_frames),
             ("dev_tx_bytes".into(), s.tx_bytes),
             ("dev_tx_errors".into(), s.tx_errors),
@@ -624,11 +626,20 @@ impl Provider for Model {
             ("dev_rx_truncated".into(), s.rx_truncated),
             ("dev_rx_fault_drops".into(), s.rx_fault_drops),
             ("dev_bad_doorbells".into(), s.bad_doorbells),
-        ]
+        ];
+        v.extend(
+            e.wire_stats()
+                .into_iter()
+                .map(|(n, x)| (format!("wire_{n}"), x)),
+        );
+        v
     }
 
+    /// Frames with no RX WQE to go to, and frames the wire lost before the model saw them
+    /// ([`wire::RX_DROPS`]: a full receive ring of an afpacket wire).
     fn rx_missed(&self) -> u64 {
-        self.shared.lock().stats.rx_no_wqe
+        let e = self.shared.lock();
+        e.stats.rx_no_wqe + wire::rx_drops(&e.wire_stats())
     }
 
     fn event_fd(&self) -> Option<RawFd> {

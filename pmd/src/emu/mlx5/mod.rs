@@ -147,6 +147,11 @@ impl ModelHandle {
         self.0.lock().stats()
     }
 
+    /// The wire's own counters (see [`Engine::wire_stats`]).
+    pub fn wire_stats(&self) -> Vec<(String, u64)> {
+        self.0.lock().wire_stats()
+    }
+
     /// The engine, locked, for anything the handle does not offer.
     pub fn engine(&self) -> std::sync::MutexGuard<'_, Engine> {
         self.0.lock()

@@ -276,9 +276,11 @@ impl Provider for ModelPort {
         }
     }
 
+    /// The model's counters (`dev_*`), then its wire's (`wire_*`, see [`wire::Wire::stats`]).
     fn xstats(&self) -> Vec<(String, u64)> {
-        let s = self.model.handle().stats();
-        vec![
+        let h = self.model.handle();
+        let s = h.stats();
+        let mut v = vec![
             ("dev_tx_frames".into(), s.tx_frames),
             ("dev_tx_bytes".into(), s.tx_bytes),
             ("dev_tx_errors".into(), s.tx_errors),
@@ -299,11 +301,20 @@ impl Provider for ModelPort {
             ("dev_rx_cq_full".into(), s.rx_cq_full),
             ("dev_sq_resets".into(), s.sq_resets),
             ("dev_rq_resets".into(), s.rq_resets),
-        ]
+        ];
+        v.extend(
+            h.wire_stats()
+                .into_iter()
+                .map(|(n, x)| (format!("wire_{n}"), x)),
+        );
+        v
     }
 
+    /// Frames with no RX WQE to go to, and frames the wire lost before the model saw them
+    /// ([`wire::RX_DROPS`]: a full receive ring of an afpacket wire).
     fn rx_missed(&self) -> u64 {
-        self.model.handle().stats().rx_no_wqe
+        let h = self.model.handle();
+        h.stats().rx_no_wqe + wire::rx_drops(&h.wire_stats())
     }
 }
 

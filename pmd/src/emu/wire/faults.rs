@@ -135,6 +135,14 @@ impl Wire for FaultyWire {
         self.inner.send(frame)
     }
 
+    fn flush(&mut self) {
+        self.inner.flush();
+    }
+
+    fn holds_arrivals(&self) -> bool {
+        self.inner.holds_arrivals()
+    }
+
     /// The next frame that survives the faults; `None` when nothing is waiting, or after
     /// dropping 64 frames in this call.
     fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {
@@ -158,6 +166,11 @@ impl Wire for FaultyWire {
 
     fn describe(&self) -> String {
         self.inner.describe()
+    }
+
+    /// The inner wire's (this wrapper's own drops are the model's `rx_fault_drops`).
+    fn stats(&self) -> Vec<(String, u64)> {
+        self.inner.stats()
     }
 }
 

@@ -7,10 +7,16 @@
 //!   incompatible peer is refused with an error that says what differs. A dead peer is
 //!   noticed ([`Wire::peer_alive`]), never waited on.
 //! * [`AfPacket`]: an existing Linux interface (e.g. one end of a veth pair in a network
-//!   namespace), so the kernel's own stack, ping and tcpdump are real peers.
+//!   namespace), so the kernel's own stack, ping and tcpdump are real peers; through
+//!   memory-mapped AF_PACKET rings, 802.1Q tags kept.
 //! * [`PcapTap`]: wraps any wire and records every frame sent and received to a pcap file.
 //!
 //! A port spec names its wire as a [`WireSpec`] (`wire=shm:demo0`); [`open`] plugs it in.
+//!
+//! A wire never loses a frame silently: [`Wire::send`] says when it refused one (the device
+//! model counts it as its `tx_wire_drops`), and a wire that drops frames on its own (a full
+//! ring of the kernel's) reports them in [`Wire::stats`], which the models add to their
+//! port's extended statistics (and [`RX_DROPS`] to its imissed).
 #![deny(unsafe_code)]
 
 mod afpacket;
@@ -21,6 +27,7 @@ mod pcap;
 pub mod ring;
 mod shm;
 mod spec;
+mod tpacket;
 
 pub use afpacket::AfPacket;
 pub use loopback::Loopback;
@@ -42,12 +49,40 @@ pub const MAX_FRAME: usize = 9216 - 8;
 /// ring's slot header.
 const SLOT_BYTES: u32 = (MAX_FRAME + 8) as u32;
 
+/// The [`Wire::stats`] entry for frames that reached the wire and were lost before the
+/// device model could take them (a full receive ring): the model's port adds it to its
+/// imissed, as a NIC counts frames it had no room for.
+pub const RX_DROPS: &str = "rx_drops";
+
+/// The [`RX_DROPS`] entry of a wire's [`Wire::stats`] (0 if it has none).
+pub fn rx_drops(stats: &[(String, u64)]) -> u64 {
+    stats
+        .iter()
+        .filter(|(n, _)| n == RX_DROPS)
+        .map(|(_, v)| v)
+        .sum()
+}
+
 /// One end of a cable.
 pub trait Wire: Send {
     /// Puts a frame on the wire; `false` if it was dropped (receiver full, too large, link gone).
+    /// A wire that batches (see [`Wire::flush`]) may hold the frame until the next flush.
     fn send(&mut self, frame: &[u8]) -> bool;
+    /// Hands every frame [`send`](Wire::send) accepted to the far end, for wires that batch
+    /// them (one system call per burst, [`AfPacket`]); nothing for the others. A device
+    /// model calls it once per pass, after serving its send queues.
+    fn flush(&mut self) {}
     /// Takes one arrived frame into `buf`; its length, or `None` if nothing is waiting.
     fn recv(&mut self, buf: &mut [u8]) -> Option<usize>;
+    /// Whether frames that arrived wait on the wire until the device model takes them (a
+    /// kernel ring: [`AfPacket`]). A model then leaves them there while it has no receive
+    /// buffer posted, as a NIC's receive FIFO holds frames while the host refills, and frames
+    /// are lost only when that ring overflows (counted as [`RX_DROPS`]). A cable
+    /// ([`Loopback`], [`Shm`]) says no: its model takes every frame as it comes and drops
+    /// what it has no buffer for.
+    fn holds_arrivals(&self) -> bool {
+        false
+    }
     /// Whether the far end exists and is alive (always true for wires without a notion of it).
     fn peer_alive(&self) -> bool {
         true
@@ -64,6 +99,14 @@ pub trait Wire: Send {
     }
     /// A short description for logs and errors, e.g. `shm:demo0 (end B)`.
     fn describe(&self) -> String;
+    /// Wire-level counters by name: frames the wire (or the kernel under it) dropped, and why,
+    /// that [`Wire::send`]'s answer does not already tell. [`RX_DROPS`] is the one a port
+    /// counts as imissed. Empty for wires that drop nothing on their own.
+    ///
+    /// Slow path: it may cost a system call (a getsockopt for [`AfPacket`]).
+    fn stats(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
 }
 
 /// Errors opening a wire.

@@ -130,6 +130,12 @@ impl Wire for PcapTap {
         self.record(frame);
         self.inner.send(frame)
     }
+    fn flush(&mut self) {
+        self.inner.flush();
+    }
+    fn holds_arrivals(&self) -> bool {
+        self.inner.holds_arrivals()
+    }
     fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {
         let n = self.inner.recv(buf)?;
         let end = n.min(buf.len());
@@ -149,6 +155,9 @@ impl Wire for PcapTap {
             self.inner.describe(),
             self.path.display()
         )
+    }
+    fn stats(&self) -> Vec<(String, u64)> {
+        self.inner.stats()
     }
 }
 

@@ -509,6 +509,12 @@ impl Engine {
         self.stats
     }
 
+    /// The wire's own counters ([`Wire::stats`]: frames it or the kernel under it dropped).
+    /// Slow path: may cost a system call.
+    pub fn wire_stats(&self) -> Vec<(String, u64)> {
+        self.wire.stats()
+    }
+
     /// How many send and receive queues the engine serves.
     pub fn queue_counts(&self) -> (usize, usize) {
         (self.sqs.len(), self.rqs.len())
@@ -523,6 +529,8 @@ impl Engine {
         for i in 0..self.sqs.len() {
             work += self.process_sq(i);
         }
+        // What this pass sent leaves now (one system call for a wire that batches).
+        self.wire.flush();
         work += self.process_wire();
         work += self.release_delayed();
         work

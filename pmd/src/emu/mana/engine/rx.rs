@@ -5,6 +5,7 @@
 
 use super::{CqOf, Engine, BUDGET, VENDOR_ERR_INJECTED};
 use crate::emu::wire::faults::Arrival;
+use crate::emu::wire::Wire;
 use crate::hw::mana::cqe::{hash_type, Cqe, CqeType, RxCsum, CLIENT_TYPE_COMPLETION};
 use crate::hw::mana::wqe::{Sge, WqeHeader, SGE_BYTES, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
 use crate::hw::mana::{BU_BYTES, CQE_BYTES, RSS_TABLE_ENTRIES};
@@ -13,10 +14,16 @@ use crate::net::toeplitz;
 use crate::ring::read_wrapped;
 
 impl Engine {
-    /// Takes up to [`BUDGET`] frames off the wire (dropped ones count) into RQ buffers.
+    /// Takes up to [`BUDGET`] frames off the wire (dropped ones count) into RQ buffers. A
+    /// wire that holds its arrivals ([`Wire::holds_arrivals`]) keeps them while an RQ has no
+    /// WQE posted (see [`Engine::rx_room`]).
     pub(super) fn process_wire(&mut self) -> usize {
+        let holds = self.wire.holds_arrivals();
         let mut n = 0;
         while n < BUDGET {
+            if holds && !self.rx_room() {
+                break;
+            }
             let mut frame = std::mem::take(&mut self.frame);
             let got = match self.wire.recv_or_drop(&mut frame) {
                 Arrival::Nothing => {
@@ -38,6 +45,20 @@ impl Engine {
         // Coalescing never holds a packet past the end of a pass.
         self.flush_coalesced();
         n
+    }
+
+    /// Whether every RQ has a WQE posted, so that the next frame, wherever RSS sends it, finds
+    /// one: a receive FIFO in front of the RQs (the wire's, when it holds its arrivals) lets
+    /// no frame through until then, the behaviour of a NIC whose queues do not drop when
+    /// empty (it blocks at the head). With no RQ at all frames are taken, and dropped.
+    fn rx_room(&mut self) -> bool {
+        let ready = |e: &Self| e.rqs.iter().all(|rq| has_wqe(rq.tail, rq.consumed));
+        if self.rqs.is_empty() || ready(self) {
+            return true;
+        }
+        // The driver may have posted since this step sampled the doorbells.
+        self.scan_doorbells();
+        ready(self)
     }
 
     /// Delivers one frame: VLAN strip, RSS, scatter into the next RX WQE, the RX CQE.
@@ -62,17 +83,13 @@ impl Engine {
             self.stats.rx_no_wqe += 1;
             return;
         };
-        let no_wqe = |tail: u32, consumed: u32| {
-            let pending = tail.wrapping_sub(consumed);
-            pending < BU_BYTES as u32 || pending > 1 << 30
-        };
-        if no_wqe(rq.tail, rq.consumed) {
+        if !has_wqe(rq.tail, rq.consumed) {
             // A doorbell is an event on hardware: one rung since this step sampled the page
             // counts. Sample again before calling the queue empty.
             self.scan_doorbells();
         }
         let rq = &self.rqs[rq_idx];
-        if no_wqe(rq.tail, rq.consumed) {
+        if !has_wqe(rq.tail, rq.consumed) {
             self.stats.rx_no_wqe += 1;
             return;
         }
@@ -180,6 +197,14 @@ impl Engine {
             self.complete(p.cq, p.body, p.wq_id, false);
         }
     }
+}
+
+/// Whether an RQ whose doorbell says `tail` and whose engine has consumed up to `consumed`
+/// (bytes, free-running) has a WQE posted (at least one basic unit pending; a difference
+/// past 2^30 is a consumer ahead of a stale tail, not a posting).
+fn has_wqe(tail: u32, consumed: u32) -> bool {
+    let pending = tail.wrapping_sub(consumed);
+    (BU_BYTES as u32..=1 << 30).contains(&pending)
 }
 
 /// An RX_COALESCED_4 CQE being filled.

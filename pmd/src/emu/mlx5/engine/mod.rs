@@ -910,6 +910,12 @@ impl Engine {
         s
     }
 
+    /// The wire's own counters ([`Wire::stats`]: frames it or the kernel under it dropped).
+    /// Slow path: may cost a system call.
+    pub fn wire_stats(&self) -> Vec<(String, u64)> {
+        self.wire.stats()
+    }
+
     /// The numbers of the receive queues served, oldest first.
     pub fn rq_numbers(&self) -> Vec<u32> {
         self.rqs.iter().map(|q| q.rqn).collect()
@@ -935,6 +941,8 @@ impl Engine {
         for i in 0..self.sqs.len() {
             work += self.process_sq(i);
         }
+        // What this pass sent leaves now (one system call for a wire that batches).
+        self.wire.flush();
         for i in 0..self.rqs.len() {
             if self.rqs[i].state == HwQueueState::Error {
                 work += self.flush_rq(i);

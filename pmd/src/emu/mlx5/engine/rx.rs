@@ -20,6 +20,7 @@
 
 use super::{record, Engine, HwQueueState, RxHashFields, BUDGET};
 use crate::emu::wire::faults::Arrival;
+use crate::emu::wire::Wire;
 use crate::hw::mlx5::cqe::{csum_ok, hash_type, hdr_type, CqeFields, CqeOpcode, Syndrome};
 use crate::hw::mlx5::doorbell::RCV_DBR;
 use crate::hw::mlx5::wqe::{
@@ -35,8 +36,12 @@ impl Engine {
     /// Takes up to [`BUDGET`] frames off the wire (dropped ones count) into RQs; returns how
     /// many, then writes the compressed sessions gathered meanwhile.
     pub(super) fn process_wire(&mut self) -> usize {
+        let holds = self.wire.holds_arrivals();
         let mut n = 0;
         while n < BUDGET {
+            if holds && !self.rx_room() {
+                break;
+            }
             let mut frame = std::mem::take(&mut self.frame);
             let got = match self.wire.recv_or_drop(&mut frame) {
                 Arrival::Nothing => {
@@ -97,6 +102,19 @@ impl Engine {
             n += 1;
         }
         n
+    }
+
+    /// Whether every ready RQ has a WQE posted and room in its CQ (for a striding RQ's
+    /// filler too), so that the next frame, wherever RSS sends it, finds them: a receive
+    /// FIFO in front of the RQs (the wire's, when it holds its arrivals) lets no frame
+    /// through until then, the behaviour of a NIC whose queues do not drop when empty (it
+    /// blocks at the head). An RQ in reset or error drops what reaches it and never blocks;
+    /// with no RQ at all frames are taken, and dropped.
+    fn rx_room(&self) -> bool {
+        self.rqs.iter().all(|rq| {
+            rq.state != HwQueueState::Ready
+                || (record(&rq.dbrec, RCV_DBR) as u16 != rq.ci && rq.cq.room() >= 2)
+        })
     }
 
     /// Delivers one frame.
