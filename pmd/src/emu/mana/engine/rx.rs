@@ -51,7 +51,7 @@ impl Engine {
             start = 4;
         }
         let frame = &frame[start..];
-        let info = RxInfo::of(frame, &self.rss.key);
+        let info = RxInfo::of(frame, &self.rss.hasher);
         let rq_idx = if self.rss.enabled && info.hash_type != 0 {
             usize::from(self.rss.table[(info.hash & (RSS_TABLE_ENTRIES as u32 - 1)) as usize])
         } else {
@@ -204,7 +204,7 @@ impl RxInfo {
     /// The RSS hash (NDIS tuple, see [`parse::Classified::rss_input`]) under `key`, the
     /// single-bit NDIS hash type (§11 item 2), and the checksum verdicts, for an untagged
     /// frame.
-    fn of(frame: &[u8], key: &[u8; 40]) -> Self {
+    fn of(frame: &[u8], hasher: &toeplitz::Table) -> Self {
         let c = parse::classify(frame);
         let v6 = c.l3 == L3::Ipv6;
         let pick = |v4: u16, v6_bits: u16| if v6 { v6_bits } else { v4 };
@@ -226,7 +226,7 @@ impl RxInfo {
             L4::Udp { csum_ok: None } | L4::Other => {}
         }
         Self {
-            hash: toeplitz::hash(key, c.rss_input()),
+            hash: hasher.hash(c.rss_input()),
             hash_type,
             csum,
         }
@@ -274,7 +274,7 @@ mod tests {
             (true, true, hash_type::TCP_IPV6),
         ] {
             let f = frame(v6, tcp);
-            let info = RxInfo::of(&f, &KEY);
+            let info = RxInfo::of(&f, &toeplitz::Table::new(&KEY));
             assert_eq!(info.hash_type, want);
             let c = info.csum;
             assert_eq!((c.ip_ok, c.ip_bad), (!v6, false));
@@ -290,7 +290,7 @@ mod tests {
         let mut f = frame(false, false);
         let last = f.len() - 1;
         f[last] ^= 1;
-        let c = RxInfo::of(&f, &KEY).csum;
+        let c = RxInfo::of(&f, &toeplitz::Table::new(&KEY)).csum;
         assert!(c.ip_ok && c.udp_bad && !c.udp_ok);
     }
 
@@ -298,12 +298,12 @@ mod tests {
     fn fragments_hash_on_addresses_and_other_frames_not_at_all() {
         let mut f = frame(false, true);
         f[14 + 6] = 0x20; // more fragments; the header checksum is now wrong
-        let info = RxInfo::of(&f, &KEY);
+        let info = RxInfo::of(&f, &toeplitz::Table::new(&KEY));
         assert_eq!(info.hash_type, hash_type::IPV4);
         assert!(info.csum.ip_bad && !info.csum.tcp_ok && !info.csum.tcp_bad);
         f[12..14].copy_from_slice(&[0x08, 0x06]);
         assert_eq!(
-            RxInfo::of(&f, &KEY),
+            RxInfo::of(&f, &toeplitz::Table::new(&KEY)),
             RxInfo {
                 hash: 0,
                 hash_type: 0,

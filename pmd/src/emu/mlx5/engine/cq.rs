@@ -161,7 +161,8 @@ impl Cq {
         let mut body = [0u8; CQE_BYTES];
         let mut c = Cqe::new_checked(&mut body[..]).expect("64-byte buffer");
         let mut f = *f;
-        f.owner = (at / self.cqe_cnt) & 1 == 1;
+        // The lap's parity: `at / cqe_cnt`, a power of two.
+        f.owner = (at >> self.cqe_cnt.trailing_zeros()) & 1 == 1;
         c.write(&f);
         let off = self.offset(at);
         self.buf.write(off, &body[..60]);

@@ -404,7 +404,8 @@ pub(crate) struct Rq {
 /// RSS state: key, hashed fields and the indirection table by RQ number, with the table
 /// resolved into indices of `Engine::rqs`.
 pub(crate) struct Rss {
-    pub key: [u8; 40],
+    /// The Toeplitz hash under the key, precomputed.
+    pub hasher: crate::net::toeplitz::Table,
     pub fields: RxHashFields,
     pub rqns: Vec<u32>,
     /// `rqns` as indices into `Engine::rqs` (`usize::MAX` where the RQ is gone).
@@ -818,7 +819,7 @@ impl Engine {
             return Err(EngineError::NoSuchQueue { kind: "RQ", id });
         }
         self.rss = Some(Rss {
-            key,
+            hasher: crate::net::toeplitz::Table::new(&key),
             fields,
             rqns: table.to_vec(),
             table: Vec::new(),
@@ -928,9 +929,7 @@ impl Engine {
     /// One pass: every SQ up to its doorbell record, then frames from the wire; returns the
     /// work done (WQEs + frames).
     pub fn step(&mut self) -> usize {
-        let knobs = self.wire.faults();
-        knobs.set_rx_drop_every(self.faults.rx_drop_every);
-        knobs.set_link_down(self.faults.link_down);
+        self.forward_wire_faults();
         let mut work = 0;
         for i in 0..self.sqs.len() {
             work += self.process_sq(i);
@@ -944,6 +943,14 @@ impl Engine {
         work
     }
 
+    /// Hands the wire-level fields of [`Faults`] to the wire's knobs (they are set from
+    /// outside between passes).
+    fn forward_wire_faults(&self) {
+        let knobs = self.wire.faults();
+        knobs.set_rx_drop_every(self.faults.rx_drop_every);
+        knobs.set_link_down(self.faults.link_down);
+    }
+
     /// Nanoseconds since the engine started: the CQE timestamp.
     fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
@@ -953,6 +960,38 @@ impl Engine {
 impl crate::emu::thread::Nic for Engine {
     fn step(&mut self) -> usize {
         Engine::step(self)
+    }
+
+    /// An SQ's kick consumes every WQE up to its doorbell record (while its CQ has room); an
+    /// RQ's kick flushes the RQs in error and takes frames off the wire (at most [`BUDGET`],
+    /// into whichever RQ RSS picks for each, as the device would).
+    fn kick(&mut self, queue: crate::emu::thread::QueueId) -> usize {
+        use crate::emu::thread::QueueId;
+        self.forward_wire_faults();
+        match queue {
+            QueueId::Sq(sqn) => match self.sqs.iter().position(|q| q.sqn == sqn) {
+                Some(i) => {
+                    let mut n = 0;
+                    loop {
+                        let k = self.process_sq(i);
+                        n += k;
+                        if k < BUDGET {
+                            break n;
+                        }
+                    }
+                }
+                None => 0,
+            },
+            QueueId::Rq(_) => {
+                let mut work = 0;
+                for i in 0..self.rqs.len() {
+                    if self.rqs[i].state == HwQueueState::Error {
+                        work += self.flush_rq(i);
+                    }
+                }
+                work + self.process_wire()
+            }
+        }
     }
 
     fn describe(&self) -> String {

@@ -110,7 +110,7 @@ impl Engine {
         let untagged_at = if tag.is_some() { 4 } else { 0 };
         let info = RxInfo::of(
             &frame[untagged_at..],
-            self.rss.as_ref().map(|r| (&r.key, r.fields)),
+            self.rss.as_ref().map(|r| (&r.hasher, r.fields)),
         );
         let qi = match &self.rss {
             Some(r) => r.table[(info.hash as usize) & (r.table.len() - 1)],
@@ -379,7 +379,7 @@ impl RxInfo {
     /// Classifies an untagged frame; with RSS, hashes the configured fields that the frame
     /// has (Toeplitz, input in the order source address, destination address, source port,
     /// destination port: §8 item 8).
-    fn of(frame: &[u8], rss: Option<(&[u8; 40], RxHashFields)>) -> Self {
+    fn of(frame: &[u8], rss: Option<(&toeplitz::Table, RxHashFields)>) -> Self {
         let c = parse::classify(frame);
         let ip = parse::l3_start(frame).and_then(|(at, et)| IpHeader::parse(frame, at, et));
         let mut out = Self {
@@ -488,7 +488,7 @@ impl RxInfo {
             }
         }
         if n > 0 {
-            out.hash = toeplitz::hash(key, &input[..n]);
+            out.hash = key.hash(&input[..n]);
         }
         out
     }
