@@ -5,21 +5,48 @@
 use super::parse::{self, IpHeader, IpVersion};
 
 /// Adds `data` to a running one's-complement sum (big-endian 16-bit words; an odd last byte
-/// is padded with zero).
+/// is padded with zero). The result is a sum to [`fold`], congruent to `sum` plus the words
+/// modulo 0xffff.
+///
+/// Eight bytes at a time: the one's-complement sum does not depend on the word size or the
+/// byte order it is computed in, as long as the carries wrap around and the result is
+/// swapped back at the end (RFC 1071 §2 (A), (B)). So the bytes are added as native 64-bit
+/// words with end-around carry, folded to 16 bits, and put in network order.
 #[inline]
-pub fn add(mut sum: u32, data: &[u8]) -> u32 {
-    let mut chunks = data.chunks_exact(2);
+pub fn add(sum: u32, data: &[u8]) -> u32 {
+    #[inline(always)]
+    fn acc(a: u64, v: u64) -> u64 {
+        let (s, carry) = a.overflowing_add(v);
+        s + u64::from(carry)
+    }
+    let mut a = 0u64;
+    let mut chunks = data.chunks_exact(8);
     for c in &mut chunks {
-        sum = sum.wrapping_add(u32::from(u16::from_be_bytes([c[0], c[1]])));
-        // Keep room for carries on long buffers.
-        if sum & 0x8000_0000 != 0 {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
+        a = acc(a, u64::from_ne_bytes(c.try_into().expect("8 bytes")));
     }
-    if let [last] = chunks.remainder() {
-        sum = sum.wrapping_add(u32::from(*last) << 8);
+    // The rest starts at an even offset: 16-bit words keep their place in native words.
+    let mut rest = chunks.remainder();
+    if rest.len() >= 4 {
+        a = acc(a, u64::from(u32::from_ne_bytes(rest[..4].try_into().expect("4"))));
+        rest = &rest[4..];
     }
-    sum
+    if rest.len() >= 2 {
+        a = acc(a, u64::from(u16::from_ne_bytes([rest[0], rest[1]])));
+        rest = &rest[2..];
+    }
+    if let [last] = rest {
+        // The high byte of a big-endian word: where a native word puts byte 0.
+        a = acc(a, u64::from(u16::from_ne_bytes([*last, 0])));
+    }
+    // 64 -> 32 -> 16 bits with end-around carries, then network order.
+    let a = (a & 0xffff_ffff) + (a >> 32);
+    let a = (a & 0xffff_ffff) + (a >> 32);
+    let mut w = a as u32;
+    w = (w & 0xffff) + (w >> 16);
+    w = (w & 0xffff) + (w >> 16);
+    let be = u16::from_be(w as u16);
+    let s = u64::from(sum) + u64::from(be);
+    ((s & 0xffff_ffff) + (s >> 32)) as u32
 }
 
 /// Folds a running sum to 16 bits (not complemented).
@@ -320,7 +347,50 @@ mod tests {
         }
     }
 
+    /// The RFC 1071 sum as written: big-endian 16-bit words one at a time.
+    fn add_reference(mut sum: u64, data: &[u8]) -> u64 {
+        for c in data.chunks(2) {
+            sum += u64::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+        sum
+    }
+
+    fn fold64(mut s: u64) -> u16 {
+        while s >> 16 != 0 {
+            s = (s & 0xffff) + (s >> 16);
+        }
+        s as u16
+    }
+
+    #[test]
+    fn add_handles_every_length_and_carry() {
+        for len in 0..40 {
+            let ones = vec![0xffu8; len];
+            let ramp: Vec<u8> = (0..len as u8).map(|b| b.wrapping_mul(37)).collect();
+            for data in [&ones, &ramp] {
+                for start in [0u32, 1, 0xfffe, 0x8000_0000, u32::MAX] {
+                    assert_eq!(
+                        fold(add(start, data)),
+                        fold64(add_reference(u64::from(start), data)),
+                        "len {len} start {start:#x}"
+                    );
+                }
+            }
+        }
+    }
+
     proptest::proptest! {
+        #[test]
+        fn add_equals_the_word_by_word_sum(
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+            start in proptest::prelude::any::<u32>(),
+        ) {
+            proptest::prop_assert_eq!(
+                fold(add(start, &data)),
+                fold64(add_reference(u64::from(start), &data))
+            );
+        }
+
         /// Any bytes, any request: no panic.
         #[test]
         fn apply_tx_never_panics(

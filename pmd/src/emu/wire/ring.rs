@@ -29,7 +29,16 @@
 //! Each side keeps its own counter and its last view of the other's in private memory and
 //! reads the shared counter of the other side only when its view says full (producer) or
 //! empty (consumer): a view that lags only ever understates the room or the frames waiting,
-//! so the shared lines move between the two cores about once per batch, not per frame.
+//! so the shared lines move between the two cores about once per batch, not per frame. The
+//! consumer also publishes its counter lazily: when it has caught up with what it saw, or
+//! after a sixteenth of the ring, so that a producer that finds the ring full (and reads the
+//! consumer's line) does not pull it away on every frame. The room a producer sees is at
+//! most that much less than the real room.
+//!
+//! Both sides prefetch the lines ahead of them: the consumer the records it is about to read
+//! (written by the other core, so each is a cache miss that prefetching overlaps with the
+//! work on the frames before it), the producer the lines it is about to write (for
+//! ownership).
 #![deny(unsafe_code)]
 
 use crate::sys::DevMem;
@@ -42,6 +51,8 @@ const DATA: usize = 128;
 /// Records start on this boundary.
 pub const RECORD_ALIGN: usize = 64;
 const HEADER: usize = 4;
+/// How far ahead of its counter each side prefetches.
+const PREFETCH_AHEAD: u64 = 8 * RECORD_ALIGN as u64;
 /// Header bit: skip to the start of the data area.
 const WRAP: u32 = 1 << 31;
 const LEN_MASK: u32 = 0xffff;
@@ -70,9 +81,11 @@ pub struct FrameRing {
     /// consumer's counter as last read.
     prod: u64,
     cons_seen: u64,
-    /// Consumer side: bytes read (ours) and the producer's counter as last read.
+    /// Consumer side: bytes read (ours), the producer's counter as last read, and our
+    /// counter as last published (see the module docs).
     cons: u64,
     prod_seen: u64,
+    cons_published: u64,
 }
 
 impl FrameRing {
@@ -102,6 +115,7 @@ impl FrameRing {
             cons_seen: cons,
             cons,
             prod_seen: prod,
+            cons_published: cons,
         }
     }
 
@@ -134,6 +148,12 @@ impl FrameRing {
             }
         }
         let mut at = self.prod;
+        // Ahead of us, but only into room we know is free: a line the consumer has still to
+        // read would be pulled away from it.
+        let ahead = at.wrapping_add(skip + need + PREFETCH_AHEAD);
+        if ahead.wrapping_sub(self.cons_seen) <= self.size {
+            self.mem.prefetch_write(self.data_off(ahead));
+        }
         if skip > 0 {
             self.mem
                 .store_u32(self.data_off(at), WRAP, Ordering::Relaxed);
@@ -161,7 +181,15 @@ impl FrameRing {
                 if self.cons == self.prod_seen {
                     return None;
                 }
+                // New records: start fetching the first lines of them now.
+                let mut at = self.cons.wrapping_add(RECORD_ALIGN as u64);
+                while at < self.prod_seen.min(self.cons.wrapping_add(PREFETCH_AHEAD)) {
+                    self.mem.prefetch(self.data_off(at));
+                    at = at.wrapping_add(RECORD_ALIGN as u64);
+                }
             }
+            self.mem
+                .prefetch(self.data_off(self.cons.wrapping_add(PREFETCH_AHEAD)));
             let off = self.data_off(self.cons);
             let hdr = self.mem.load_u32(off, Ordering::Relaxed);
             if hdr & WRAP != 0 {
@@ -174,9 +202,14 @@ impl FrameRing {
             let n = len.min(buf.len());
             self.mem.read(off + HEADER, &mut buf[..n]);
             self.cons = self.cons.wrapping_add(record_bytes(len) as u64);
-            // Frees the record only after its bytes were copied out.
-            self.mem
-                .store_u64(self.base + CONSUMER, self.cons, Ordering::Release);
+            // Frees the records only after their bytes were copied out; lazily (module docs).
+            if self.cons == self.prod_seen
+                || self.cons.wrapping_sub(self.cons_published) >= self.size / 16
+            {
+                self.cons_published = self.cons;
+                self.mem
+                    .store_u64(self.base + CONSUMER, self.cons, Ordering::Release);
+            }
             return Some(len);
         }
     }

@@ -54,7 +54,7 @@ fn write_cqe_now(cq: &mut Cq, body: &[u8; CQE_BYTES], wq: u32, is_sq: bool) {
     debug_assert_eq!(u64::from(cq.slot), cq.written % u64::from(cq.count));
     debug_assert_eq!(cq.owner, owner_for(cq.written, cq.count));
     let (slot, owner) = (cq.slot as usize * CQE_BYTES, cq.owner);
-    cq.mem.write(slot, &body[..60]);
+    cq.mem.write_dwords(slot, &body[..60]);
     fence_before_owner_write();
     cq.mem.store_u32(
         slot + 60,

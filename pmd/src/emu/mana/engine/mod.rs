@@ -575,10 +575,10 @@ impl crate::emu::thread::Nic for Engine {
         use crate::emu::thread::QueueId;
         self.steps += 1;
         self.forward_wire_faults();
-        self.scan_doorbells();
         let mut work = match queue {
             QueueId::Sq(id) => match self.sqs.iter().position(|q| q.id == id) {
                 Some(i) => {
+                    self.latch_sq(i);
                     let mut n = 0;
                     loop {
                         let k = self.process_sq(i);
@@ -590,7 +590,10 @@ impl crate::emu::thread::Nic for Engine {
                 }
                 None => 0,
             },
-            QueueId::Rq(_) => self.process_wire(),
+            QueueId::Rq(_) => {
+                self.latch_rqs();
+                self.process_wire()
+            }
         };
         if self.delayed > 0 {
             work += self.release_delayed();

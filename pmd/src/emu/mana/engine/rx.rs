@@ -226,7 +226,10 @@ impl RxInfo {
             L4::Udp { csum_ok: None } | L4::Other => {}
         }
         Self {
-            hash: hasher.hash(c.rss_input()),
+            hash: {
+                let (addrs, ports) = c.rss_parts(frame);
+                hasher.hash_at(0, addrs) ^ hasher.hash_at(addrs.len(), ports)
+            },
             hash_type,
             csum,
         }
@@ -283,7 +286,8 @@ mod tests {
                 (tcp, false, !tcp, false)
             );
             let tuple = parse::classify(&f);
-            assert_eq!(info.hash, toeplitz::hash(&KEY, tuple.rss_input()));
+            let (input, n) = tuple.rss_input(&f);
+            assert_eq!(info.hash, toeplitz::hash(&KEY, &input[..n]));
             assert_ne!(info.hash, 0);
         }
         // A flipped payload byte is caught.

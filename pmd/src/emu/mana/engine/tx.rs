@@ -60,7 +60,12 @@ impl Engine {
                     usize::from(h.client_data_unit()),
                 )
             });
-            read_wrapped(&sq.mem, sq.consumed, &mut wqe[..bytes]);
+            // The header is in already: the rest of the WQE.
+            read_wrapped(
+                &sq.mem,
+                sq.consumed.wrapping_add(WQE_HEADER_BYTES as u32),
+                &mut wqe[WQE_HEADER_BYTES..bytes],
+            );
             let pos = self.sqs[i].consumed;
             self.sqs[i].consumed = pos.wrapping_add(bytes as u32);
             self.transmit(i, &wqe[..bytes], oob, nsge, pos, lso);

@@ -165,7 +165,7 @@ impl Cq {
         f.owner = (at >> self.cqe_cnt.trailing_zeros()) & 1 == 1;
         c.write(&f);
         let off = self.offset(at);
-        self.buf.write(off, &body[..60]);
+        self.buf.write_dwords(off, &body[..60]);
         fence_before_owner_write();
         let tail = [body[60], body[61], body[62], body[OP_OWN]];
         self.buf

@@ -433,12 +433,13 @@ impl RxInfo {
         let Some((key, fields)) = rss else {
             return out;
         };
-        // The NDIS-ordered tuple: addresses, then ports when L4 is TCP or UDP.
-        let t = c.rss_input();
-        let mut input = [0u8; parse::RSS_INPUT_MAX_BYTES];
+        // The NDIS-ordered tuple: addresses, then ports when L4 is TCP or UDP; each selected
+        // field hashed where it lies in the frame, at its place in the input.
+        let (addrs, ports) = c.rss_parts(frame);
         let mut n = 0;
+        let mut hash = 0u32;
         let mut push = |b: &[u8]| {
-            input[n..n + b.len()].copy_from_slice(b);
+            hash ^= key.hash_at(n, b);
             n += b.len();
         };
         let (src, dst, l3_type) = if alen == 4 {
@@ -455,10 +456,10 @@ impl RxInfo {
             )
         };
         if fields.contains(src) {
-            push(&t[..alen]);
+            push(&addrs[..alen]);
         }
         if fields.contains(dst) {
-            push(&t[alen..2 * alen]);
+            push(&addrs[alen..2 * alen]);
         }
         if fields.intersects(src | dst) {
             out.hash_type |= l3_type;
@@ -476,20 +477,18 @@ impl RxInfo {
             ),
             L4::Other => (RxHashFields::empty(), RxHashFields::empty(), 0),
         };
-        if t.len() >= 2 * alen + 4 && !(sp | dp).is_empty() {
+        if ports.len() == 4 && !(sp | dp).is_empty() {
             if fields.contains(sp) {
-                push(&t[2 * alen..2 * alen + 2]);
+                push(&ports[..2]);
             }
             if fields.contains(dp) {
-                push(&t[2 * alen + 2..2 * alen + 4]);
+                push(&ports[2..]);
             }
             if fields.intersects(sp | dp) {
                 out.hash_type |= l4_type;
             }
         }
-        if n > 0 {
-            out.hash = key.hash(&input[..n]);
-        }
+        out.hash = hash;
         out
     }
 }
