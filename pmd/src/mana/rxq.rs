@@ -190,13 +190,18 @@ impl RxQueue {
         let mut bytes = 0u64;
         let mut errors = 0u64;
         'cqes: while out.spare() > 0 {
-            let (cqe, first) = match self.backlog.take() {
-                Some(b) => b,
+            // The completion is read once, straight into this buffer (the common case);
+            // one left over from the last burst is copied in.
+            let mut cqe = [0u8; CQE_BYTES];
+            let first = match self.backlog.take() {
+                Some((b, k)) => {
+                    cqe = b;
+                    k
+                }
                 None => match self.cq.poll() {
                     Polled::Entry(off) => {
-                        let mut b = [0u8; CQE_BYTES];
-                        self.cq.read(off, &mut b);
-                        (b, 0)
+                        self.cq.read(off, &mut cqe);
+                        0
                     }
                     Polled::Empty => break,
                     Polled::Overflow => {

@@ -77,14 +77,21 @@ impl Engine {
             return;
         }
         let mut wqe = [0u8; 256];
-        read_wrapped(&rq.mem, rq.consumed, &mut wqe[..WQE_HEADER_BYTES]);
+        // One basic unit first: a one-SGE receive WQE (what drivers post) is all there is.
+        read_wrapped(&rq.mem, rq.consumed, &mut wqe[..BU_BYTES]);
         let Some(h) = WqeHeader::new_checked(&wqe[..WQE_HEADER_BYTES]) else {
             return;
         };
         let bytes = h.wqe_bytes().min(256);
         let nsge = usize::from(h.num_sge());
         let oob = h.inline_oob_bytes();
-        read_wrapped(&rq.mem, rq.consumed, &mut wqe[..bytes]);
+        if bytes > BU_BYTES {
+            read_wrapped(
+                &rq.mem,
+                rq.consumed.wrapping_add(BU_BYTES as u32),
+                &mut wqe[BU_BYTES..bytes],
+            );
+        }
         let (pos, cq, id) = (rq.consumed, CqOf::Rq(rq_idx), rq.id);
         self.rqs[rq_idx].consumed = pos.wrapping_add(bytes as u32);
 
