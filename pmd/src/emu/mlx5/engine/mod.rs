@@ -426,6 +426,10 @@ pub struct Engine {
     epoch: Instant,
     frame: Vec<u8>,
     seg: Vec<u8>,
+    /// Scratch for receive WQEs of more than four scatter entries.
+    rx_wqe: Vec<u8>,
+    /// The time of this pass (see [`Engine::now_ns`]).
+    now: u64,
     tx_executed: u64,
     /// Pointer data segments gathered (the `tx_bad_key_every` fault counts them).
     pub(crate) tx_gathers: u64,
@@ -486,6 +490,8 @@ impl Engine {
             epoch: Instant::now(),
             frame: vec![0; LSO_MAX_BYTES + 4],
             seg: Vec::with_capacity(crate::emu::wire::MAX_FRAME + 4),
+            rx_wqe: Vec::with_capacity(4096),
+            now: 0,
             tx_executed: 0,
             tx_gathers: 0,
             rx_scatters: 0,
@@ -930,6 +936,7 @@ impl Engine {
     /// work done (WQEs + frames).
     pub fn step(&mut self) -> usize {
         self.forward_wire_faults();
+        self.tick();
         let mut work = 0;
         for i in 0..self.sqs.len() {
             work += self.process_sq(i);
@@ -951,9 +958,17 @@ impl Engine {
         knobs.set_link_down(self.faults.link_down);
     }
 
-    /// Nanoseconds since the engine started: the CQE timestamp.
+    /// Reads the clock for this pass (a step, or a kick).
+    fn tick(&mut self) {
+        self.now = self.epoch.elapsed().as_nanos() as u64;
+    }
+
+    /// Nanoseconds since the engine started, as of the start of this pass: the CQE
+    /// timestamp. Every completion of one pass carries the same time (a clock read per
+    /// completion would cost more than the rest of the completion); a pass lasts
+    /// microseconds, and timestamps never go backwards.
     fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        self.now
     }
 }
 
@@ -968,6 +983,7 @@ impl crate::emu::thread::Nic for Engine {
     fn kick(&mut self, queue: crate::emu::thread::QueueId) -> usize {
         use crate::emu::thread::QueueId;
         self.forward_wire_faults();
+        self.tick();
         match queue {
             QueueId::Sq(sqn) => match self.sqs.iter().position(|q| q.sqn == sqn) {
                 Some(i) => {

@@ -172,12 +172,21 @@ impl Engine {
         }
         let index = rq.ci;
         let stride = rq.stride as usize;
-        let mut wqe = [0u8; 4096];
-        let wqe = &mut wqe[..stride.min(4096)];
+        // The WQE: in a local buffer for up to four scatter entries (drivers post one or
+        // two), else in the engine's scratch buffer (a long scatter list is rare).
+        let mut small = [0u8; 4 * SEG_BYTES];
+        let mut scratch = std::mem::take(&mut self.rx_wqe);
+        let wqe: &mut [u8] = if stride <= small.len() {
+            &mut small[..stride]
+        } else {
+            scratch.resize(stride.min(4096), 0);
+            &mut scratch[..]
+        };
         rq.buf.read(
             (usize::from(index) & (rq.wqe_cnt as usize - 1)) * stride,
             wqe,
         );
+        let wqe: &[u8] = wqe;
         // The scatter list: `stride / 16` entries, ended early by lkey 0x100 or a zero count.
         let entries = || {
             wqe.chunks_exact(SEG_BYTES)
@@ -207,6 +216,7 @@ impl Engine {
                 done += n;
             }
         }
+        self.rx_wqe = scratch;
         let rq = &mut self.rqs[qi];
         rq.ci = index.wrapping_add(1);
         let f = CqeFields {
