@@ -3,7 +3,7 @@
 #![deny(unsafe_code)]
 
 use mempool::{MbufPool, MbufPoolConfig};
-use pmd::port::{wait_events, Port, PortConfig, PortEvent, PortSpec};
+use pmd::port::{wait_events, Port, PortConfig, PortEvent, PortSpec, Stats};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -236,6 +236,64 @@ impl Idle {
             )));
         }
     }
+}
+
+/// The counters of a port that count frames lost or refused somewhere on its way (the
+/// device's and the driver's: `dev_tx_wire_drops`, a full cable; `dev_rx_no_wqe`, no
+/// buffer; `*_errors`, `*_drops`, `*_full`, ...), those that are not zero, by name. With them a
+/// tool says where frames went that did not arrive.
+pub fn loss_counters(stats: &Stats) -> Vec<(String, u64)> {
+    const LOSS: [&str; 8] = [
+        "drop", "no_wqe", "full", "miss", "error", "overflow", "trunc", "flush",
+    ];
+    let mut out: Vec<(String, u64)> = stats
+        .xstats
+        .iter()
+        .filter(|(n, v)| *v > 0 && LOSS.iter().any(|w| n.contains(w)))
+        .cloned()
+        .collect();
+    for (name, v) in [
+        ("imissed", stats.imissed),
+        ("ierrors", stats.ierrors),
+        ("oerrors", stats.oerrors),
+        ("rx_nombuf", stats.rx_nombuf),
+    ] {
+        if v > 0 {
+            out.push((name.to_string(), v));
+        }
+    }
+    out
+}
+
+/// A port's statistics for a `--json` report: the basic counters and every extended
+/// counter by name.
+pub fn stats_json(stats: &Stats) -> Value {
+    let x: serde_json::Map<String, Value> = stats
+        .xstats
+        .iter()
+        .map(|(n, v)| (n.clone(), json!(v)))
+        .collect();
+    json!({
+        "ipackets": stats.ipackets, "opackets": stats.opackets, "imissed": stats.imissed,
+        "ierrors": stats.ierrors, "oerrors": stats.oerrors, "rx_nombuf": stats.rx_nombuf,
+        "xstats": x,
+    })
+}
+
+/// One line per port with loss counters (nothing for a port without losses), for a text
+/// summary: `  port 1 losses: dev_tx_wire_drops 4630`.
+pub fn loss_lines(stats: &[Stats]) -> Vec<String> {
+    stats
+        .iter()
+        .enumerate()
+        .filter_map(|(p, s)| {
+            let l = loss_counters(s);
+            (!l.is_empty()).then(|| {
+                let list: Vec<String> = l.iter().map(|(n, v)| format!("{n} {v}")).collect();
+                format!("  port {p} losses: {}", list.join(", "))
+            })
+        })
+        .collect()
 }
 
 /// `1234567.0` -> `"1.23 M"`.

@@ -1,11 +1,13 @@
 //! l2fwd: forwards every frame that arrives on a port to its paired port (0<->1, 2<->3, ...),
 //! optionally rewriting the MAC addresses, like DPDK's examples/l2fwd.
 
-use apps::common::{make_pool, open_ports, si, wait_links, Counter, EventWatch, Idle};
+use apps::common::{
+    loss_lines, make_pool, open_ports, si, stats_json, wait_links, Counter, EventWatch, Idle,
+};
 use clap::Parser;
 use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
-use pmd::port::{Burst, Port, PortConfig, PortSpec, RxQueue, TxQueue};
+use pmd::port::{Burst, Port, PortConfig, PortSpec, RxQueue, Stats, TxQueue};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -241,9 +243,12 @@ fn run(args: &Args) -> Result<(), String> {
     for p in &mut ports {
         p.stop();
     }
+    // The ports' own counters: where frames were lost, if any were (a full cable, no
+    // buffer, ...), as the devices and drivers counted them.
+    let port_stats: Vec<Stats> = ports.iter().map(Port::stats).collect();
     drop(ports);
     let in_use = pool.in_use();
-    report(args, &counters, np, secs, in_use, &events);
+    report(args, &counters, np, secs, in_use, &events, &port_stats);
     if let Some(f) = fatal {
         return Err(f);
     }
@@ -314,6 +319,7 @@ fn report(
     secs: f64,
     in_use: u32,
     events: &EventWatch,
+    port_stats: &[Stats],
 ) {
     let t = totals(counters, np);
     let rx: u64 = t.iter().map(|x| x.0).sum();
@@ -323,7 +329,7 @@ fn report(
         let ports: Vec<_> = t
             .iter()
             .enumerate()
-            .map(|(p, (r, x, d))| serde_json::json!({"port": p, "rx_packets": r, "tx_packets": x, "dropped": d}))
+            .map(|(p, (r, x, d))| serde_json::json!({"port": p, "rx_packets": r, "tx_packets": x, "dropped": d, "stats": port_stats.get(p).map(stats_json)}))
             .collect();
         println!(
             "{}",
@@ -340,6 +346,9 @@ fn report(
         );
         for (p, (r, x, d)) in t.iter().enumerate() {
             println!("  port {p}: rx {r} tx {x} dropped {d}");
+        }
+        for line in loss_lines(port_stats) {
+            println!("{line}");
         }
         println!("  mbufs still in use at exit: {in_use}");
         if !events.seen().is_empty() {

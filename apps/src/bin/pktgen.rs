@@ -1,6 +1,8 @@
 //! pktgen: a traffic generator with sequence numbers, loss and latency measurement.
 
-use apps::common::{make_pool, open_ports, si, wait_links, Counter, EventWatch, Idle};
+use apps::common::{
+    loss_lines, make_pool, open_ports, si, stats_json, wait_links, Counter, EventWatch, Idle,
+};
 use apps::pktgen::{
     load_pcap, read_stamp, FrameGen, FrameSpec, IpRange, PortRange, SeqTracker, MIN_SIZE,
 };
@@ -8,7 +10,7 @@ use clap::Parser;
 use hdrhistogram::Histogram;
 use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
-use pmd::port::{Burst, Port, PortConfig, PortSpec, RxQueue, TxQueue};
+use pmd::port::{Burst, Port, PortConfig, PortSpec, RxQueue, Stats, TxQueue};
 use pmd::MacAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -379,13 +381,24 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     let hist = rx.hist.clone();
     let tracker = rx.tracker.clone();
     drop(rx);
+    // The ports' own counters say where lost frames went (a full cable, no buffer, ...).
+    let port_stats: Vec<Stats> = ports.iter().map(Port::stats).collect();
     drop(ports);
     lcache::flush();
     let in_use = pool.in_use();
     if let Some(c) = child.as_mut() {
         reap(c, Duration::from_secs_f64(args.drain_timeout));
     }
-    report(args, &shared, &tracker, &hist, epoch, in_use, &events);
+    report(
+        args,
+        &shared,
+        &tracker,
+        &hist,
+        epoch,
+        in_use,
+        &events,
+        &port_stats,
+    );
     if in_use != 0 {
         return Err(format!("{in_use} mbufs were not returned to the pool"));
     }
@@ -636,6 +649,7 @@ fn main_loop(
     None
 }
 
+#[allow(clippy::too_many_arguments)]
 fn report(
     args: &Args,
     sh: &Shared,
@@ -644,6 +658,7 @@ fn report(
     epoch: Instant,
     in_use: u32,
     events: &EventWatch,
+    port_stats: &[Stats],
 ) {
     let tx_packets = sh.tx_packets.get();
     let tx_bytes = sh.tx_bytes.get();
@@ -682,6 +697,11 @@ fn report(
                 "latency_ns": {"min": min, "p50": p50, "p99": p99, "max": max},
                 "pool_in_use": in_use,
                 "events": events.json(),
+                "ports": port_stats.iter().enumerate().map(|(p, s)| {
+                    let mut v = stats_json(s);
+                    v["port"] = serde_json::json!(p);
+                    v
+                }).collect::<Vec<_>>(),
             })
         );
     } else {
@@ -704,6 +724,9 @@ fn report(
             );
         }
         println!("  mbufs still in use at exit: {in_use}");
+        for line in loss_lines(port_stats) {
+            println!("{line}");
+        }
         if !events.seen().is_empty() {
             println!("  port events: {}", events.seen().len());
         }

@@ -27,7 +27,10 @@ pub fn add(sum: u32, data: &[u8]) -> u32 {
     // The rest starts at an even offset: 16-bit words keep their place in native words.
     let mut rest = chunks.remainder();
     if rest.len() >= 4 {
-        a = acc(a, u64::from(u32::from_ne_bytes(rest[..4].try_into().expect("4"))));
+        a = acc(
+            a,
+            u64::from(u32::from_ne_bytes(rest[..4].try_into().expect("4"))),
+        );
         rest = &rest[4..];
     }
     if rest.len() >= 2 {

@@ -433,7 +433,6 @@ const _: () = assert!(
     "pmd supports little-endian hosts only"
 );
 
-
 /// Copies `n` bytes from `src` to `dst`. Packets, descriptors and completions are mostly
 /// short (8 to 64 bytes): those are copied with two overlapping fixed-size moves, inline,
 /// instead of a call into the C library's `memcpy`, which costs more than the copy itself at
@@ -491,7 +490,10 @@ mod tests {
                 m.read(at, &mut out);
                 assert!(out[..8].iter().all(|&b| b == 0xee), "n {n} at {at}: before");
                 assert_eq!(&out[8..8 + n], &src[..n], "n {n} at {at}");
-                assert!(out[8 + n..].iter().all(|&b| b == 0xee), "n {n} at {at}: after");
+                assert!(
+                    out[8 + n..].iter().all(|&b| b == 0xee),
+                    "n {n} at {at}: after"
+                );
                 let other = DevMem::anon(4096).unwrap();
                 other.copy_from(at, &m, at + 8, n);
                 let mut back = vec![0u8; n];

@@ -51,7 +51,10 @@ pub fn thread_cpu_time() -> std::time::Duration {
     };
     // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux knows.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) cannot fail on Linux");
+    assert_eq!(
+        rc, 0,
+        "clock_gettime(CLOCK_THREAD_CPUTIME_ID) cannot fail on Linux"
+    );
     std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 

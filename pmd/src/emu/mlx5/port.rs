@@ -307,6 +307,8 @@ impl Provider for ModelPort {
                 s.rx_compressed_sessions,
             ),
             ("dev_rx_cq_full".into(), s.rx_cq_full),
+            ("dev_rx_fault_drops".into(), s.rx_fault_drops),
+            ("dev_tx_cq_stalls".into(), s.tx_cq_stalls),
             ("dev_sq_resets".into(), s.sq_resets),
             ("dev_rq_resets".into(), s.rq_resets),
         ]

@@ -9,8 +9,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Bytes of records per direction: 16,384 frames of 60 bytes, or 113 of 9000 bytes.
-const LOOP_RING_BYTES: usize = 1 << 20;
+/// Bytes of records per direction of a [`Loopback`] cable: 16,384 frames of 60 bytes, or 113
+/// of 9000 bytes (a frame takes `4 + len` bytes rounded up to 64, see [`super::ring`]).
+pub const LOOPBACK_RING_BYTES: usize = 1 << 20;
+const LOOP_RING_BYTES: usize = LOOPBACK_RING_BYTES;
 
 /// Which ends of a cable are open right now, `[A, B]`; shared by both ends.
 type OpenEnds = Arc<[AtomicBool; 2]>;

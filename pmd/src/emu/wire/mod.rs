@@ -23,7 +23,7 @@ mod shm;
 mod spec;
 
 pub use afpacket::AfPacket;
-pub use loopback::Loopback;
+pub use loopback::{Loopback, LOOPBACK_RING_BYTES};
 pub use none::NoWire;
 pub use pcap::PcapTap;
 pub use shm::{

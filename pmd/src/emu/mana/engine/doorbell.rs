@@ -132,7 +132,9 @@ impl Engine {
     /// rung yet) the whole [`scan_doorbells`](Self::scan_doorbells).
     pub(super) fn latch_sq(&mut self, i: usize) {
         let q = &self.sqs[i];
-        let v = q.db.mem.load_u64(DoorbellKind::Sq.offset(), Ordering::Acquire);
+        let v =
+            q.db.mem
+                .load_u64(DoorbellKind::Sq.offset(), Ordering::Acquire);
         let d = doorbell::decode(DoorbellKind::Sq, v);
         if d.id == q.id {
             self.sqs[i].tail = d.index;
@@ -146,7 +148,9 @@ impl Engine {
     pub(super) fn latch_rqs(&mut self) {
         for i in 0..self.rqs.len() {
             let q = &self.rqs[i];
-            let v = q.db.mem.load_u64(DoorbellKind::Rq.offset(), Ordering::Acquire);
+            let v =
+                q.db.mem
+                    .load_u64(DoorbellKind::Rq.offset(), Ordering::Acquire);
             let d = doorbell::decode(DoorbellKind::Rq, v);
             if d.id == q.id {
                 self.rqs[i].tail = d.index;

@@ -541,7 +541,7 @@ impl Engine {
         for i in 0..self.sqs.len() {
             work += self.process_sq(i);
         }
-        work += self.process_wire();
+        work += self.process_wire(false);
         work += self.release_delayed();
         work
     }
@@ -592,7 +592,7 @@ impl crate::emu::thread::Nic for Engine {
             },
             QueueId::Rq(_) => {
                 self.latch_rqs();
-                self.process_wire()
+                self.process_wire(true)
             }
         };
         if self.delayed > 0 {

@@ -13,10 +13,17 @@ use crate::net::toeplitz;
 use crate::ring::read_wrapped;
 
 impl Engine {
-    /// Takes up to [`BUDGET`] frames off the wire (dropped ones count) into RQ buffers.
-    pub(super) fn process_wire(&mut self) -> usize {
+    /// Takes up to [`BUDGET`] frames off the wire (dropped ones count) into RQ buffers. With
+    /// `only_with_room` (an inline kick), a frame is taken only while every RQ it could go
+    /// to has a posted WQE: the rest wait on the wire, which is the device's receive buffer
+    /// there (see the module docs of [`crate::emu::thread`]); otherwise frames that find no
+    /// WQE are dropped and counted (`rx_no_wqe`), as a NIC running on its own does.
+    pub(super) fn process_wire(&mut self, only_with_room: bool) -> usize {
         let mut n = 0;
         while n < BUDGET {
+            if only_with_room && !self.rx_room() {
+                break;
+            }
             let mut frame = std::mem::take(&mut self.frame);
             let got = match self.wire.recv_or_drop(&mut frame) {
                 Arrival::Nothing => {
@@ -38,6 +45,24 @@ impl Engine {
         // Coalescing never holds a packet past the end of a pass.
         self.flush_coalesced();
         n
+    }
+
+    /// Whether a frame taken off the wire now finds a posted WQE whichever RQ RSS picks (all
+    /// RQs have one, or the default RX object has one when RSS is off). Without any RQ a
+    /// frame is dropped whatever happens: that counts as room.
+    fn rx_room(&self) -> bool {
+        let posted = |q: &super::Rq| {
+            let p = q.tail.wrapping_sub(q.consumed);
+            (BU_BYTES as u32..=1 << 30).contains(&p)
+        };
+        if self.rss.enabled {
+            self.rqs.iter().all(posted)
+        } else {
+            self.rss
+                .default
+                .and_then(|i| self.rqs.get(i))
+                .is_none_or(posted)
+        }
     }
 
     /// Delivers one frame: VLAN strip, RSS, scatter into the next RX WQE, the RX CQE.

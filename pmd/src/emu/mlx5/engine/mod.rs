@@ -946,7 +946,7 @@ impl Engine {
                 work += self.flush_rq(i);
             }
         }
-        work += self.process_wire();
+        work += self.process_wire(false);
         work
     }
 
@@ -1005,7 +1005,7 @@ impl crate::emu::thread::Nic for Engine {
                         work += self.flush_rq(i);
                     }
                 }
-                work + self.process_wire()
+                work + self.process_wire(true)
             }
         }
     }

@@ -34,9 +34,18 @@ const TCP_ACK: u8 = 0x10;
 impl Engine {
     /// Takes up to [`BUDGET`] frames off the wire (dropped ones count) into RQs; returns how
     /// many, then writes the compressed sessions gathered meanwhile.
-    pub(super) fn process_wire(&mut self) -> usize {
+    ///
+    /// With `only_with_room` (an inline kick), a frame is taken only while every RQ it could
+    /// go to has a posted WQE and room in its CQ: the rest wait on the wire, the device's
+    /// receive buffer there (see [`crate::emu::thread`]); otherwise frames that find no WQE
+    /// or no CQ room are dropped and counted (`rx_no_wqe`, `rx_cq_full`), as a NIC running on
+    /// its own does.
+    pub(super) fn process_wire(&mut self, only_with_room: bool) -> usize {
         let mut n = 0;
         while n < BUDGET {
+            if only_with_room && !self.rx_room() {
+                break;
+            }
             let mut frame = std::mem::take(&mut self.frame);
             let got = match self.wire.recv_or_drop(&mut frame) {
                 Arrival::Nothing => {
@@ -59,6 +68,26 @@ impl Engine {
             self.stats.rx_cqes += w as u64;
         }
         n
+    }
+
+    /// Whether a frame taken off the wire now finds a posted WQE and CQ room whichever RQ RSS
+    /// picks. An RQ that is not ready drops its frames whatever happens (and without any RQ
+    /// every frame is dropped): that counts as room.
+    fn rx_room(&self) -> bool {
+        let room = |q: &super::Rq| {
+            if q.state != HwQueueState::Ready {
+                return true;
+            }
+            let posted = record(&q.dbrec, RCV_DBR) as u16 != q.ci;
+            // A striding RQ may need a filler CQE before the frame's.
+            let cqes = if q.mprq.is_some() { 2 } else { 1 };
+            posted && q.cq.room() >= cqes
+        };
+        match &self.rss {
+            // Every RQ (the table names them, some perhaps many times).
+            Some(_) => self.rqs.iter().all(room),
+            None => self.rqs.first().is_none_or(room),
+        }
     }
 
     /// Flushes the WQEs posted to RQ `i`, which is in error: each completes with RESP_ERR
