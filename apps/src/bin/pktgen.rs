@@ -99,7 +99,8 @@ struct Args {
     /// is down until the far end of its cable is attached); then fail, exit status 1.
     #[arg(long, default_value_t = 10.0, value_name = "S")]
     link_timeout: f64,
-    /// After sending, wait at most this long for frames still on their way.
+    /// After sending, wait at most this long for frames still on their way (and stop early
+    /// when none arrived for a quarter of it, at least 0.5 s).
     #[arg(long, default_value_t = 2.0)]
     drain_timeout: f64,
     /// Never yield the CPU when idle.
@@ -598,6 +599,9 @@ fn main_loop(
         .rx_only
         .then(|| Duration::from_secs_f64(args.duration.unwrap_or(10.0)));
     let drain_timeout = Duration::from_secs_f64(args.drain_timeout.max(0.0));
+    // No frame for this long: nothing more is coming (a longer --drain-timeout waits longer
+    // through a peer that is slow to be scheduled, on a loaded machine).
+    let stalled = (drain_timeout / 4).max(Duration::from_millis(500));
     let mut last = (sh.tx_packets.get(), sh.rx_packets.get(), Instant::now());
     let mut drain: Option<(Instant, u64, Instant)> = None;
     loop {
@@ -622,10 +626,7 @@ fn main_loop(
                 *progress = now;
             }
             let all_back = rx >= sh.tx_packets.get();
-            if all_back
-                || now - *since >= drain_timeout
-                || now - *progress >= Duration::from_millis(500)
-            {
+            if all_back || now - *since >= drain_timeout || now - *progress >= stalled {
                 break;
             }
         }

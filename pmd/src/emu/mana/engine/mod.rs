@@ -61,7 +61,9 @@ pub struct ModelStats {
     pub tx_bytes: u64,
     /// TX WQEs completed with an error.
     pub tx_errors: u64,
-    /// Frames the wire refused (receiver full).
+    /// Frames the wire refused: the cable full (the receiver not keeping up), the link down,
+    /// a frame larger than the wire carries. Every frame the device took and did not put on
+    /// the wire is counted here or in `tx_errors` / `tx_mtu_drops`.
     pub tx_wire_drops: u64,
     /// Frames delivered into RQ buffers.
     pub rx_frames: u64,

@@ -88,7 +88,8 @@ pub struct ModelStats {
     pub tx_flushed: u64,
     /// Steps in which an SQ waited because its CQ had no free entry (overrun avoided).
     pub tx_cq_stalls: u64,
-    /// Frames the wire refused (receiver full, link down).
+    /// Frames the wire refused: the cable full (the receiver not keeping up), the link down,
+    /// a frame larger than the wire carries.
     pub tx_wire_drops: u64,
     /// Frames with more L3 bytes than the MTU, dropped (their WQE completes normally).
     pub tx_mtu_drops: u64,
