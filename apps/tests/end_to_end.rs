@@ -66,8 +66,8 @@ impl Topology {
         }
     }
 
-    fn l2fwd(&self, extra: &[&str]) -> Child {
-        bin("l2fwd")
+    fn l2fwd(&self, extra: &[&str]) -> Bg {
+        let child = bin("l2fwd")
             .args([
                 "--port",
                 &self.a,
@@ -84,7 +84,8 @@ impl Topology {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap()
+            .unwrap();
+        Bg(Some(child))
     }
 
     fn pktgen(&self, extra: &[&str]) -> Output {
@@ -108,12 +109,31 @@ impl Topology {
     }
 }
 
-fn stop(mut child: Child) -> Output {
+/// A tool running in the background: killed and reaped if the test ends without stopping it
+/// (an assertion failed), so that no process outlives its test and loads the machine.
+struct Bg(Option<Child>);
+
+impl Bg {
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("running")
+    }
+}
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn stop(mut bg: Bg) -> Output {
     // SIGINT, as a user pressing Ctrl-C.
-    pmd::sys::net::send_signal(child.id(), pmd::sys::net::SIGINT).unwrap();
+    pmd::sys::net::send_signal(bg.child().id(), pmd::sys::net::SIGINT).unwrap();
     let t0 = Instant::now();
     loop {
-        if let Some(_status) = child.try_wait().unwrap() {
+        if let Some(_status) = bg.child().try_wait().unwrap() {
             break;
         }
         assert!(
@@ -122,7 +142,7 @@ fn stop(mut child: Child) -> Output {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    child.wait_with_output().unwrap()
+    bg.0.take().expect("running").wait_with_output().unwrap()
 }
 
 #[test]
@@ -241,7 +261,7 @@ fn demo(t: &Topology) {
     check_demo(out, l2, 100_000);
 }
 
-fn check_demo(out: Output, l2: Child, n: u64) {
+fn check_demo(out: Output, l2: Bg, n: u64) {
     assert!(
         out.status.success(),
         "pktgen failed: {}",
@@ -337,12 +357,12 @@ fn l2fwd_killed_midway_pktgen_reports_loss_and_exits() {
     let mut l2 = t.l2fwd(&[]);
     // Killed and reaped at once, as a shell reaps its children: a zombie still counts as a
     // live holder of its cable end.
-    let mut l2_err = l2.stderr.take();
+    let mut l2_err = l2.child().stderr.take();
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(1500));
-        let _ = pmd::sys::net::send_signal(l2.id(), pmd::sys::net::SIGKILL);
+        let _ = pmd::sys::net::send_signal(l2.child().id(), pmd::sys::net::SIGKILL);
         let t1 = Instant::now();
-        while l2.try_wait().unwrap().is_none() {
+        while l2.child().try_wait().unwrap().is_none() {
             assert!(
                 t1.elapsed() < Duration::from_secs(10),
                 "l2fwd survived SIGKILL?"
