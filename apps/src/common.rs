@@ -189,8 +189,12 @@ impl EventWatch {
     }
 }
 
-/// Back-off for a polling loop that found nothing to do, so that on a small machine the
-/// device model's engine threads and other processes get the CPU. Busy mode never yields.
+/// Back-off for a polling loop that found nothing to do, so that on a small machine other
+/// processes (and device-model engine threads, `engine=thread`) get the CPU when there is no
+/// traffic. A loop that moves packets keeps its CPU, as DPDK's lcores do: the device models'
+/// default inline engines do their work on this very core, and giving it away (a yield hands
+/// a loaded machine's core to whoever else is runnable, for a whole time slice) only lets the
+/// cables fill. Busy mode never yields.
 #[derive(Debug, Clone)]
 pub struct Idle {
     busy: bool,
@@ -206,23 +210,11 @@ impl Idle {
     /// Call after each loop iteration with whether it moved any packet.
     #[inline]
     pub fn after(&mut self, did_work: bool) {
-        self.after_burst(did_work, true);
-    }
-
-    /// Like [`Idle::after`], also told whether the iteration was saturated (full bursts). An
-    /// iteration that moved packets but not full bursts means the core keeps up with room to
-    /// spare: it yields once, so threads sharing the core (the device model's engines on a
-    /// small machine) get to run before the rings fill.
-    #[inline]
-    pub fn after_burst(&mut self, did_work: bool, saturated: bool) {
         if self.busy {
             return;
         }
         if did_work {
             self.empty = 0;
-            if !saturated {
-                std::thread::yield_now();
-            }
             return;
         }
         self.empty = self.empty.saturating_add(1);

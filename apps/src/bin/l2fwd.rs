@@ -191,14 +191,12 @@ fn run(args: &Args) -> Result<(), String> {
             let mut idle = Idle::new(busy);
             while !lcore.stop.is_set() {
                 let mut moved = false;
-                let mut saturated = false;
                 for (src, rx) in &mut w.rxqs {
                     let n = rx.rx_burst(&mut b);
                     if n == 0 {
                         continue;
                     }
                     moved = true;
-                    saturated |= n == burst;
                     mine[*src].rx.add(n as u64);
                     let dst = *src ^ 1;
                     if mac_updating {
@@ -217,7 +215,7 @@ fn run(args: &Args) -> Result<(), String> {
                         lcache::with_cache(&pool, |c| b.free_all(c));
                     }
                 }
-                idle.after_burst(moved, saturated);
+                idle.after(moved);
             }
             // Let in-flight packets complete so every buffer goes back to the pool.
             let t = Instant::now();
