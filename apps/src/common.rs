@@ -3,7 +3,7 @@
 #![deny(unsafe_code)]
 
 use mempool::{MbufPool, MbufPoolConfig};
-use pmd::port::{wait_events, Port, PortConfig, PortEvent, PortSpec};
+use pmd::port::{wait_events, Port, PortConfig, PortEvent, PortSpec, Stats};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -222,8 +222,12 @@ impl EventWatch {
     }
 }
 
-/// Back-off for a polling loop that found nothing to do, so that on a small machine the
-/// device model's engine threads and other processes get the CPU. Busy mode never yields.
+/// Back-off for a polling loop that found nothing to do, so that on a small machine other
+/// processes (and device-model engine threads, `engine=thread`) get the CPU when there is no
+/// traffic. A loop that moves packets keeps its CPU, as DPDK's lcores do: the device models'
+/// default inline engines do their work on this very core, and giving it away (a yield hands
+/// a loaded machine's core to whoever else is runnable, for a whole time slice) only lets the
+/// cables fill. Busy mode never yields.
 #[derive(Debug, Clone)]
 pub struct Idle {
     busy: bool,
@@ -239,23 +243,11 @@ impl Idle {
     /// Call after each loop iteration with whether it moved any packet.
     #[inline]
     pub fn after(&mut self, did_work: bool) {
-        self.after_burst(did_work, true);
-    }
-
-    /// Like [`Idle::after`], also told whether the iteration was saturated (full bursts). An
-    /// iteration that moved packets but not full bursts means the core keeps up with room to
-    /// spare: it yields once, so threads sharing the core (the device model's engines on a
-    /// small machine) get to run before the rings fill.
-    #[inline]
-    pub fn after_burst(&mut self, did_work: bool, saturated: bool) {
         if self.busy {
             return;
         }
         if did_work {
             self.empty = 0;
-            if !saturated {
-                std::thread::yield_now();
-            }
             return;
         }
         self.empty = self.empty.saturating_add(1);
@@ -269,6 +261,64 @@ impl Idle {
             )));
         }
     }
+}
+
+/// The counters of a port that count frames lost or refused somewhere on its way (the
+/// device's and the driver's: `dev_tx_wire_drops`, a full cable; `dev_rx_no_wqe`, no
+/// buffer; `*_errors`, `*_drops`, `*_full`, ...), those that are not zero, by name. With them a
+/// tool says where frames went that did not arrive.
+pub fn loss_counters(stats: &Stats) -> Vec<(String, u64)> {
+    const LOSS: [&str; 8] = [
+        "drop", "no_wqe", "full", "miss", "error", "overflow", "trunc", "flush",
+    ];
+    let mut out: Vec<(String, u64)> = stats
+        .xstats
+        .iter()
+        .filter(|(n, v)| *v > 0 && LOSS.iter().any(|w| n.contains(w)))
+        .cloned()
+        .collect();
+    for (name, v) in [
+        ("imissed", stats.imissed),
+        ("ierrors", stats.ierrors),
+        ("oerrors", stats.oerrors),
+        ("rx_nombuf", stats.rx_nombuf),
+    ] {
+        if v > 0 {
+            out.push((name.to_string(), v));
+        }
+    }
+    out
+}
+
+/// A port's statistics for a `--json` report: the basic counters and every extended
+/// counter by name.
+pub fn stats_json(stats: &Stats) -> Value {
+    let x: serde_json::Map<String, Value> = stats
+        .xstats
+        .iter()
+        .map(|(n, v)| (n.clone(), json!(v)))
+        .collect();
+    json!({
+        "ipackets": stats.ipackets, "opackets": stats.opackets, "imissed": stats.imissed,
+        "ierrors": stats.ierrors, "oerrors": stats.oerrors, "rx_nombuf": stats.rx_nombuf,
+        "xstats": x,
+    })
+}
+
+/// One line per port with loss counters (nothing for a port without losses), for a text
+/// summary: `  port 1 losses: dev_tx_wire_drops 4630`.
+pub fn loss_lines(stats: &[Stats]) -> Vec<String> {
+    stats
+        .iter()
+        .enumerate()
+        .filter_map(|(p, s)| {
+            let l = loss_counters(s);
+            (!l.is_empty()).then(|| {
+                let list: Vec<String> = l.iter().map(|(n, v)| format!("{n} {v}")).collect();
+                format!("  port {p} losses: {}", list.join(", "))
+            })
+        })
+        .collect()
 }
 
 /// `1234567.0` -> `"1.23 M"`.

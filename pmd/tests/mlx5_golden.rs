@@ -460,6 +460,7 @@ fn the_tx_queue_builds_v1() {
         },
         owner: Arc::new(()),
         state: Arc::new(NoStateChange),
+        kick: None,
     };
     let mut q = TxQueue::new(
         raw,

@@ -38,8 +38,14 @@ struct Pair {
     _rest: (RxQueue, TxQueue),
 }
 
-/// Port 0 (`emu-mlx5:wire=loop:NAME`) sends to port 1 (`...,` + `rx_args`), both started.
+/// Port 0 (`emu-mlx5:wire=loop:NAME`) sends to port 1 (`...,` + `rx_args`), both started,
+/// with their devargs' default engine (inline).
 fn pair(pool: &Arc<MbufPool>, rx_args: &str, ring: u16) -> Pair {
+    pair_on(pool, rx_args, ring, "")
+}
+
+/// [`pair`] with `engine` (`,engine=thread`, ...) on both ports.
+fn pair_on(pool: &Arc<MbufPool>, rx_args: &str, ring: u16, engine: &str) -> Pair {
     let name = format!(
         "mlx5-port-{}-{}",
         std::process::id(),
@@ -50,8 +56,10 @@ fn pair(pool: &Arc<MbufPool>, rx_args: &str, ring: u16) -> Pair {
         tx_ring_size: 256,
         ..Default::default()
     };
-    let s0 = format!("emu-mlx5:wire=loop:{name}").parse().unwrap();
-    let s1 = format!("emu-mlx5:wire=loop:{name}{rx_args}")
+    let s0 = format!("emu-mlx5:wire=loop:{name}{engine}")
+        .parse()
+        .unwrap();
+    let s1 = format!("emu-mlx5:wire=loop:{name}{rx_args}{engine}")
         .parse()
         .unwrap();
     let (p0, rx0, tx0) = Port::open_started(0, &s0, &cfg, pool).unwrap();
@@ -183,14 +191,14 @@ fn frames_span_small_strides_and_fillers_close_wqes() {
     }
 }
 
-/// A receiver that does not poll: the device fills every posted WQE, then drops (and counts,
-/// `imissed`) what finds none; once the receiver polls, its WQEs are posted again and frames
-/// flow.
+/// A receiver that does not poll, the device on its own thread (as a NIC): the device fills
+/// every posted WQE, then drops (and counts, `imissed`) what finds none; once the receiver
+/// polls, its WQEs are posted again and frames flow.
 #[test]
 fn a_receiver_that_does_not_poll_makes_the_device_count_drops() {
     let pool = MbufPool::new(MbufPoolConfig::new("mlx5-port-bp", 4096)).unwrap();
     // 4 WQEs of 64 one-stride frames: the ring holds 256.
-    let mut p = pair(&pool, ",mprq=1", 256);
+    let mut p = pair_on(&pool, ",mprq=1", 256, ",engine=thread");
     let (mut sent, total) = (0u32, 1000u32);
     let deadline = Instant::now() + Duration::from_secs(30);
     while sent < total && Instant::now() < deadline {

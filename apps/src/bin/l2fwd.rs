@@ -3,7 +3,8 @@
 
 use apps::cli::{usage, Failure};
 use apps::common::{
-    announce_ready, make_pool, open_ports, si, wait_links, Counter, EventWatch, Idle,
+    announce_ready, loss_lines, make_pool, open_ports, si, stats_json, wait_links, Counter,
+    EventWatch, Idle,
 };
 use clap::Parser;
 use mempool::lcache;
@@ -183,14 +184,12 @@ fn run(args: &Args) -> Result<(), Failure> {
             let mut idle = Idle::new(busy);
             while !lcore.stop.is_set() {
                 let mut moved = false;
-                let mut saturated = false;
                 for (src, rx) in &mut w.rxqs {
                     let n = rx.rx_burst(&mut b);
                     if n == 0 {
                         continue;
                     }
                     moved = true;
-                    saturated |= n == burst;
                     mine[*src].rx.add(n as u64);
                     let dst = *src ^ 1;
                     if mac_updating {
@@ -209,7 +208,7 @@ fn run(args: &Args) -> Result<(), Failure> {
                         lcache::with_cache(&pool, |c| b.free_all(c));
                     }
                 }
-                idle.after_burst(moved, saturated);
+                idle.after(moved);
             }
             // Let in-flight packets complete so every buffer goes back to the pool.
             let t = Instant::now();
@@ -329,7 +328,7 @@ fn report(
                     .map(|(n, v)| (n.clone(), (*v).into()))
                     .collect();
                 serde_json::json!({"port": p, "rx_packets": r, "tx_packets": x, "dropped": d,
-                    "imissed": s.imissed, "xstats": xstats})
+                    "imissed": s.imissed, "xstats": xstats, "stats": stats_json(s)})
             })
             .collect();
         println!(
@@ -347,6 +346,9 @@ fn report(
         );
         for (p, ((r, x, d), s)) in t.iter().zip(port_stats).enumerate() {
             println!("  port {p}: rx {r} tx {x} dropped {d} missed {}", s.imissed);
+        }
+        for line in loss_lines(port_stats) {
+            println!("{line}");
         }
         println!("  mbufs still in use at exit: {in_use}");
         if !events.seen().is_empty() {

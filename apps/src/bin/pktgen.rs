@@ -2,7 +2,8 @@
 
 use apps::cli::{usage, Failure};
 use apps::common::{
-    announce_ready, make_pool, open_ports, si, wait_links, Counter, EventWatch, Idle,
+    announce_ready, loss_lines, make_pool, open_ports, si, stats_json, wait_links, Counter,
+    EventWatch, Idle,
 };
 use apps::pktgen::{
     flows_varying, load_pcap, read_stamp, FrameGen, FrameSpec, IpRange, PortRange, SeqTracker,
@@ -12,7 +13,7 @@ use clap::Parser;
 use hdrhistogram::Histogram;
 use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
-use pmd::port::{Burst, Port, PortConfig, PortSpec, RxQueue, TxQueue};
+use pmd::port::{Burst, Port, PortConfig, PortSpec, RxQueue, Stats, TxQueue};
 use pmd::MacAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -103,7 +104,8 @@ struct Args {
     /// is down until the far end of its cable is attached); then fail, exit status 1.
     #[arg(long, default_value_t = 10.0, value_name = "S", value_parser = apps::cli::seconds)]
     link_timeout: f64,
-    /// After sending, wait at most this long for frames still on their way.
+    /// After sending, wait at most this long for frames still on their way (and stop early
+    /// when none arrived for a quarter of it, at least 0.5 s).
     #[arg(long, default_value_t = 2.0, value_parser = apps::cli::seconds)]
     drain_timeout: f64,
     /// Never yield the CPU when idle.
@@ -414,13 +416,24 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     let hist = rx.hist.clone();
     let tracker = rx.tracker.clone();
     drop(rx);
+    // The ports' own counters say where lost frames went (a full cable, no buffer, ...).
+    let port_stats: Vec<Stats> = ports.iter().map(Port::stats).collect();
     drop(ports);
     lcache::flush();
     let in_use = pool.in_use();
     if let Some(c) = child.as_mut() {
         reap(c, Duration::from_secs_f64(args.drain_timeout));
     }
-    report(args, &shared, &tracker, &hist, epoch, in_use, &events);
+    report(
+        args,
+        &shared,
+        &tracker,
+        &hist,
+        epoch,
+        in_use,
+        &events,
+        &port_stats,
+    );
     if in_use != 0 {
         return Err(format!("{in_use} mbufs were not returned to the pool").into());
     }
@@ -651,6 +664,9 @@ fn main_loop(
         .rx_only
         .then(|| Duration::from_secs_f64(args.duration.unwrap_or(10.0)));
     let drain_timeout = Duration::from_secs_f64(args.drain_timeout.max(0.0));
+    // No frame for this long: nothing more is coming (a longer --drain-timeout waits longer
+    // through a peer that is slow to be scheduled, on a loaded machine).
+    let stalled = (drain_timeout / 4).max(Duration::from_millis(500));
     let mut last = (sh.tx_packets.get(), sh.rx_packets.get(), Instant::now());
     let mut drain: Option<(Instant, u64, Instant)> = None;
     loop {
@@ -680,10 +696,7 @@ fn main_loop(
                 *progress = now;
             }
             let all_back = rx >= sh.tx_packets.get();
-            if all_back
-                || now - *since >= drain_timeout
-                || now - *progress >= Duration::from_millis(500)
-            {
+            if all_back || now - *since >= drain_timeout || now - *progress >= stalled {
                 break;
             }
         }
@@ -707,6 +720,7 @@ fn main_loop(
     None
 }
 
+#[allow(clippy::too_many_arguments)]
 fn report(
     args: &Args,
     sh: &Shared,
@@ -715,6 +729,7 @@ fn report(
     epoch: Instant,
     in_use: u32,
     events: &EventWatch,
+    port_stats: &[Stats],
 ) {
     let tx_packets = sh.tx_packets.get();
     let tx_bytes = sh.tx_bytes.get();
@@ -753,6 +768,11 @@ fn report(
                 "latency_ns": {"min": min, "p50": p50, "p99": p99, "max": max},
                 "pool_in_use": in_use,
                 "events": events.json(),
+                "ports": port_stats.iter().enumerate().map(|(p, s)| {
+                    let mut v = stats_json(s);
+                    v["port"] = serde_json::json!(p);
+                    v
+                }).collect::<Vec<_>>(),
             })
         );
     } else {
@@ -775,6 +795,9 @@ fn report(
             );
         }
         println!("  mbufs still in use at exit: {in_use}");
+        for line in loss_lines(port_stats) {
+            println!("{line}");
+        }
         if !events.seen().is_empty() {
             println!("  port events: {}", events.seen().len());
         }

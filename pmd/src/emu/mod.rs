@@ -4,8 +4,8 @@
 //! names no port type. [`mlx5::Model`] serves the raw queues of the mlx5 driver.
 //!
 //! What every NIC model shares lives here: [`mr`] (the memory-key table every DMA goes
-//! through), [`thread`] (an engine on its own thread, generic over [`thread::Nic`]) and
-//! [`wire`].
+//! through), [`thread`] (how an engine gets a CPU, generic over [`thread::Nic`]: its own
+//! thread, or inline on the threads that poll its queues, see [`EngineMode`]) and [`wire`].
 #![deny(unsafe_code)]
 
 pub mod mana;
@@ -14,6 +14,8 @@ pub mod mr;
 pub mod testing;
 pub mod thread;
 pub mod wire;
+
+pub use thread::EngineMode;
 
 use crate::net::MacAddr;
 

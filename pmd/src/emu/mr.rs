@@ -32,6 +32,9 @@ pub struct DuplicateKey {
 #[derive(Debug, Default)]
 pub struct MrTable {
     mrs: Vec<Mr>,
+    /// The region the last lookup found: consecutive DMAs mostly hit the same region (an
+    /// mbuf pool registers a few large chunks), so it is tried first.
+    last: std::cell::Cell<usize>,
 }
 
 impl MrTable {
@@ -62,6 +65,7 @@ impl MrTable {
     pub fn remove(&mut self, lkey: u32) -> bool {
         let before = self.mrs.len();
         self.mrs.retain(|m| m.lkey != lkey);
+        self.last.set(0);
         self.mrs.len() != before
     }
 
@@ -81,8 +85,16 @@ impl MrTable {
     }
 
     /// The region of `key` and the offset of `addr` in it, if `len` bytes from there fit.
+    #[inline]
     pub fn find(&self, addr: u64, key: u32, len: usize) -> Option<(&Mr, usize)> {
-        let mr = self.mrs.iter().find(|m| m.lkey == key)?;
+        let mr = match self.mrs.get(self.last.get()) {
+            Some(m) if m.lkey == key => m,
+            _ => {
+                let i = self.mrs.iter().position(|m| m.lkey == key)?;
+                self.last.set(i);
+                &self.mrs[i]
+            }
+        };
         let addr = usize::try_from(addr).ok()?;
         let off = addr.checked_sub(mr.addr)?;
         (off.checked_add(len)? <= mr.len).then_some((mr, off))

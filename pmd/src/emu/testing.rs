@@ -61,8 +61,15 @@ pub fn mlx5(
     min_inline: u16,
 ) -> Result<(super::mlx5::port::ModelPort, super::mlx5::ModelHandle), FixtureError> {
     let spec = wire.parse::<WireSpec>()?;
-    let port = super::mlx5::port::ModelPort::open(&spec, None, None, port_id, min_inline)
-        .map_err(FixtureError::Mlx5)?;
+    let port = super::mlx5::port::ModelPort::open(
+        &spec,
+        None,
+        None,
+        port_id,
+        min_inline,
+        super::EngineMode::Thread,
+    )
+    .map_err(FixtureError::Mlx5)?;
     let handle = port.handle();
     Ok((port, handle))
 }

@@ -1,22 +1,102 @@
-//! Running a device model's engine on its own thread, whatever the NIC: the engine behind a
-//! lock, a thread that busy-polls it while there is work and backs off when idle, and pause /
-//! step controls for tests. An engine only has to say how to make one pass ([`Nic::step`]).
+//! Running a device model's engine, whatever the NIC. An engine only has to say how to make
+//! one pass ([`Nic::step`]) and, for the inline mode, how to do one queue's work
+//! ([`Nic::kick`]). The engine sits behind a lock ([`EngineCore`]) and runs in one of three
+//! ways ([`EngineMode`]):
+//!
+//! * **thread**: its own thread ([`EngineThread`]) busy-polls it while there is work and backs
+//!   off when idle. The device works whether or not anyone polls its queues, like a NIC;
+//!   costs a CPU while traffic flows.
+//! * **inline**: no thread. A provider hands each raw queue a [`QueueKick`] (an
+//!   [`ethdev::DeviceKick`](crate::ethdev::DeviceKick)) and the thread that polls the queue
+//!   does the device's work for it: after a TX doorbell, before an RX poll
+//!   ([`EngineCore::kick`]). A process then needs no thread beyond its polling cores.
+//! * **stepped** (tests): either of the above [paused](EngineCore::pause), driven one pass at
+//!   a time with [`EngineCore::step`].
+//!
 //! Used by the models (`emu::mana::Model`, `emu::mlx5::Model`) and by anything that puts an
-//! engine behind queues it owns itself (the fake rdma-core).
+//! engine behind queues it owns itself (the fake rdma-core, always threaded: a verbs
+//! application's queues carry no kick).
 #![deny(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use crate::ethdev::DeviceKick;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// What an engine thread runs: a device model's engine, one pass at a time.
+/// How a device model's engine gets its CPU (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineMode {
+    /// Its own thread.
+    #[default]
+    Thread,
+    /// The threads that poll its queues, through their kicks.
+    Inline,
+}
+
+impl EngineMode {
+    /// The forms [`EngineMode`] parses from, for error messages.
+    pub const EXPECTED: &'static str = "inline or thread";
+    /// The environment variable that sets the engine of device-model ports whose devargs do
+    /// not say (`engine=`).
+    pub const ENV: &'static str = "PMD_EMU_ENGINE";
+
+    /// The mode `PMD_EMU_ENGINE` names, else `default`. An unknown value is ignored with a
+    /// warning.
+    pub fn from_env_or(default: EngineMode) -> EngineMode {
+        match std::env::var(Self::ENV) {
+            Ok(v) => v.parse().unwrap_or_else(|_| {
+                tracing::warn!(target: "pmd::emu", "{}={v:?}: expected {}; using {default}", Self::ENV, Self::EXPECTED);
+                default
+            }),
+            Err(_) => default,
+        }
+    }
+}
+
+impl std::str::FromStr for EngineMode {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "thread" => Ok(Self::Thread),
+            "inline" => Ok(Self::Inline),
+            _ => Err(()),
+        }
+    }
+}
+
+impl std::fmt::Display for EngineMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Thread => "thread",
+            Self::Inline => "inline",
+        })
+    }
+}
+
+/// A queue of an engine, as a kick names it: by its id (the id its doorbells carry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueId {
+    /// A send queue.
+    Sq(u32),
+    /// A receive queue.
+    Rq(u32),
+}
+
+/// What an engine thread or an inline kick runs: a device model's engine.
 pub trait Nic: Send + 'static {
     /// One pass over every queue and the wire; returns the work done (0: idle, the thread
     /// may back off).
     fn step(&mut self) -> usize;
     /// A short description for `Debug` output (the wire, the queue counts).
     fn describe(&self) -> String;
+    /// The device's work for one queue, done on the thread that polls it (inline mode): for
+    /// a send queue, every WQE its doorbell announced; for a receive queue, frames from the
+    /// wire into the posted buffers. Returns the work done. The default makes a whole pass.
+    fn kick(&mut self, queue: QueueId) -> usize {
+        let _ = queue;
+        self.step()
+    }
 }
 
 /// An engine behind its lock, with the flags its thread obeys. Shared by the thread and
@@ -25,6 +105,11 @@ pub struct EngineCore<E: Nic> {
     engine: Mutex<E>,
     stop: AtomicBool,
     paused: AtomicBool,
+    /// Kicks so far (written under the engine lock only): the link watch runs every
+    /// [`KICKS_PER_WATCH`] of them.
+    kicks: AtomicU32,
+    /// When an inline kick last ran the watch.
+    kick_watched: Mutex<Instant>,
     /// Called by the thread with the engine locked, about every `.0` (see [`set_watch`]).
     ///
     /// [`set_watch`]: EngineCore::set_watch
@@ -41,7 +126,70 @@ impl<E: Nic> std::fmt::Debug for EngineCore<E> {
     }
 }
 
+/// An inline engine looks at the clock (for its link watch) once per this many kicks: a
+/// clock read costs about as much as an idle kick, so this is a few percent of the idle
+/// kicks' time, and a polling core that sleeps between idle polls (the tools' back-off)
+/// still looks about every millisecond.
+const KICKS_PER_WATCH: u32 = 64;
+
 impl<E: Nic> EngineCore<E> {
+    /// An engine with no thread: drive it with [`kick`](Self::kick) (inline mode) or
+    /// [`step`](Self::step).
+    pub fn new(engine: E) -> Arc<Self> {
+        Arc::new(Self {
+            engine: Mutex::new(engine),
+            stop: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
+            kicks: AtomicU32::new(0),
+            kick_watched: Mutex::new(Instant::now()),
+            watch: Mutex::new(None),
+        })
+    }
+
+    /// The device's work for `queue`, on the calling thread (an inline engine, see the module
+    /// docs); returns the work done.
+    ///
+    /// Never blocks: when another thread holds the engine (a kick of another queue on another
+    /// core, or a slow-path call: counters, queue set-up), or the engine is paused, it does
+    /// nothing and returns 0, and the queue's next burst kicks again. The lock is therefore
+    /// uncontended by design on the datapath: the cores that poll one port's queues take
+    /// turns, and nobody waits. About every [`KICKS_PER_WATCH`] kicks it also runs the link
+    /// watch (see [`set_watch`](Self::set_watch)) when its period is due.
+    pub fn kick(&self, queue: QueueId) -> usize {
+        let mut e = match self.engine.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return 0,
+        };
+        if self.paused.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let work = e.kick(queue);
+        // Written under the engine lock only: a plain load and store.
+        let k = self.kicks.load(Ordering::Relaxed).wrapping_add(1);
+        self.kicks.store(k, Ordering::Relaxed);
+        if k.is_multiple_of(KICKS_PER_WATCH) {
+            self.watch_from_kick(&e);
+        }
+        work
+    }
+
+    /// Runs the watch if its period is due; never waits for a lock (the thread's loop takes
+    /// the watch lock before the engine lock, a kick holds the engine lock already).
+    #[cold]
+    fn watch_from_kick(&self, e: &E) {
+        let (Ok(mut w), Ok(mut last)) = (self.watch.try_lock(), self.kick_watched.try_lock())
+        else {
+            return;
+        };
+        if let Some((every, f)) = w.as_mut() {
+            if last.elapsed() >= *every {
+                *last = Instant::now();
+                f(e);
+            }
+        }
+    }
+
     /// The engine, locked: add or remove queues and memory regions, read counters. While
     /// the guard lives the engine thread runs no step, so a queue removed under it is never
     /// touched again once the guard is dropped.
@@ -84,7 +232,8 @@ impl<E: Nic> EngineCore<E> {
     }
 
     /// Has the engine thread call `f` with the engine locked about every `every` (when idle,
-    /// or every 1024 passes while busy, so the clock is rarely read under load).
+    /// or every 1024 passes while busy, so the clock is rarely read under load); an inline
+    /// engine's kicks do the same, every [`KICKS_PER_WATCH`] kicks.
     pub fn set_watch(&self, every: Duration, f: Watch<E>) {
         *self.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some((every, f));
     }
@@ -132,6 +281,27 @@ impl<E: Nic> EngineCore<E> {
     }
 }
 
+/// A kick that does the device's work for one queue of an engine on the polling thread: what
+/// an inline engine's provider puts into a raw queue description.
+pub struct QueueKick<E: Nic> {
+    core: Arc<EngineCore<E>>,
+    queue: QueueId,
+}
+
+impl<E: Nic> QueueKick<E> {
+    /// The kick of `queue` of `core`'s engine.
+    pub fn new(core: Arc<EngineCore<E>>, queue: QueueId) -> Self {
+        Self { core, queue }
+    }
+}
+
+impl<E: Nic> DeviceKick for QueueKick<E> {
+    #[inline]
+    fn kick(&self) {
+        self.core.kick(self.queue);
+    }
+}
+
 /// An engine running on its own thread. Dropping it stops and joins the thread; the
 /// engine (and every queue and memory view in it) lives on while an [`EngineCore`] handle
 /// does.
@@ -165,12 +335,14 @@ impl<E: Nic> EngineThread<E> {
     /// # Errors
     /// The thread could not be spawned.
     pub fn spawn(engine: E, name: &str) -> std::io::Result<Self> {
-        let core = Arc::new(EngineCore {
-            engine: Mutex::new(engine),
-            stop: AtomicBool::new(false),
-            paused: AtomicBool::new(false),
-            watch: Mutex::new(None),
-        });
+        Self::start(EngineCore::new(engine), name)
+    }
+
+    /// Starts a thread named `name` that runs the engine of `core`.
+    ///
+    /// # Errors
+    /// The thread could not be spawned.
+    pub fn start(core: Arc<EngineCore<E>>, name: &str) -> std::io::Result<Self> {
         let t = Arc::clone(&core);
         let (started, running) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()

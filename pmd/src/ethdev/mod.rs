@@ -9,12 +9,15 @@
 //! * Plain data: [`Burst`], [`PortConfig`], [`Caps`], [`Link`], [`Stats`], per-queue
 //!   [`Counters`].
 //! * Events: [`PortEvent`]s behind one pollable descriptor per port ([`events`]).
+//! * [`DeviceKick`]: a software device's work for a queue, done on the thread that polls it
+//!   ([`kick`]); `None` on hardware.
 #![deny(unsafe_code)]
 
 pub mod burst;
 pub mod config;
 pub mod counters;
 pub mod events;
+pub mod kick;
 
 pub use burst::Burst;
 pub use config::{
@@ -22,6 +25,7 @@ pub use config::{
 };
 pub use counters::Counters;
 pub use events::{PortEvent, QueueFault, QueueRef};
+pub use kick::{DeviceKick, Kick};
 
 use crate::net::MacAddr;
 use mempool::MbufPool;

@@ -3,7 +3,7 @@
 //! describes them. Names no provider implementation.
 #![deny(unsafe_code)]
 
-use crate::ethdev::{Link, PortEvent, RssConfig};
+use crate::ethdev::{Kick, Link, PortEvent, RssConfig};
 use crate::net::MacAddr;
 use crate::sys::DevMem;
 use mempool::{ChunkInfo, Registration};
@@ -31,6 +31,9 @@ pub struct RawTxQueue {
     pub cq_id: u32,
     /// What keeps the queue's objects alive while the handle exists.
     pub owner: QueueOwner,
+    /// The device's work for this queue on the polling thread (a device model's inline
+    /// engine); `None` on hardware. See [`crate::ethdev::kick`].
+    pub kick: Kick,
 }
 
 impl std::fmt::Debug for RawTxQueue {
@@ -63,6 +66,8 @@ pub struct RawRxQueue {
     pub cq_id: u32,
     /// What keeps the queue's objects alive while the handle exists.
     pub owner: QueueOwner,
+    /// The device's work for this queue on the polling thread; `None` on hardware.
+    pub kick: Kick,
 }
 
 impl std::fmt::Debug for RawRxQueue {

@@ -5,7 +5,9 @@
 
 use super::cq::CompletionQueue;
 use super::{QueueOwner, RawRxQueue, Xstats};
-use crate::ethdev::{finish_rx, free_one, Burst, Counters, PortConfig, RxBurst, RxOffloads};
+use crate::ethdev::{
+    finish_rx, free_one, kick, Burst, Counters, Kick, PortConfig, RxBurst, RxOffloads,
+};
 use crate::hw::mana::cqe::{Cqe, CqeType, RX_PPI_COUNT};
 use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{Sge, WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
@@ -35,6 +37,8 @@ pub struct RxQueue {
     xstats: Arc<Xstats>,
     /// Keeps the RQ, CQ and doorbell mapping alive while this handle exists.
     _owner: QueueOwner,
+    /// The device's work on this thread (a device model's inline engine; `None` on hardware).
+    kick: Kick,
     port_id: u16,
     data_room: u32,
     vlan_strip: bool,
@@ -88,6 +92,7 @@ impl RxQueue {
             counters,
             xstats,
             _owner: raw.owner,
+            kick: raw.kick,
             port_id,
             data_room,
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
@@ -179,17 +184,24 @@ impl RxQueue {
     /// See [`crate::ethdev::RxBurst::rx_burst`].
     #[inline]
     pub fn rx_burst(&mut self, out: &mut Burst) -> usize {
+        // A software device takes arrived frames into the posted buffers now.
+        kick::run(&self.kick);
         let mut delivered = 0usize;
         let mut bytes = 0u64;
         let mut errors = 0u64;
         'cqes: while out.spare() > 0 {
-            let (cqe, first) = match self.backlog.take() {
-                Some(b) => b,
+            // The completion is read once, straight into this buffer (the common case);
+            // one left over from the last burst is copied in.
+            let mut cqe = [0u8; CQE_BYTES];
+            let first = match self.backlog.take() {
+                Some((b, k)) => {
+                    cqe = b;
+                    k
+                }
                 None => match self.cq.poll() {
                     Polled::Entry(off) => {
-                        let mut b = [0u8; CQE_BYTES];
-                        self.cq.read(off, &mut b);
-                        (b, 0)
+                        self.cq.read(off, &mut cqe);
+                        0
                     }
                     Polled::Empty => break,
                     Polled::Overflow => {
@@ -318,6 +330,7 @@ mod tests {
             cq_count: N,
             cq_id: 0x4321,
             owner: Arc::new(()),
+            kick: None,
         };
         let cfg = PortConfig {
             rx_ring_size: N as u16,

@@ -9,7 +9,7 @@
 
 use super::cq::CompletionQueue;
 use super::{QueueOwner, RawTxQueue, Xstats};
-use crate::ethdev::{Burst, Counters, TxBurst};
+use crate::ethdev::{kick, Burst, Counters, Kick, TxBurst};
 use crate::hw::mana::cqe::{CqeHeader, CqeType, CQE_HEADER_BYTES};
 use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{Sge, TxOob, TxOobFields, WqeHeader, SGE_BYTES, WQE_HEADER_BYTES};
@@ -37,6 +37,8 @@ pub struct TxQueue {
     xstats: Arc<Xstats>,
     /// Keeps the SQ, CQ and doorbell mapping alive while this handle exists.
     _owner: QueueOwner,
+    /// The device's work on this thread (a device model's inline engine; `None` on hardware).
+    kick: Kick,
     /// Completed packets waiting to be freed in one go.
     done: Vec<Mbuf>,
     /// Per packet of the current burst: the WQE size it was posted with, or `None` when it
@@ -90,6 +92,7 @@ impl TxQueue {
             counters,
             xstats,
             _owner: raw.owner,
+            kick: raw.kick,
             done: Vec::with_capacity(n as usize),
             posted: Vec::with_capacity(n as usize),
             wqe: [0; MAX_SQ_WQE_BYTES],
@@ -147,6 +150,8 @@ impl TxQueue {
     /// See [`crate::ethdev::TxBurst::tx_burst`].
     #[inline]
     pub fn tx_burst(&mut self, pkts: &mut Burst) -> usize {
+        // Work the device left for later (a software device's), before completions are read.
+        kick::run(&self.kick);
         self.reclaim();
         let room = self.desc.free() as usize;
         self.posted.clear();
@@ -192,6 +197,7 @@ impl TxQueue {
                 doorbell::SQ_OFFSET,
                 doorbell::sq(self.sq_id, self.wq.head_bytes()),
             );
+            kick::run(&self.kick);
         }
         taken
     }

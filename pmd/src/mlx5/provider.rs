@@ -3,7 +3,7 @@
 #![deny(unsafe_code)]
 
 use super::driver::SetupError;
-use crate::ethdev::{QueueOwner, RssConfig};
+use crate::ethdev::{Kick, QueueOwner, RssConfig};
 use crate::sys::DevMem;
 use std::sync::Arc;
 
@@ -138,6 +138,9 @@ pub struct RawSq {
     pub owner: QueueOwner,
     /// The QP's state machine: the TX queue's error recovery moves it RESET then RTS.
     pub state: Arc<dyn QueueState>,
+    /// The device's work for this queue on the polling thread (a device model's inline
+    /// engine); `None` on hardware. See [`crate::ethdev::kick`].
+    pub kick: Kick,
 }
 
 /// A receive queue (a WQ, or the RQ of a raw QP) as `mlx5dv_init_obj(RWQ | CQ)` describes it:
@@ -165,6 +168,8 @@ pub struct RawRq {
     pub owner: QueueOwner,
     /// The WQ's state machine: the RX queue's error recovery moves it RESET then RDY.
     pub state: Arc<dyn QueueState>,
+    /// The device's work for this queue on the polling thread; `None` on hardware.
+    pub kick: Kick,
 }
 
 macro_rules! debug_raw {

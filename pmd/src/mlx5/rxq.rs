@@ -16,7 +16,7 @@
 use super::provider::RawRq;
 use super::rx_cq::{Recovery, RxCompletion, RxCq, RxPolled};
 use crate::ethdev::{
-    finish_rx, free_one, Burst, Counters, PortConfig, QueueOwner, RxBurst, RxOffloads,
+    finish_rx, free_one, kick, Burst, Counters, Kick, PortConfig, QueueOwner, RxBurst, RxOffloads,
 };
 use crate::hw::mlx5::cqe::MiniCqeFormat;
 use crate::hw::mlx5::doorbell::{self, RCV_DBR};
@@ -118,6 +118,8 @@ pub struct RxQueue {
     /// The WQ's error recovery.
     recovery: Recovery,
     _owner: QueueOwner,
+    /// The device's work on this thread (a device model's inline engine; `None` on hardware).
+    kick: Kick,
     port_id: u16,
     data_room: u32,
     vlan_strip: bool,
@@ -175,6 +177,7 @@ impl RxQueue {
             xstats,
             recovery: Recovery::new(raw.state, raw.rqn),
             _owner: raw.owner,
+            kick: raw.kick,
             port_id,
             data_room,
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
@@ -333,6 +336,8 @@ impl RxQueue {
             }
             return 0;
         }
+        // A software device takes arrived frames into the posted buffers now.
+        kick::run(&self.kick);
         let start = out.len();
         let mut bytes = 0u64;
         let mut errors = 0u64;
@@ -459,6 +464,7 @@ mod tests {
             cqe_compression: true,
             owner: Arc::new(()),
             state,
+            kick: None,
         };
         let cfg = PortConfig {
             rx_ring_size: N as u16,

@@ -39,7 +39,9 @@
 use super::provider::{Mprq, RawRq};
 use super::rx_cq::{Recovery, RxCompletion, RxCq, RxPolled};
 use super::rxq::RxXstats;
-use crate::ethdev::{finish_rx, Burst, Counters, PortConfig, QueueOwner, RxBurst, RxOffloads};
+use crate::ethdev::{
+    finish_rx, kick, Burst, Counters, Kick, PortConfig, QueueOwner, RxBurst, RxOffloads,
+};
 use crate::hw::mlx5::cqe::MiniCqeFormat;
 use crate::hw::mlx5::doorbell::{self, RCV_DBR};
 use crate::hw::mlx5::wqe::{MprqByteCnt, MprqWqe, MPRQ_WQE_BYTES};
@@ -80,6 +82,8 @@ pub struct RxQueue {
     /// The WQ's error recovery.
     recovery: Recovery,
     _owner: QueueOwner,
+    /// The device's work on this thread (a device model's inline engine; `None` on hardware).
+    kick: Kick,
     port_id: u16,
     vlan_strip: bool,
 }
@@ -142,6 +146,7 @@ impl RxQueue {
             xstats,
             recovery: Recovery::new(raw.state, raw.rqn),
             _owner: raw.owner,
+            kick: raw.kick,
             port_id,
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
         }
@@ -298,6 +303,8 @@ impl RxQueue {
             }
             return 0;
         }
+        // A software device takes arrived frames into the posted buffers now.
+        kick::run(&self.kick);
         let start = out.len();
         let mut bytes = 0u64;
         let mut errors = 0u64;
@@ -445,6 +452,7 @@ mod tests {
             cqe_compression: true,
             owner: Arc::new(()),
             state,
+            kick: None,
         };
         let cfg = PortConfig::default();
         let mut q = RxQueue::new(

@@ -18,7 +18,7 @@
 use super::cq::CompletionQueue;
 use super::driver::SetupError;
 use super::provider::{QueueState, RawSq};
-use crate::ethdev::{Burst, Counters, QueueOwner, TxBurst};
+use crate::ethdev::{kick, Burst, Counters, Kick, QueueOwner, TxBurst};
 use crate::hw::mlx5::cqe::{Cqe, CqeOpcode, Syndrome};
 use crate::hw::mlx5::doorbell::{self, SND_DBR};
 use crate::hw::mlx5::wqe::{
@@ -148,6 +148,8 @@ pub struct TxQueue {
     /// A failed recovery was logged (once per queue).
     warned: bool,
     _owner: QueueOwner,
+    /// The device's work on this thread (a device model's inline engine; `None` on hardware).
+    kick: Kick,
     done: Vec<Mbuf>,
     /// Per packet of the current burst: (WQE index, WQEBBs), or `None` when dropped.
     posted: Vec<Option<(u16, u8)>>,
@@ -213,6 +215,7 @@ impl TxQueue {
             retry_in: 0,
             warned: false,
             _owner: raw.owner,
+            kick: raw.kick,
             done: Vec::with_capacity(n as usize),
             posted: Vec::with_capacity(n as usize),
             wqe: [0; DPDK_MAX_DS * DS_BYTES + WQEBB_BYTES],
@@ -409,6 +412,8 @@ impl TxQueue {
                 return 0;
             }
         }
+        // Work the device left for later (a software device's), before completions are read.
+        kick::run(&self.kick);
         self.reclaim();
         if self.down {
             return 0;
@@ -481,6 +486,7 @@ impl TxQueue {
         }
         if let Some(ctrl) = last_ctrl {
             self.ring(ctrl);
+            kick::run(&self.kick);
         }
         taken
     }
@@ -731,6 +737,7 @@ mod tests {
             },
             owner: Arc::new(()),
             state,
+            kick: None,
         };
         let q = TxQueue::new(
             raw,

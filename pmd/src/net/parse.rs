@@ -84,6 +84,7 @@ impl IpHeader {
     /// Finds the IP header at `start` that `ethertype` announces. `None` for another
     /// ethertype, a version nibble that disagrees with it, a header that does not fit in the
     /// frame, or an IPv4 IHL below 5.
+    #[inline]
     pub fn parse(frame: &[u8], start: usize, ethertype: u16) -> Option<Self> {
         let ip = frame.get(start..)?;
         let first = *ip.first()?;
@@ -201,15 +202,36 @@ pub struct Classified {
     pub l3: L3,
     /// The transport layer.
     pub l4: L4,
-    rss_input: [u8; RSS_INPUT_MAX_BYTES],
-    rss_len: usize,
+    /// Where the addresses are in the frame, and how many bytes (0: none).
+    addrs_at: u16,
+    addrs_len: u16,
+    /// Where the ports are (source then destination), when L4 is TCP or UDP.
+    ports_at: Option<u16>,
 }
 
 impl Classified {
-    /// The RSS hash input in NDIS order: source and destination address, then source and
-    /// destination port for TCP and UDP; empty for [`L3::Other`].
-    pub fn rss_input(&self) -> &[u8] {
-        &self.rss_input[..self.rss_len]
+    /// The RSS hash input in NDIS order, in two parts of the classified `frame` (no copy):
+    /// source and destination address; then source and destination port for TCP and UDP
+    /// (else empty). Both empty for [`L3::Other`].
+    #[inline]
+    pub fn rss_parts<'a>(&self, frame: &'a [u8]) -> (&'a [u8], &'a [u8]) {
+        let a = usize::from(self.addrs_at);
+        let addrs = &frame[a..a + usize::from(self.addrs_len)];
+        let ports = match self.ports_at {
+            Some(p) => &frame[usize::from(p)..usize::from(p) + 4],
+            None => &[],
+        };
+        (addrs, ports)
+    }
+
+    /// The RSS hash input in NDIS order, copied out of the classified `frame`: the two
+    /// [`rss_parts`](Self::rss_parts) one after the other.
+    pub fn rss_input(&self, frame: &[u8]) -> ([u8; RSS_INPUT_MAX_BYTES], usize) {
+        let (a, p) = self.rss_parts(frame);
+        let mut out = [0u8; RSS_INPUT_MAX_BYTES];
+        out[..a.len()].copy_from_slice(a);
+        out[a.len()..a.len() + p.len()].copy_from_slice(p);
+        (out, a.len() + p.len())
     }
 }
 
@@ -217,12 +239,17 @@ impl Classified {
 /// input. `frame` starts with an untagged Ethernet header, as a device sees it after
 /// stripping the 802.1Q tag; a tag still present makes the frame [`L3::Other`]. IPv4
 /// fragments are classified at L3 only.
+// Inline always: a `Classified` returned through memory is read back right after its
+// bytes were written one field at a time, and waits for those stores (a device model
+// classifies every frame it receives).
+#[inline(always)]
 pub fn classify(frame: &[u8]) -> Classified {
     let mut out = Classified {
         l3: L3::Other,
         l4: L4::Other,
-        rss_input: [0; RSS_INPUT_MAX_BYTES],
-        rss_len: 0,
+        addrs_at: 0,
+        addrs_len: 0,
+        ports_at: None,
     };
     let Some(et) = be16(frame, 12) else {
         return out;
@@ -237,8 +264,8 @@ pub fn classify(frame: &[u8]) -> Classified {
         IpVersion::V6 => L3::Ipv6,
     };
     let addrs = ip.addresses(frame);
-    out.rss_input[..addrs.len()].copy_from_slice(addrs);
-    out.rss_len = addrs.len();
+    out.addrs_at = (addrs.as_ptr() as usize - frame.as_ptr() as usize) as u16;
+    out.addrs_len = addrs.len() as u16;
     let l4 = &frame[ip.l4_start..ip.l4_end];
     let l4_csum_ok = || {
         let pseudo = ip.pseudo_sum(frame, ip.proto, l4.len());
@@ -258,8 +285,7 @@ pub fn classify(frame: &[u8]) -> Classified {
         _ => L4::Other,
     };
     if out.l4 != L4::Other {
-        out.rss_input[out.rss_len..out.rss_len + 4].copy_from_slice(&l4[..4]);
-        out.rss_len += 4;
+        out.ports_at = Some(ip.l4_start as u16);
     }
     out
 }
@@ -271,6 +297,11 @@ mod tests {
     use proptest::prelude::*;
 
     const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 1];
+
+    fn input(c: &Classified, frame: &[u8]) -> Vec<u8> {
+        let (b, n) = c.rss_input(frame);
+        b[..n].to_vec()
+    }
     const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 2];
 
     fn udp4(payload: &[u8]) -> Vec<u8> {
@@ -303,7 +334,7 @@ mod tests {
             }
         );
         assert_eq!(
-            c.rss_input(),
+            input(&c, &f),
             &[10, 0, 0, 1, 10, 0, 0, 2, 0x03, 0xe8, 0x07, 0xd0]
         );
     }
@@ -313,8 +344,8 @@ mod tests {
         let mut f = tcp6(b"some payload");
         let c = classify(&f);
         assert_eq!((c.l3, c.l4), (L3::Ipv6, L4::Tcp { csum_ok: true }));
-        assert_eq!(c.rss_input().len(), 36);
-        assert_eq!(&c.rss_input()[32..], &[0x9c, 0x40, 0, 80]);
+        assert_eq!(input(&c, &f).len(), 36);
+        assert_eq!(&input(&c, &f)[32..], &[0x9c, 0x40, 0, 80]);
         let last = f.len() - 1;
         f[last] ^= 0x40;
         assert_eq!(classify(&f).l4, L4::Tcp { csum_ok: false });
@@ -343,14 +374,14 @@ mod tests {
         f[14 + 10..14 + 12].copy_from_slice(&c.to_be_bytes());
         let c = classify(&f);
         assert_eq!((c.l3, c.l4), (L3::Ipv4 { csum_ok: true }, L4::Other));
-        assert_eq!(c.rss_input().len(), 8);
+        assert_eq!(input(&c, &f).len(), 8);
 
         // A TCP header cut to 10 bytes by the IP total length.
         let mut f = tcp6(b"");
         f[14 + 4..14 + 6].copy_from_slice(&10u16.to_be_bytes());
         let c = classify(&f);
         assert_eq!((c.l3, c.l4), (L3::Ipv6, L4::Other));
-        assert_eq!(c.rss_input().len(), 32);
+        assert_eq!(input(&c, &f).len(), 32);
     }
 
     #[test]
@@ -363,7 +394,7 @@ mod tests {
         bad_ihl[14] = 0x44;
         for f in [&arp[..], &tagged[..], &bad_ihl[..], &[0u8; 13][..], &[]] {
             let c = classify(f);
-            assert_eq!((c.l3, c.l4, c.rss_input()), (L3::Other, L4::Other, &[][..]));
+            assert_eq!((c.l3, c.l4, input(&c, f)), (L3::Other, L4::Other, vec![]));
         }
     }
 

@@ -7,12 +7,19 @@
 //! |---|---|
 //! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based), `netdev=IFNAME` (the port's kernel netdev), `busy=...` (below) |
 //! | `mlx5` | `dev=IBDEV`, `port=N` |
-//! | `emu-mana` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture), `netdev=IFNAME` (the modelled kernel netdev), `busy=...` (below) |
-//! | `emu-mlx5` | `wire=...`, `mac=MAC`, `pcap=FILE`, `netdev=IFNAME`, `inline=N` (bytes the modelled device needs inline: 0, or 18 for a ConnectX-4), `mprq=0\|1` (multi-packet RQs), `mprq-log-stride=N` (log2 stride bytes, default 11), `mprq-log-strides=N` (log2 strides per WQE, default 6), `cqe-comp=0\|1` (compressed RX CQEs, default 1) |
+//! | `emu-mana` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture), `netdev=IFNAME` (the modelled kernel netdev), `busy=...` (below), `engine=inline\|thread` (below) |
+//! | `emu-mlx5` | `wire=...`, `mac=MAC`, `pcap=FILE`, `netdev=IFNAME`, `inline=N` (bytes the modelled device needs inline: 0, or 18 for a ConnectX-4), `mprq=0\|1` (multi-packet RQs), `mprq-log-stride=N` (log2 stride bytes, default 11), `mprq-log-strides=N` (log2 strides per WQE, default 6), `cqe-comp=0\|1` (compressed RX CQEs, default 1), `engine=inline\|thread` |
 //! | `null` | `size=BYTES` (frame size, 14..=9600, default 64), `mac=MAC` |
 //!
 //! Every kind also takes `rxq=N` and `txq=N` (queue counts, 1..=64), which override the
 //! application's defaults for that port.
+//!
+//! How a device-model port's engine gets its CPU (`engine=`, see `emu::thread`): `inline`
+//! (the default) does the device's work on the threads that poll the port's queues, so a
+//! process needs no thread beyond its polling cores and the model costs no CPU of its own;
+//! `thread` gives the model its own busy-polling thread, which works whether or not anyone
+//! polls (the device then completes and receives on its own, like a NIC). Without `engine=`,
+//! the environment variable `PMD_EMU_ENGINE=inline|thread` decides, else inline.
 //!
 //! What a MANA port does when the kernel's netdev holds it ([`BusyPolicy`], see
 //! [`crate::takeover`]):
@@ -30,6 +37,8 @@
 
 #[cfg(feature = "emu")]
 use crate::emu::wire::{WireSpec, WireSpecError};
+#[cfg(feature = "emu")]
+use crate::emu::EngineMode;
 use crate::net::MacAddr;
 use crate::takeover::{BusyPolicy, DEFAULT_BUSY_TIMEOUT, MAX_BUSY_TIMEOUT};
 use std::fmt;
@@ -94,6 +103,8 @@ pub enum PortKind {
         wire: WireSpec,
         /// Its MAC address (default: a locally administered one).
         mac: Option<MacAddr>,
+        /// `engine=inline|thread`; `None`: `PMD_EMU_ENGINE`, else inline.
+        engine: Option<EngineMode>,
     },
     /// The mlx5 device model.
     #[cfg(feature = "emu")]
@@ -109,6 +120,8 @@ pub enum PortKind {
         /// `mprq-log-strides=N` (striding RQs, DPDK's `mprq_en`, `mprq_log_stride_size`,
         /// `mprq_log_stride_num`), `cqe-comp=0|1` (DPDK's `rxq_cqe_comp_en`).
         rx: crate::mlx5::Options,
+        /// `engine=inline|thread`; `None`: `PMD_EMU_ENGINE`, else inline.
+        engine: Option<EngineMode>,
     },
     /// No device: RX hands out `size`-byte frames, TX frees what it is given.
     Null {
@@ -221,6 +234,7 @@ fn accepted_keys(kind: &str) -> &'static [&'static str] {
             "busy",
             "busy-timeout",
             "takeover",
+            "engine",
             "rxq",
             "txq",
         ],
@@ -234,6 +248,7 @@ fn accepted_keys(kind: &str) -> &'static [&'static str] {
             "mprq-log-stride",
             "mprq-log-strides",
             "cqe-comp",
+            "engine",
             "rxq",
             "txq",
         ],
@@ -250,6 +265,15 @@ fn parse_wire(value: &str) -> Result<WireSpec, DevargsError> {
             expected: e.expected(),
             value: e.value,
         })
+}
+
+#[cfg(feature = "emu")]
+fn parse_engine(value: &str) -> Result<EngineMode, DevargsError> {
+    value.parse().map_err(|()| DevargsError::BadValue {
+        key: "engine",
+        value: value.into(),
+        expected: EngineMode::EXPECTED,
+    })
 }
 
 fn parse_num<T: FromStr + PartialOrd + Copy>(
@@ -522,13 +546,18 @@ impl FromStr for PortSpec {
                     .unwrap_or(true),
             },
             #[cfg(feature = "emu")]
-            "emu-mana" => PortKind::EmuMana { wire: wire()?, mac },
+            "emu-mana" => PortKind::EmuMana {
+                wire: wire()?,
+                mac,
+                engine: get("engine").map(parse_engine).transpose()?,
+            },
             #[cfg(feature = "emu")]
             "emu-mlx5" => PortKind::EmuMlx5 {
                 wire: wire()?,
                 mac,
                 inline: get("inline").map(parse_inline).transpose()?.unwrap_or(0),
                 rx: parse_mlx5_rx(get)?,
+                engine: get("engine").map(parse_engine).transpose()?,
             },
             #[cfg(not(feature = "emu"))]
             "emu-mana" | "emu-mlx5" => {
@@ -606,9 +635,10 @@ impl fmt::Display for PortSpec {
                 "mlx5"
             }
             #[cfg(feature = "emu")]
-            PortKind::EmuMana { wire, mac } => {
+            PortKind::EmuMana { wire, mac, engine } => {
                 parts.push(format!("wire={wire}"));
                 parts.extend(mac.map(|m| format!("mac={m}")));
+                parts.extend(engine.map(|e| format!("engine={e}")));
                 "emu-mana"
             }
             #[cfg(feature = "emu")]
@@ -617,6 +647,7 @@ impl fmt::Display for PortSpec {
                 mac,
                 inline,
                 rx,
+                engine,
             } => {
                 parts.push(format!("wire={wire}"));
                 parts.extend(mac.map(|m| format!("mac={m}")));
@@ -636,6 +667,7 @@ impl fmt::Display for PortSpec {
                 if !rx.cqe_compression {
                     parts.push("cqe-comp=0".into());
                 }
+                parts.extend(engine.map(|e| format!("engine={e}")));
                 "emu-mlx5"
             }
             PortKind::Null { size, mac } => {
@@ -701,7 +733,8 @@ mod tests {
             p("emu-mana:wire=shm:demo0").unwrap().kind,
             PortKind::EmuMana {
                 wire: WireSpec::Shm("demo0".into()),
-                mac: None
+                mac: None,
+                engine: None,
             }
         );
         assert_eq!(
@@ -711,8 +744,21 @@ mod tests {
                 mac: None,
                 inline: 0,
                 rx: crate::mlx5::Options::default(),
+                engine: None,
             }
         );
+        for (text, want) in [
+            ("emu-mana:wire=none,engine=inline", EngineMode::Inline),
+            ("emu-mlx5:wire=none,engine=thread", EngineMode::Thread),
+        ] {
+            let s = p(text).unwrap();
+            let engine = match s.kind {
+                PortKind::EmuMana { engine, .. } | PortKind::EmuMlx5 { engine, .. } => engine,
+                _ => None,
+            };
+            assert_eq!(engine, Some(want), "{text}");
+            assert_eq!(s.to_string(), text);
+        }
         assert_eq!(
             p("null").unwrap().kind,
             PortKind::Null {
@@ -858,6 +904,11 @@ mod tests {
                 "emu-mana:wire=none,mprq=1",
                 &["'emu-mana' ports take no key 'mprq'"],
             ),
+            (
+                "emu-mana:wire=none,engine=fast",
+                &["bad value 'fast' for 'engine'", "inline or thread"],
+            ),
+            ("null:engine=inline", &["'null' ports take no key 'engine'"]),
         ];
         for (input, needles) in cases {
             let e = p(input).expect_err(input).to_string();
@@ -973,6 +1024,10 @@ mod tests {
             arb_name().prop_map(WireSpec::Shm),
             arb_name().prop_map(WireSpec::AfPacket),
         ];
+        let engine = proptest::option::of(prop_oneof![
+            Just(EngineMode::Inline),
+            Just(EngineMode::Thread)
+        ]);
         let kind = prop_oneof![
             (
                 mac.clone(),
@@ -994,19 +1049,22 @@ mod tests {
                     inline,
                     cqe_comp
                 }),
-            (wire.clone(), mac.clone()).prop_map(|(wire, mac)| PortKind::EmuMana { wire, mac }),
+            (wire.clone(), mac.clone(), engine.clone())
+                .prop_map(|(wire, mac, engine)| PortKind::EmuMana { wire, mac, engine }),
             (
                 wire,
                 mac.clone(),
                 prop_oneof![Just(0u16), Just(18), 0u16..=255],
                 proptest::option::of((6u8..=15, 1u8..=16)),
-                any::<bool>()
+                any::<bool>(),
+                engine,
             )
-                .prop_map(|(wire, mac, inline, mprq, cqe_compression)| {
+                .prop_map(|(wire, mac, inline, mprq, cqe_compression, engine)| {
                     PortKind::EmuMlx5 {
                         wire,
                         mac,
                         inline,
+                        engine,
                         rx: crate::mlx5::Options {
                             mprq: mprq.map(|(log_stride_bytes, log_strides)| crate::mlx5::Mprq {
                                 log_stride_bytes,

@@ -27,13 +27,14 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
     match &spec.kind {
         PortKind::Null { size, mac } => Ok(Box::new(crate::null::Driver::new(*size, *mac, id))),
         #[cfg(feature = "emu")]
-        PortKind::EmuMana { wire, mac } => {
+        PortKind::EmuMana { wire, mac, engine } => {
             let model_spec = crate::emu::mana::ModelSpec {
                 wire: wire.clone(),
                 mac: *mac,
                 pcap: spec.pcap.as_ref().map(std::path::PathBuf::from),
                 netdev: spec.netdev.clone(),
                 vp_offset: None,
+                engine: emu_engine(*engine),
             };
             let model =
                 crate::emu::mana::Model::open(&model_spec, id).map_err(|e| PortError::Setup {
@@ -51,6 +52,7 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
             mac,
             inline,
             rx,
+            engine,
         } => {
             let provider = crate::emu::mlx5::port::ModelPort::open(
                 wire,
@@ -58,6 +60,7 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
                 spec.pcap.as_deref().map(std::path::Path::new),
                 id,
                 *inline,
+                emu_engine(*engine),
             )
             .map_err(|source| PortError::Setup {
                 what: spec.to_string(),
@@ -164,6 +167,15 @@ pub fn mlx5_with(
         name,
         Box::new(crate::mlx5::Driver::with_options(provider, opts)),
     )
+}
+
+/// The engine of a device-model port: what its devargs say, else `PMD_EMU_ENGINE`, else
+/// inline. Ports from devargs are the apps' and the demo's: inline needs no thread beyond
+/// their polling cores, which on a small machine is what lets the model keep up (see
+/// `emu::thread`).
+#[cfg(feature = "emu")]
+fn emu_engine(given: Option<crate::emu::EngineMode>) -> crate::emu::EngineMode {
+    given.unwrap_or_else(|| crate::emu::EngineMode::from_env_or(crate::emu::EngineMode::Inline))
 }
 
 #[cfg(any(feature = "emu", feature = "verbs"))]

@@ -109,7 +109,7 @@ impl WorkQueue {
     /// Units free for new WQEs.
     #[inline]
     pub fn free(&self) -> u32 {
-        self.size_bytes / self.unit_bytes - self.head.wrapping_sub(self.tail)
+        (self.size_bytes >> self.unit_bytes.trailing_zeros()) - self.head.wrapping_sub(self.tail)
     }
 
     /// The producer position in bytes, mod 2^32 (what a MANA doorbell carries, §6.1).
@@ -124,11 +124,18 @@ impl WorkQueue {
     #[inline]
     pub fn post(&mut self, wqe: &[u8]) -> Option<u32> {
         debug_assert!(wqe.len().is_multiple_of(self.unit_bytes as usize) && !wqe.is_empty());
-        let units = (wqe.len() / self.unit_bytes as usize) as u32;
+        // Units are a power of two (checked at creation): a shift.
+        let units = (wqe.len() >> self.unit_bytes.trailing_zeros()) as u32;
         if units > self.free() {
             return None;
         }
-        write_wrapped(&self.mem, self.head_bytes(), wqe);
+        // In 4-byte pieces: the WQE was just built field by field, mostly by 4-byte stores,
+        // which a wider copy would wait for (see `DevMem::write_dwords`).
+        let (start, first) = wrap(self.mem.len(), self.head_bytes(), wqe.len());
+        self.mem.write_dwords(start, &wqe[..first]);
+        if first < wqe.len() {
+            self.mem.write_dwords(0, &wqe[first..]);
+        }
         self.head = self.head.wrapping_add(units);
         Some(units)
     }

@@ -79,3 +79,42 @@ pub fn mmio_flush_writes() {
 pub fn fence_before_owner_write() {
     std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
 }
+
+/// Hints that the cache line at `p` will be read soon. A hint only: it never faults, whatever
+/// `p` is, and does nothing on architectures without one.
+#[inline(always)]
+pub fn prefetch_read(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetcht0` only hints the cache; it does not fault on any address and
+    // touches no registers or memory.
+    unsafe {
+        asm!("prefetcht0 byte ptr [{0}]", in(reg) p, options(nostack, preserves_flags, readonly))
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `prfm` is a hint: no fault on any address, no registers or memory touched.
+    unsafe {
+        asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, preserves_flags, readonly))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = p;
+}
+
+/// Hints that the cache line at `p` will be written soon: fetched in the exclusive state, so
+/// the store that follows does not wait for another core to give the line up. A hint only
+/// (`prefetchw` executes as a no-op on x86-64 CPUs that lack it).
+#[inline(always)]
+pub fn prefetch_write(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetchw` only hints the cache; it does not fault on any address and
+    // touches no registers or memory.
+    unsafe {
+        asm!("prefetchw byte ptr [{0}]", in(reg) p, options(nostack, preserves_flags, readonly))
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `prfm` is a hint: no fault on any address, no registers or memory touched.
+    unsafe {
+        asm!("prfm pstl1keep, [{0}]", in(reg) p, options(nostack, preserves_flags, readonly))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = p;
+}

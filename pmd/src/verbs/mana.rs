@@ -317,6 +317,7 @@ impl Provider for ManaProvider {
                 cq_count: m.cq_count,
                 cq_id: m.cq_id,
                 owner: Arc::clone(&owner),
+                kick: None,
             });
             self.tx.push(owner);
         }
@@ -377,6 +378,7 @@ impl Provider for ManaProvider {
                 cq_count: m.cq_count,
                 cq_id: m.cq_id,
                 owner: Arc::clone(&owner),
+                kick: None,
             });
         }
         self.rx = Some(owner);

@@ -471,6 +471,7 @@ impl Provider for Mlx5Provider {
                     qp,
                     port: self.port,
                 }),
+                kick: None,
             });
             self.tx.push(owner);
         }
@@ -551,6 +552,7 @@ impl Provider for Mlx5Provider {
                 cqe_compression: compress,
                 owner: Arc::clone(&owner),
                 state: Arc::new(WqState { wq: Arc::clone(wq) }),
+                kick: None,
             });
         }
         tracing::debug!(target: "pmd::verbs", port = %self.name(), queues = n, compress, promiscuous = req.promiscuous, "rx queues steered");

@@ -5,9 +5,16 @@
 //! It allocates queue memory the way the `manadv_set_context_attr` allocator contract asks
 //! (page-aligned, zero-filled, sizes rounded as rdma-core rounds them, §1.3), hands out the
 //! same raw queue descriptions `manadv_init_obj` would, and runs an [`Engine`] that plays the
-//! hardware's side. The engine runs on its own thread ([`EngineThread`]: busy-polling with
-//! back-off, so it can share a 2-core machine with the application) or, for tests, step by
-//! step.
+//! hardware's side. The engine runs ([`ModelSpec::engine`], see [`crate::emu::thread`]) on its
+//! own thread ([`EngineThread`]: busy-polling with back-off), or inline: each raw queue
+//! carries a kick ([`RawTxQueue::kick`]) with which the thread polling the queue does the
+//! device's work for it, so the process needs no thread beyond its polling cores; or, for
+//! tests, paused and stepped by hand.
+//!
+//! The model API's default is the thread ([`ModelSpec::new`], the [`crate::emu::testing`]
+//! fixtures): the device then works whether or not anyone polls, as tests that act as the
+//! driver by hand expect. Ports opened from devargs (`emu-mana:...`, the apps and the demo)
+//! default to inline (`engine=inline|thread`, see `port::devargs`).
 //!
 //! The engine also serves queues whose memory someone else owns: [`Engine::add_sq`],
 //! [`Engine::add_rq`] (each with its CQ), [`Engine::add_mr`], [`Engine::set_rss`] and their
@@ -35,6 +42,7 @@
 
 pub mod engine;
 
+pub use crate::emu::thread::EngineMode;
 pub use engine::{CqSpec, DoorbellPage, Engine, EngineError, Faults, ModelStats, RqSpec, SqSpec};
 
 /// The MANA engine behind its lock (see [`crate::emu::thread::EngineCore`]).
@@ -42,9 +50,10 @@ pub type EngineCore = crate::emu::thread::EngineCore<Engine>;
 /// The MANA engine on its own thread (see [`crate::emu::thread::EngineThread`]).
 pub type EngineThread = crate::emu::thread::EngineThread<Engine>;
 
+use crate::emu::thread::{QueueId, QueueKick};
 use crate::emu::wire::Wire as _;
 use crate::emu::wire::{self, WireSpec};
-use crate::ethdev::{Link, PortEvent, RssConfig};
+use crate::ethdev::{Kick, Link, PortEvent, RssConfig};
 use crate::hw::mana::wqe::{wqe_bytes, SHORT_OOB_BYTES};
 use crate::hw::mana::{CQE_BYTES, MAX_TX_SGES, MIN_QUEUE_BYTES, RSS_TABLE_ENTRIES};
 use crate::mana::{Provider, QueueAllocator, QueueOwner, RawRxQueue, RawTxQueue, SetupError};
@@ -87,6 +96,9 @@ pub struct ModelSpec {
     /// The vPort offset the model hands out in `RawTxQueue::tx_vp_offset` (default: the port
     /// id mod 256). Values over 255 exercise the long-OOB vPort field (spec §11 item 6).
     pub vp_offset: Option<u16>,
+    /// How the engine gets its CPU: its own thread (the default here) or inline on the
+    /// threads that poll the queues.
+    pub engine: EngineMode,
 }
 
 impl ModelSpec {
@@ -98,6 +110,7 @@ impl ModelSpec {
             pcap: None,
             netdev: None,
             vp_offset: None,
+            engine: EngineMode::Thread,
         }
     }
 }
@@ -242,8 +255,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The MANA device model as a [`Provider`].
 pub struct Model {
     shared: Arc<Shared>,
-    /// Runs the engine; dropped (stopped and joined) with the model.
-    _thread: EngineThread,
+    /// Runs the engine in thread mode; dropped (stopped and joined) with the model.
+    _thread: Option<EngineThread>,
+    mode: EngineMode,
     mac: MacAddr,
     next_id: u32,
     next_lkey: u32,
@@ -294,7 +308,7 @@ impl Model {
         let mac = spec
             .mac
             .unwrap_or_else(|| crate::emu::default_mac(0x5d, port_id));
-        let mut p = Self::with_wire(w, mac, port_id);
+        let mut p = Self::with_wire_mode(w, mac, port_id, spec.engine);
         p.netdev = spec.netdev.clone();
         if let Some(v) = spec.vp_offset {
             p.vp_offset = v;
@@ -302,8 +316,18 @@ impl Model {
         Ok(p)
     }
 
-    /// A model on an already opened wire.
+    /// A model on an already opened wire, its engine on its own thread.
     pub fn with_wire(wire: Box<dyn wire::Wire>, mac: MacAddr, port_id: u16) -> Self {
+        Self::with_wire_mode(wire, mac, port_id, EngineMode::Thread)
+    }
+
+    /// A model on an already opened wire, its engine run as `mode` says.
+    pub fn with_wire_mode(
+        wire: Box<dyn wire::Wire>,
+        mac: MacAddr,
+        port_id: u16,
+        mode: EngineMode,
+    ) -> Self {
         let engine = Engine::new(wire);
         let efd = EventFd::new()
             .inspect_err(|e| {
@@ -314,18 +338,18 @@ impl Model {
             link_up: link_up(&engine),
             pending: Vec::new(),
         });
-        let thread = EngineThread::spawn(engine, &format!("emu-mana-{port_id}"))
-            .expect("spawning the model's engine thread");
+        let core = crate::emu::thread::EngineCore::new(engine);
         let shared = Arc::new(Shared {
-            core: Arc::clone(thread.core()),
+            core: Arc::clone(&core),
             events,
             efd,
             held_by: Mutex::new(None),
             queues: Mutex::new((Vec::new(), Vec::new())),
         });
-        // The engine thread looks at the link (the far end of the wire) every LINK_POLL.
+        // The engine thread (or the kicks) look at the link (the far end of the wire) every
+        // LINK_POLL.
         let weak = Arc::downgrade(&shared);
-        thread.core().set_watch(
+        core.set_watch(
             LINK_POLL,
             Box::new(move |e: &Engine| {
                 if let Some(s) = weak.upgrade() {
@@ -333,9 +357,14 @@ impl Model {
                 }
             }),
         );
+        let thread = (mode == EngineMode::Thread).then(|| {
+            EngineThread::start(core, &format!("emu-mana-{port_id}"))
+                .expect("spawning the model's engine thread")
+        });
         Self {
             shared,
             _thread: thread,
+            mode,
             mac,
             // Distinct, 24-bit ids per port, so a driver mixing them up is caught.
             next_id: 0x10_0000 + (u32::from(port_id) << 12),
@@ -354,6 +383,13 @@ impl Model {
     /// What a queue handle holds: the model's shared state (as a QP holds its context).
     fn owner(&self) -> QueueOwner {
         Arc::clone(&self.shared) as QueueOwner
+    }
+
+    /// The kick a queue's description carries: the device's work on the polling thread in
+    /// inline mode, none with an engine thread.
+    fn kick(&self, queue: QueueId) -> Kick {
+        (self.mode == EngineMode::Inline)
+            .then(|| Arc::new(QueueKick::new(Arc::clone(&self.shared.core), queue)) as _)
     }
 
     fn id(&mut self) -> u32 {
@@ -459,8 +495,11 @@ impl Provider for Model {
     }
 
     fn link(&self) -> Link {
+        let e = self.shared.lock();
+        // Whoever asks sees the same state the port's events report.
+        self.shared.note_link(&e);
         Link {
-            up: link_up(&self.shared.lock()),
+            up: link_up(&e),
             speed_mbps: 100_000,
             full_duplex: true,
         }
@@ -536,6 +575,7 @@ impl Provider for Model {
                 cq_count: nb_desc,
                 cq_id: cq.id,
                 owner: self.owner(),
+                kick: self.kick(QueueId::Sq(sq_id)),
             });
         }
         lock(&self.shared.queues).0.extend(out.iter().cloned());
@@ -584,6 +624,7 @@ impl Provider for Model {
                 cq_count: nb_desc,
                 cq_id: cq.id,
                 owner: self.owner(),
+                kick: self.kick(QueueId::Rq(rq_id)),
             });
         }
         lock(&self.shared.queues).1.extend(out.iter().cloned());

@@ -6,8 +6,10 @@
 //! provider: it creates CQs, SQs and RQs in memory it allocates (page-aligned, zero-filled,
 //! CQEs poisoned with `op_own = 0xF0` as rdma-core leaves them, §1.4), registers memory
 //! regions, sets RSS, and runs an [`Engine`] on its own thread (the generic
-//! [`EngineThread`]: busy-polls with back-off) or step by
-//! step through a [`ModelHandle`].
+//! [`EngineThread`]: busy-polls with back-off), inline (no thread: every raw queue carries a
+//! kick, [`RawSq::kick`], with which the thread that polls it does the device's work, see
+//! [`crate::emu::thread`]), or step by step through a [`ModelHandle`]. [`Model::new`] runs
+//! the thread; [`Model::with_mode`] picks.
 //!
 //! What the engine does, in short (details in its modules):
 //! * TX is triggered by the SQ counter in the doorbell record (`dbrec + 4`, 16 bits), which a
@@ -64,9 +66,9 @@ pub use engine::{
     VENDOR_ERR_INJECTED,
 };
 
-use crate::emu::thread::{EngineCore, EngineThread};
+use crate::emu::thread::{EngineCore, EngineMode, EngineThread, QueueId, QueueKick};
 use crate::emu::wire::Wire;
-use crate::ethdev::QueueOwner;
+use crate::ethdev::{Kick, QueueOwner};
 use crate::hw::mlx5::cqe::{op_own, CqeOpcode, OP_OWN};
 use crate::hw::mlx5::wqe::MPRQ_WQE_BYTES;
 use crate::hw::mlx5::{CQE_BYTES, WQEBB_BYTES};
@@ -160,7 +162,10 @@ impl ModelHandle {
 
 /// The mlx5 device model.
 pub struct Model {
-    thread: EngineThread<Engine>,
+    core: Arc<EngineCore<Engine>>,
+    /// The engine's thread in thread mode (stopped and joined when the model drops).
+    _thread: Option<EngineThread<Engine>>,
+    mode: EngineMode,
     next_id: AtomicU32,
     next_lkey: AtomicU32,
     min_inline: u16,
@@ -168,7 +173,7 @@ pub struct Model {
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "mlx5::Model({:?})", self.thread.core())
+        write!(f, "mlx5::Model({:?})", self.core)
     }
 }
 
@@ -195,9 +200,32 @@ impl Model {
     /// # Errors
     /// The thread could not be spawned.
     pub fn new(wire: Box<dyn Wire>, min_inline: u16, port: u16) -> std::io::Result<Self> {
-        let thread = EngineThread::spawn(Engine::new(wire), &format!("emu-mlx5-{port}"))?;
+        Self::with_mode(wire, min_inline, port, EngineMode::Thread)
+    }
+
+    /// [`Model::new`] with the engine run as `mode` says: on its thread, or inline (no
+    /// thread; the queues' kicks).
+    ///
+    /// # Errors
+    /// The thread could not be spawned.
+    pub fn with_mode(
+        wire: Box<dyn Wire>,
+        min_inline: u16,
+        port: u16,
+        mode: EngineMode,
+    ) -> std::io::Result<Self> {
+        let core = EngineCore::new(Engine::new(wire));
+        let thread = match mode {
+            EngineMode::Thread => Some(EngineThread::start(
+                Arc::clone(&core),
+                &format!("emu-mlx5-{port}"),
+            )?),
+            EngineMode::Inline => None,
+        };
         Ok(Self {
-            thread,
+            core,
+            _thread: thread,
+            mode,
             // Distinct 24-bit numbers per port, so a driver mixing them up is caught.
             next_id: AtomicU32::new(0x20_0000 + (u32::from(port) << 12)),
             next_lkey: AtomicU32::new(0x1000 + (u32::from(port) << 16)),
@@ -207,16 +235,23 @@ impl Model {
 
     /// A handle to step the model, inject faults and read counters.
     pub fn handle(&self) -> ModelHandle {
-        ModelHandle(Arc::clone(self.thread.core()))
+        ModelHandle(Arc::clone(&self.core))
     }
 
     fn id(&self) -> u32 {
         self.next_id.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff
     }
 
+    /// The kick a queue's description carries: the device's work on the polling thread in
+    /// inline mode, none with an engine thread.
+    fn kick(&self, queue: QueueId) -> Kick {
+        (self.mode == EngineMode::Inline)
+            .then(|| Arc::new(QueueKick::new(Arc::clone(&self.core), queue)) as _)
+    }
+
     /// What each queue description holds: the engine (as a QP holds its context).
     fn owner(&self) -> QueueOwner {
-        Arc::clone(self.thread.core()) as QueueOwner
+        Arc::clone(&self.core) as QueueOwner
     }
 
     /// A completion queue for at least `cqe` completions: `roundup_pow2(cqe + 1)` entries,
@@ -259,8 +294,9 @@ impl Model {
             cq: cq.clone(),
             owner: self.owner(),
             state: Arc::new(port::ModelQueueState::sq(self.handle(), sqn)),
+            kick: self.kick(QueueId::Sq(sqn)),
         };
-        self.thread.core().lock().add_sq(SqSpec::from(&sq))?;
+        self.core.lock().add_sq(SqSpec::from(&sq))?;
         Ok(sq)
     }
 
@@ -296,11 +332,9 @@ impl Model {
             cqe_compression: false,
             owner: self.owner(),
             state: Arc::new(port::ModelQueueState::rq(self.handle(), rqn)),
+            kick: self.kick(QueueId::Rq(rqn)),
         };
-        self.thread
-            .core()
-            .lock()
-            .add_rq(RqSpec::from_raw(&rq, vlan_strip))?;
+        self.core.lock().add_rq(RqSpec::from_raw(&rq, vlan_strip))?;
         Ok(rq)
     }
 
@@ -333,9 +367,9 @@ impl Model {
             cqe_compression: false,
             owner: self.owner(),
             state: Arc::new(port::ModelQueueState::rq(self.handle(), rqn)),
+            kick: self.kick(QueueId::Rq(rqn)),
         };
-        self.thread
-            .core()
+        self.core
             .lock()
             .add_striding_rq(RqSpec::from_raw(&rq, vlan_strip), geo)?;
         Ok(rq)
@@ -351,7 +385,7 @@ impl Model {
         fields: RxHashFields,
         table: &[u32],
     ) -> Result<(), ModelError> {
-        Ok(self.thread.core().lock().set_rss(key, fields, table)?)
+        Ok(self.core.lock().set_rss(key, fields, table)?)
     }
 
     /// Turns compressed CQEs on (`Some(max_num)`) or off for the CQ of RQ `rqn` (§6.2): HASH
@@ -360,7 +394,7 @@ impl Model {
     /// # Errors
     /// No such RQ.
     pub fn set_rx_compression(&self, rqn: u32, max_num: Option<u32>) -> Result<(), ModelError> {
-        Ok(self.thread.core().lock().set_rx_compression(rqn, max_num)?)
+        Ok(self.core.lock().set_rx_compression(rqn, max_num)?)
     }
 
     /// Moves SQ `sqn` through RESET back to RTS: the device's counter restarts at 0 and its
@@ -370,7 +404,7 @@ impl Model {
     /// # Errors
     /// No such SQ, or an injected state-change failure.
     pub fn reset_sq(&self, sqn: u32) -> Result<(), ModelError> {
-        Ok(self.thread.core().lock().reset_sq(sqn)?)
+        Ok(self.core.lock().reset_sq(sqn)?)
     }
 
     /// Stops serving SQ `sqn` (the QP destroyed).
@@ -378,7 +412,7 @@ impl Model {
     /// # Errors
     /// No such SQ.
     pub fn destroy_sq(&self, sqn: u32) -> Result<(), ModelError> {
-        Ok(self.thread.core().lock().remove_sq(sqn)?)
+        Ok(self.core.lock().remove_sq(sqn)?)
     }
 
     /// Stops serving RQ `rqn` (the WQ destroyed).
@@ -386,7 +420,7 @@ impl Model {
     /// # Errors
     /// No such RQ.
     pub fn destroy_rq(&self, rqn: u32) -> Result<(), ModelError> {
-        Ok(self.thread.core().lock().remove_rq(rqn)?)
+        Ok(self.core.lock().remove_rq(rqn)?)
     }
 
     /// Registers `mem` at its own address (`ibv_reg_mr` with the virtual address, §1.3);
@@ -396,8 +430,7 @@ impl Model {
     /// Never in practice (keys are fresh).
     pub fn reg_mr(&self, mem: &Arc<DevMem>) -> Result<u32, ModelError> {
         let lkey = self.next_lkey.fetch_add(1, Ordering::Relaxed);
-        self.thread
-            .core()
+        self.core
             .lock()
             .add_mr(lkey, mem.addr() as u64, Arc::clone(mem))?;
         Ok(lkey)
@@ -405,11 +438,11 @@ impl Model {
 
     /// Deregisters `lkey`; `false` if it was not registered.
     pub fn dereg_mr(&self, lkey: u32) -> bool {
-        self.thread.core().lock().remove_mr(lkey)
+        self.core.lock().remove_mr(lkey)
     }
 
     /// Sets the port MTU (TX frames with more L3 bytes are dropped).
     pub fn set_mtu(&self, mtu: u16) {
-        self.thread.core().lock().set_mtu(mtu);
+        self.core.lock().set_mtu(mtu);
     }
 }

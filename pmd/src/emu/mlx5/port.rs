@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 use super::{Model, ModelError, ModelHandle, RxHashFields, MPRQ_CAPS};
+use crate::emu::thread::EngineMode;
 use crate::emu::wire::{self, WireSpec};
 use crate::ethdev::{Link, RssFields};
 use crate::mlx5::{MprqCaps, Provider, QueueState, RawRq, RawSq, RxQueueRequest, SetupError};
@@ -40,7 +41,8 @@ fn dev(e: ModelError) -> SetupError {
 
 impl ModelPort {
     /// A model port on `wire` (and a capture to `pcap`), as port `port_id`, whose device needs
-    /// `min_inline` bytes inline (0: ConnectX-5 and later; 18: ConnectX-4).
+    /// `min_inline` bytes inline (0: ConnectX-5 and later; 18: ConnectX-4), its engine run as
+    /// `engine` says (its own thread, or inline on the polling threads).
     ///
     /// # Errors
     /// The wire or the capture cannot be opened, or the engine thread cannot start.
@@ -50,12 +52,13 @@ impl ModelPort {
         pcap: Option<&std::path::Path>,
         port_id: u16,
         min_inline: u16,
+        engine: EngineMode,
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         let mut w = wire::open(wire_spec)?;
         if let Some(p) = pcap {
             w = Box::new(wire::PcapTap::new(w, p)?);
         }
-        let model = Model::new(w, min_inline, port_id)?;
+        let model = Model::with_mode(w, min_inline, port_id, engine)?;
         let mac = mac.unwrap_or_else(|| crate::emu::default_mac(0x6d, port_id));
         Ok(Self {
             model,
@@ -299,6 +302,8 @@ impl Provider for ModelPort {
                 s.rx_compressed_sessions,
             ),
             ("dev_rx_cq_full".into(), s.rx_cq_full),
+            ("dev_rx_fault_drops".into(), s.rx_fault_drops),
+            ("dev_tx_cq_stalls".into(), s.tx_cq_stalls),
             ("dev_sq_resets".into(), s.sq_resets),
             ("dev_rq_resets".into(), s.rq_resets),
         ];

@@ -2,15 +2,17 @@
 #![deny(unsafe_code)]
 
 use super::ring::{ring_bytes, FrameRing};
-use super::{Wire, WireError, SLOT_BYTES};
+use super::{Wire, WireError, MAX_FRAME};
 use crate::sys::DevMem;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-const LOOP_SLOTS: u32 = 1024;
-const LOOP_SLOT_BYTES: u32 = SLOT_BYTES;
+/// Bytes of records per direction of a [`Loopback`] cable: 16,384 frames of 60 bytes, or 113
+/// of 9000 bytes (a frame takes `4 + len` bytes rounded up to 64, see [`super::ring`]).
+pub const LOOPBACK_RING_BYTES: usize = 1 << 20;
+const LOOP_RING_BYTES: usize = LOOPBACK_RING_BYTES;
 
 /// Which ends of a cable are open right now, `[A, B]`; shared by both ends.
 type OpenEnds = Arc<[AtomicBool; 2]>;
@@ -59,7 +61,7 @@ impl Loopback {
                 open: c.open,
             });
         }
-        let bytes = ring_bytes(LOOP_SLOTS, LOOP_SLOT_BYTES);
+        let bytes = ring_bytes(LOOP_RING_BYTES);
         let alloc = || {
             DevMem::anon(bytes)
                 .map(Arc::new)
@@ -69,8 +71,8 @@ impl Loopback {
                     source,
                 })
         };
-        let a_to_b = FrameRing::new(alloc()?, 0, LOOP_SLOTS, LOOP_SLOT_BYTES);
-        let b_to_a = FrameRing::new(alloc()?, 0, LOOP_SLOTS, LOOP_SLOT_BYTES);
+        let a_to_b = FrameRing::new(alloc()?, 0, LOOP_RING_BYTES, MAX_FRAME);
+        let b_to_a = FrameRing::new(alloc()?, 0, LOOP_RING_BYTES, MAX_FRAME);
         let open: OpenEnds = Arc::new([AtomicBool::new(true), AtomicBool::new(false)]);
         reg.insert(
             name.into(),

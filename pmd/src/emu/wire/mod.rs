@@ -30,24 +30,20 @@ mod spec;
 mod tpacket;
 
 pub use afpacket::AfPacket;
-pub use loopback::Loopback;
+pub use loopback::{Loopback, LOOPBACK_RING_BYTES};
 pub use none::NoWire;
 pub use pcap::PcapTap;
 pub use shm::{
-    shm_dir, shm_path, Shm, SHM_COMPAT, SHM_INCOMPAT_KNOWN, SHM_MAJOR, SHM_MINOR, SHM_SIGNATURE,
+    shm_dir, shm_path, Shm, SHM_COMPAT, SHM_INCOMPAT_KNOWN, SHM_MAJOR, SHM_MINOR, SHM_RING_BYTES,
+    SHM_SIGNATURE,
 };
 pub use spec::{WireSpec, WireSpecError};
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Largest frame any wire carries (slot size minus the slot header): a 9000-byte MTU frame
-/// with Ethernet and VLAN headers fits.
+/// Largest frame any wire carries: a 9000-byte MTU frame with Ethernet and VLAN headers fits.
 pub const MAX_FRAME: usize = 9216 - 8;
-
-/// Slot size of the cable rings ([`Loopback`], [`Shm`]): one [`MAX_FRAME`] frame plus the
-/// ring's slot header.
-const SLOT_BYTES: u32 = (MAX_FRAME + 8) as u32;
 
 /// The [`Wire::stats`] entry for frames that reached the wire and were lost before the
 /// device model could take them (a full receive ring): the model's port adds it to its

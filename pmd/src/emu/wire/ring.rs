@@ -1,13 +1,44 @@
 //! A single-producer single-consumer ring of frames over shared memory: one direction of a
 //! cable. Used in-process (loopback) and between processes (shared-memory wire).
 //!
-//! Layout at `base` (all little-endian, 64-byte aligned counters to avoid false sharing):
+//! Frames are packed one after the other as variable-length records, so that small frames
+//! cost little memory and the consumer reads memory in order (one 64-byte cache line per
+//! 60-byte frame; the hardware prefetcher follows). Layout at `base` (all little-endian;
+//! the two counters on cache lines of their own, so producer and consumer do not share one):
 //!
 //! ```text
-//! +0    producer: u64   frames written (free-running)
-//! +64   consumer: u64   frames read (free-running)
-//! +128  slot[0..slots], each slot_bytes: { len: u32, reserved: u32, data[slot_bytes - 8] }
+//! +0    producer: u64   bytes written (free-running), stored with Release after the record
+//! +64   consumer: u64   bytes read (free-running), stored with Release after the copy out
+//! +128  data: ring_bytes bytes (a power of two, a multiple of 64)
 //! ```
+//!
+//! A record starts on a 64-byte boundary: a 4-byte header, then the frame, then padding to
+//! the next boundary (a 60-byte frame takes exactly one line):
+//!
+//! ```text
+//! +0  header: u32   bits 0..=15 frame length in bytes; bit 31 WRAP: no frame, the next
+//!                   record is at the start of the data area (the rest was too short)
+//! +4  frame bytes
+//! ```
+//!
+//! A record never wraps around the end of the data area: when it does not fit before the
+//! end, the producer writes a WRAP header there and puts the record at the start; the bytes
+//! skipped count as written. Both counters are bytes, so `producer - consumer` is the space
+//! in use and the ring is full when a record (with its skip) would not fit in what is left.
+//!
+//! Each side keeps its own counter and its last view of the other's in private memory and
+//! reads the shared counter of the other side only when its view says full (producer) or
+//! empty (consumer): a view that lags only ever understates the room or the frames waiting,
+//! so the shared lines move between the two cores about once per batch, not per frame. The
+//! consumer also publishes its counter lazily: when it has caught up with what it saw, or
+//! after a sixteenth of the ring, so that a producer that finds the ring full (and reads the
+//! consumer's line) does not pull it away on every frame. The room a producer sees is at
+//! most that much less than the real room.
+//!
+//! Both sides prefetch the lines ahead of them: the consumer the records it is about to read
+//! (written by the other core, so each is a cache miss that prefetching overlaps with the
+//! work on the frames before it), the producer the lines it is about to write (for
+//! ownership).
 #![deny(unsafe_code)]
 
 use crate::sys::DevMem;
@@ -16,101 +47,175 @@ use std::sync::Arc;
 
 const PRODUCER: usize = 0;
 const CONSUMER: usize = 64;
-const SLOTS: usize = 128;
-const SLOT_HDR: usize = 8;
+const DATA: usize = 128;
+/// Records start on this boundary.
+pub const RECORD_ALIGN: usize = 64;
+const HEADER: usize = 4;
+/// How far ahead of its counter each side prefetches.
+const PREFETCH_AHEAD: u64 = 8 * RECORD_ALIGN as u64;
+/// Header bit: skip to the start of the data area.
+const WRAP: u32 = 1 << 31;
+const LEN_MASK: u32 = 0xffff;
 
-/// Bytes one ring of `slots` slots of `slot_bytes` occupies.
-pub const fn ring_bytes(slots: u32, slot_bytes: u32) -> usize {
-    SLOTS + slots as usize * slot_bytes as usize
+/// Bytes one ring with `data_bytes` bytes of records occupies (counters included).
+pub const fn ring_bytes(data_bytes: usize) -> usize {
+    DATA + data_bytes
 }
 
-/// One direction of a cable, seen from one end (either the producer or the consumer side).
+/// Bytes the record of a `len`-byte frame takes.
+#[inline]
+const fn record_bytes(len: usize) -> usize {
+    (HEADER + len).div_ceil(RECORD_ALIGN) * RECORD_ALIGN
+}
+
+/// One direction of a cable, seen from one end: use it either as the producer or as the
+/// consumer (the state each side keeps is private to its copy).
 #[derive(Debug, Clone)]
 pub struct FrameRing {
     mem: Arc<DevMem>,
     base: usize,
-    slots: u32,
-    slot_bytes: u32,
+    /// Bytes in the data area, a power of two.
+    size: u64,
+    max_frame: usize,
+    /// Producer side: bytes written (ours; published at `base + PRODUCER`) and the
+    /// consumer's counter as last read.
+    prod: u64,
+    cons_seen: u64,
+    /// Consumer side: bytes read (ours), the producer's counter as last read, and our
+    /// counter as last published (see the module docs).
+    cons: u64,
+    prod_seen: u64,
+    cons_published: u64,
 }
 
 impl FrameRing {
-    /// A ring at `base` in `mem`.
+    /// A ring at `base` in `mem` with `data_bytes` bytes of records, carrying frames of up
+    /// to `max_frame` bytes. Takes the counters as they are in memory (a fresh ring: zero).
     ///
     /// # Panics
-    /// If `slots` is not a power of two, a slot cannot hold a header and a minimal frame, or
-    /// the ring does not fit in `mem`.
-    pub fn new(mem: Arc<DevMem>, base: usize, slots: u32, slot_bytes: u32) -> Self {
+    /// If `data_bytes` is not a power of two of at least two largest records, `max_frame`
+    /// does not fit the header's length field, `base` is not 64-byte aligned, or the ring
+    /// does not fit in `mem`.
+    pub fn new(mem: Arc<DevMem>, base: usize, data_bytes: usize, max_frame: usize) -> Self {
         assert!(
-            slots.is_power_of_two()
-                && slot_bytes >= 64
-                && slot_bytes.is_multiple_of(8)
+            data_bytes.is_power_of_two()
+                && max_frame <= LEN_MASK as usize
+                && data_bytes >= 2 * record_bytes(max_frame)
                 && base.is_multiple_of(64)
         );
-        assert!(base + ring_bytes(slots, slot_bytes) <= mem.len());
+        assert!(base + ring_bytes(data_bytes) <= mem.len());
+        let prod = mem.load_u64(base + PRODUCER, Ordering::Acquire);
+        let cons = mem.load_u64(base + CONSUMER, Ordering::Acquire);
         Self {
             mem,
             base,
-            slots,
-            slot_bytes,
+            size: data_bytes as u64,
+            max_frame,
+            prod,
+            cons_seen: cons,
+            cons,
+            prod_seen: prod,
+            cons_published: cons,
         }
     }
 
-    /// Largest frame a slot carries.
+    /// Largest frame the ring carries.
     pub fn max_frame(&self) -> usize {
-        self.slot_bytes as usize - SLOT_HDR
+        self.max_frame
     }
 
-    fn slot_off(&self, n: u64) -> usize {
-        self.base + SLOTS + (n & u64::from(self.slots - 1)) as usize * self.slot_bytes as usize
+    #[inline]
+    fn data_off(&self, pos: u64) -> usize {
+        self.base + DATA + (pos & (self.size - 1)) as usize
     }
 
     /// Producer side: appends a frame. `false` if the ring is full or the frame too large
-    /// (the frame is dropped, as on a real wire whose receiver is not keeping up).
-    pub fn push(&self, frame: &[u8]) -> bool {
-        if frame.len() > self.max_frame() {
+    /// (the frame is dropped, as on a real wire whose receiver is not keeping up; the caller
+    /// counts it).
+    #[inline]
+    pub fn push(&mut self, frame: &[u8]) -> bool {
+        if frame.len() > self.max_frame {
             return false;
         }
-        let prod = self.mem.load_u64(self.base + PRODUCER, Ordering::Relaxed);
-        let cons = self.mem.load_u64(self.base + CONSUMER, Ordering::Acquire);
-        if prod.wrapping_sub(cons) >= u64::from(self.slots) {
-            return false;
+        let need = record_bytes(frame.len()) as u64;
+        let to_end = self.size - (self.prod & (self.size - 1));
+        let skip = if need > to_end { to_end } else { 0 };
+        if self.size - self.prod.wrapping_sub(self.cons_seen) < skip + need {
+            // Our view of the consumer may lag: look again before calling the ring full.
+            self.cons_seen = self.mem.load_u64(self.base + CONSUMER, Ordering::Acquire);
+            if self.size - self.prod.wrapping_sub(self.cons_seen) < skip + need {
+                return false;
+            }
         }
-        let off = self.slot_off(prod);
+        let mut at = self.prod;
+        // Ahead of us, but only into room we know is free: a line the consumer has still to
+        // read would be pulled away from it.
+        let ahead = at.wrapping_add(skip + need + PREFETCH_AHEAD);
+        if ahead.wrapping_sub(self.cons_seen) <= self.size {
+            self.mem.prefetch_write(self.data_off(ahead));
+        }
+        if skip > 0 {
+            self.mem
+                .store_u32(self.data_off(at), WRAP, Ordering::Relaxed);
+            at = at.wrapping_add(skip);
+        }
+        let off = self.data_off(at);
         self.mem
             .store_u32(off, frame.len() as u32, Ordering::Relaxed);
-        self.mem.write(off + SLOT_HDR, frame);
-        // Publishes the slot: the consumer's Acquire load of `producer` sees its bytes.
-        self.mem.store_u64(
-            self.base + PRODUCER,
-            prod.wrapping_add(1),
-            Ordering::Release,
-        );
+        self.mem.write(off + HEADER, frame);
+        self.prod = at.wrapping_add(need);
+        // Publishes the record (and a skip before it): the consumer's Acquire load of
+        // `producer` sees its bytes.
+        self.mem
+            .store_u64(self.base + PRODUCER, self.prod, Ordering::Release);
         true
     }
 
     /// Consumer side: takes the oldest frame into `buf` (cut to `buf.len()`); its full
     /// length, or `None` when the ring is empty.
-    pub fn pop(&self, buf: &mut [u8]) -> Option<usize> {
-        let cons = self.mem.load_u64(self.base + CONSUMER, Ordering::Relaxed);
-        let prod = self.mem.load_u64(self.base + PRODUCER, Ordering::Acquire);
-        if cons == prod {
-            return None;
+    #[inline]
+    pub fn pop(&mut self, buf: &mut [u8]) -> Option<usize> {
+        loop {
+            if self.cons == self.prod_seen {
+                self.prod_seen = self.mem.load_u64(self.base + PRODUCER, Ordering::Acquire);
+                if self.cons == self.prod_seen {
+                    return None;
+                }
+                // New records: start fetching the first lines of them now.
+                let mut at = self.cons.wrapping_add(RECORD_ALIGN as u64);
+                while at < self.prod_seen.min(self.cons.wrapping_add(PREFETCH_AHEAD)) {
+                    self.mem.prefetch(self.data_off(at));
+                    at = at.wrapping_add(RECORD_ALIGN as u64);
+                }
+            }
+            self.mem
+                .prefetch(self.data_off(self.cons.wrapping_add(PREFETCH_AHEAD)));
+            let off = self.data_off(self.cons);
+            let hdr = self.mem.load_u32(off, Ordering::Relaxed);
+            if hdr & WRAP != 0 {
+                self.cons = self
+                    .cons
+                    .wrapping_add(self.size - (self.cons & (self.size - 1)));
+                continue;
+            }
+            let len = ((hdr & LEN_MASK) as usize).min(self.max_frame);
+            let n = len.min(buf.len());
+            self.mem.read(off + HEADER, &mut buf[..n]);
+            self.cons = self.cons.wrapping_add(record_bytes(len) as u64);
+            // Frees the records only after their bytes were copied out; lazily (module docs).
+            if self.cons == self.prod_seen
+                || self.cons.wrapping_sub(self.cons_published) >= self.size / 16
+            {
+                self.cons_published = self.cons;
+                self.mem
+                    .store_u64(self.base + CONSUMER, self.cons, Ordering::Release);
+            }
+            return Some(len);
         }
-        let off = self.slot_off(cons);
-        let len = (self.mem.load_u32(off, Ordering::Relaxed) as usize).min(self.max_frame());
-        let n = len.min(buf.len());
-        self.mem.read(off + SLOT_HDR, &mut buf[..n]);
-        // Frees the slot only after its bytes were copied out.
-        self.mem.store_u64(
-            self.base + CONSUMER,
-            cons.wrapping_add(1),
-            Ordering::Release,
-        );
-        Some(len)
     }
 
-    /// Frames waiting.
-    pub fn len(&self) -> u64 {
+    /// Bytes of records waiting (as the shared counters say now).
+    pub fn pending_bytes(&self) -> u64 {
         let prod = self.mem.load_u64(self.base + PRODUCER, Ordering::Acquire);
         let cons = self.mem.load_u64(self.base + CONSUMER, Ordering::Acquire);
         prod.wrapping_sub(cons)
@@ -118,7 +223,7 @@ impl FrameRing {
 
     /// Whether no frame is waiting.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.pending_bytes() == 0
     }
 }
 
@@ -126,49 +231,159 @@ impl FrameRing {
 mod tests {
     use super::*;
 
+    fn ring(data_bytes: usize, max_frame: usize) -> (FrameRing, FrameRing) {
+        let mem = Arc::new(DevMem::anon(ring_bytes(data_bytes)).unwrap());
+        let tx = FrameRing::new(Arc::clone(&mem), 0, data_bytes, max_frame);
+        let rx = tx.clone();
+        (tx, rx)
+    }
+
+    #[test]
+    fn record_sizes() {
+        assert_eq!(record_bytes(0), 64);
+        assert_eq!(
+            record_bytes(60),
+            64,
+            "a 64-byte frame on the wire fills one line"
+        );
+        assert_eq!(record_bytes(61), 128);
+        assert_eq!(record_bytes(9208), 9216);
+    }
+
     #[test]
     fn fifo_full_and_wrap() {
-        let mem = Arc::new(DevMem::anon(ring_bytes(4, 128)).unwrap());
-        let r = FrameRing::new(mem, 0, 4, 128);
+        // 512 bytes: eight 60-byte frames, or two of 252 bytes.
+        let (mut tx, mut rx) = ring(512, 252);
         let mut buf = [0u8; 256];
-        assert_eq!(r.pop(&mut buf), None);
+        assert_eq!(rx.pop(&mut buf), None);
         for lap in 0..10u8 {
-            for i in 0..4u8 {
-                assert!(r.push(&[lap, i, 0xaa]));
+            for i in 0..8u8 {
+                assert!(tx.push(&[lap, i, 0xaa]), "lap {lap} frame {i}");
             }
-            assert!(!r.push(&[9]), "fifth frame must not fit");
-            for i in 0..4u8 {
-                assert_eq!(r.pop(&mut buf), Some(3));
+            assert!(!tx.push(&[9]), "a ninth record must not fit");
+            for i in 0..8u8 {
+                assert_eq!(rx.pop(&mut buf), Some(3));
                 assert_eq!(&buf[..3], &[lap, i, 0xaa]);
             }
+            assert_eq!(rx.pop(&mut buf), None);
         }
-        assert!(!r.push(&[0u8; 121]), "larger than a slot");
-        assert!(r.push(&[0u8; 120]));
-        assert_eq!(r.len(), 1);
+        assert!(!tx.push(&[0u8; 253]), "larger than the largest frame");
+        assert!(tx.push(&[7u8; 252]));
+        assert_eq!(tx.pending_bytes(), 256);
+        assert_eq!(rx.pop(&mut buf), Some(252));
+        assert_eq!(buf[..252], [7u8; 252]);
+        assert!(rx.is_empty());
+    }
+
+    #[test]
+    fn a_record_that_does_not_fit_before_the_end_skips_to_the_start() {
+        let (mut tx, mut rx) = ring(512, 252);
+        let mut buf = [0u8; 256];
+        // Six one-line records: 128 bytes left before the end.
+        for i in 0..6u8 {
+            assert!(tx.push(&[i; 60]));
+        }
+        for i in 0..6u8 {
+            assert_eq!(rx.pop(&mut buf), Some(60));
+            assert_eq!(buf[0], i);
+        }
+        // 192 bytes: does not fit in the last 128, so they are skipped.
+        assert!(tx.push(&[0xee; 180]));
+        assert_eq!(tx.pending_bytes(), 128 + 192);
+        // 512 - 320 = 192 bytes free: one more 192-byte record, not two.
+        assert!(tx.push(&[0xdd; 180]));
+        assert!(!tx.push(&[0xcc; 1]));
+        assert_eq!(rx.pop(&mut buf), Some(180));
+        assert_eq!(buf[..180], [0xee; 180]);
+        assert_eq!(rx.pop(&mut buf), Some(180));
+        assert_eq!(buf[..180], [0xdd; 180]);
+        assert_eq!(rx.pop(&mut buf), None);
+        // A short buffer gets the frame's start and its full length.
+        assert!(tx.push(&[1, 2, 3, 4, 5]));
+        let mut short = [0u8; 2];
+        assert_eq!(rx.pop(&mut short), Some(5));
+        assert_eq!(short, [1, 2]);
+    }
+
+    #[test]
+    fn a_ring_opened_again_continues_where_the_counters_are() {
+        let mem = Arc::new(DevMem::anon(ring_bytes(1024)).unwrap());
+        let mut tx = FrameRing::new(Arc::clone(&mem), 0, 1024, 252);
+        assert!(tx.push(b"one") && tx.push(b"two"));
+        // A consumer that comes later (the other end of a cable opened after frames were
+        // sent), and a producer that reopens its end.
+        let mut rx = FrameRing::new(Arc::clone(&mem), 0, 1024, 252);
+        let mut tx2 = FrameRing::new(Arc::clone(&mem), 0, 1024, 252);
+        assert!(tx2.push(b"three"));
+        let mut buf = [0u8; 8];
+        for want in [&b"one"[..], b"two", b"three"] {
+            let n = rx.pop(&mut buf).unwrap();
+            assert_eq!(&buf[..n], want);
+        }
     }
 
     #[test]
     fn two_threads_lose_nothing() {
-        let mem = Arc::new(DevMem::anon(ring_bytes(64, 128)).unwrap());
-        let tx = FrameRing::new(Arc::clone(&mem), 0, 64, 128);
-        let rx = tx.clone();
-        const N: u32 = 100_000;
+        let (mut tx, mut rx) = ring(4096, 252);
+        const N: u32 = 200_000;
         let t = std::thread::spawn(move || {
             for i in 0..N {
-                while !tx.push(&i.to_le_bytes()) {
+                // Sizes vary so that records wrap at every offset.
+                let len = 4 + (i % 97) as usize;
+                let mut f = [0u8; 101];
+                f[..4].copy_from_slice(&i.to_le_bytes());
+                while !tx.push(&f[..len]) {
                     std::hint::spin_loop();
                 }
             }
         });
-        let mut buf = [0u8; 128];
+        let mut buf = [0u8; 256];
         let mut next = 0u32;
         while next < N {
             if let Some(n) = rx.pop(&mut buf) {
-                assert_eq!(n, 4);
+                assert_eq!(n, 4 + (next % 97) as usize);
                 assert_eq!(u32::from_le_bytes(buf[..4].try_into().unwrap()), next);
                 next += 1;
             }
         }
         t.join().unwrap();
+    }
+
+    proptest::proptest! {
+        /// Any sequence of pushes and pops behaves like a FIFO of bounded bytes: what goes
+        /// in comes out, in order, and a push fails only when its record (and skip) would
+        /// not fit.
+        #[test]
+        fn behaves_like_a_bounded_fifo(ops in proptest::collection::vec((proptest::bool::ANY, 0usize..=252), 1..400)) {
+            let (mut tx, mut rx) = ring(1024, 252);
+            let mut model = std::collections::VecDeque::new();
+            let mut used = 0u64;
+            let mut seq = 0u8;
+            let mut buf = [0u8; 256];
+            for (push, len) in ops {
+                if push {
+                    let f = vec![seq; len];
+                    let to_end = 1024 - (tx.prod & 1023);
+                    let need = record_bytes(len) as u64;
+                    let skip = if need > to_end { to_end } else { 0 };
+                    let fits = 1024 - used >= skip + need;
+                    proptest::prop_assert_eq!(tx.push(&f), fits);
+                    if fits {
+                        used += skip + need;
+                        model.push_back((f, skip + need));
+                        seq = seq.wrapping_add(1);
+                    }
+                } else {
+                    match model.pop_front() {
+                        Some((f, bytes)) => {
+                            proptest::prop_assert_eq!(rx.pop(&mut buf), Some(f.len()));
+                            proptest::prop_assert_eq!(&buf[..f.len()], &f[..]);
+                            used -= bytes;
+                        }
+                        None => proptest::prop_assert_eq!(rx.pop(&mut buf), None),
+                    }
+                }
+            }
+        }
     }
 }

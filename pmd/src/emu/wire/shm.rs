@@ -10,21 +10,26 @@
 //! +10   minor       u16      minor version: compatible additions
 //! +12   compat      u32      compatible feature bits the creator uses (unknown ones: ignored)
 //! +16   incompat    u32      incompatible feature bits the creator uses (unknown ones: refused)
-//! +20   slots       u32      slots per ring (a power of two)
-//! +24   slot_bytes  u32      bytes per slot, slot header included
+//! +20   ring_bytes  u32      bytes of records per ring (a power of two, 64 KiB to 1 GiB)
+//! +24   max_frame   u32      largest frame a record carries (9208)
 //! +28   reserved, zero
 //! +64   pid_a       u64      process holding end A, 0 when free (claimed by compare-and-swap)
 //! +72   pid_b       u64      process holding end B, 0 when free
 //! +80   reserved, zero
-//! +128  ring A->B            ring_bytes(slots, slot_bytes)
-//! +128 + ring_bytes(..)      ring B->A
+//! +128  ring A->B            ring::ring_bytes(ring_bytes) = 128 + ring_bytes
+//! +256 + ring_bytes          ring B->A
 //! ```
+//!
+//! Version history: 1.0 had rings of fixed slots (`slots`, `slot_bytes` at +20, +24); 2.0
+//! packs variable-length records (see [`super::ring`]): a 60-byte frame takes one cache line
+//! instead of a 9216-byte slot, and a ring of 8 MiB holds 131,072 of them. A 1.x peer is
+//! refused by the major version.
 //!
 //! The file is rounded up to whole 2 MiB pages so that it can live on hugetlbfs.
 #![deny(unsafe_code)]
 
 use super::ring::{ring_bytes, FrameRing};
-use super::{Wire, WireError, SLOT_BYTES};
+use super::{Wire, WireError, MAX_FRAME};
 use crate::sys::net::{pid, process_alive};
 use crate::sys::DevMem;
 use std::path::{Path, PathBuf};
@@ -34,8 +39,9 @@ use std::time::{Duration, Instant};
 
 /// Signature at the start of a shared-memory wire file.
 pub const SHM_SIGNATURE: [u8; 8] = *b"PMDWIRE\0";
-/// Major version: a peer with another major is refused.
-pub const SHM_MAJOR: u16 = 1;
+/// Major version: a peer with another major is refused (2: packed records, see the module
+/// docs).
+pub const SHM_MAJOR: u16 = 2;
 /// Minor version: compatible additions.
 pub const SHM_MINOR: u16 = 0;
 /// Incompatible feature bits this build understands (none yet).
@@ -43,8 +49,11 @@ pub const SHM_INCOMPAT_KNOWN: u32 = 0;
 /// Compatible feature bits this build sets (none yet).
 pub const SHM_COMPAT: u32 = 0;
 
-const SHM_SLOTS: u32 = 1024;
-const SHM_SLOT_BYTES: u32 = SLOT_BYTES;
+/// Bytes of records per direction: 131,072 frames of 60 bytes (about 130 ms at 1 Mpps of
+/// buffering when the receiving process is not scheduled), or 910 of 9000 bytes.
+pub const SHM_RING_BYTES: u32 = 8 << 20;
+/// Ring sizes a peer's file may have.
+const SHM_RING_RANGE: std::ops::RangeInclusive<u32> = (64 << 10)..=(1 << 30);
 
 /// Byte ranges of the header fields (see the layout in the module docs).
 mod field {
@@ -55,8 +64,8 @@ mod field {
     pub const MINOR: Field = 10..12;
     pub const COMPAT: Field = 12..16;
     pub const INCOMPAT: Field = 16..20;
-    pub const SLOTS: Field = 20..24;
-    pub const SLOT_BYTES: Field = 24..28;
+    pub const RING_BYTES: Field = 20..24;
+    pub const MAX_FRAME: Field = 24..28;
     // 28..64 reserved.
     pub const PID_A: Field = 64..72;
     pub const PID_B: Field = 72..80;
@@ -72,7 +81,7 @@ const _: () = assert!(
         && field::PID_A.start.is_multiple_of(8)
         && field::PID_B.start.is_multiple_of(8)
         && field::PID_B.end <= field::RINGS
-        && field::SLOT_BYTES.end <= field::PID_A.start
+        && field::MAX_FRAME.end <= field::PID_A.start
         && field::RINGS.is_multiple_of(64)
 );
 
@@ -192,22 +201,22 @@ impl<'a> Header<'a> {
         self.put(field::INCOMPAT, &v.to_le_bytes());
     }
 
-    /// Slots per ring.
-    fn slots(&self) -> u32 {
-        u32::from_le_bytes(self.get(field::SLOTS))
+    /// Bytes of records per ring.
+    fn ring_bytes(&self) -> u32 {
+        u32::from_le_bytes(self.get(field::RING_BYTES))
     }
 
-    fn set_slots(&self, v: u32) {
-        self.put(field::SLOTS, &v.to_le_bytes());
+    fn set_ring_bytes(&self, v: u32) {
+        self.put(field::RING_BYTES, &v.to_le_bytes());
     }
 
-    /// Bytes per ring slot.
-    fn slot_bytes(&self) -> u32 {
-        u32::from_le_bytes(self.get(field::SLOT_BYTES))
+    /// Largest frame a record carries.
+    fn max_frame(&self) -> u32 {
+        u32::from_le_bytes(self.get(field::MAX_FRAME))
     }
 
-    fn set_slot_bytes(&self, v: u32) {
-        self.put(field::SLOT_BYTES, &v.to_le_bytes());
+    fn set_max_frame(&self, v: u32) {
+        self.put(field::MAX_FRAME, &v.to_le_bytes());
     }
 
     /// The process holding `end`, 0 when the end is free.
@@ -229,10 +238,10 @@ impl<'a> Header<'a> {
     }
 }
 
-/// Size of a wire file: header and two rings, rounded up to 2 MiB so that the file can live on
-/// hugetlbfs (whose files are whole huge pages).
-fn shm_file_bytes(slots: u32, slot_bytes: u32) -> usize {
-    (Header::LEN + 2 * ring_bytes(slots, slot_bytes)).div_ceil(2 << 20) * (2 << 20)
+/// Size of a wire file: header and two rings of `ring` bytes of records, rounded up to 2 MiB
+/// so that the file can live on hugetlbfs (whose files are whole huge pages).
+fn shm_file_bytes(ring: u32) -> usize {
+    (Header::LEN + 2 * ring_bytes(ring as usize)).div_ceil(2 << 20) * (2 << 20)
 }
 
 /// Directory for shared-memory wire files: `PMD_SHM_DIR` if set; else `/dev/hugepages` when it
@@ -252,7 +261,7 @@ pub fn shm_dir() -> PathBuf {
         .ok()
         .and_then(|s| s.trim().parse::<usize>().ok())
         .unwrap_or(0);
-    let need = shm_file_bytes(SHM_SLOTS, SHM_SLOT_BYTES) / (2 << 20);
+    let need = shm_file_bytes(SHM_RING_BYTES) / (2 << 20);
     if hugetlbfs && free >= need + 128 && std::env::var_os("PMD_NO_HUGEPAGES").is_none() {
         PathBuf::from("/dev/hugepages")
     } else {
@@ -306,7 +315,7 @@ impl Shm {
             path: path.into(),
             source,
         };
-        let bytes = shm_file_bytes(SHM_SLOTS, SHM_SLOT_BYTES);
+        let bytes = shm_file_bytes(SHM_RING_BYTES);
         let me = u64::from(pid());
         for _attempt in 0..4 {
             // Creator: O_EXCL decides who is end A.
@@ -323,8 +332,8 @@ impl Shm {
                     hdr.set_compat(SHM_COMPAT);
                     // This build uses no incompatible feature.
                     hdr.set_incompat(0);
-                    hdr.set_slots(SHM_SLOTS);
-                    hdr.set_slot_bytes(SHM_SLOT_BYTES);
+                    hdr.set_ring_bytes(SHM_RING_BYTES);
+                    hdr.set_max_frame(MAX_FRAME as u32);
                     hdr.set_pid(End::A, me, Ordering::Relaxed);
                     // The signature goes last: a peer that sees it sees the whole header.
                     hdr.set_signature(SHM_SIGNATURE);
@@ -393,15 +402,18 @@ impl Shm {
                             unknown,
                         });
                     }
-                    let (slots, slot_bytes) = (hdr.slots(), hdr.slot_bytes());
-                    if slots != SHM_SLOTS || slot_bytes != SHM_SLOT_BYTES {
+                    let (ring, max_frame) = (hdr.ring_bytes(), hdr.max_frame());
+                    if !ring.is_power_of_two()
+                        || !SHM_RING_RANGE.contains(&ring)
+                        || max_frame != MAX_FRAME as u32
+                    {
                         return Err(incompatible_version());
                     }
                     let ignored = hdr.compat() & !SHM_COMPAT;
                     if ignored != 0 {
                         tracing::debug!(target: "pmd::emu::wire", path = %path.display(), ignored, "peer uses compatible wire features this build ignores");
                     }
-                    let bytes = shm_file_bytes(slots, slot_bytes);
+                    let bytes = shm_file_bytes(ring);
                     return DevMem::shared_file(path, bytes, false).map_err(io_err);
                 } else if sig != [0; 8] {
                     return Err(WireError::NotAWire { path: path.into() });
@@ -417,14 +429,17 @@ impl Shm {
         }
     }
 
+    /// The two directions of a mapped file whose header was written (end A) or checked
+    /// (end B).
     fn ends(name: &str, path: &Path, mem: Arc<DevMem>, end: End) -> Self {
-        let rb = ring_bytes(SHM_SLOTS, SHM_SLOT_BYTES);
-        let a_to_b = FrameRing::new(Arc::clone(&mem), Header::LEN, SHM_SLOTS, SHM_SLOT_BYTES);
+        let hdr = Header::new_checked(&mem).expect("a mapped wire file holds its header");
+        let ring = hdr.ring_bytes() as usize;
+        let a_to_b = FrameRing::new(Arc::clone(&mem), Header::LEN, ring, MAX_FRAME);
         let b_to_a = FrameRing::new(
             Arc::clone(&mem),
-            Header::LEN + rb,
-            SHM_SLOTS,
-            SHM_SLOT_BYTES,
+            Header::LEN + ring_bytes(ring),
+            ring,
+            MAX_FRAME,
         );
         let (tx, rx) = match end {
             End::A => (a_to_b, b_to_a),
@@ -541,18 +556,23 @@ mod tests {
                 "{e}"
             );
 
-            let p = d.join("v2");
-            let a = Shm::open_at("v2", &p).unwrap();
-            a.header().set_major(2);
-            let e = Shm::open_at("v2", &p).unwrap_err();
+            let p = d.join("v1");
+            let a = Shm::open_at("v1", &p).unwrap();
+            // A 1.x peer (fixed slots) is refused by its major version.
+            a.header().set_major(1);
+            let e = Shm::open_at("v1", &p).unwrap_err();
             assert!(
                 e.to_string()
-                    .contains("peer uses wire format 2.0, this build speaks 1.x"),
+                    .contains("peer uses wire format 1.0, this build speaks 2.x"),
                 "{e}"
             );
             a.header().set_major(SHM_MAJOR);
+            a.header().set_ring_bytes(3 << 20);
+            let e = Shm::open_at("v1", &p).unwrap_err();
+            assert!(e.to_string().contains("wire format 2.0"), "{e}");
+            a.header().set_ring_bytes(SHM_RING_BYTES);
             a.header().set_incompat(0x8);
-            let e = Shm::open_at("v2", &p).unwrap_err();
+            let e = Shm::open_at("v1", &p).unwrap_err();
             assert!(e.to_string().contains("requires wire features 0x8"), "{e}");
         });
     }
@@ -561,7 +581,7 @@ mod tests {
     fn shm_stale_file_from_dead_processes_is_replaced() {
         with_shm_dir(|d| {
             let p = d.join("stale");
-            let a = Shm::open_at("stale", &p).unwrap();
+            let mut a = Shm::open_at("stale", &p).unwrap();
             // Pretend both ends belonged to processes that died.
             let hdr = a.header();
             hdr.set_pid(End::A, u64::from(u32::MAX - 1), Ordering::Release);
@@ -577,8 +597,8 @@ mod tests {
 
     /// A header written out by hand from the layout table in the module docs, with a distinct
     /// value in every field: signature "PMDWIRE\0", major 0x0102, minor 0x0304, compat
-    /// 0x0a0b0c0d, incompat 0x1a1b1c1d, slots 1024 (0x400), slot_bytes 9216 (0x2400), pid_a
-    /// 0x1122334455667788, pid_b 0x99aabbccddeeff00.
+    /// 0x0a0b0c0d, incompat 0x1a1b1c1d, ring_bytes 1024 (0x400), max_frame 9216 (0x2400),
+    /// pid_a 0x1122334455667788, pid_b 0x99aabbccddeeff00.
     #[rustfmt::skip]
     const HEADER_BYTES: [u8; 128] = [
         // +0 signature
@@ -589,9 +609,9 @@ mod tests {
         0x0d, 0x0c, 0x0b, 0x0a,
         // +16 incompat
         0x1d, 0x1c, 0x1b, 0x1a,
-        // +20 slots
+        // +20 ring_bytes
         0x00, 0x04, 0x00, 0x00,
-        // +24 slot_bytes
+        // +24 max_frame
         0x00, 0x24, 0x00, 0x00,
         // +28 reserved
                                 0x00, 0x00, 0x00, 0x00,
@@ -630,8 +650,8 @@ mod tests {
         h.set_minor(0x0304);
         h.set_compat(0x0a0b_0c0d);
         h.set_incompat(0x1a1b_1c1d);
-        h.set_slots(1024);
-        h.set_slot_bytes(9216);
+        h.set_ring_bytes(1024);
+        h.set_max_frame(9216);
         h.set_pid(End::A, 0x1122_3344_5566_7788, Ordering::Relaxed);
         h.set_pid(End::B, 0x99aa_bbcc_ddee_ff00, Ordering::Relaxed);
         h.set_signature(SHM_SIGNATURE);
@@ -646,7 +666,7 @@ mod tests {
         assert_eq!(h.signature(), *b"PMDWIRE\0");
         assert_eq!((h.major(), h.minor()), (0x0102, 0x0304));
         assert_eq!((h.compat(), h.incompat()), (0x0a0b_0c0d, 0x1a1b_1c1d));
-        assert_eq!((h.slots(), h.slot_bytes()), (1024, 9216));
+        assert_eq!((h.ring_bytes(), h.max_frame()), (1024, 9216));
         assert_eq!(h.pid(End::A, Ordering::Relaxed), 0x1122_3344_5566_7788);
         assert_eq!(h.pid(End::B, Ordering::Relaxed), 0x99aa_bbcc_ddee_ff00);
     }
@@ -658,19 +678,20 @@ mod tests {
     }
 
     #[test]
-    fn a_new_wire_file_starts_with_the_version_1_0_header() {
+    fn a_new_wire_file_starts_with_the_version_2_0_header() {
         with_shm_dir(|d| {
             let p = d.join("golden");
             let a = Shm::open_at("golden", &p).unwrap();
             let file = std::fs::read(&p).unwrap();
-            // Written by hand from the layout table: version 1.0, no features, 1024 slots of
-            // 9216 bytes, end A held by this process, end B free, reserved bytes zero.
+            // Written by hand from the layout table: version 2.0, no features, rings of
+            // 8 MiB (0x00800000) of records, frames up to 9208 bytes (0x23f8), end A held by
+            // this process, end B free, reserved bytes zero.
             let mut want = [0u8; 128];
             want[0..8].copy_from_slice(b"PMDWIRE\0");
-            want[8..10].copy_from_slice(&[0x01, 0x00]);
+            want[8..10].copy_from_slice(&[0x02, 0x00]);
             want[10..12].copy_from_slice(&[0x00, 0x00]);
-            want[20..24].copy_from_slice(&[0x00, 0x04, 0x00, 0x00]);
-            want[24..28].copy_from_slice(&[0x00, 0x24, 0x00, 0x00]);
+            want[20..24].copy_from_slice(&[0x00, 0x00, 0x80, 0x00]);
+            want[24..28].copy_from_slice(&[0xf8, 0x23, 0x00, 0x00]);
             want[64..72].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
             assert_eq!(file[..128], want);
             assert_eq!(file.len() % (2 << 20), 0, "whole 2 MiB pages");
@@ -682,7 +703,7 @@ mod tests {
         #[test]
         fn header_fields_round_trip_without_touching_their_neighbours(
             major: u16, minor: u16, compat: u32, incompat: u32,
-            slots: u32, slot_bytes: u32, pid_a: u64, pid_b: u64, sig: [u8; 8],
+            ring: u32, max_frame: u32, pid_a: u64, pid_b: u64, sig: [u8; 8],
         ) {
             let mem = header_mem();
             mem.fill(0, Header::LEN, 0xa5);
@@ -692,14 +713,14 @@ mod tests {
             h.set_minor(minor);
             h.set_compat(compat);
             h.set_incompat(incompat);
-            h.set_slots(slots);
-            h.set_slot_bytes(slot_bytes);
+            h.set_ring_bytes(ring);
+            h.set_max_frame(max_frame);
             h.set_pid(End::A, pid_a, Ordering::Relaxed);
             h.set_pid(End::B, pid_b, Ordering::Relaxed);
             proptest::prop_assert_eq!(h.signature(), sig);
             proptest::prop_assert_eq!((h.major(), h.minor()), (major, minor));
             proptest::prop_assert_eq!((h.compat(), h.incompat()), (compat, incompat));
-            proptest::prop_assert_eq!((h.slots(), h.slot_bytes()), (slots, slot_bytes));
+            proptest::prop_assert_eq!((h.ring_bytes(), h.max_frame()), (ring, max_frame));
             proptest::prop_assert_eq!(h.pid(End::A, Ordering::Relaxed), pid_a);
             proptest::prop_assert_eq!(h.pid(End::B, Ordering::Relaxed), pid_b);
             let bytes = header_bytes(&mem);

@@ -131,7 +131,12 @@ pub enum OwnerCheck {
 /// Classifies a slot's owner bits for a consumer at `head` (§7.2): `expected` is
 /// `(head / count) mod 8`, `previous` one less.
 pub const fn check_owner(owner: u8, head: u32, count: u32) -> OwnerCheck {
-    let lap = head / count;
+    // Queue sizes are powers of two (§1.3): a shift, not a division, on the hot path.
+    let lap = if count.is_power_of_two() {
+        head >> count.trailing_zeros()
+    } else {
+        head / count
+    };
     let expected = (lap % OWNER_GENERATIONS) as u8;
     let previous = (lap.wrapping_sub(1) % OWNER_GENERATIONS) as u8;
     if owner == expected {

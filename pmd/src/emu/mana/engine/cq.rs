@@ -26,6 +26,7 @@ impl Engine {
                 }
             }
         }
+        self.delayed -= n;
         n
     }
 
@@ -40,6 +41,7 @@ impl Engine {
         let cq = self.cq_mut(cq);
         if delay > 0 || !cq.delayed.is_empty() {
             cq.delayed.push_back((steps + delay, body, wq, is_sq));
+            self.delayed += 1;
         } else {
             write_cqe_now(cq, &body, wq, is_sq);
         }
@@ -49,9 +51,10 @@ impl Engine {
 /// Writes a CQE: body first, then (after a release fence) the info dword with the owner
 /// bits as one aligned 32-bit store (§10 items 10-12).
 fn write_cqe_now(cq: &mut Cq, body: &[u8; CQE_BYTES], wq: u32, is_sq: bool) {
-    let slot = (cq.written % u64::from(cq.count)) as usize * CQE_BYTES;
-    let owner = owner_for(cq.written, cq.count);
-    cq.mem.write(slot, &body[..60]);
+    debug_assert_eq!(u64::from(cq.slot), cq.written % u64::from(cq.count));
+    debug_assert_eq!(cq.owner, owner_for(cq.written, cq.count));
+    let (slot, owner) = (cq.slot as usize * CQE_BYTES, cq.owner);
+    cq.mem.write_dwords(slot, &body[..60]);
     fence_before_owner_write();
     cq.mem.store_u32(
         slot + 60,
@@ -59,4 +62,10 @@ fn write_cqe_now(cq: &mut Cq, body: &[u8; CQE_BYTES], wq: u32, is_sq: bool) {
         Ordering::Release,
     );
     cq.written += 1;
+    cq.slot += 1;
+    if cq.slot == cq.count {
+        // A new lap: the next generation of owner bits.
+        cq.slot = 0;
+        cq.owner = owner_for(cq.written, cq.count);
+    }
 }

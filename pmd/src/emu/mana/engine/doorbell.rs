@@ -127,6 +127,39 @@ impl Engine {
         }
     }
 
+    /// Latches the doorbell of SQ `i` alone (an inline kick of that queue): its page's SQ
+    /// slot, when the value there is this queue's; else (a sibling rang last, or nothing was
+    /// rung yet) the whole [`scan_doorbells`](Self::scan_doorbells).
+    pub(super) fn latch_sq(&mut self, i: usize) {
+        let q = &self.sqs[i];
+        let v =
+            q.db.mem
+                .load_u64(DoorbellKind::Sq.offset(), Ordering::Acquire);
+        let d = doorbell::decode(DoorbellKind::Sq, v);
+        if d.id == q.id {
+            self.sqs[i].tail = d.index;
+        } else {
+            self.scan_doorbells();
+        }
+    }
+
+    /// Latches the doorbells of every RQ (an inline kick of the receive side), each from its
+    /// page's RQ slot; falls back to the whole scan as [`latch_sq`](Self::latch_sq) does.
+    pub(super) fn latch_rqs(&mut self) {
+        for i in 0..self.rqs.len() {
+            let q = &self.rqs[i];
+            let v =
+                q.db.mem
+                    .load_u64(DoorbellKind::Rq.offset(), Ordering::Acquire);
+            let d = doorbell::decode(DoorbellKind::Rq, v);
+            if d.id == q.id {
+                self.rqs[i].tail = d.index;
+            } else {
+                return self.scan_doorbells();
+            }
+        }
+    }
+
     /// Samples every watched page and latches new doorbells into their queues' tails.
     pub(super) fn scan_doorbells(&mut self) {
         for p in 0..self.pages.len() {

@@ -61,7 +61,9 @@ pub struct ModelStats {
     pub tx_bytes: u64,
     /// TX WQEs completed with an error.
     pub tx_errors: u64,
-    /// Frames the wire refused (receiver full).
+    /// Frames the wire refused: the cable full (the receiver not keeping up), the link down,
+    /// a frame larger than the wire carries. Every frame the device took and did not put on
+    /// the wire is counted here or in `tx_errors` / `tx_mtu_drops`.
     pub tx_wire_drops: u64,
     /// Frames delivered into RQ buffers.
     pub rx_frames: u64,
@@ -213,6 +215,11 @@ pub(crate) struct Cq {
     pub id: u32,
     /// CQEs written since creation.
     pub written: u64,
+    /// Where the next CQE goes (`written mod count`) and the owner bits it carries
+    /// ([`owner_for`](crate::hw::mana::cqe::owner_for) of `written`), kept as the counter
+    /// moves so that writing a CQE divides nothing.
+    pub slot: u32,
+    pub owner: u8,
     /// Completions waiting out `completion_delay_steps`: (due step, body, wq, is_sq).
     pub delayed: std::collections::VecDeque<(u64, [u8; CQE_BYTES], u32, bool)>,
 }
@@ -234,6 +241,8 @@ impl Cq {
             count: spec.count,
             id: spec.id,
             written: 0,
+            slot: 0,
+            owner: crate::hw::mana::cqe::owner_for(0, spec.count),
             delayed: Default::default(),
         })
     }
@@ -252,6 +261,8 @@ pub(crate) enum CqOf {
 /// table is `entry[k] = rqs[k mod n]`) and the default RX object (the last RQ of the table).
 pub(crate) struct Rss {
     pub key: [u8; 40],
+    /// The Toeplitz hash under `key`, precomputed.
+    pub hasher: crate::net::toeplitz::Table,
     /// The table as set, by RQ id.
     pub rq_ids: Vec<u32>,
     /// The 64 entries as indices into `Engine::rqs` (`NO_RQ` where the RQ is gone), rebuilt
@@ -283,6 +294,8 @@ pub struct Engine {
     frame: Vec<u8>,
     seg: Vec<u8>,
     coalescing: Option<rx::Coalescing>,
+    /// Completions held back (`completion_delay_steps`) in all CQs together.
+    delayed: usize,
     steps: u64,
     tx_seen: u64,
     rx_seen: u64,
@@ -314,6 +327,7 @@ impl Engine {
             mrs: MrTable::new(),
             rss: Rss {
                 key: [0; 40],
+                hasher: crate::net::toeplitz::Table::new(&[0; 40]),
                 rq_ids: Vec::new(),
                 table: [NO_RQ; RSS_TABLE_ENTRIES],
                 default: None,
@@ -326,6 +340,7 @@ impl Engine {
             frame: vec![0; LSO_MAX_BYTES + 4],
             seg: Vec::with_capacity(MAX_FRAME + 4),
             coalescing: None,
+            delayed: 0,
             mtu: 1500,
             steps: 0,
             tx_seen: 0,
@@ -379,6 +394,7 @@ impl Engine {
             .position(|q| q.id == id)
             .ok_or(EngineError::NoSuchQueue { kind: "SQ", id })?;
         let q = self.sqs.remove(i);
+        self.delayed -= q.cq.delayed.len();
         q.db.unregister(DoorbellKind::Sq, id);
         self.unwatch(&q.db);
         Ok(())
@@ -429,6 +445,7 @@ impl Engine {
             .position(|q| q.id == id)
             .ok_or(EngineError::NoSuchQueue { kind: "RQ", id })?;
         let q = self.rqs.remove(i);
+        self.delayed -= q.cq.delayed.len();
         q.db.unregister(DoorbellKind::Rq, id);
         self.unwatch(&q.db);
         self.rebuild_rss();
@@ -447,6 +464,9 @@ impl Engine {
         }
         if let Some(&id) = rqs.iter().find(|&&id| !self.rqs.iter().any(|q| q.id == id)) {
             return Err(EngineError::NoSuchQueue { kind: "RQ", id });
+        }
+        if self.rss.key != key {
+            self.rss.hasher = crate::net::toeplitz::Table::new(&key);
         }
         self.rss.key = key;
         self.rss.rq_ids = rqs.to_vec();
@@ -531,7 +551,7 @@ impl Engine {
         }
         // What this pass sent leaves now (one system call for a wire that batches).
         self.wire.flush();
-        work += self.process_wire();
+        work += self.process_wire(false);
         work += self.release_delayed();
         work
     }
@@ -556,6 +576,41 @@ impl Engine {
 impl crate::emu::thread::Nic for Engine {
     fn step(&mut self) -> usize {
         Engine::step(self)
+    }
+
+    /// An SQ's kick consumes every WQE its doorbells announced; an RQ's kick takes frames off
+    /// the wire (at most [`BUDGET`], into whichever RQ each frame's RSS hash picks, as the
+    /// device would). A kick counts as a step for `completion_delay_steps`.
+    fn kick(&mut self, queue: crate::emu::thread::QueueId) -> usize {
+        use crate::emu::thread::QueueId;
+        self.steps += 1;
+        self.forward_wire_faults();
+        let mut work = match queue {
+            QueueId::Sq(id) => match self.sqs.iter().position(|q| q.id == id) {
+                Some(i) => {
+                    self.latch_sq(i);
+                    let mut n = 0;
+                    loop {
+                        let k = self.process_sq(i);
+                        n += k;
+                        if k < BUDGET {
+                            // What the kick sent leaves now (a batching wire's kick).
+                            self.wire.flush();
+                            break n;
+                        }
+                    }
+                }
+                None => 0,
+            },
+            QueueId::Rq(_) => {
+                self.latch_rqs();
+                self.process_wire(true)
+            }
+        };
+        if self.delayed > 0 {
+            work += self.release_delayed();
+        }
+        work
     }
 
     fn describe(&self) -> String {

@@ -14,14 +14,18 @@ use crate::net::toeplitz;
 use crate::ring::read_wrapped;
 
 impl Engine {
-    /// Takes up to [`BUDGET`] frames off the wire (dropped ones count) into RQ buffers. A
-    /// wire that holds its arrivals ([`Wire::holds_arrivals`]) keeps them while an RQ has no
-    /// WQE posted (see [`Engine::rx_room`]).
-    pub(super) fn process_wire(&mut self) -> usize {
-        let holds = self.wire.holds_arrivals();
+    /// Takes up to [`BUDGET`] frames off the wire (dropped ones count) into RQ buffers. With
+    /// `only_with_room` (an inline kick), or on a wire that holds its arrivals
+    /// ([`Wire::holds_arrivals`], the kernel's ring of an afpacket wire), a frame is taken
+    /// only while every RQ it could go to has a posted WQE: the rest wait on the wire, the
+    /// device's receive buffer there (see the module docs of [`crate::emu::thread`]);
+    /// otherwise frames that find no WQE are dropped and counted (`rx_no_wqe`), as a NIC
+    /// running on its own does.
+    pub(super) fn process_wire(&mut self, only_with_room: bool) -> usize {
+        let hold = only_with_room || self.wire.holds_arrivals();
         let mut n = 0;
         while n < BUDGET {
-            if holds && !self.rx_room() {
+            if hold && !self.rx_room() {
                 break;
             }
             let mut frame = std::mem::take(&mut self.frame);
@@ -47,16 +51,25 @@ impl Engine {
         n
     }
 
-    /// Whether every RQ has a WQE posted, so that the next frame, wherever RSS sends it, finds
-    /// one: a receive FIFO in front of the RQs (the wire's, when it holds its arrivals) lets
-    /// no frame through until then, the behaviour of a NIC whose queues do not drop when
-    /// empty (it blocks at the head). With no RQ at all frames are taken, and dropped.
+    /// Whether a frame taken off the wire now finds a posted WQE whichever RQ RSS picks (all
+    /// RQs have one, or the default RX object has one when RSS is off). Without any RQ a
+    /// frame is dropped whatever happens: that counts as room. The doorbells are sampled
+    /// again before saying no (the driver may have posted since this pass sampled them).
     fn rx_room(&mut self) -> bool {
-        let ready = |e: &Self| e.rqs.iter().all(|rq| has_wqe(rq.tail, rq.consumed));
-        if self.rqs.is_empty() || ready(self) {
+        let ready = |e: &Self| {
+            let posted = |q: &super::Rq| {
+                let p = q.tail.wrapping_sub(q.consumed);
+                (BU_BYTES as u32..=1 << 30).contains(&p)
+            };
+            if e.rss.enabled {
+                e.rqs.iter().all(posted)
+            } else {
+                e.rss.default.and_then(|i| e.rqs.get(i)).is_none_or(posted)
+            }
+        };
+        if ready(self) {
             return true;
         }
-        // The driver may have posted since this step sampled the doorbells.
         self.scan_doorbells();
         ready(self)
     }
@@ -72,7 +85,7 @@ impl Engine {
             start = 4;
         }
         let frame = &frame[start..];
-        let info = RxInfo::of(frame, &self.rss.key);
+        let info = RxInfo::of(frame, &self.rss.hasher);
         let rq_idx = if self.rss.enabled && info.hash_type != 0 {
             usize::from(self.rss.table[(info.hash & (RSS_TABLE_ENTRIES as u32 - 1)) as usize])
         } else {
@@ -94,14 +107,21 @@ impl Engine {
             return;
         }
         let mut wqe = [0u8; 256];
-        read_wrapped(&rq.mem, rq.consumed, &mut wqe[..WQE_HEADER_BYTES]);
+        // One basic unit first: a one-SGE receive WQE (what drivers post) is all there is.
+        read_wrapped(&rq.mem, rq.consumed, &mut wqe[..BU_BYTES]);
         let Some(h) = WqeHeader::new_checked(&wqe[..WQE_HEADER_BYTES]) else {
             return;
         };
         let bytes = h.wqe_bytes().min(256);
         let nsge = usize::from(h.num_sge());
         let oob = h.inline_oob_bytes();
-        read_wrapped(&rq.mem, rq.consumed, &mut wqe[..bytes]);
+        if bytes > BU_BYTES {
+            read_wrapped(
+                &rq.mem,
+                rq.consumed.wrapping_add(BU_BYTES as u32),
+                &mut wqe[BU_BYTES..bytes],
+            );
+        }
         let (pos, cq, id) = (rq.consumed, CqOf::Rq(rq_idx), rq.id);
         self.rqs[rq_idx].consumed = pos.wrapping_add(bytes as u32);
 
@@ -229,7 +249,7 @@ impl RxInfo {
     /// The RSS hash (NDIS tuple, see [`parse::Classified::rss_input`]) under `key`, the
     /// single-bit NDIS hash type (§11 item 2), and the checksum verdicts, for an untagged
     /// frame.
-    fn of(frame: &[u8], key: &[u8; 40]) -> Self {
+    fn of(frame: &[u8], hasher: &toeplitz::Table) -> Self {
         let c = parse::classify(frame);
         let v6 = c.l3 == L3::Ipv6;
         let pick = |v4: u16, v6_bits: u16| if v6 { v6_bits } else { v4 };
@@ -251,7 +271,10 @@ impl RxInfo {
             L4::Udp { csum_ok: None } | L4::Other => {}
         }
         Self {
-            hash: toeplitz::hash(key, c.rss_input()),
+            hash: {
+                let (addrs, ports) = c.rss_parts(frame);
+                hasher.hash_at(0, addrs) ^ hasher.hash_at(addrs.len(), ports)
+            },
             hash_type,
             csum,
         }
@@ -299,7 +322,7 @@ mod tests {
             (true, true, hash_type::TCP_IPV6),
         ] {
             let f = frame(v6, tcp);
-            let info = RxInfo::of(&f, &KEY);
+            let info = RxInfo::of(&f, &toeplitz::Table::new(&KEY));
             assert_eq!(info.hash_type, want);
             let c = info.csum;
             assert_eq!((c.ip_ok, c.ip_bad), (!v6, false));
@@ -308,14 +331,15 @@ mod tests {
                 (tcp, false, !tcp, false)
             );
             let tuple = parse::classify(&f);
-            assert_eq!(info.hash, toeplitz::hash(&KEY, tuple.rss_input()));
+            let (input, n) = tuple.rss_input(&f);
+            assert_eq!(info.hash, toeplitz::hash(&KEY, &input[..n]));
             assert_ne!(info.hash, 0);
         }
         // A flipped payload byte is caught.
         let mut f = frame(false, false);
         let last = f.len() - 1;
         f[last] ^= 1;
-        let c = RxInfo::of(&f, &KEY).csum;
+        let c = RxInfo::of(&f, &toeplitz::Table::new(&KEY)).csum;
         assert!(c.ip_ok && c.udp_bad && !c.udp_ok);
     }
 
@@ -323,12 +347,12 @@ mod tests {
     fn fragments_hash_on_addresses_and_other_frames_not_at_all() {
         let mut f = frame(false, true);
         f[14 + 6] = 0x20; // more fragments; the header checksum is now wrong
-        let info = RxInfo::of(&f, &KEY);
+        let info = RxInfo::of(&f, &toeplitz::Table::new(&KEY));
         assert_eq!(info.hash_type, hash_type::IPV4);
         assert!(info.csum.ip_bad && !info.csum.tcp_ok && !info.csum.tcp_bad);
         f[12..14].copy_from_slice(&[0x08, 0x06]);
         assert_eq!(
-            RxInfo::of(&f, &KEY),
+            RxInfo::of(&f, &toeplitz::Table::new(&KEY)),
             RxInfo {
                 hash: 0,
                 hash_type: 0,

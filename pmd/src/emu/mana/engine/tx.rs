@@ -20,11 +20,13 @@ impl Engine {
     pub(super) fn process_sq(&mut self, i: usize) -> usize {
         let tail = self.sqs[i].tail;
         let mut done = 0;
+        // Only the bytes of each WQE are read and looked at (zeroed once, not per WQE).
+        let mut wqe = [0u8; MAX_SQ_WQE_BYTES];
         while self.sqs[i].consumed != tail && done < BUDGET {
             let pending = tail.wrapping_sub(self.sqs[i].consumed);
-            let mut wqe = [0u8; MAX_SQ_WQE_BYTES];
             let sq = &self.sqs[i];
-            read_wrapped(&sq.mem, sq.consumed, &mut wqe[..WQE_HEADER_BYTES]);
+            // One basic unit first: a one-SGE WQE with the short OOB is all there is.
+            read_wrapped(&sq.mem, sq.consumed, &mut wqe[..BU_BYTES]);
             let Some(h) = WqeHeader::new_checked(&wqe[..WQE_HEADER_BYTES]) else {
                 break;
             };
@@ -60,7 +62,14 @@ impl Engine {
                     usize::from(h.client_data_unit()),
                 )
             });
-            read_wrapped(&sq.mem, sq.consumed, &mut wqe[..bytes]);
+            if bytes > BU_BYTES {
+                // The first unit is in already: the rest of the WQE.
+                read_wrapped(
+                    &sq.mem,
+                    sq.consumed.wrapping_add(BU_BYTES as u32),
+                    &mut wqe[BU_BYTES..bytes],
+                );
+            }
             let pos = self.sqs[i].consumed;
             self.sqs[i].consumed = pos.wrapping_add(bytes as u32);
             self.transmit(i, &wqe[..bytes], oob, nsge, pos, lso);

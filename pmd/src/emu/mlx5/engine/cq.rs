@@ -161,10 +161,11 @@ impl Cq {
         let mut body = [0u8; CQE_BYTES];
         let mut c = Cqe::new_checked(&mut body[..]).expect("64-byte buffer");
         let mut f = *f;
-        f.owner = (at / self.cqe_cnt) & 1 == 1;
+        // The lap's parity: `at / cqe_cnt`, a power of two.
+        f.owner = (at >> self.cqe_cnt.trailing_zeros()) & 1 == 1;
         c.write(&f);
         let off = self.offset(at);
-        self.buf.write(off, &body[..60]);
+        self.buf.write_dwords(off, &body[..60]);
         fence_before_owner_write();
         let tail = [body[60], body[61], body[62], body[OP_OWN]];
         self.buf

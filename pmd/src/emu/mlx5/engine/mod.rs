@@ -88,7 +88,8 @@ pub struct ModelStats {
     pub tx_flushed: u64,
     /// Steps in which an SQ waited because its CQ had no free entry (overrun avoided).
     pub tx_cq_stalls: u64,
-    /// Frames the wire refused (receiver full, link down).
+    /// Frames the wire refused: the cable full (the receiver not keeping up), the link down,
+    /// a frame larger than the wire carries.
     pub tx_wire_drops: u64,
     /// Frames with more L3 bytes than the MTU, dropped (their WQE completes normally).
     pub tx_mtu_drops: u64,
@@ -404,7 +405,8 @@ pub(crate) struct Rq {
 /// RSS state: key, hashed fields and the indirection table by RQ number, with the table
 /// resolved into indices of `Engine::rqs`.
 pub(crate) struct Rss {
-    pub key: [u8; 40],
+    /// The Toeplitz hash under the key, precomputed.
+    pub hasher: crate::net::toeplitz::Table,
     pub fields: RxHashFields,
     pub rqns: Vec<u32>,
     /// `rqns` as indices into `Engine::rqs` (`usize::MAX` where the RQ is gone).
@@ -425,6 +427,10 @@ pub struct Engine {
     epoch: Instant,
     frame: Vec<u8>,
     seg: Vec<u8>,
+    /// Scratch for receive WQEs of more than four scatter entries.
+    rx_wqe: Vec<u8>,
+    /// The time of this pass (see [`Engine::now_ns`]).
+    now: u64,
     tx_executed: u64,
     /// Pointer data segments gathered (the `tx_bad_key_every` fault counts them).
     pub(crate) tx_gathers: u64,
@@ -485,6 +491,8 @@ impl Engine {
             epoch: Instant::now(),
             frame: vec![0; LSO_MAX_BYTES + 4],
             seg: Vec::with_capacity(crate::emu::wire::MAX_FRAME + 4),
+            rx_wqe: Vec::with_capacity(4096),
+            now: 0,
             tx_executed: 0,
             tx_gathers: 0,
             rx_scatters: 0,
@@ -818,7 +826,7 @@ impl Engine {
             return Err(EngineError::NoSuchQueue { kind: "RQ", id });
         }
         self.rss = Some(Rss {
-            key,
+            hasher: crate::net::toeplitz::Table::new(&key),
             fields,
             rqns: table.to_vec(),
             table: Vec::new(),
@@ -934,9 +942,8 @@ impl Engine {
     /// One pass: every SQ up to its doorbell record, then frames from the wire; returns the
     /// work done (WQEs + frames).
     pub fn step(&mut self) -> usize {
-        let knobs = self.wire.faults();
-        knobs.set_rx_drop_every(self.faults.rx_drop_every);
-        knobs.set_link_down(self.faults.link_down);
+        self.forward_wire_faults();
+        self.tick();
         let mut work = 0;
         for i in 0..self.sqs.len() {
             work += self.process_sq(i);
@@ -948,19 +955,70 @@ impl Engine {
                 work += self.flush_rq(i);
             }
         }
-        work += self.process_wire();
+        work += self.process_wire(false);
         work
     }
 
-    /// Nanoseconds since the engine started: the CQE timestamp.
+    /// Hands the wire-level fields of [`Faults`] to the wire's knobs (they are set from
+    /// outside between passes).
+    fn forward_wire_faults(&self) {
+        let knobs = self.wire.faults();
+        knobs.set_rx_drop_every(self.faults.rx_drop_every);
+        knobs.set_link_down(self.faults.link_down);
+    }
+
+    /// Reads the clock for this pass (a step, or a kick).
+    fn tick(&mut self) {
+        self.now = self.epoch.elapsed().as_nanos() as u64;
+    }
+
+    /// Nanoseconds since the engine started, as of the start of this pass: the CQE
+    /// timestamp. Every completion of one pass carries the same time (a clock read per
+    /// completion would cost more than the rest of the completion); a pass lasts
+    /// microseconds, and timestamps never go backwards.
     fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        self.now
     }
 }
 
 impl crate::emu::thread::Nic for Engine {
     fn step(&mut self) -> usize {
         Engine::step(self)
+    }
+
+    /// An SQ's kick consumes every WQE up to its doorbell record (while its CQ has room); an
+    /// RQ's kick flushes the RQs in error and takes frames off the wire (at most [`BUDGET`],
+    /// into whichever RQ RSS picks for each, as the device would).
+    fn kick(&mut self, queue: crate::emu::thread::QueueId) -> usize {
+        use crate::emu::thread::QueueId;
+        self.forward_wire_faults();
+        self.tick();
+        match queue {
+            QueueId::Sq(sqn) => match self.sqs.iter().position(|q| q.sqn == sqn) {
+                Some(i) => {
+                    let mut n = 0;
+                    loop {
+                        let k = self.process_sq(i);
+                        n += k;
+                        if k < BUDGET {
+                            // What the kick sent leaves now (a batching wire's kick).
+                            self.wire.flush();
+                            break n;
+                        }
+                    }
+                }
+                None => 0,
+            },
+            QueueId::Rq(_) => {
+                let mut work = 0;
+                for i in 0..self.rqs.len() {
+                    if self.rqs[i].state == HwQueueState::Error {
+                        work += self.flush_rq(i);
+                    }
+                }
+                work + self.process_wire(true)
+            }
+        }
     }
 
     fn describe(&self) -> String {

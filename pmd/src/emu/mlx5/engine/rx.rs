@@ -35,11 +35,19 @@ const TCP_ACK: u8 = 0x10;
 impl Engine {
     /// Takes up to [`BUDGET`] frames off the wire (dropped ones count) into RQs; returns how
     /// many, then writes the compressed sessions gathered meanwhile.
-    pub(super) fn process_wire(&mut self) -> usize {
-        let holds = self.wire.holds_arrivals();
+    ///
+    /// With `only_with_room` (an inline kick), a frame is taken only while every RQ it could
+    /// go to has a posted WQE and room in its CQ: the rest wait on the wire, the device's
+    /// receive buffer there (see [`crate::emu::thread`]); otherwise frames that find no WQE
+    /// or no CQ room are dropped and counted (`rx_no_wqe`, `rx_cq_full`), as a NIC running on
+    /// its own does.
+    /// A wire that holds its arrivals ([`Wire::holds_arrivals`], the kernel's ring of an
+    /// afpacket wire) is treated as with `only_with_room`.
+    pub(super) fn process_wire(&mut self, only_with_room: bool) -> usize {
+        let hold = only_with_room || self.wire.holds_arrivals();
         let mut n = 0;
         while n < BUDGET {
-            if holds && !self.rx_room() {
+            if hold && !self.rx_room() {
                 break;
             }
             let mut frame = std::mem::take(&mut self.frame);
@@ -64,6 +72,26 @@ impl Engine {
             self.stats.rx_cqes += w as u64;
         }
         n
+    }
+
+    /// Whether a frame taken off the wire now finds a posted WQE and CQ room whichever RQ RSS
+    /// picks. An RQ that is not ready drops its frames whatever happens (and without any RQ
+    /// every frame is dropped): that counts as room.
+    fn rx_room(&self) -> bool {
+        let room = |q: &super::Rq| {
+            if q.state != HwQueueState::Ready {
+                return true;
+            }
+            let posted = record(&q.dbrec, RCV_DBR) as u16 != q.ci;
+            // A striding RQ may need a filler CQE before the frame's.
+            let cqes = if q.mprq.is_some() { 2 } else { 1 };
+            posted && q.cq.room() >= cqes
+        };
+        match &self.rss {
+            // Every RQ (the table names them, some perhaps many times).
+            Some(_) => self.rqs.iter().all(room),
+            None => self.rqs.first().is_none_or(room),
+        }
     }
 
     /// Flushes the WQEs posted to RQ `i`, which is in error: each completes with RESP_ERR
@@ -104,19 +132,6 @@ impl Engine {
         n
     }
 
-    /// Whether every ready RQ has a WQE posted and room in its CQ (for a striding RQ's
-    /// filler too), so that the next frame, wherever RSS sends it, finds them: a receive
-    /// FIFO in front of the RQs (the wire's, when it holds its arrivals) lets no frame
-    /// through until then, the behaviour of a NIC whose queues do not drop when empty (it
-    /// blocks at the head). An RQ in reset or error drops what reaches it and never blocks;
-    /// with no RQ at all frames are taken, and dropped.
-    fn rx_room(&self) -> bool {
-        self.rqs.iter().all(|rq| {
-            rq.state != HwQueueState::Ready
-                || (record(&rq.dbrec, RCV_DBR) as u16 != rq.ci && rq.cq.room() >= 2)
-        })
-    }
-
     /// Delivers one frame.
     fn receive(&mut self, frame: &mut [u8]) {
         // The parser looks through one C-VLAN tag whether or not the RQ strips it.
@@ -128,7 +143,7 @@ impl Engine {
         let untagged_at = if tag.is_some() { 4 } else { 0 };
         let info = RxInfo::of(
             &frame[untagged_at..],
-            self.rss.as_ref().map(|r| (&r.key, r.fields)),
+            self.rss.as_ref().map(|r| (&r.hasher, r.fields)),
         );
         let qi = match &self.rss {
             Some(r) => r.table[(info.hash as usize) & (r.table.len() - 1)],
@@ -190,12 +205,21 @@ impl Engine {
         }
         let index = rq.ci;
         let stride = rq.stride as usize;
-        let mut wqe = [0u8; 4096];
-        let wqe = &mut wqe[..stride.min(4096)];
+        // The WQE: in a local buffer for up to four scatter entries (drivers post one or
+        // two), else in the engine's scratch buffer (a long scatter list is rare).
+        let mut small = [0u8; 4 * SEG_BYTES];
+        let mut scratch = std::mem::take(&mut self.rx_wqe);
+        let wqe: &mut [u8] = if stride <= small.len() {
+            &mut small[..stride]
+        } else {
+            scratch.resize(stride.min(4096), 0);
+            &mut scratch[..]
+        };
         rq.buf.read(
             (usize::from(index) & (rq.wqe_cnt as usize - 1)) * stride,
             wqe,
         );
+        let wqe: &[u8] = wqe;
         // The scatter list: `stride / 16` entries, ended early by lkey 0x100 or a zero count.
         let entries = || {
             wqe.chunks_exact(SEG_BYTES)
@@ -225,6 +249,7 @@ impl Engine {
                 done += n;
             }
         }
+        self.rx_wqe = scratch;
         let rq = &mut self.rqs[qi];
         rq.ci = index.wrapping_add(1);
         let f = CqeFields {
@@ -397,7 +422,7 @@ impl RxInfo {
     /// Classifies an untagged frame; with RSS, hashes the configured fields that the frame
     /// has (Toeplitz, input in the order source address, destination address, source port,
     /// destination port: §8 item 8).
-    fn of(frame: &[u8], rss: Option<(&[u8; 40], RxHashFields)>) -> Self {
+    fn of(frame: &[u8], rss: Option<(&toeplitz::Table, RxHashFields)>) -> Self {
         let c = parse::classify(frame);
         let ip = parse::l3_start(frame).and_then(|(at, et)| IpHeader::parse(frame, at, et));
         let mut out = Self {
@@ -451,12 +476,13 @@ impl RxInfo {
         let Some((key, fields)) = rss else {
             return out;
         };
-        // The NDIS-ordered tuple: addresses, then ports when L4 is TCP or UDP.
-        let t = c.rss_input();
-        let mut input = [0u8; parse::RSS_INPUT_MAX_BYTES];
+        // The NDIS-ordered tuple: addresses, then ports when L4 is TCP or UDP; each selected
+        // field hashed where it lies in the frame, at its place in the input.
+        let (addrs, ports) = c.rss_parts(frame);
         let mut n = 0;
+        let mut hash = 0u32;
         let mut push = |b: &[u8]| {
-            input[n..n + b.len()].copy_from_slice(b);
+            hash ^= key.hash_at(n, b);
             n += b.len();
         };
         let (src, dst, l3_type) = if alen == 4 {
@@ -473,10 +499,10 @@ impl RxInfo {
             )
         };
         if fields.contains(src) {
-            push(&t[..alen]);
+            push(&addrs[..alen]);
         }
         if fields.contains(dst) {
-            push(&t[alen..2 * alen]);
+            push(&addrs[alen..2 * alen]);
         }
         if fields.intersects(src | dst) {
             out.hash_type |= l3_type;
@@ -494,20 +520,18 @@ impl RxInfo {
             ),
             L4::Other => (RxHashFields::empty(), RxHashFields::empty(), 0),
         };
-        if t.len() >= 2 * alen + 4 && !(sp | dp).is_empty() {
+        if ports.len() == 4 && !(sp | dp).is_empty() {
             if fields.contains(sp) {
-                push(&t[2 * alen..2 * alen + 2]);
+                push(&ports[..2]);
             }
             if fields.contains(dp) {
-                push(&t[2 * alen + 2..2 * alen + 4]);
+                push(&ports[2..]);
             }
             if fields.intersects(sp | dp) {
                 out.hash_type |= l4_type;
             }
         }
-        if n > 0 {
-            out.hash = toeplitz::hash(key, &input[..n]);
-        }
+        out.hash = hash;
         out
     }
 }
