@@ -5,8 +5,11 @@
 #
 #   one way   ours:  pktgen --max  --shm cable-->  pktgen --rx-only
 #             DPDK:  testpmd txonly --memif-->  testpmd rxonly
-#   forward   ours:  pktgen --max --cable A--> l2fwd --cable B--> pktgen (the demo's topology)
-#             DPDK:  testpmd txonly --memif-->  testpmd io (forwards back on the same memif)
+#   forward   ours:  pktgen --max --cable A--> l2fwd --cable B--> pktgen (the demo's topology:
+#                    every frame received, rewritten and sent again, and received back)
+#             DPDK:  testpmd txonly --memif-->  testpmd io (which sends every frame back on the
+#                    same memif; txonly never receives, so those sends are refused: this row
+#                    is io's receive rate with a transmit attempt per burst, not a round trip)
 #
 # Rates are frames received per second by the receiving side: ours, frames received over the
 # sender's sending time (pktgen's rx_pps); DPDK's, the median of the receiving testpmd's
@@ -57,12 +60,15 @@ ours_forward() {
     json rx_pps <"$tmp/pg.json"
 }
 
-# The median of a testpmd's per-second pps samples of one kind (Rx-pps or Tx-pps).
+# The median of a testpmd's periodic pps samples of one kind (Rx-pps or Tx-pps), the first
+# non-zero one (traffic starting within its period) left out. testpmd computes each from the
+# time that really passed since the last (its main thread shares a core with the forwarding
+# one, so the periods stretch).
 pps_median() {
     python3 -c '
 import re, statistics, sys
 s = [int(m.group(1)) for m in re.finditer(sys.argv[1] + r":\s+(\d+)", open(sys.argv[2]).read())]
-s = [x for x in s[1:-1] if x > 0]
+s = [x for x in s if x > 0][1:]
 if not s:
     sys.exit("dpdk-testpmd printed no throughput: does it run here (hugepages, net_memif)?")
 print(statistics.median(s))' "$1" "$2"

@@ -102,6 +102,7 @@ impl MrTable {
 
     /// Reads `out.len()` bytes at `addr` through `key` (a DMA read); `false`, with nothing
     /// read, if the range is not inside the key's region.
+    #[inline]
     pub fn read(&self, addr: u64, key: u32, out: &mut [u8]) -> bool {
         match self.find(addr, key, out.len()) {
             Some((mr, off)) => {
@@ -114,6 +115,7 @@ impl MrTable {
 
     /// Writes `data` at `addr` through `key` (a DMA write); `false`, with nothing written, if
     /// the range is not inside the key's region.
+    #[inline]
     pub fn write(&self, addr: u64, key: u32, data: &[u8]) -> bool {
         match self.find(addr, key, data.len()) {
             Some((mr, off)) => {

@@ -38,15 +38,16 @@ pub fn write_wrapped(mem: &DevMem, pos: u32, data: &[u8]) {
 }
 
 /// Copies `out.len()` bytes out of the ring `mem` at free-running byte position `pos`,
-/// wrapping like [`write_wrapped`].
-#[inline]
+/// wrapping like [`write_wrapped`]. Inlined, so that a fixed-size read (a WQE's first unit)
+/// is a fixed-size copy.
+#[inline(always)]
 pub fn read_wrapped(mem: &DevMem, pos: u32, out: &mut [u8]) {
     read_ring(mem, mem.len(), pos, out);
 }
 
 /// Like [`read_wrapped`], for a ring of `size` bytes (a power of two, at most `mem.len()`)
 /// at the start of `mem`: a queue description may hand out a buffer longer than its ring.
-#[inline]
+#[inline(always)]
 pub fn read_ring(mem: &DevMem, size: usize, pos: u32, out: &mut [u8]) {
     let (start, first) = wrap(size, pos, out.len());
     mem.read(start, &mut out[..first]);
