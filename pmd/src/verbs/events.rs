@@ -155,6 +155,43 @@ pub fn fetch(ctx: &Context) -> Fetched {
     })
 }
 
+/// Most events one [`drain`] fetches; the rest wait for the next call (the descriptor stays
+/// readable).
+const EVENTS_PER_CALL: usize = 1024;
+
+/// Fetches, acknowledges and maps the events queued on `ctx` for port `port` of the
+/// provider named `name` into `out`, while `*live` (cleared, with a `DeviceRemoved` event,
+/// when the channel fails: the device is gone). `queue_of` names the queue of an object
+/// address. Shared by the MANA and mlx5 providers.
+pub fn drain(
+    ctx: &Context,
+    port: u32,
+    name: &str,
+    live: &mut bool,
+    queue_of: impl Fn(usize) -> Option<QueueRef>,
+    out: &mut Vec<PortEvent>,
+) {
+    if !*live {
+        return;
+    }
+    for _ in 0..EVENTS_PER_CALL {
+        match fetch(ctx) {
+            Fetched::Empty => return,
+            Fetched::Event(ev) => {
+                let mapped = map_event(ev, port, &queue_of);
+                tracing::debug!(target: "pmd::verbs", port = %name, event = %type_name(ev.event_type), element = ?ev.element, mapped = ?mapped, "async event");
+                out.extend(mapped);
+            }
+            Fetched::Failed(errno) => {
+                tracing::warn!(target: "pmd::verbs", port = %name, "async event channel failed: {}; the device is gone", std::io::Error::from_raw_os_error(errno));
+                *live = false;
+                out.push(PortEvent::DeviceRemoved);
+                return;
+            }
+        }
+    }
+}
+
 /// What `ev` means for port `port`: `None` for events of other ports and for those that
 /// are no failure (communication established, SQ drained, path migration, LID/GID/P_Key
 /// changes, SRQ events: we create no SRQ). `queue_of` names the queue of an object address.

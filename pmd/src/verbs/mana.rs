@@ -16,7 +16,7 @@
 //! queue errors name the queue whose CQ, QP or WQ they are about.
 #![deny(unsafe_code)]
 
-use super::events::{self, Fetched};
+use super::events;
 use super::manadv::{self, Allocators};
 use super::objects::{Context, Cq, IndTable, Mr, ParentDomain, Pd, Qp, Wq};
 use super::VerbsError;
@@ -76,10 +76,6 @@ pub struct ManaProvider {
     /// device not gone since.
     events_live: bool,
 }
-
-/// Most events one `take_events` call fetches; the rest wait for the next call (the
-/// descriptor stays readable).
-const EVENTS_PER_CALL: usize = 1024;
 
 impl std::fmt::Debug for ManaProvider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -396,26 +392,16 @@ impl Provider for ManaProvider {
     }
 
     fn take_events(&mut self, out: &mut Vec<PortEvent>) {
-        if !self.events_live {
-            return;
-        }
-        for _ in 0..EVENTS_PER_CALL {
-            match events::fetch(&self.ctx) {
-                Fetched::Empty => return,
-                Fetched::Event(ev) => {
-                    let mapped =
-                        events::map_event(ev, self.port, |a| self.objects.get(&a).copied());
-                    tracing::debug!(target: "pmd::verbs", port = %self.name(), event = %events::type_name(ev.event_type), element = ?ev.element, mapped = ?mapped, "async event");
-                    out.extend(mapped);
-                }
-                Fetched::Failed(errno) => {
-                    tracing::warn!(target: "pmd::verbs", port = %self.name(), "async event channel failed: {}; the device is gone", std::io::Error::from_raw_os_error(errno));
-                    self.events_live = false;
-                    out.push(PortEvent::DeviceRemoved);
-                    return;
-                }
-            }
-        }
+        let name = self.name();
+        let objects = &self.objects;
+        events::drain(
+            &self.ctx,
+            self.port,
+            &name,
+            &mut self.events_live,
+            |a| objects.get(&a).copied(),
+            out,
+        );
     }
 }
 

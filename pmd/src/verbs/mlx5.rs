@@ -33,7 +33,7 @@
 #![deny(unsafe_code)]
 
 use super::alloc::Allocators;
-use super::events::{self, Fetched};
+use super::events;
 use super::mlx5dv::{self, DvCaps};
 use super::objects::{Context, Cq, Domain, Flow, FlowMatch, IndTable, Mr, Pd, Qp, Wq};
 use super::VerbsError;
@@ -51,8 +51,6 @@ use std::sync::Arc;
 const MAX_TSO_HEADER: u16 = 192;
 /// Minimum inline header of ConnectX-4 and ConnectX-4 Lx (L2 with one VLAN tag, §1.9).
 const CX4_MIN_INLINE: u16 = 18;
-/// Most events one `take_events` call fetches.
-const EVENTS_PER_CALL: usize = 1024;
 /// `IBV_LINK_LAYER_ETHERNET` (verbs.h; an anonymous enum rdma-sys leaves out).
 const LINK_LAYER_ETHERNET: u8 = 2;
 /// Broadcast MAC.
@@ -575,27 +573,16 @@ impl Provider for Mlx5Provider {
     }
 
     fn take_events(&mut self, out: &mut Vec<PortEvent>) {
-        if !self.events_live {
-            return;
-        }
-        for _ in 0..EVENTS_PER_CALL {
-            match events::fetch(&self.ctx) {
-                Fetched::Empty => return,
-                Fetched::Event(ev) => {
-                    let mapped = events::map_event(ev, u32::from(self.port), |a| {
-                        self.objects.get(&a).copied()
-                    });
-                    tracing::debug!(target: "pmd::verbs", port = %self.name(), event = %events::type_name(ev.event_type), element = ?ev.element, mapped = ?mapped, "async event");
-                    out.extend(mapped);
-                }
-                Fetched::Failed(errno) => {
-                    tracing::warn!(target: "pmd::verbs", port = %self.name(), "async event channel failed: {}; the device is gone", std::io::Error::from_raw_os_error(errno));
-                    self.events_live = false;
-                    out.push(PortEvent::DeviceRemoved);
-                    return;
-                }
-            }
-        }
+        let name = self.name();
+        let objects = &self.objects;
+        events::drain(
+            &self.ctx,
+            u32::from(self.port),
+            &name,
+            &mut self.events_live,
+            |a| objects.get(&a).copied(),
+            out,
+        );
     }
 }
 
