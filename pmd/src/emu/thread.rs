@@ -153,7 +153,7 @@ impl<E: Nic> EngineCore<E> {
     /// core, or a slow-path call: counters, queue set-up), or the engine is paused, it does
     /// nothing and returns 0, and the queue's next burst kicks again. The lock is therefore
     /// uncontended by design on the datapath: the cores that poll one port's queues take
-    /// turns, and nobody waits. About every [`KICKS_PER_WATCH`] kicks it also runs the link
+    /// turns, and nobody waits. About every 64 kicks it also runs the link
     /// watch (see [`set_watch`](Self::set_watch)) when its period is due.
     pub fn kick(&self, queue: QueueId) -> usize {
         let mut e = match self.engine.try_lock() {
@@ -233,7 +233,7 @@ impl<E: Nic> EngineCore<E> {
 
     /// Has the engine thread call `f` with the engine locked about every `every` (when idle,
     /// or every 1024 passes while busy, so the clock is rarely read under load); an inline
-    /// engine's kicks do the same, every [`KICKS_PER_WATCH`] kicks.
+    /// engine's kicks do the same, every 64 kicks.
     pub fn set_watch(&self, every: Duration, f: Watch<E>) {
         *self.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some((every, f));
     }

@@ -571,7 +571,7 @@ impl crate::emu::thread::Nic for Engine {
     }
 
     /// An SQ's kick consumes every WQE its doorbells announced; an RQ's kick takes frames off
-    /// the wire (at most [`BUDGET`], into whichever RQ each frame's RSS hash picks, as the
+    /// the wire (at most 64, into whichever RQ each frame's RSS hash picks, as the
     /// device would). A kick counts as a step for `completion_delay_steps`.
     fn kick(&mut self, queue: crate::emu::thread::QueueId) -> usize {
         use crate::emu::thread::QueueId;

@@ -979,7 +979,7 @@ impl crate::emu::thread::Nic for Engine {
     }
 
     /// An SQ's kick consumes every WQE up to its doorbell record (while its CQ has room); an
-    /// RQ's kick flushes the RQs in error and takes frames off the wire (at most [`BUDGET`],
+    /// RQ's kick flushes the RQs in error and takes frames off the wire (at most 64,
     /// into whichever RQ RSS picks for each, as the device would).
     fn kick(&mut self, queue: crate::emu::thread::QueueId) -> usize {
         use crate::emu::thread::QueueId;
