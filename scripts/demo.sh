@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 cargo build --release --workspace --quiet
-bin=./target/release
+bin=${CARGO_TARGET_DIR:-target}/release
 "$bin/pmd-devices"
 echo
 
