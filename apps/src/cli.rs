@@ -99,6 +99,30 @@ pub fn ring_size(s: &str) -> Result<u16, String> {
     }
 }
 
+/// The most mbufs `--pool-size` takes (about 37 GiB of 2,304-byte buffers).
+pub const MAX_POOL: u32 = 1 << 24;
+/// The fewest.
+pub const MIN_POOL: u32 = 256;
+
+/// Mbufs in a tool's pool (`--pool-size`): a count from [`MIN_POOL`] to [`MAX_POOL`]. Whether
+/// it holds the rings the ports ask for is checked once the ports are open, before the pool
+/// is allocated.
+///
+/// # Errors
+/// Not a whole number, or out of range.
+pub fn pool_size(s: &str) -> Result<u32, String> {
+    let v: u64 = s.trim().parse().map_err(|_| {
+        format!("'{s}': expected a whole number of mbufs from {MIN_POOL} to {MAX_POOL}")
+    })?;
+    if (u64::from(MIN_POOL)..=u64::from(MAX_POOL)).contains(&v) {
+        Ok(v as u32)
+    } else {
+        Err(format!(
+            "'{s}': expected a whole number of mbufs from {MIN_POOL} to {MAX_POOL}"
+        ))
+    }
+}
+
 /// Why a tool failed, and so its exit status: 2 for a usage error (what the user typed cannot
 /// work; clap's own errors exit 2 too), 1 for a failure while running (a port that does not
 /// open, a link that stays down, a device that fails). Every tool uses the same codes.
@@ -168,6 +192,18 @@ mod tests {
             assert!(ring_size(bad).is_err(), "{bad}");
         }
         assert_eq!(ring_size("1024"), Ok(1024));
+        for bad in [
+            "0",
+            "255",
+            "16777217",
+            "1e6",
+            "-5",
+            "99999999999999999999",
+            "",
+        ] {
+            assert!(pool_size(bad).is_err(), "{bad}");
+        }
+        assert_eq!(pool_size("65535"), Ok(65535));
         assert_eq!(seconds("0"), Ok(0.0));
         assert_eq!(positive_seconds("2.5"), Ok(2.5));
         assert_eq!(pps("1000000"), Ok(1e6));
@@ -198,6 +234,9 @@ mod tests {
                 // The pacing interval of one packet, and a year of packets as a count.
                 let _ = Duration::from_secs_f64(1.0 / v);
                 prop_assert!((v * MAX_SECONDS) < u64::MAX as f64);
+            }
+            if let Ok(v) = pool_size(&s) {
+                prop_assert!((MIN_POOL..=MAX_POOL).contains(&v));
             }
             if let Ok(v) = gbps(&s) {
                 prop_assert!((MIN_GBPS..=MAX_GBPS).contains(&v));

@@ -2,6 +2,7 @@
 //! formatting.
 #![deny(unsafe_code)]
 
+use crate::cli::{usage, Failure};
 use mempool::{MbufPool, MbufPoolConfig};
 use pmd::port::{wait_events, Port, PortConfig, PortEvent, PortSpec, Stats};
 use serde_json::{json, Value};
@@ -29,50 +30,125 @@ impl Counter {
     }
 }
 
-/// Creates the mbuf pool for `ports` ports with the given ring sizes and cores.
-///
-/// # Errors
-/// The pool's error (size, memory).
-pub fn make_pool(
-    name: &str,
-    ports: usize,
-    rxq: u16,
-    txq: u16,
-    ring: u16,
-    cores: usize,
-) -> Result<Arc<MbufPool>, mempool::Error> {
-    // Every RX descriptor holds a buffer, every TX descriptor may; plus per-core caches and
-    // bursts in flight.
-    let per_port = u32::from(rxq) * u32::from(ring) + u32::from(txq) * u32::from(ring);
-    let n = (ports as u32 * per_port + cores as u32 * (512 + 1024) + 4096).next_power_of_two() - 1;
-    MbufPool::new(MbufPoolConfig::new(name, n))
+/// Buffers each polling core may hold outside the rings: its mbuf cache (512) and the
+/// bursts it has in hand.
+const PER_CORE: u64 = 512 + 1024;
+
+/// The ports a tool runs, open and configured, and the pool that feeds them.
+pub struct PortSet {
+    /// Ports 0.. in the order given.
+    pub ports: Vec<Port>,
+    /// Their shared mbuf pool.
+    pub pool: Arc<MbufPool>,
 }
 
-/// Opens and configures `specs` as ports 0.., each with `rxq` RX (unless the spec says
-/// otherwise) and `txq` TX queues. `base.promiscuous` asks for promiscuous mode where a port
-/// has it (MANA has none: its ports receive their own MAC, broadcast and multicast).
+/// Opens `specs` as ports 0.., sizes one mbuf pool for them and configures each with `rxq`
+/// RX queues (`base.rx_queues` unless its spec says `rxq=`) and `txq` TX queues (the spec's
+/// `txq=`, never fewer than `base.tx_queues`: every polling core sends on its own).
+/// `base.promiscuous` asks for promiscuous mode where a port has it (MANA has none: its
+/// ports receive their own MAC, broadcast and multicast).
+///
+/// The pool is sized once the ports are open, from what each will really get (queue counts
+/// from the devargs, ring sizes as the device takes them), and before anything is allocated
+/// for it: every RX descriptor holds a buffer, every TX descriptor may, plus `cores` per-core
+/// caches and bursts in flight. `pool_size` (`--pool-size`) overrides that; it must at least
+/// fill the RX rings, with a burst's room per core.
 ///
 /// # Errors
-/// A message naming the port and what went wrong.
+/// A usage error for a `pool_size` too small for the rings; otherwise a runtime error naming
+/// the port and what went wrong, or the pool's (memory).
 pub fn open_ports(
+    name: &str,
     specs: &[PortSpec],
     base: &PortConfig,
-    pool: &Arc<MbufPool>,
-) -> Result<Vec<Port>, String> {
+    cores: usize,
+    pool_size: Option<u32>,
+) -> Result<PortSet, Failure> {
     let mut ports = Vec::new();
+    let mut cfgs = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
-        let mut port = Port::open(i as u16, spec).map_err(|e| format!("port {i} ({spec}): {e}"))?;
+        let port = Port::open(i as u16, spec).map_err(|e| format!("port {i} ({spec}): {e}"))?;
         let cfg = PortConfig {
             rx_queues: spec.rxq.unwrap_or(base.rx_queues),
             tx_queues: spec.txq.unwrap_or(base.tx_queues).max(base.tx_queues),
             promiscuous: base.promiscuous && port.caps().promiscuous,
             ..base.clone()
         };
-        port.configure(&cfg, pool)
-            .map_err(|e| format!("port {i} ({spec}): {e}"))?;
+        cfgs.push(port.effective_config(&cfg));
         ports.push(port);
     }
-    Ok(ports)
+    let sizing = PoolSizing::of(&cfgs, cores);
+    let count = match pool_size {
+        None => sizing.default_count(),
+        Some(n) if u64::from(n) < sizing.minimum() => {
+            return Err(usage(format!(
+                "--pool-size {n}: the ports' RX rings hold {} mbufs ({}) and each of {cores} \
+                 polling core(s) needs {} more in flight: give at least {} (the default here \
+                 is {})",
+                sizing.rx,
+                describe_rx(&cfgs),
+                BURST_ROOM,
+                sizing.minimum(),
+                sizing.default_count()
+            )))
+        }
+        Some(n) => n,
+    };
+    let pool = MbufPool::new(MbufPoolConfig::new(name, count))
+        .map_err(|e| format!("mbuf pool of {count} buffers: {e}"))?;
+    tracing::info!(target: "apps", buffers = count, "mbuf pool");
+    for (i, (port, cfg)) in ports.iter_mut().zip(&cfgs).enumerate() {
+        port.configure(cfg, &pool)
+            .map_err(|e| format!("port {i} ({}): {e}", specs[i]))?;
+    }
+    Ok(PortSet { ports, pool })
+}
+
+/// The room `--pool-size` must leave per polling core beyond the RX rings: a burst in hand
+/// on receive and one on transmit.
+const BURST_ROOM: u64 = 64;
+
+/// How many buffers a set of port configurations holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PoolSizing {
+    /// RX descriptors, all ports and queues.
+    rx: u64,
+    /// TX descriptors.
+    tx: u64,
+    /// Polling cores.
+    cores: u64,
+}
+
+impl PoolSizing {
+    fn of(cfgs: &[PortConfig], cores: usize) -> Self {
+        let sum = |f: fn(&PortConfig) -> u64| cfgs.iter().map(f).sum::<u64>();
+        PoolSizing {
+            rx: sum(|c| u64::from(c.rx_queues) * u64::from(c.rx_ring_size)),
+            tx: sum(|c| u64::from(c.tx_queues) * u64::from(c.tx_ring_size)),
+            cores: cores as u64,
+        }
+    }
+
+    /// The fewest buffers that keep every RX ring full with a burst per core in flight.
+    fn minimum(&self) -> u64 {
+        self.rx + self.cores * BURST_ROOM
+    }
+
+    /// Every ring full, per-core caches and bursts, 4,096 spare; a power of two less one
+    /// (the pool's ring holds one fewer than its size), at most [`crate::cli::MAX_POOL`] (the
+    /// port then says which ring it cannot fill).
+    fn default_count(&self) -> u32 {
+        let n = (self.rx + self.tx + self.cores * PER_CORE + 4096).next_power_of_two() - 1;
+        n.min(u64::from(crate::cli::MAX_POOL)) as u32
+    }
+}
+
+/// "16 × 4096 + 1 × 512": queues × descriptors per port, for the error message.
+fn describe_rx(cfgs: &[PortConfig]) -> String {
+    cfgs.iter()
+        .map(|c| format!("{} × {}", c.rx_queues, c.rx_ring_size))
+        .collect::<Vec<_>>()
+        .join(" + ")
 }
 
 /// Waits until every port's link is up, at most `timeout` in all (DPDK apps do the same
@@ -331,5 +407,42 @@ pub fn si(v: f64) -> String {
         format!("{:.2} k", v / 1e3)
     } else {
         format!("{v:.0} ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(rxq: u16, txq: u16, ring: u16) -> PortConfig {
+        PortConfig {
+            rx_queues: rxq,
+            tx_queues: txq,
+            rx_ring_size: ring,
+            tx_ring_size: ring,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_pool_holds_every_ring_of_every_port_with_its_own_queue_counts() {
+        // rxq=16 on one port, ring 4096: 16 × 4096 + 1 × 4096 RX descriptors.
+        let s = PoolSizing::of(&[cfg(16, 1, 4096), cfg(1, 1, 4096)], 1);
+        assert_eq!(s.rx, 17 * 4096);
+        assert_eq!(s.tx, 2 * 4096);
+        assert_eq!(s.minimum(), 17 * 4096 + BURST_ROOM);
+        let n = u64::from(s.default_count());
+        assert!(n >= s.rx + s.tx + PER_CORE, "{n}");
+        assert!((n + 1).is_power_of_two());
+        assert_eq!(
+            describe_rx(&[cfg(16, 1, 4096), cfg(1, 1, 4096)]),
+            "16 × 4096 + 1 × 4096"
+        );
+    }
+
+    #[test]
+    fn the_default_never_exceeds_the_largest_pool() {
+        let s = PoolSizing::of(&vec![cfg(1024, 1024, 32768); 4], 64);
+        assert_eq!(s.default_count(), crate::cli::MAX_POOL);
     }
 }

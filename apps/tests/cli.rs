@@ -11,9 +11,10 @@ fn run(bin: &str, args: &[&str]) -> (Option<i32>, String) {
         _ => unreachable!(),
     };
     let o = Command::new(path).args(args).output().unwrap();
+    // stderr, then stdout (where the summary goes).
     (
         o.status.code(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout),
     )
 }
 
@@ -47,6 +48,18 @@ fn out_of_range_numbers_are_usage_errors() {
             "--drain-timeout",
         ),
         ("pktgen", &pg, &["--ring-size", "65535"], "power of two"),
+        (
+            "l2fwd",
+            &l2,
+            &["--pool-size", "1e6"],
+            "whole number of mbufs",
+        ),
+        (
+            "pktgen",
+            &pg,
+            &["--pool-size", "16777217"],
+            "from 256 to 16777216",
+        ),
         (
             "pktgen",
             &pg,
@@ -155,4 +168,56 @@ fn usage_errors_exit_2_runtime_failures_exit_1() {
         assert_eq!(o.status.code(), Some(*code), "{bin} {args:?}: {err}");
         assert!(err.contains(want), "{bin} {args:?}: {want:?} in {err}");
     }
+}
+
+/// The pool is sized from what each port really gets (its devargs' queue counts), before it
+/// is allocated; `--pool-size` overrides it, and one too small for the RX rings is a usage
+/// error saying how many it takes.
+#[test]
+fn the_pool_holds_the_queues_the_devargs_ask_for() {
+    let tag = std::process::id();
+    let a = format!("emu-mana:wire=loop:pool{tag},rxq=16");
+    let b = format!("emu-mana:wire=loop:pool{tag}");
+    let base = ["--port", &a, "--port", &b, "--ring-size", "4096"];
+    let (code, err) = run("l2fwd", &[&base[..], &["--duration", "0.3"]].concat());
+    assert_eq!(code, Some(0), "rxq=16 with 4096 descriptors: {err}");
+    assert!(err.contains("mbufs still in use at exit: 0"), "{err}");
+
+    let (code, err) = run(
+        "l2fwd",
+        &[&base[..], &["--pool-size", "1000", "--duration", "0.3"]].concat(),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--pool-size 1000")
+            && err.contains("16 × 4096 + 1 × 4096")
+            && err.contains("give at least 69696"),
+        "{err}"
+    );
+
+    // Enough for the rings: taken as given.
+    let (code, err) = run(
+        "l2fwd",
+        &[&base[..], &["--pool-size", "70000", "--duration", "0.3"]].concat(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+
+    // pktgen polls every RX queue of its receiving port, so it sizes for them too.
+    let (code, err) = run(
+        "pktgen",
+        &[
+            "--port",
+            &a,
+            "--port",
+            &b,
+            "--ring-size",
+            "4096",
+            "--count",
+            "100",
+            "--link-timeout",
+            "0.5",
+        ],
+    );
+    assert_ne!(code, Some(2), "{err}");
+    assert!(!err.contains("mbuf pool size"), "{err}");
 }

@@ -3,8 +3,8 @@
 
 use apps::cli::{usage, Failure};
 use apps::common::{
-    announce_ready, loss_lines, make_pool, open_ports, si, stats_json, wait_links, Counter,
-    EventWatch, Idle,
+    announce_ready, loss_lines, open_ports, si, stats_json, wait_links, Counter, EventWatch, Idle,
+    PortSet,
 };
 use clap::Parser;
 use mempool::lcache;
@@ -46,6 +46,11 @@ struct Args {
     /// Descriptors per queue (a power of two).
     #[arg(long, default_value_t = 512, value_parser = apps::cli::ring_size)]
     ring_size: u16,
+    /// Mbufs in the pool [default: every ring of every port full (queue counts from the
+    /// devargs' rxq=/txq=), plus per-core caches and 4096 spare, rounded up to a power of two
+    /// less one]. Must at least fill the RX rings.
+    #[arg(long, value_parser = apps::cli::pool_size)]
+    pool_size: Option<u32>,
     /// Rewrite MAC addresses (default).
     #[arg(long, overrides_with = "no_mac_updating")]
     mac_updating: bool,
@@ -105,8 +110,6 @@ fn run(args: &Args) -> Result<(), Failure> {
     args.lcores.validate().map_err(|e| usage(e.to_string()))?;
     let cores = args.lcores.cores().len();
     let mac_updating = !args.no_mac_updating;
-    let pool = make_pool("l2fwd", np, args.rxq, cores as u16, args.ring_size, cores)
-        .map_err(|e| e.to_string())?;
     let cfg = PortConfig {
         rx_queues: args.rxq,
         tx_queues: cores as u16,
@@ -119,7 +122,8 @@ fn run(args: &Args) -> Result<(), Failure> {
     // is given back however the process stops (first signal: clean stop; second: clean stop without the drain; third: at once).
     let stop = StopFlag::new();
     stop.on_signals().map_err(|e| e.to_string())?;
-    let mut ports = open_ports(&args.ports, &cfg, &pool)?;
+    let PortSet { mut ports, pool } =
+        open_ports("l2fwd", &args.ports, &cfg, cores, args.pool_size)?;
     let macs: Vec<[u8; 6]> = ports.iter().map(|p| p.mac().0).collect();
 
     // Hand out queues: RX queues round-robin over cores; every core its own TX queue per port.

@@ -2,8 +2,8 @@
 
 use apps::cli::{usage, Failure};
 use apps::common::{
-    announce_ready, loss_lines, make_pool, open_ports, si, stats_json, wait_links, Counter,
-    EventWatch, Idle,
+    announce_ready, loss_lines, open_ports, si, stats_json, wait_links, Counter, EventWatch, Idle,
+    PortSet,
 };
 use apps::pktgen::{
     flows_varying, load_pcap, read_stamp, FrameGen, FrameSpec, IpRange, PortRange, SeqTracker,
@@ -97,6 +97,11 @@ struct Args {
     /// Descriptors per queue.
     #[arg(long, default_value_t = 1024, value_parser = apps::cli::ring_size)]
     ring_size: u16,
+    /// Mbufs in the pool [default: every ring of every port full (queue counts from the
+    /// devargs' rxq=/txq=), plus per-core caches and 4096 spare, rounded up to a power of two
+    /// less one]. Must at least fill the RX rings.
+    #[arg(long, value_parser = apps::cli::pool_size)]
+    pool_size: Option<u32>,
     /// Seconds between live statistics lines on stderr (0: none).
     #[arg(long, default_value_t = 1.0, value_parser = apps::cli::seconds)]
     stats_interval: f64,
@@ -237,7 +242,6 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         (None, Some(_)) => None,
         (None, None) => Some(Duration::from_secs(10)),
     };
-    let pool = make_pool("pktgen", np, 1, 1, args.ring_size, ncores).map_err(|e| e.to_string())?;
     let gen_spec = FrameSpec {
         size: args.size,
         flows: args.flows,
@@ -251,7 +255,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     };
     let frames = match &args.pcap {
         Some(p) => {
-            let cap = load_pcap(p, usize::from(pool.data_room()))?;
+            let cap = load_pcap(p, usize::from(mempool::mbuf::DEFAULT_DATA_ROOM))?;
             if cap.skipped_short > 0 {
                 eprintln!(
                     "pktgen: {}: {} records shorter than an Ethernet header (14 bytes) skipped; replaying {} frames",
@@ -292,7 +296,8 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     let signalled = StopFlag::new();
     signalled.on_signals().map_err(|e| e.to_string())?;
     let stop = StopFlag::new();
-    let mut ports = open_ports(&args.ports, &cfg, &pool)?;
+    let PortSet { mut ports, pool } =
+        open_ports("pktgen", &args.ports, &cfg, ncores, args.pool_size)?;
     let txq = ports[0].tx_queue(0).map_err(|e| e.to_string())?;
     let nrxq = ports[np - 1].config().map_or(1, |c| c.rx_queues);
     let rxqs = (0..nrxq)

@@ -317,29 +317,27 @@ impl Port {
         Ok(())
     }
 
-    /// `cfg` with ring sizes above the device's maximum reduced to it (as DPDK's
-    /// `rte_eth_dev_adjust_nb_rx_tx_desc` does), saying so: requested and effective.
+    /// `cfg` as [`Port::configure`] will apply it: ring sizes above the device's maximum
+    /// reduced to it (as DPDK's `rte_eth_dev_adjust_nb_rx_tx_desc` does). Tools size their
+    /// mbuf pool from this before allocating it.
+    pub fn effective_config(&self, cfg: &PortConfig) -> PortConfig {
+        clamp_rings(cfg, &self.driver.caps())
+    }
+
+    /// [`clamp_rings`], saying so where a size was reduced: requested and effective.
     fn effective(&self, cfg: &PortConfig, caps: &Caps) -> PortConfig {
-        let mut eff = cfg.clone();
-        let mut max = caps.max_ring_size;
-        if caps.ring_size_pow2 && max > 0 {
-            max = 1 << (15 - max.leading_zeros());
-        }
-        for (what, v) in [
-            ("rx ring size", &mut eff.rx_ring_size),
-            ("tx ring size", &mut eff.tx_ring_size),
+        let eff = clamp_rings(cfg, caps);
+        for (what, asked, got) in [
+            ("rx ring size", cfg.rx_ring_size, eff.rx_ring_size),
+            ("tx ring size", cfg.tx_ring_size, eff.tx_ring_size),
         ] {
-            if *v > max && max >= caps.min_ring_size {
+            if asked != got {
                 tracing::warn!(
                     target: "pmd::port",
                     port = self.id,
-                    "{}: {what} {} requested, the device takes at most {}: using {}",
+                    "{}: {what} {asked} requested, the device takes at most {got}: using {got}",
                     self.name,
-                    *v,
-                    max,
-                    max
                 );
-                *v = max;
             }
         }
         eff
@@ -552,4 +550,20 @@ impl Drop for Port {
     fn drop(&mut self) {
         self.running.store(false, Ordering::Release);
     }
+}
+
+/// `cfg` with ring sizes above the device's maximum (the largest power of two under it where
+/// sizes must be powers of two) reduced to it.
+fn clamp_rings(cfg: &PortConfig, caps: &Caps) -> PortConfig {
+    let mut eff = cfg.clone();
+    let mut max = caps.max_ring_size;
+    if caps.ring_size_pow2 && max > 0 {
+        max = 1 << (15 - max.leading_zeros());
+    }
+    for v in [&mut eff.rx_ring_size, &mut eff.tx_ring_size] {
+        if *v > max && max >= caps.min_ring_size {
+            *v = max;
+        }
+    }
+    eff
 }
