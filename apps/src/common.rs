@@ -4,6 +4,7 @@
 
 use crate::cli::{usage, Failure};
 use mempool::{MbufPool, MbufPoolConfig};
+use pmd::lcore::StopFlag;
 use pmd::port::{wait_events, Port, PortConfig, PortEvent, PortSpec, Stats};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -152,24 +153,35 @@ fn describe_rx(cfgs: &[PortConfig]) -> String {
 }
 
 /// Waits until every port's link is up, at most `timeout` in all (DPDK apps do the same
-/// before forwarding). A device-model port is down until the far end of its cable is
-/// attached, so this is also how two processes on one cable find each other.
+/// before forwarding), or until `stop` is set (a stop signal during start-up ends the wait at
+/// once; the caller then stops as it would have later). A device-model port is down until
+/// the far end of its cable is attached, so this is also how two processes on one cable find
+/// each other.
 ///
 /// # Errors
 /// The ports still down at the deadline, with what to check.
-pub fn wait_links(ports: &[Port], timeout: Duration) -> Result<(), String> {
-    let deadline = std::time::Instant::now() + timeout;
-    let mut down = Vec::new();
-    for (i, port) in ports.iter().enumerate() {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if let Err(e) = port.wait_link_up(left) {
-            down.push(format!("port {i}: {e}"));
+pub fn wait_links(ports: &[Port], timeout: Duration, stop: &StopFlag) -> Result<(), String> {
+    let t0 = Instant::now();
+    loop {
+        let down: Vec<usize> = (0..ports.len()).filter(|&i| !ports[i].link().up).collect();
+        if down.is_empty() || stop.is_set() {
+            return Ok(());
         }
-    }
-    if down.is_empty() {
-        Ok(())
-    } else {
-        Err(down.join("\n"))
+        if t0.elapsed() >= timeout {
+            return Err(down
+                .iter()
+                .map(|&i| {
+                    format!(
+                        "port {i}: {}: link still down after {:.1} s: is the far end of the \
+                         cable (the peer process or interface) there and up?",
+                        ports[i].name(),
+                        t0.elapsed().as_secs_f64()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

@@ -160,6 +160,42 @@ fn busy_takeover_gives_the_netdev_back_on_every_way_out() {
     assert!(ns.all(true), "second signal: netdev given back: {err}");
 }
 
+/// A stop signal that arrives during start-up (here: while l2fwd waits for a link that never
+/// comes up, the netdev already taken) ends the wait at once and gives the netdev back.
+#[test]
+fn stop_signal_during_start_up_gives_the_netdev_back() {
+    let Some(ns) = Netns::create("early") else {
+        return;
+    };
+    ns.set(true);
+    for sig in [SIGINT, SIGHUP] {
+        // The far end of the cable never attaches: the link stays down for --link-timeout.
+        let port0 = format!(
+            "emu-mana:wire=shm:early{}x{sig},netdev={IF},busy=takeover",
+            std::process::id()
+        );
+        let child = ns
+            .exec(std::path::Path::new(env!("CARGO_BIN_EXE_l2fwd")))
+            .args(["--port", &port0, "--port", "null", "--lcores", "0"])
+            .args(["--ring-size", "256", "--link-timeout", "600"])
+            .env("PMD_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        assert!(
+            eventually(Duration::from_secs(10), || ns.all(false)),
+            "signal {sig}: netdev taken down"
+        );
+        send_signal(child.id(), sig).unwrap();
+        // Far less than the 600 s link wait: the signal ended it.
+        let (status, err) = finish(child, Duration::from_secs(30));
+        assert!(status.success(), "signal {sig}: {err}");
+        assert!(ns.all(true), "signal {sig}: netdev given back: {err}");
+        assert!(!err.contains("link still down"), "signal {sig}: {err}");
+    }
+}
+
 #[test]
 fn second_l2fwd_on_the_same_port_is_refused_naming_the_pid() {
     let Some(ns) = Netns::create("lock") else {

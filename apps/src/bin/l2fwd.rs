@@ -153,7 +153,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         port.start().map_err(|e| e.to_string())?;
     }
     // Forward anyway when a link stays down: it may come up later (a peer started late).
-    if let Err(down) = wait_links(&ports, Duration::from_secs_f64(args.link_timeout)) {
+    if let Err(down) = wait_links(&ports, Duration::from_secs_f64(args.link_timeout), &stop) {
         eprintln!("l2fwd: warning: forwarding with a link down:\n{down}");
     }
     announce_ready("l2fwd", &args.ports, &ports, args.json);

@@ -308,8 +308,12 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         p.start().map_err(|e| e.to_string())?;
     }
     // Frames sent into a down link are lost: wait for the peer, or say why not.
-    wait_links(&ports, Duration::from_secs_f64(args.link_timeout))
-        .map_err(|down| format!("{down}\n(raise --link-timeout, or start the peer first)"))?;
+    wait_links(
+        &ports,
+        Duration::from_secs_f64(args.link_timeout),
+        &signalled,
+    )
+    .map_err(|down| format!("{down}\n(raise --link-timeout, or start the peer first)"))?;
     announce_ready("pktgen", &args.ports, &ports, args.json);
     let burst = usize::from(args.burst);
     let tx = TxSide {
