@@ -610,4 +610,3 @@ mod tests {
         assert!(DevMem::shared_file(&p, 8192, false).is_err());
     }
 }
-

@@ -223,7 +223,9 @@ impl FrameRing {
         let mut frames = 0;
         if prod.wrapping_sub(self.cons) <= self.size {
             while self.cons != prod {
-                let hdr = self.mem.load_u32(self.data_off(self.cons), Ordering::Relaxed);
+                let hdr = self
+                    .mem
+                    .load_u32(self.data_off(self.cons), Ordering::Relaxed);
                 if hdr & WRAP != 0 {
                     self.cons = self
                         .cons

@@ -319,8 +319,7 @@ fn on_hugetlbfs(dir: &Path) -> bool {
 /// Whether `/dev/hugepages` is a hugetlbfs mount with room for a wire and headroom (2 MiB
 /// pages: fewer TLB misses per frame) and `PMD_NO_HUGEPAGES` is not set.
 fn hugepages_usable() -> bool {
-    if std::env::var_os("PMD_NO_HUGEPAGES").is_some() || !on_hugetlbfs(Path::new(DEV_HUGEPAGES))
-    {
+    if std::env::var_os("PMD_NO_HUGEPAGES").is_some() || !on_hugetlbfs(Path::new(DEV_HUGEPAGES)) {
         return false;
     }
     let free = std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
@@ -441,10 +440,9 @@ fn identity(m: &std::fs::Metadata) -> (u64, u64) {
 /// Where a new file is built before it is linked in under its name, complete: in the same
 /// directory, named after the wire and this process (`.pmd-wire-NAME.PID.tmp`).
 fn temp_path(path: &Path, pid: u32) -> PathBuf {
-    let file = path.file_name().map_or_else(
-        || "pmd-wire".into(),
-        |f| f.to_string_lossy().into_owned(),
-    );
+    let file = path
+        .file_name()
+        .map_or_else(|| "pmd-wire".into(), |f| f.to_string_lossy().into_owned());
     path.with_file_name(format!(".{file}.{pid}.tmp"))
 }
 
@@ -924,8 +922,7 @@ mod tests {
             assert!(a.peer_attached() && b.peer_attached(), "end B again");
             std::mem::forget(b);
             // End B's process dies without closing: its pid stays in the slot.
-            a.header()
-                .set_pid(End::B, DEAD, Ordering::Release);
+            a.header().set_pid(End::B, DEAD, Ordering::Release);
             assert!(!a.peer_attached(), "end B's process is gone");
         });
     }
@@ -952,7 +949,10 @@ mod tests {
                     .contains("peer uses wire format 1.0, this build speaks 2.x"),
                 "{e}"
             );
-            assert!(e.to_string().contains(&format!("rm -f {}", p.display())), "{e}");
+            assert!(
+                e.to_string().contains(&format!("rm -f {}", p.display())),
+                "{e}"
+            );
             a.header().set_major(SHM_MAJOR);
             a.header().set_minor(SHM_MINOR);
             a.header().set_ring_bytes(3 << 20);
@@ -1028,7 +1028,11 @@ mod tests {
             }
             let mut b2 = Shm::open_at("gen", &p).unwrap();
             assert!(b2.describe().contains("end B"), "{}", b2.describe());
-            assert_eq!(b2.recv(&mut buf), None, "frames sent to the dead holder are stale");
+            assert_eq!(
+                b2.recv(&mut buf),
+                None,
+                "frames sent to the dead holder are stale"
+            );
             assert_eq!(stale(&b2), 2);
             assert_eq!(a.header().generation(Ordering::Acquire), 3);
             assert!(a.send(&[4u8; 60]));
@@ -1108,7 +1112,11 @@ mod tests {
                 .unwrap()
                 .map(|e| e.unwrap().file_name())
                 .collect();
-            assert_eq!(left, vec![std::ffi::OsString::from("notadir")], "nothing half-made");
+            assert_eq!(
+                left,
+                vec![std::ffi::OsString::from("notadir")],
+                "nothing half-made"
+            );
         });
     }
 
