@@ -572,11 +572,15 @@ impl Shm {
                 Err(e) => {
                     if let Some(next) = creatable.get(i + 1) {
                         let (from, to) = (place.path.display(), next.path.display());
+                        let why = match &e {
+                            WireError::Shm { source, .. } => source.to_string(),
+                            other => other.to_string(),
+                        };
                         let mut first = false;
                         FALLBACK_WARNED.call_once(|| {
                             first = true;
                             tracing::warn!(target: "pmd::emu::wire",
-                                "shared-memory wire '{name}': no hugepages for {from} ({e}); \
+                                "shared-memory wire '{name}': no hugepages for {from} ({why}); \
                                  using {to} (normal pages) instead. Reserve hugepages \
                                  (vm.nr_hugepages) or set PMD_NO_HUGEPAGES=1 to go there \
                                  directly; this is reported once.");
