@@ -14,7 +14,8 @@
 //! +24   max_frame   u32      largest frame a record carries (9208)
 //! +28   reserved, zero
 //! +64   pid_a       u64      process holding end A, 0 when free (claimed by compare-and-swap);
-//!                            bit 63 set: that process is removing the file (last end out)
+//!                            bit 63 set: that process is removing the file (last end out);
+//!                            bit 62 set: it is taking the end (attached once it is clear)
 //! +72   pid_b       u64      process holding end B, 0 when free
 //! +80   generation  u64      1 when the file is made, plus one for every end attached later
 //! +88   reserved, zero
@@ -25,8 +26,9 @@
 //! Version history: 1.0 had rings of fixed slots (`slots`, `slot_bytes` at +20, +24); 2.0
 //! packs variable-length records (see [`super::ring`]): a 60-byte frame takes one cache line
 //! instead of a 9216-byte slot, and a ring of 8 MiB holds 131,072 of them. A 1.x peer is
-//! refused by the major version. 2.1 adds `generation` and the closing bit (a 2.0 peer sees
-//! a closing end as live, which only keeps it from taking that end).
+//! refused by the major version. 2.1 adds `generation` and the closing and attaching bits (a
+//! 2.0 peer sees such an end as live: it keeps it from taking that end, and may let it see
+//! the link up a moment early).
 //!
 //! The file is rounded up to whole 2 MiB pages so that it can live on hugetlbfs.
 //!
@@ -400,6 +402,11 @@ pub fn shm_path(name: &str) -> PathBuf {
 /// end out). A newcomer that sees it while that process lives steps back and starts over.
 const CLOSING: u64 = 1 << 63;
 
+/// Bit 62 of a pid slot: the process in the low bits is taking the end and discarding what
+/// waits for it; its peer sees the link up only once the plain pid is stored, so that no
+/// frame sent after the link came up is taken for a stale one.
+const ATTACHING: u64 = 1 << 62;
+
 /// Who holds an end, from its pid slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Holder {
@@ -409,6 +416,8 @@ enum Holder {
     Live,
     /// A live process that is removing the file.
     Closing,
+    /// A live process that is taking the end (not attached yet).
+    Attaching,
     /// A process that is gone (or a slot that holds no pid of this machine).
     Dead,
 }
@@ -420,6 +429,12 @@ fn holder(slot: u64) -> Holder {
     } else if slot & CLOSING != 0 {
         if alive(slot & !CLOSING) {
             Holder::Closing
+        } else {
+            Holder::Dead
+        }
+    } else if slot & ATTACHING != 0 {
+        if alive(slot & !ATTACHING) {
+            Holder::Attaching
         } else {
             Holder::Dead
         }
@@ -683,13 +698,16 @@ impl Shm {
         }
         let mut mine = None;
         for (end, slot, h) in [(End::B, b, hb), (End::A, a, ha)] {
-            if matches!(h, Holder::Free | Holder::Dead) && hdr.claim(end, slot, me).is_ok() {
+            if matches!(h, Holder::Free | Holder::Dead)
+                && hdr.claim(end, slot, ATTACHING | me).is_ok()
+            {
                 mine = Some(end);
                 break;
             }
         }
         let Some(end) = mine else {
-            if ha == Holder::Live && hb == Holder::Live {
+            let held = |h| matches!(h, Holder::Live | Holder::Attaching);
+            if held(ha) && held(hb) {
                 return Err(WireError::CableFull {
                     name: name.into(),
                     a,
@@ -705,14 +723,16 @@ impl Shm {
         let other = hdr.pid(end.peer(), Ordering::SeqCst);
         let renamed = std::fs::metadata(path).map_or(true, |m| identity(&m) != id);
         if holder(other) == Holder::Closing || renamed {
-            let _ = hdr.claim(end, me, 0);
+            let _ = hdr.claim(end, ATTACHING | me, 0);
             return Ok(Attempt::Again);
         }
         let generation = hdr.next_generation();
         let mut shm = Self::ends(name, path, id, mem, end);
         // Whatever waits for this end was sent to its previous holder (dead, or gone with
-        // its frames unread) or before anyone held it: a stale generation, not ours.
+        // its frames unread) or before anyone held it: a stale generation, not ours. The
+        // peer sees the link up (our plain pid) only after that.
         shm.rx_stale = shm.rx.discard_all();
+        shm.header().set_pid(end, me, Ordering::Release);
         if shm.rx_stale > 0 {
             tracing::info!(target: "pmd::emu::wire", name, end = %end.letter(), generation, discarded = shm.rx_stale,
                 "shared-memory wire: frames sent before this end was attached discarded (rx_stale)");
@@ -855,7 +875,7 @@ impl Drop for Shm {
         let peer_end = self.end.peer();
         let peer = hdr.pid(peer_end, Ordering::SeqCst);
         match holder(peer) {
-            Holder::Live | Holder::Closing => {
+            Holder::Live | Holder::Closing | Holder::Attaching => {
                 hdr.set_pid(self.end, 0, Ordering::Release);
                 return;
             }
@@ -1146,6 +1166,8 @@ mod tests {
         assert_eq!(holder(DEAD), Holder::Dead);
         assert_eq!(holder(CLOSING | me), Holder::Closing);
         assert_eq!(holder(CLOSING | DEAD), Holder::Dead);
+        assert_eq!(holder(ATTACHING | me), Holder::Attaching);
+        assert_eq!(holder(ATTACHING | DEAD), Holder::Dead);
         assert_eq!(holder(1 << 40), Holder::Dead, "not a pid");
     }
 
