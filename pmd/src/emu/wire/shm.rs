@@ -500,7 +500,7 @@ impl Drop for RemoveOnDrop {
 
 /// What one attempt to open a cable end came to.
 enum Attempt {
-    Done(Shm),
+    Done(Box<Shm>),
     /// The file changed under us (removed, being removed, or another process made it
     /// first): look again.
     Again,
@@ -565,7 +565,7 @@ impl Shm {
                 None => Self::create_first(name, places, me)?,
             };
             match attempt {
-                Attempt::Done(shm) => return Ok(shm),
+                Attempt::Done(shm) => return Ok(*shm),
                 Attempt::Again => std::thread::sleep(Duration::from_millis(1)),
             }
         }
@@ -656,13 +656,13 @@ impl Shm {
         }
         drop(guard);
         let id = identity(&file.metadata().map_err(io_err)?);
-        Ok(Attempt::Done(Self::ends(
+        Ok(Attempt::Done(Box::new(Self::ends(
             name,
             path,
             id,
             Arc::new(mem),
             End::A,
-        )))
+        ))))
     }
 
     /// Maps an existing file, checks its header and takes a free end (or one whose holder
@@ -737,7 +737,7 @@ impl Shm {
             tracing::info!(target: "pmd::emu::wire", name, end = %end.letter(), generation, discarded = shm.rx_stale,
                 "shared-memory wire: frames sent before this end was attached discarded (rx_stale)");
         }
-        Ok(Attempt::Done(shm))
+        Ok(Attempt::Done(Box::new(shm)))
     }
 
     /// Checks the header of an existing file; the size of its rings.
