@@ -486,8 +486,9 @@ fn sweep_temps(path: &Path) {
     }
 }
 
-/// Removes a file when dropped (unless disarmed): a half-built wire file never outlives the
-/// attempt that built it.
+/// Removes the temporary name of a wire file when dropped, whether the file was linked in
+/// under its real name (which keeps it) or the attempt failed half-way (which frees it): a
+/// half-built wire file never outlives the attempt that built it.
 struct RemoveOnDrop(Option<PathBuf>);
 
 impl Drop for RemoveOnDrop {
