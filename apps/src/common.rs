@@ -155,12 +155,37 @@ fn describe_rx(cfgs: &[PortConfig]) -> String {
 /// Waits until every port's link is up, at most `timeout` in all (DPDK apps do the same
 /// before forwarding), or until `stop` is set (a stop signal during start-up ends the wait at
 /// once; the caller then stops as it would have later). A device-model port is down until
-/// the far end of its cable is attached, so this is also how two processes on one cable find
-/// each other.
+/// the far end of its cable is attached (or, on an afpacket wire, while the interface is
+/// down), so this is also how two processes on one cable find each other.
+///
+/// Each port found down is reported at once on stderr, so a user is not left guessing
+/// during the wait: `TOOL: warning: port N (SPEC): link down; waiting up to S s for it
+/// (--link-timeout)`, or `...; not waiting (--link-timeout 0)` when `timeout` is zero.
 ///
 /// # Errors
 /// The ports still down at the deadline, with what to check.
-pub fn wait_links(ports: &[Port], timeout: Duration, stop: &StopFlag) -> Result<(), String> {
+pub fn wait_links(
+    tool: &str,
+    ports: &[Port],
+    timeout: Duration,
+    stop: &StopFlag,
+) -> Result<(), String> {
+    for (i, port) in ports.iter().enumerate() {
+        if !port.link().up {
+            if timeout.is_zero() {
+                eprintln!(
+                    "{tool}: warning: port {i} ({}): link down; not waiting (--link-timeout 0)",
+                    port.name()
+                );
+            } else {
+                eprintln!(
+                    "{tool}: warning: port {i} ({}): link down; waiting up to {} s for it (--link-timeout)",
+                    port.name(),
+                    timeout.as_secs_f64()
+                );
+            }
+        }
+    }
     let t0 = Instant::now();
     loop {
         let down: Vec<usize> = (0..ports.len()).filter(|&i| !ports[i].link().up).collect();
@@ -353,11 +378,12 @@ impl Idle {
 
 /// The counters of a port that count frames lost or refused somewhere on its way (the
 /// device's and the driver's: `dev_tx_wire_drops`, a full cable; `dev_rx_no_wqe`, no
-/// buffer; `*_errors`, `*_drops`, `*_full`, ...), those that are not zero, by name. With them a
+/// buffer; `wire_rx_stale`, frames sent on a cable before this end was attached;
+/// `*_errors`, `*_drops`, `*_full`, ...), those that are not zero, by name. With them a
 /// tool says where frames went that did not arrive.
 pub fn loss_counters(stats: &Stats) -> Vec<(String, u64)> {
-    const LOSS: [&str; 8] = [
-        "drop", "no_wqe", "full", "miss", "error", "overflow", "trunc", "flush",
+    const LOSS: [&str; 9] = [
+        "drop", "no_wqe", "full", "miss", "error", "overflow", "trunc", "flush", "stale",
     ];
     let mut out: Vec<(String, u64)> = stats
         .xstats

@@ -173,3 +173,30 @@ pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
     cond()
 }
+
+/// A command that runs `script` with `sh -c` in a private mount namespace (`unshare
+/// --mount`), where it may mount filesystems (a tiny tmpfs or hugetlbfs, over
+/// `/dev/hugepages` even) that nobody else sees and that go away with it; `None` (after
+/// saying why) where the machine cannot (not root, no `unshare`), unless
+/// PMD_REQUIRE_PRIVILEGED is set.
+pub fn private_mounts(tag: &str, script: &str) -> Option<Command> {
+    let ok = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("PMD_REQUIRE_PRIVILEGED").is_none(),
+            "PMD_REQUIRE_PRIVILEGED is set but no private mount namespace can be made here"
+        );
+        eprintln!(
+            "SKIPPED {tag}: cannot make a private mount namespace here (needs root and `unshare`)"
+        );
+        return None;
+    }
+    let mut c = Command::new("unshare");
+    c.args(["--mount", "--propagation", "private", "sh", "-c", script]);
+    Some(c)
+}

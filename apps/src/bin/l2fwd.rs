@@ -65,8 +65,10 @@ struct Args {
     #[arg(long, default_value_t = 1.0, value_parser = apps::cli::seconds)]
     stats_interval: f64,
     /// Seconds to wait for every port's link to come up before forwarding (a device-model
-    /// port is down until the far end of its cable is attached); after that, warn and go on.
-    #[arg(long, default_value_t = 10.0, value_name = "S", value_parser = apps::cli::seconds)]
+    /// port is down until the far end of its cable is attached, or while its afpacket
+    /// interface is down); a port found down is reported at once. After the wait, warn and
+    /// forward anyway (the link may come up later); 0: do not wait.
+    #[arg(long, visible_alias = "link-wait", default_value_t = 10.0, value_name = "S", value_parser = apps::cli::seconds)]
     link_timeout: f64,
     /// Stop after this many seconds (default: run until a stop signal).
     #[arg(long, value_parser = apps::cli::positive_seconds)]
@@ -153,7 +155,12 @@ fn run(args: &Args) -> Result<(), Failure> {
         port.start().map_err(|e| e.to_string())?;
     }
     // Forward anyway when a link stays down: it may come up later (a peer started late).
-    if let Err(down) = wait_links(&ports, Duration::from_secs_f64(args.link_timeout), &stop) {
+    if let Err(down) = wait_links(
+        "l2fwd",
+        &ports,
+        Duration::from_secs_f64(args.link_timeout),
+        &stop,
+    ) {
         eprintln!("l2fwd: warning: forwarding with a link down:\n{down}");
     }
     announce_ready("l2fwd", &args.ports, &ports, args.json);

@@ -107,6 +107,27 @@ impl DevMem {
         })
     }
 
+    /// Maps the first `len` bytes of an open `file` shared (read and write), as
+    /// [`DevMem::shared_file`] does for a path: for a caller that must know which file it
+    /// mapped (its inode), not just which name.
+    ///
+    /// # Errors
+    /// The file is shorter than `len`, or the mmap error.
+    pub fn map_file(file: &std::fs::File, len: usize) -> io::Result<Self> {
+        if (file.metadata()?.len() as usize) < len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("the file is shorter than {len} bytes"),
+            ));
+        }
+        let map = memmap2::MmapOptions::new().len(len).map_raw(file)?;
+        Ok(Self {
+            ptr: map.as_mut_ptr(),
+            len,
+            _backing: Backing::Mapped(map),
+        })
+    }
+
     /// Wraps memory owned by someone else (rdma-core's queue buffers and doorbell page, or a
     /// buffer registered with the device model).
     ///
@@ -472,6 +493,31 @@ unsafe fn copy(src: *const u8, dst: *mut u8, n: usize) {
             _ => std::ptr::copy_nonoverlapping(src, dst, n),
         }
     }
+}
+
+/// Gives `file` `len` bytes of real storage now (fallocate(2), mode 0), so that running out
+/// shows here as an error rather than later as a SIGBUS on first touch of the mapping: a
+/// hugetlbfs mount with too few pages (or a hugetlb cgroup limit) answers ENOSPC or ENOMEM,
+/// a full tmpfs ENOSPC. A filesystem without fallocate gets `set_len` instead.
+///
+/// # Errors
+/// The fallocate(2) error.
+pub fn allocate_file(file: &std::fs::File, len: usize) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let Ok(len_off) = libc::off_t::try_from(len) else {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    };
+    // SAFETY: fallocate only reads its integer arguments; the descriptor is open for
+    // writing for the duration of the call (borrowed from `file`).
+    let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len_off) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        return file.set_len(len as u64);
+    }
+    Err(e)
 }
 
 #[cfg(test)]

@@ -40,7 +40,6 @@ pub use shm::{
 pub use spec::{WireSpec, WireSpecError};
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 /// Largest frame any wire carries: a 9000-byte MTU frame with Ethernet and VLAN headers fits.
 pub const MAX_FRAME: usize = 9216 - 8;
@@ -131,14 +130,14 @@ pub enum WireError {
     },
     /// The file is not a wire of ours.
     #[error(
-        "{path} is not a pmd shared-memory wire (bad signature): remove it or pick another name"
+        "{path} is not a pmd shared-memory wire (bad signature): remove it (`rm -f {path}`) or pick another name"
     )]
     NotAWire {
         /// The file.
         path: PathBuf,
     },
     /// The peer speaks another major version of the wire format.
-    #[error("wire {path}: peer uses wire format {theirs_major}.{theirs_minor}, this build speaks {ours_major}.x: run the same version on both ends")]
+    #[error("wire {path}: peer uses wire format {theirs_major}.{theirs_minor}, this build speaks {ours_major}.x: run the same version on both ends (a file an older build left behind: `rm -f {path}`)")]
     IncompatibleVersion {
         /// The file.
         path: PathBuf,
@@ -157,13 +156,14 @@ pub enum WireError {
         /// The unknown incompatible feature bits.
         unknown: u32,
     },
-    /// The creator never finished initialising the file.
-    #[error("wire {path}: the peer did not finish setting the wire up within {waited:?}")]
-    Timeout {
+    /// A file under the wire's name without a header: left by a run that crashed while
+    /// making it (an older build made files in place), or being made by an older build.
+    #[error("wire '{name}': {path} has no header (a run that crashed while creating it, or an older build, left it behind): if no process uses wire '{name}', remove it with `rm -f {path}`")]
+    HalfMade {
+        /// Wire name.
+        name: String,
         /// The file.
         path: PathBuf,
-        /// How long we waited.
-        waited: Duration,
     },
     /// The AF_PACKET socket could not be opened.
     #[error("afpacket wire on '{ifname}': {source} (needs CAP_NET_RAW and an existing interface)")]

@@ -214,6 +214,42 @@ impl FrameRing {
         }
     }
 
+    /// Consumer side: drops every frame waiting now, unread, and publishes the counter (the
+    /// producer gets the room back); how many frames that was. Control path: a cable end
+    /// that is taken over by a new process discards what was sent to the old one (see
+    /// [`super::Shm`]). Frames the producer adds meanwhile stay for the next [`pop`](Self::pop).
+    pub fn discard_all(&mut self) -> u64 {
+        let prod = self.mem.load_u64(self.base + PRODUCER, Ordering::Acquire);
+        let mut frames = 0;
+        if prod.wrapping_sub(self.cons) <= self.size {
+            while self.cons != prod {
+                let hdr = self
+                    .mem
+                    .load_u32(self.data_off(self.cons), Ordering::Relaxed);
+                if hdr & WRAP != 0 {
+                    self.cons = self
+                        .cons
+                        .wrapping_add(self.size - (self.cons & (self.size - 1)));
+                    continue;
+                }
+                let len = ((hdr & LEN_MASK) as usize).min(self.max_frame);
+                self.cons = self.cons.wrapping_add(record_bytes(len) as u64);
+                frames += 1;
+                if prod.wrapping_sub(self.cons) > self.size {
+                    // A record ran past the producer: the counters were not this ring's.
+                    break;
+                }
+            }
+        }
+        // Counters from a producer that broke the protocol: start clean at its position.
+        self.cons = prod;
+        self.prod_seen = prod;
+        self.cons_published = prod;
+        self.mem
+            .store_u64(self.base + CONSUMER, prod, Ordering::Release);
+        frames
+    }
+
     /// Bytes of records waiting (as the shared counters say now).
     pub fn pending_bytes(&self) -> u64 {
         let prod = self.mem.load_u64(self.base + PRODUCER, Ordering::Acquire);
@@ -303,6 +339,28 @@ mod tests {
         let mut short = [0u8; 2];
         assert_eq!(rx.pop(&mut short), Some(5));
         assert_eq!(short, [1, 2]);
+    }
+
+    #[test]
+    fn discard_all_drops_what_waits_counts_it_and_frees_the_room() {
+        let (mut tx, mut rx) = ring(512, 252);
+        let mut buf = [0u8; 256];
+        assert_eq!(rx.discard_all(), 0, "an empty ring");
+        // Five frames of 60 bytes, four read, then one of 200 that does not fit before the
+        // end: the walk follows its WRAP record.
+        for i in 0..5u8 {
+            assert!(tx.push(&[i; 60]));
+        }
+        for _ in 0..4 {
+            assert_eq!(rx.pop(&mut buf), Some(60));
+        }
+        assert!(tx.push(&[9; 200]));
+        assert_eq!(rx.discard_all(), 2);
+        assert_eq!(rx.pop(&mut buf), None);
+        assert!(rx.is_empty(), "the producer sees the room again");
+        assert!(tx.push(&[7; 60]), "frames sent after the discard arrive");
+        assert_eq!(rx.pop(&mut buf), Some(60));
+        assert_eq!(buf[0], 7);
     }
 
     #[test]

@@ -13,9 +13,12 @@
 //! +20   ring_bytes  u32      bytes of records per ring (a power of two, 64 KiB to 1 GiB)
 //! +24   max_frame   u32      largest frame a record carries (9208)
 //! +28   reserved, zero
-//! +64   pid_a       u64      process holding end A, 0 when free (claimed by compare-and-swap)
+//! +64   pid_a       u64      process holding end A, 0 when free (claimed by compare-and-swap);
+//!                            bit 63 set: that process is removing the file (last end out);
+//!                            bit 62 set: it is taking the end (attached once it is clear)
 //! +72   pid_b       u64      process holding end B, 0 when free
-//! +80   reserved, zero
+//! +80   generation  u64      1 when the file is made, plus one for every end attached later
+//! +88   reserved, zero
 //! +128  ring A->B            ring::ring_bytes(ring_bytes) = 128 + ring_bytes
 //! +256 + ring_bytes          ring B->A
 //! ```
@@ -23,9 +26,28 @@
 //! Version history: 1.0 had rings of fixed slots (`slots`, `slot_bytes` at +20, +24); 2.0
 //! packs variable-length records (see [`super::ring`]): a 60-byte frame takes one cache line
 //! instead of a 9216-byte slot, and a ring of 8 MiB holds 131,072 of them. A 1.x peer is
-//! refused by the major version.
+//! refused by the major version. 2.1 adds `generation` and the closing and attaching bits (a
+//! 2.0 peer sees such an end as live: it keeps it from taking that end, and may let it see
+//! the link up a moment early).
 //!
 //! The file is rounded up to whole 2 MiB pages so that it can live on hugetlbfs.
+//!
+//! Life of a file (all of it on the control path; the bursts only touch the rings):
+//!
+//! * Made whole, then named: the first end builds it under a temporary name
+//!   (`.pmd-wire-NAME.PID.tmp`), allocates all its memory (fallocate(2): a hugetlbfs without
+//!   pages for it says so here, not with a SIGBUS later), writes the header and links it in
+//!   under `pmd-wire-NAME`; a process that loses that race joins the winner's file. A file
+//!   under the wire's name always has its header; one without (an older build's, or not
+//!   ours) is refused with an error that names it and says how to remove it.
+//! * Hugepages, else normal pages: when the hugetlbfs directory cannot take the file (too
+//!   few free pages, a hugetlb cgroup limit, no permission), it goes to `/dev/shm`, with one
+//!   warning per process. Both ends look in both places.
+//! * Ends are held by pid: an end whose process is gone (SIGKILL, a panic that aborts) is
+//!   free to take, so is a file whose two holders are both gone (a stale file). Taking an
+//!   end starts a new generation: the frames waiting for it were sent to the previous
+//!   holder, or to nobody, and are discarded unread, counted as `rx_stale`.
+//! * The last end out removes the file: when the other end is free or its process is gone.
 #![deny(unsafe_code)]
 
 use super::ring::{ring_bytes, FrameRing};
@@ -42,8 +64,8 @@ pub const SHM_SIGNATURE: [u8; 8] = *b"PMDWIRE\0";
 /// Major version: a peer with another major is refused (2: packed records, see the module
 /// docs).
 pub const SHM_MAJOR: u16 = 2;
-/// Minor version: compatible additions.
-pub const SHM_MINOR: u16 = 0;
+/// Minor version: compatible additions (1: the generation word and the closing bit).
+pub const SHM_MINOR: u16 = 1;
 /// Incompatible feature bits this build understands (none yet).
 pub const SHM_INCOMPAT_KNOWN: u32 = 0;
 /// Compatible feature bits this build sets (none yet).
@@ -69,7 +91,8 @@ mod field {
     // 28..64 reserved.
     pub const PID_A: Field = 64..72;
     pub const PID_B: Field = 72..80;
-    // 80..128 reserved.
+    pub const GENERATION: Field = 80..88;
+    // 88..128 reserved.
     /// Where the first ring starts: the header's length.
     pub const RINGS: usize = 128;
 }
@@ -80,7 +103,8 @@ const _: () = assert!(
     field::SIGNATURE.start.is_multiple_of(8)
         && field::PID_A.start.is_multiple_of(8)
         && field::PID_B.start.is_multiple_of(8)
-        && field::PID_B.end <= field::RINGS
+        && field::GENERATION.start.is_multiple_of(8)
+        && field::GENERATION.end <= field::RINGS
         && field::MAX_FRAME.end <= field::PID_A.start
         && field::RINGS.is_multiple_of(64)
 );
@@ -228,6 +252,30 @@ impl<'a> Header<'a> {
         self.mem.store_u64(end.pid_field().start, pid, order);
     }
 
+    /// How many times an end was attached (1 when the file is made; each end taken later
+    /// adds one).
+    fn generation(&self, order: Ordering) -> u64 {
+        self.mem.load_u64(field::GENERATION.start, order)
+    }
+
+    fn set_generation(&self, v: u64, order: Ordering) {
+        self.mem.store_u64(field::GENERATION.start, v, order);
+    }
+
+    /// Adds one to the generation (compare-and-swap); the new value.
+    fn next_generation(&self) -> u64 {
+        let mut g = self.generation(Ordering::Acquire);
+        loop {
+            match self
+                .mem
+                .compare_exchange_u64(field::GENERATION.start, g, g.wrapping_add(1))
+            {
+                Ok(_) => return g.wrapping_add(1),
+                Err(now) => g = now,
+            }
+        }
+    }
+
     /// Takes `end` for process `new` if its holder is still `current` (AcqRel).
     ///
     /// # Errors
@@ -244,144 +292,470 @@ fn shm_file_bytes(ring: u32) -> usize {
     (Header::LEN + 2 * ring_bytes(ring as usize)).div_ceil(2 << 20) * (2 << 20)
 }
 
-/// Directory for shared-memory wire files: `PMD_SHM_DIR` if set; else `/dev/hugepages` when it
-/// is a hugetlbfs mount with room for a wire and headroom (2 MiB pages: fewer TLB misses per
-/// frame); else `/dev/shm`. Both ends must agree: they find each other by path.
-pub fn shm_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("PMD_SHM_DIR") {
-        return PathBuf::from(d);
-    }
-    let hugetlbfs = std::fs::read_to_string("/proc/mounts").is_ok_and(|m| {
-        m.lines().any(|l| {
+/// Where normal shared memory is: the fallback of a hugetlbfs directory.
+const DEV_SHM: &str = "/dev/shm";
+/// Where hugetlbfs is usually mounted.
+const DEV_HUGEPAGES: &str = "/dev/hugepages";
+
+/// Whether `dir` lies on a hugetlbfs mount (the longest mount point of /proc/mounts that
+/// contains it is one).
+fn on_hugetlbfs(dir: &Path) -> bool {
+    let Ok(dir) = dir.canonicalize() else {
+        return false;
+    };
+    let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else {
+        return false;
+    };
+    mounts
+        .lines()
+        .filter_map(|l| {
             let mut f = l.split_whitespace();
-            f.nth(1) == Some("/dev/hugepages") && f.next() == Some("hugetlbfs")
+            let at = Path::new(f.nth(1)?);
+            Some((at, f.next()?))
         })
-    });
+        .filter(|(at, _)| dir.starts_with(at))
+        .max_by_key(|(at, _)| at.as_os_str().len())
+        .is_some_and(|(_, fs)| fs == "hugetlbfs")
+}
+
+/// Whether `/dev/hugepages` is a hugetlbfs mount with room for a wire and headroom (2 MiB
+/// pages: fewer TLB misses per frame) and `PMD_NO_HUGEPAGES` is not set.
+fn hugepages_usable() -> bool {
+    if std::env::var_os("PMD_NO_HUGEPAGES").is_some() || !on_hugetlbfs(Path::new(DEV_HUGEPAGES)) {
+        return false;
+    }
     let free = std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
         .ok()
         .and_then(|s| s.trim().parse::<usize>().ok())
         .unwrap_or(0);
-    let need = shm_file_bytes(SHM_RING_BYTES) / (2 << 20);
-    if hugetlbfs && free >= need + 128 && std::env::var_os("PMD_NO_HUGEPAGES").is_none() {
-        PathBuf::from("/dev/hugepages")
+    free >= shm_file_bytes(SHM_RING_BYTES) / (2 << 20) + 128
+}
+
+/// One place a wire file may be: where a peer looks for it, and whether a new one may be
+/// made there.
+#[derive(Debug, Clone)]
+struct Place {
+    path: PathBuf,
+    create: bool,
+}
+
+/// The places of wire `name`'s file, in order. Both ends look in all of them, so they meet
+/// whichever one the first end could use:
+///
+/// * `PMD_SHM_DIR=DIR`: `DIR`; when `DIR` is on hugetlbfs, `/dev/shm` after it (the fallback
+///   when its huge pages cannot be had). A directory that is not on hugetlbfs has no
+///   fallback: the user chose it, an error says what is wrong with it.
+/// * otherwise `/dev/hugepages` (new files only when [`hugepages_usable`]), then `/dev/shm`.
+fn places(name: &str) -> Vec<Place> {
+    let file = format!("pmd-wire-{name}");
+    let mut out = Vec::new();
+    if let Some(d) = std::env::var_os("PMD_SHM_DIR") {
+        let d = PathBuf::from(d);
+        let fallback = on_hugetlbfs(&d) && d != Path::new(DEV_SHM);
+        out.push(Place {
+            path: d.join(&file),
+            create: true,
+        });
+        if fallback {
+            out.push(Place {
+                path: Path::new(DEV_SHM).join(&file),
+                create: true,
+            });
+        }
     } else {
-        PathBuf::from("/dev/shm")
+        out.push(Place {
+            path: Path::new(DEV_HUGEPAGES).join(&file),
+            create: hugepages_usable(),
+        });
+        out.push(Place {
+            path: Path::new(DEV_SHM).join(&file),
+            create: true,
+        });
+    }
+    out
+}
+
+/// Directory where a new shared-memory wire file goes first: `PMD_SHM_DIR` if set; else
+/// `/dev/hugepages` when it is a hugetlbfs mount with room for a wire and headroom; else
+/// `/dev/shm`. (When the file cannot be made on hugepages after all, it goes to `/dev/shm`:
+/// see [`Shm::open`].)
+pub fn shm_dir() -> PathBuf {
+    let p = places("x");
+    let first = p.iter().find(|p| p.create).unwrap_or(&p[0]);
+    first
+        .path
+        .parent()
+        .map_or_else(|| PathBuf::from(DEV_SHM), Path::to_path_buf)
+}
+
+/// Path of the file behind shared-memory wire `name`: an existing one (the other end's),
+/// wherever [`Shm::open`] looks; else where a new one would go first.
+pub fn shm_path(name: &str) -> PathBuf {
+    let p = places(name);
+    if let Some(found) = p.iter().find(|p| p.path.exists()) {
+        return found.path.clone();
+    }
+    p.iter().find(|p| p.create).unwrap_or(&p[0]).path.clone()
+}
+
+/// Bit 63 of a pid slot: the process in the low bits is removing the file (it was the last
+/// end out). A newcomer that sees it while that process lives steps back and starts over.
+const CLOSING: u64 = 1 << 63;
+
+/// Bit 62 of a pid slot: the process in the low bits is taking the end and discarding what
+/// waits for it; its peer sees the link up only once the plain pid is stored, so that no
+/// frame sent after the link came up is taken for a stale one.
+const ATTACHING: u64 = 1 << 62;
+
+/// Who holds an end, from its pid slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    /// Nobody (0).
+    Free,
+    /// A live process.
+    Live,
+    /// A live process that is removing the file.
+    Closing,
+    /// A live process that is taking the end (not attached yet).
+    Attaching,
+    /// A process that is gone (or a slot that holds no pid of this machine).
+    Dead,
+}
+
+fn holder(slot: u64) -> Holder {
+    let alive = |p: u64| u32::try_from(p).is_ok_and(process_alive);
+    if slot == 0 {
+        Holder::Free
+    } else if slot & CLOSING != 0 {
+        if alive(slot & !CLOSING) {
+            Holder::Closing
+        } else {
+            Holder::Dead
+        }
+    } else if slot & ATTACHING != 0 {
+        if alive(slot & !ATTACHING) {
+            Holder::Attaching
+        } else {
+            Holder::Dead
+        }
+    } else if alive(slot) {
+        Holder::Live
+    } else {
+        Holder::Dead
     }
 }
 
-/// Path of the file behind shared-memory wire `name`. An existing file (the other end's) is
-/// found in either directory, so both ends meet even if hugepage availability changed between
-/// their starts; a new one goes where [`shm_dir`] says.
-pub fn shm_path(name: &str) -> PathBuf {
-    let file = format!("pmd-wire-{name}");
-    if std::env::var_os("PMD_SHM_DIR").is_none() {
-        for dir in ["/dev/hugepages", "/dev/shm"] {
-            let p = Path::new(dir).join(&file);
-            if p.exists() {
-                return p;
-            }
+/// The file's identity (device, inode), to tell whether a name still refers to the file we
+/// mapped.
+fn identity(m: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (m.dev(), m.ino())
+}
+
+/// Where a new file is built before it is linked in under its name, complete: in the same
+/// directory, named after the wire and this process (`.pmd-wire-NAME.PID.tmp`).
+fn temp_path(path: &Path, pid: u32) -> PathBuf {
+    let file = path
+        .file_name()
+        .map_or_else(|| "pmd-wire".into(), |f| f.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{file}.{pid}.tmp"))
+}
+
+/// Removes the temporary files of `path` (see [`temp_path`]) left by processes that died
+/// while building one.
+fn sweep_temps(path: &Path) {
+    let (Some(dir), Some(file)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let prefix = format!(".{}.", file.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = n
+            .strip_prefix(&prefix)
+            .and_then(|r| r.strip_suffix(".tmp"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !process_alive(pid) {
+            let _ = std::fs::remove_file(e.path());
         }
     }
-    shm_dir().join(file)
 }
+
+/// Removes the temporary name of a wire file when dropped, whether the file was linked in
+/// under its real name (which keeps it) or the attempt failed half-way (which frees it): a
+/// half-built wire file never outlives the attempt that built it.
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// What one attempt to open a cable end came to.
+enum Attempt {
+    Done(Box<Shm>),
+    /// The file changed under us (removed, being removed, or another process made it
+    /// first): look again.
+    Again,
+}
+
+/// Once per process: the warning that wires fell back from hugepages to normal memory.
+static FALLBACK_WARNED: std::sync::Once = std::sync::Once::new();
 
 /// A shared-memory cable end.
 #[derive(Debug)]
 pub struct Shm {
     name: String,
     path: PathBuf,
+    /// (device, inode) of the file mapped, to check the name before removing it.
+    file_id: (u64, u64),
     mem: Arc<DevMem>,
     end: End,
     tx: FrameRing,
     rx: FrameRing,
+    /// Frames discarded unread when this end was attached (sent before it was: a stale
+    /// generation); reported as `rx_stale`.
+    rx_stale: u64,
 }
 
 impl Shm {
     /// Opens end A (creating the file) or end B (of a file another process created).
     ///
+    /// The file is looked for where [`shm_path`] says; a new one is built under a temporary
+    /// name and linked in once its header is complete, so a file under the wire's name is
+    /// always whole. When a hugetlbfs directory has no huge pages for it (too few reserved,
+    /// a hugetlb cgroup limit, no permission), it goes to `/dev/shm` instead, with one
+    /// warning per process. A file whose ends both belong to processes that are gone is
+    /// taken over. An end taken over (its holder died) starts a new generation: the frames
+    /// sent to the old holder are discarded unread and counted (`rx_stale`).
+    ///
     /// # Errors
-    /// See [`WireError`]: a third live end, a foreign or incompatible file, I/O errors.
+    /// See [`WireError`]: a third live end, a foreign, incompatible or half-made file (the
+    /// error names it and says how to remove it), I/O errors.
     pub fn open(name: &str) -> Result<Self, WireError> {
-        Self::open_at(name, &shm_path(name))
+        Self::open_places(name, &places(name))
     }
 
-    /// As [`Shm::open`], with an explicit file path.
+    /// As [`Shm::open`], with an explicit file path (no fallback).
     ///
     /// # Errors
     /// See [`Shm::open`].
     pub fn open_at(name: &str, path: &Path) -> Result<Self, WireError> {
-        let io_err = |source| WireError::Shm {
-            name: name.into(),
-            path: path.into(),
-            source,
-        };
-        let bytes = shm_file_bytes(SHM_RING_BYTES);
-        let me = u64::from(pid());
-        for _attempt in 0..4 {
-            // Creator: O_EXCL decides who is end A.
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-            {
-                Ok(_) => {
-                    let mem = DevMem::shared_file(path, bytes, true).map_err(io_err)?;
-                    let hdr = Header::new_checked(&mem).expect("a wire file holds its header");
-                    hdr.set_major(SHM_MAJOR);
-                    hdr.set_minor(SHM_MINOR);
-                    hdr.set_compat(SHM_COMPAT);
-                    // This build uses no incompatible feature.
-                    hdr.set_incompat(0);
-                    hdr.set_ring_bytes(SHM_RING_BYTES);
-                    hdr.set_max_frame(MAX_FRAME as u32);
-                    hdr.set_pid(End::A, me, Ordering::Relaxed);
-                    // The signature goes last: a peer that sees it sees the whole header.
-                    hdr.set_signature(SHM_SIGNATURE);
-                    return Ok(Self::ends(name, path, Arc::new(mem), End::A));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io_err(e)),
-            }
-            let mem = Arc::new(Self::attach(name, path)?);
-            let hdr = Header::new_checked(&mem).expect("attach maps the whole file");
-            let a = hdr.pid(End::A, Ordering::Acquire);
-            let b = hdr.pid(End::B, Ordering::Acquire);
-            let live = |p: u64| p != 0 && process_alive(p as u32);
-            if !live(a) && !live(b) {
-                // A stale file from runs that are gone: start over with a fresh cable.
-                let _ = std::fs::remove_file(path);
-                continue;
-            }
-            for (end, holder) in [(End::B, b), (End::A, a)] {
-                if !live(holder) && hdr.claim(end, holder, me).is_ok() {
-                    return Ok(Self::ends(name, path, mem, end));
-                }
-            }
-            return Err(WireError::CableFull {
-                name: name.into(),
-                a,
-                b,
-            });
-        }
-        Err(io_err(std::io::Error::other(
-            "the wire file kept changing under us",
-        )))
+        Self::open_places(
+            name,
+            &[Place {
+                path: path.into(),
+                create: true,
+            }],
+        )
     }
 
-    /// Maps an existing file and checks its header.
-    fn attach(name: &str, path: &Path) -> Result<DevMem, WireError> {
+    fn open_places(name: &str, places: &[Place]) -> Result<Self, WireError> {
+        let me = pid();
+        for _attempt in 0..64 {
+            let attempt = match places.iter().find(|p| p.path.exists()) {
+                Some(found) => Self::join(name, &found.path, me)?,
+                None => Self::create_first(name, places, me)?,
+            };
+            match attempt {
+                Attempt::Done(shm) => return Ok(*shm),
+                Attempt::Again => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        Err(WireError::Shm {
+            name: name.into(),
+            path: places[0].path.clone(),
+            source: std::io::Error::other("the wire file kept changing under us"),
+        })
+    }
+
+    /// Makes a new file in the first place that takes one, falling back from a hugetlbfs
+    /// place to the next with one warning.
+    fn create_first(name: &str, places: &[Place], me: u32) -> Result<Attempt, WireError> {
+        let creatable: Vec<&Place> = places.iter().filter(|p| p.create).collect();
+        let mut last = None;
+        for (i, place) in creatable.iter().enumerate() {
+            match Self::create(name, &place.path, me) {
+                Ok(a) => return Ok(a),
+                Err(e) => {
+                    if let Some(next) = creatable.get(i + 1) {
+                        let (from, to) = (place.path.display(), next.path.display());
+                        let why = match &e {
+                            WireError::Shm { source, .. } => source.to_string(),
+                            other => other.to_string(),
+                        };
+                        let mut first = false;
+                        FALLBACK_WARNED.call_once(|| {
+                            first = true;
+                            tracing::warn!(target: "pmd::emu::wire",
+                                "shared-memory wire '{name}': no hugepages for {from} ({why}); \
+                                 using {to} (normal pages) instead. Reserve hugepages \
+                                 (vm.nr_hugepages) or set PMD_NO_HUGEPAGES=1 to go there \
+                                 directly; this is reported once.");
+                        });
+                        if !first {
+                            tracing::debug!(target: "pmd::emu::wire", name, from = %from, to = %to, error = %e, "wire file falls back to normal pages");
+                        }
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| WireError::Shm {
+            name: name.into(),
+            path: places[0].path.clone(),
+            source: std::io::Error::other("no directory to create the wire file in"),
+        }))
+    }
+
+    /// Builds a new file (end A held by us) under a temporary name, with all its memory
+    /// allocated and its header complete, then links it in under `path`. `Again` when
+    /// another process linked its own first.
+    fn create(name: &str, path: &Path, me: u32) -> Result<Attempt, WireError> {
         let io_err = |source| WireError::Shm {
             name: name.into(),
             path: path.into(),
             source,
         };
-        let deadline = Duration::from_secs(2);
+        sweep_temps(path);
+        let tmp = temp_path(path, me);
+        let _ = std::fs::remove_file(&tmp);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(io_err)?;
+        let guard = RemoveOnDrop(Some(tmp.clone()));
+        let bytes = shm_file_bytes(SHM_RING_BYTES);
+        crate::sys::mem::allocate_file(&file, bytes).map_err(io_err)?;
+        let mem = DevMem::map_file(&file, bytes).map_err(io_err)?;
+        let hdr = Header::new_checked(&mem).expect("a wire file holds its header");
+        hdr.set_major(SHM_MAJOR);
+        hdr.set_minor(SHM_MINOR);
+        hdr.set_compat(SHM_COMPAT);
+        // This build uses no incompatible feature.
+        hdr.set_incompat(0);
+        hdr.set_ring_bytes(SHM_RING_BYTES);
+        hdr.set_max_frame(MAX_FRAME as u32);
+        hdr.set_pid(End::A, u64::from(me), Ordering::Relaxed);
+        hdr.set_generation(1, Ordering::Relaxed);
+        // The signature goes last: a peer that sees it sees the whole header.
+        hdr.set_signature(SHM_SIGNATURE);
+        match std::fs::hard_link(&tmp, path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(Attempt::Again),
+            Err(e) => return Err(io_err(e)),
+        }
+        drop(guard);
+        let id = identity(&file.metadata().map_err(io_err)?);
+        Ok(Attempt::Done(Box::new(Self::ends(
+            name,
+            path,
+            id,
+            Arc::new(mem),
+            End::A,
+        ))))
+    }
+
+    /// Maps an existing file, checks its header and takes a free end (or one whose holder
+    /// is gone).
+    fn join(name: &str, path: &Path, me: u32) -> Result<Attempt, WireError> {
+        let io_err = |source| WireError::Shm {
+            name: name.into(),
+            path: path.into(),
+            source,
+        };
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Attempt::Again),
+            Err(e) => return Err(io_err(e)),
+        };
+        let id = identity(&file.metadata().map_err(io_err)?);
+        let ring = Self::check_header(name, path, &file)?;
+        let mem = Arc::new(DevMem::map_file(&file, shm_file_bytes(ring)).map_err(io_err)?);
+        let hdr = Header::new_checked(&mem).expect("join maps the whole file");
+        let me = u64::from(me);
+        let (a, b) = (
+            hdr.pid(End::A, Ordering::Acquire),
+            hdr.pid(End::B, Ordering::Acquire),
+        );
+        let (ha, hb) = (holder(a), holder(b));
+        if ha == Holder::Closing || hb == Holder::Closing {
+            // Its last end is removing it: wait for that and make a new one.
+            return Ok(Attempt::Again);
+        }
+        let mut mine = None;
+        for (end, slot, h) in [(End::B, b, hb), (End::A, a, ha)] {
+            if matches!(h, Holder::Free | Holder::Dead)
+                && hdr.claim(end, slot, ATTACHING | me).is_ok()
+            {
+                mine = Some(end);
+                break;
+            }
+        }
+        let Some(end) = mine else {
+            let held = |h| matches!(h, Holder::Live | Holder::Attaching);
+            if held(ha) && held(hb) {
+                return Err(WireError::CableFull {
+                    name: name.into(),
+                    a,
+                    b,
+                });
+            }
+            // A slot changed between reading and claiming it.
+            return Ok(Attempt::Again);
+        };
+        // Claim, then look at the other end (a closing end does the reverse: whichever goes
+        // second sees the other; SeqCst orders each side's store before its load).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let other = hdr.pid(end.peer(), Ordering::SeqCst);
+        let renamed = std::fs::metadata(path).map_or(true, |m| identity(&m) != id);
+        if holder(other) == Holder::Closing || renamed {
+            let _ = hdr.claim(end, ATTACHING | me, 0);
+            return Ok(Attempt::Again);
+        }
+        let generation = hdr.next_generation();
+        let mut shm = Self::ends(name, path, id, mem, end);
+        // Whatever waits for this end was sent to its previous holder (dead, or gone with
+        // its frames unread) or before anyone held it: a stale generation, not ours. The
+        // peer sees the link up (our plain pid) only after that.
+        shm.rx_stale = shm.rx.discard_all();
+        shm.header().set_pid(end, me, Ordering::Release);
+        if shm.rx_stale > 0 {
+            tracing::info!(target: "pmd::emu::wire", name, end = %end.letter(), generation, discarded = shm.rx_stale,
+                "shared-memory wire: frames sent before this end was attached discarded (rx_stale)");
+        }
+        Ok(Attempt::Done(Box::new(shm)))
+    }
+
+    /// Checks the header of an existing file; the size of its rings.
+    fn check_header(name: &str, path: &Path, file: &std::fs::File) -> Result<u32, WireError> {
+        let io_err = |source| WireError::Shm {
+            name: name.into(),
+            path: path.into(),
+            source,
+        };
+        // Files of this build are linked in whole; an older build's creator may still be
+        // writing its header: give it a moment before calling the file half-made.
+        let deadline = Duration::from_millis(500);
         let t0 = Instant::now();
-        // The creator sizes the file right after creating it; wait for that and the signature.
         loop {
-            let len = std::fs::metadata(path).map_err(io_err)?.len() as usize;
+            let len = file.metadata().map_err(io_err)?.len() as usize;
             if len >= Header::LEN {
-                let mem = DevMem::shared_file(path, Header::LEN, false).map_err(io_err)?;
+                let mem = DevMem::map_file(file, Header::LEN).map_err(io_err)?;
                 let hdr = Header::new_checked(&mem).expect("mapped a whole header");
                 let sig = hdr.signature();
                 if sig == SHM_SIGNATURE {
@@ -413,16 +787,15 @@ impl Shm {
                     if ignored != 0 {
                         tracing::debug!(target: "pmd::emu::wire", path = %path.display(), ignored, "peer uses compatible wire features this build ignores");
                     }
-                    let bytes = shm_file_bytes(ring);
-                    return DevMem::shared_file(path, bytes, false).map_err(io_err);
+                    return Ok(ring);
                 } else if sig != [0; 8] {
                     return Err(WireError::NotAWire { path: path.into() });
                 }
             }
             if t0.elapsed() > deadline {
-                return Err(WireError::Timeout {
+                return Err(WireError::HalfMade {
+                    name: name.into(),
                     path: path.into(),
-                    waited: deadline,
                 });
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -431,7 +804,7 @@ impl Shm {
 
     /// The two directions of a mapped file whose header was written (end A) or checked
     /// (end B).
-    fn ends(name: &str, path: &Path, mem: Arc<DevMem>, end: End) -> Self {
+    fn ends(name: &str, path: &Path, file_id: (u64, u64), mem: Arc<DevMem>, end: End) -> Self {
         let hdr = Header::new_checked(&mem).expect("a mapped wire file holds its header");
         let ring = hdr.ring_bytes() as usize;
         let a_to_b = FrameRing::new(Arc::clone(&mem), Header::LEN, ring, MAX_FRAME);
@@ -449,15 +822,22 @@ impl Shm {
         Self {
             name: name.into(),
             path: path.into(),
+            file_id,
             mem,
             end,
             tx,
             rx,
+            rx_stale: 0,
         }
     }
 
     fn header(&self) -> Header<'_> {
         Header::new_checked(&self.mem).expect("checked when the file was mapped")
+    }
+
+    /// The file behind this end.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 
@@ -469,8 +849,7 @@ impl Wire for Shm {
         self.rx.pop(buf)
     }
     fn peer_alive(&self) -> bool {
-        let p = self.header().pid(self.end.peer(), Ordering::Acquire);
-        p != 0 && process_alive(p as u32)
+        holder(self.header().pid(self.end.peer(), Ordering::Acquire)) == Holder::Live
     }
     /// The other end's pid slot holds a live process: false from the moment end A creates
     /// the file until end B claims its slot, and again once the peer closed its end or died.
@@ -481,16 +860,45 @@ impl Wire for Shm {
     fn describe(&self) -> String {
         format!("shm:{} (end {})", self.name, self.end.letter())
     }
+    /// `rx_stale`: frames discarded unread when this end was attached, because they were
+    /// sent before it was (to a previous holder that died, or to nobody).
+    fn stats(&self) -> Vec<(String, u64)> {
+        vec![("rx_stale".into(), self.rx_stale)]
+    }
 }
 
 impl Drop for Shm {
+    /// Gives the end up; the last end out (the other one free or its process gone) removes
+    /// the file.
     fn drop(&mut self) {
         let hdr = self.header();
-        hdr.set_pid(self.end, 0, Ordering::Release);
-        // The last end out removes the file.
-        if hdr.pid(self.end.peer(), Ordering::Acquire) == 0 {
+        let me = u64::from(pid());
+        let peer_end = self.end.peer();
+        let peer = hdr.pid(peer_end, Ordering::SeqCst);
+        match holder(peer) {
+            Holder::Live | Holder::Closing | Holder::Attaching => {
+                hdr.set_pid(self.end, 0, Ordering::Release);
+                return;
+            }
+            // Free it, unless a newcomer takes it this very moment.
+            Holder::Dead if hdr.claim(peer_end, peer, 0).is_err() => {
+                hdr.set_pid(self.end, 0, Ordering::Release);
+                return;
+            }
+            Holder::Dead | Holder::Free => {}
+        }
+        // Mark the file as going, then look again: a newcomer claims and then looks, so one
+        // of us sees the other (SeqCst orders each side's store before its load).
+        hdr.set_pid(self.end, CLOSING | me, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if hdr.pid(peer_end, Ordering::SeqCst) != 0 {
+            hdr.set_pid(self.end, 0, Ordering::Release);
+            return;
+        }
+        if std::fs::metadata(&self.path).is_ok_and(|m| identity(&m) == self.file_id) {
             let _ = std::fs::remove_file(&self.path);
         }
+        // The file is unlinked; our mapping goes with `self.mem`.
     }
 }
 
@@ -539,8 +947,7 @@ mod tests {
             assert!(a.peer_attached() && b.peer_attached(), "end B again");
             std::mem::forget(b);
             // End B's process dies without closing: its pid stays in the slot.
-            a.header()
-                .set_pid(End::B, u64::from(u32::MAX - 1), Ordering::Release);
+            a.header().set_pid(End::B, DEAD, Ordering::Release);
             assert!(!a.peer_attached(), "end B's process is gone");
         });
     }
@@ -560,16 +967,22 @@ mod tests {
             let a = Shm::open_at("v1", &p).unwrap();
             // A 1.x peer (fixed slots) is refused by its major version.
             a.header().set_major(1);
+            a.header().set_minor(0);
             let e = Shm::open_at("v1", &p).unwrap_err();
             assert!(
                 e.to_string()
                     .contains("peer uses wire format 1.0, this build speaks 2.x"),
                 "{e}"
             );
+            assert!(
+                e.to_string().contains(&format!("rm -f {}", p.display())),
+                "{e}"
+            );
             a.header().set_major(SHM_MAJOR);
+            a.header().set_minor(SHM_MINOR);
             a.header().set_ring_bytes(3 << 20);
             let e = Shm::open_at("v1", &p).unwrap_err();
-            assert!(e.to_string().contains("wire format 2.0"), "{e}");
+            assert!(e.to_string().contains("wire format 2.1"), "{e}");
             a.header().set_ring_bytes(SHM_RING_BYTES);
             a.header().set_incompat(0x8);
             let e = Shm::open_at("v1", &p).unwrap_err();
@@ -577,28 +990,192 @@ mod tests {
         });
     }
 
+    /// A pid no process has (pids stop well below it).
+    const DEAD: u64 = u32::MAX as u64 - 1;
+
+    fn stale(w: &Shm) -> u64 {
+        w.stats()
+            .iter()
+            .find(|(n, _)| n == "rx_stale")
+            .map(|(_, v)| *v)
+            .expect("rx_stale is always reported")
+    }
+
     #[test]
-    fn shm_stale_file_from_dead_processes_is_replaced() {
+    fn shm_stale_file_from_dead_processes_is_taken_over_without_its_frames() {
         with_shm_dir(|d| {
             let p = d.join("stale");
             let mut a = Shm::open_at("stale", &p).unwrap();
             // Pretend both ends belonged to processes that died.
             let hdr = a.header();
-            hdr.set_pid(End::A, u64::from(u32::MAX - 1), Ordering::Release);
-            hdr.set_pid(End::B, u64::from(u32::MAX - 2), Ordering::Release);
-            a.tx.push(b"stale frame");
+            hdr.set_pid(End::A, DEAD, Ordering::Release);
+            hdr.set_pid(End::B, DEAD - 1, Ordering::Release);
+            assert!(a.tx.push(b"stale frame"));
             std::mem::forget(a);
             let mut fresh = Shm::open_at("stale", &p).unwrap();
-            assert!(fresh.describe().contains("end A"));
             let mut buf = [0u8; 32];
             assert_eq!(fresh.recv(&mut buf), None);
+            assert_eq!(stale(&fresh), 1, "the old frame is counted, not delivered");
+            let mut other = Shm::open_at("stale", &p).unwrap();
+            assert!(fresh.peer_attached() && other.peer_attached());
+            assert_eq!(stale(&other), 0);
+            assert!(other.send(b"new"));
+            assert_eq!(fresh.recv(&mut buf), Some(3));
+            drop((fresh, other));
+            assert!(!p.exists(), "the last end out removes the taken-over file");
         });
+    }
+
+    #[test]
+    fn a_new_attachment_starts_a_new_generation_without_the_old_frames() {
+        with_shm_dir(|d| {
+            let p = d.join("gen");
+            let mut a = Shm::open_at("gen", &p).unwrap();
+            assert_eq!(a.header().generation(Ordering::Acquire), 1);
+            // Sent before anyone is at the other end.
+            for _ in 0..3 {
+                assert!(a.send(&[1u8; 60]));
+            }
+            let mut b = Shm::open_at("gen", &p).unwrap();
+            let mut buf = [0u8; 64];
+            assert_eq!(b.recv(&mut buf), None, "frames sent to nobody are stale");
+            assert_eq!(stale(&b), 3);
+            assert_eq!(a.header().generation(Ordering::Acquire), 2);
+            assert!(a.send(&[2u8; 60]));
+            assert_eq!(b.recv(&mut buf), Some(60));
+            assert_eq!(buf[0], 2, "frames sent while attached arrive");
+            // End B's process dies without closing (SIGKILL): its pid stays in the slot.
+            b.header().set_pid(End::B, DEAD, Ordering::Release);
+            std::mem::forget(b);
+            assert!(!a.peer_attached());
+            for _ in 0..2 {
+                assert!(a.send(&[3u8; 60]));
+            }
+            let mut b2 = Shm::open_at("gen", &p).unwrap();
+            assert!(b2.describe().contains("end B"), "{}", b2.describe());
+            assert_eq!(
+                b2.recv(&mut buf),
+                None,
+                "frames sent to the dead holder are stale"
+            );
+            assert_eq!(stale(&b2), 2);
+            assert_eq!(a.header().generation(Ordering::Acquire), 3);
+            assert!(a.send(&[4u8; 60]));
+            assert_eq!(b2.recv(&mut buf), Some(60));
+            assert_eq!(buf[0], 4);
+            // What the dead holder sent while it lived still reaches the live end.
+            assert!(b2.send(&[5u8; 60]));
+            assert_eq!(a.recv(&mut buf), Some(60));
+            assert_eq!(stale(&a), 0);
+        });
+    }
+
+    #[test]
+    fn the_last_end_out_removes_the_file_also_when_the_other_died() {
+        with_shm_dir(|d| {
+            let p = d.join("last");
+            let a = Shm::open_at("last", &p).unwrap();
+            let b = Shm::open_at("last", &p).unwrap();
+            b.header().set_pid(End::B, DEAD, Ordering::Release);
+            std::mem::forget(b);
+            drop(a);
+            assert!(!p.exists(), "a dead peer does not keep the file");
+            assert_eq!(
+                std::fs::read_dir(d).unwrap().count(),
+                0,
+                "no temporary file left either"
+            );
+        });
+    }
+
+    #[test]
+    fn a_half_made_file_is_refused_with_its_name_and_how_to_remove_it() {
+        with_shm_dir(|d| {
+            // What a run of an older build that died while creating the file left: the
+            // full size, no header.
+            let p = d.join("pmd-wire-half");
+            std::fs::write(&p, vec![0u8; 4 << 20]).unwrap();
+            let e = Shm::open_at("half", &p).unwrap_err();
+            assert!(matches!(e, WireError::HalfMade { .. }), "{e}");
+            let msg = e.to_string();
+            assert!(msg.contains(&format!("rm -f {}", p.display())), "{msg}");
+            assert!(msg.contains("has no header"), "{msg}");
+            std::fs::remove_file(&p).unwrap();
+            let a = Shm::open_at("half", &p).unwrap();
+            assert!(a.describe().contains("end A"), "works once removed");
+        });
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_made_leaves_nothing_and_falls_back_to_the_next_place() {
+        with_shm_dir(|d| {
+            // The first place cannot take a file (its directory is a regular file), the
+            // second can.
+            std::fs::write(d.join("notadir"), b"").unwrap();
+            let bad = d.join("notadir").join("pmd-wire-fb");
+            let good = d.join("pmd-wire-fb");
+            let places = [
+                Place {
+                    path: bad.clone(),
+                    create: true,
+                },
+                Place {
+                    path: good.clone(),
+                    create: true,
+                },
+            ];
+            let a = Shm::open_places("fb", &places).unwrap();
+            assert_eq!(a.path(), good);
+            // The other end finds it there too.
+            let b = Shm::open_places("fb", &places).unwrap();
+            assert!(b.describe().contains("end B"));
+            drop((a, b));
+            // With no place left to fall back to, the error names the file.
+            let e = Shm::open_places("fb", &places[..1]).unwrap_err();
+            assert!(e.to_string().contains(&bad.display().to_string()), "{e}");
+            let left: Vec<_> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(
+                left,
+                vec![std::ffi::OsString::from("notadir")],
+                "nothing half-made"
+            );
+        });
+    }
+
+    #[test]
+    fn a_temporary_file_of_a_dead_creator_is_swept() {
+        with_shm_dir(|d| {
+            let p = d.join("pmd-wire-sweep");
+            let dead = temp_path(&p, DEAD as u32);
+            let live = temp_path(&p, pid());
+            std::fs::write(&dead, b"").unwrap();
+            let a = Shm::open_at("sweep", &p).unwrap();
+            assert!(!dead.exists(), "the dead creator's temporary file is gone");
+            assert!(!live.exists(), "ours was linked in and removed");
+            drop(a);
+        });
+    }
+
+    #[test]
+    fn holders_by_pid_slot() {
+        let me = u64::from(pid());
+        assert_eq!(holder(0), Holder::Free);
+        assert_eq!(holder(me), Holder::Live);
+        assert_eq!(holder(DEAD), Holder::Dead);
+        assert_eq!(holder(CLOSING | me), Holder::Closing);
+        assert_eq!(holder(CLOSING | DEAD), Holder::Dead);
+        assert_eq!(holder(ATTACHING | me), Holder::Attaching);
+        assert_eq!(holder(ATTACHING | DEAD), Holder::Dead);
+        assert_eq!(holder(1 << 40), Holder::Dead, "not a pid");
     }
 
     /// A header written out by hand from the layout table in the module docs, with a distinct
     /// value in every field: signature "PMDWIRE\0", major 0x0102, minor 0x0304, compat
     /// 0x0a0b0c0d, incompat 0x1a1b1c1d, ring_bytes 1024 (0x400), max_frame 9216 (0x2400),
-    /// pid_a 0x1122334455667788, pid_b 0x99aabbccddeeff00.
+    /// pid_a 0x1122334455667788, pid_b 0x99aabbccddeeff00, generation 0x0123456789abcdef.
     #[rustfmt::skip]
     const HEADER_BYTES: [u8; 128] = [
         // +0 signature
@@ -623,8 +1200,9 @@ mod tests {
         0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11,
         // +72 pid_b
         0x00, 0xff, 0xee, 0xdd, 0xcc, 0xbb, 0xaa, 0x99,
-        // +80 reserved
-        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        // +80 generation
+        0xef, 0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01,
+        // +88 reserved
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
@@ -654,6 +1232,7 @@ mod tests {
         h.set_max_frame(9216);
         h.set_pid(End::A, 0x1122_3344_5566_7788, Ordering::Relaxed);
         h.set_pid(End::B, 0x99aa_bbcc_ddee_ff00, Ordering::Relaxed);
+        h.set_generation(0x0123_4567_89ab_cdef, Ordering::Relaxed);
         h.set_signature(SHM_SIGNATURE);
         assert_eq!(header_bytes(&mem), HEADER_BYTES);
     }
@@ -669,6 +1248,7 @@ mod tests {
         assert_eq!((h.ring_bytes(), h.max_frame()), (1024, 9216));
         assert_eq!(h.pid(End::A, Ordering::Relaxed), 0x1122_3344_5566_7788);
         assert_eq!(h.pid(End::B, Ordering::Relaxed), 0x99aa_bbcc_ddee_ff00);
+        assert_eq!(h.generation(Ordering::Relaxed), 0x0123_4567_89ab_cdef);
     }
 
     #[test]
@@ -678,21 +1258,22 @@ mod tests {
     }
 
     #[test]
-    fn a_new_wire_file_starts_with_the_version_2_0_header() {
+    fn a_new_wire_file_starts_with_the_version_2_1_header() {
         with_shm_dir(|d| {
             let p = d.join("golden");
             let a = Shm::open_at("golden", &p).unwrap();
             let file = std::fs::read(&p).unwrap();
-            // Written by hand from the layout table: version 2.0, no features, rings of
+            // Written by hand from the layout table: version 2.1, no features, rings of
             // 8 MiB (0x00800000) of records, frames up to 9208 bytes (0x23f8), end A held by
-            // this process, end B free, reserved bytes zero.
+            // this process, end B free, generation 1, reserved bytes zero.
             let mut want = [0u8; 128];
             want[0..8].copy_from_slice(b"PMDWIRE\0");
             want[8..10].copy_from_slice(&[0x02, 0x00]);
-            want[10..12].copy_from_slice(&[0x00, 0x00]);
+            want[10..12].copy_from_slice(&[0x01, 0x00]);
             want[20..24].copy_from_slice(&[0x00, 0x00, 0x80, 0x00]);
             want[24..28].copy_from_slice(&[0xf8, 0x23, 0x00, 0x00]);
             want[64..72].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+            want[80..88].copy_from_slice(&[0x01, 0, 0, 0, 0, 0, 0, 0]);
             assert_eq!(file[..128], want);
             assert_eq!(file.len() % (2 << 20), 0, "whole 2 MiB pages");
             drop(a);
@@ -703,7 +1284,7 @@ mod tests {
         #[test]
         fn header_fields_round_trip_without_touching_their_neighbours(
             major: u16, minor: u16, compat: u32, incompat: u32,
-            ring: u32, max_frame: u32, pid_a: u64, pid_b: u64, sig: [u8; 8],
+            ring: u32, max_frame: u32, pid_a: u64, pid_b: u64, generation: u64, sig: [u8; 8],
         ) {
             let mem = header_mem();
             mem.fill(0, Header::LEN, 0xa5);
@@ -717,14 +1298,16 @@ mod tests {
             h.set_max_frame(max_frame);
             h.set_pid(End::A, pid_a, Ordering::Relaxed);
             h.set_pid(End::B, pid_b, Ordering::Relaxed);
+            h.set_generation(generation, Ordering::Relaxed);
             proptest::prop_assert_eq!(h.signature(), sig);
             proptest::prop_assert_eq!((h.major(), h.minor()), (major, minor));
             proptest::prop_assert_eq!((h.compat(), h.incompat()), (compat, incompat));
             proptest::prop_assert_eq!((h.ring_bytes(), h.max_frame()), (ring, max_frame));
             proptest::prop_assert_eq!(h.pid(End::A, Ordering::Relaxed), pid_a);
             proptest::prop_assert_eq!(h.pid(End::B, Ordering::Relaxed), pid_b);
+            proptest::prop_assert_eq!(h.generation(Ordering::Relaxed), generation);
             let bytes = header_bytes(&mem);
-            proptest::prop_assert!(bytes[28..64].iter().chain(&bytes[80..128]).all(|b| *b == 0xa5),
+            proptest::prop_assert!(bytes[28..64].iter().chain(&bytes[88..128]).all(|b| *b == 0xa5),
                 "reserved bytes untouched");
         }
     }
