@@ -204,3 +204,28 @@ fn latency_across_processes_uses_one_clock() {
     // With a clock per process the p50 would be the 2 s between the starts.
     assert!(p50 > 0 && p50 < 1_000_000_000, "p50 {p50} ns: {out}");
 }
+
+/// A stop signal during the drain (sending is over, pktgen waits for frames that will never
+/// come back) ends the wait at once: the report comes, the missing frames counted lost.
+#[test]
+fn pktgen_signal_during_the_drain_ends_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = format!("sgd{}", std::process::id());
+    let mut c = bin("pktgen");
+    // Nobody at the far end of the cable: nothing comes back, and with a drain timeout of
+    // 400 s pktgen would wait 100 s for progress.
+    c.args(["--port", &format!("emu-mana:wire=shm:{id}")])
+        .args(["--lcores", "0", "--json", "--link-timeout", "0"])
+        .args(["--count", "100", "--drain-timeout", "400"])
+        .env("PMD_SHM_DIR", dir.path());
+    let (child, rx) = spawn(c);
+    wait_for(&rx, r#""event":"ready""#, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(500));
+    signal(&child, pmd::sys::net::SIGINT);
+    let (status, out, err) = finish(child, &rx);
+    assert!(status.success(), "{status}: {err}");
+    let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(summary["tx_packets"], 100, "{out}");
+    assert_eq!(summary["lost"], 100, "{out}");
+    assert_eq!(files_in(dir.path()), Vec::<String>::new(), "{err}");
+}

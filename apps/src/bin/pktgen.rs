@@ -686,7 +686,8 @@ fn main_loop(
     // through a peer that is slow to be scheduled, on a loaded machine).
     let stalled = (drain_timeout / 4).max(Duration::from_millis(500));
     let mut last = (sh.tx_packets.get(), sh.rx_packets.get(), Instant::now());
-    let mut drain: Option<(Instant, u64, Instant)> = None;
+    // (drain start, frames seen, last progress, whether a stop signal had come by then)
+    let mut drain: Option<(Instant, u64, Instant, bool)> = None;
     loop {
         // Port events are watched here, never on the polling cores.
         if let Some(f) = events.wait(ports, Duration::from_millis(10)) {
@@ -708,13 +709,18 @@ fn main_loop(
             // Sending is over: wait for what is still on the wire, but not for ever.
             let rx = sh.rx_packets.get();
             let now = Instant::now();
-            let (since, seen, progress) = drain.get_or_insert((now, rx, now));
+            let (since, seen, progress, signalled_before) =
+                drain.get_or_insert((now, rx, now, signalled.is_set()));
             if rx != *seen {
                 *seen = rx;
                 *progress = now;
             }
             let all_back = rx >= sh.tx_packets.get();
-            if all_back || now - *since >= drain_timeout || now - *progress >= stalled {
+            // A stop signal during the drain itself means "stop waiting": the sending is
+            // over, what has not come back is reported lost.
+            let cut_short = signalled.is_set() && !*signalled_before;
+            if all_back || cut_short || now - *since >= drain_timeout || now - *progress >= stalled
+            {
                 break;
             }
         }
