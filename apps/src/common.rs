@@ -290,17 +290,75 @@ pub fn loss_counters(stats: &Stats) -> Vec<(String, u64)> {
     out
 }
 
-/// A port's statistics for a `--json` report: the basic counters and every extended
-/// counter by name.
+/// Frames a port's device dropped, by direction, from its counters: what the tools add to
+/// the frames they counted themselves so that every frame sent is accounted for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceDrops {
+    /// Frames the port's driver accepted for sending that never left the device: the
+    /// device-model counters `dev_tx_*drops` (a full cable or a link down, a frame over the
+    /// MTU); on a port without them, its transmit errors (`oerrors`).
+    pub tx: u64,
+    /// Frames that reached the port and never made it to the application: `imissed` (no
+    /// receive buffer, a full ring under the port) plus the device-model counters
+    /// `dev_rx_*drops` (frames a fault dropped).
+    pub rx: u64,
+}
+
+impl DeviceDrops {
+    /// Both directions.
+    pub fn total(&self) -> u64 {
+        self.tx + self.rx
+    }
+}
+
+/// The frames `stats`' port dropped: see [`DeviceDrops`]. Each frame is counted once: a
+/// device-model port's driver-level error counters (`oerrors`, `tx_error_drops`) see the
+/// same frames as its device's counters and are not added to them.
+pub fn device_drops(stats: &Stats) -> DeviceDrops {
+    let sum = |prefix: &str| -> Option<u64> {
+        let mut found = false;
+        let mut v = 0;
+        for (n, x) in &stats.xstats {
+            if n.starts_with(prefix) {
+                found = true;
+                if n.ends_with("drops") {
+                    v += x;
+                }
+            }
+        }
+        found.then_some(v)
+    };
+    DeviceDrops {
+        tx: sum("dev_tx_").unwrap_or(stats.oerrors),
+        rx: stats.imissed + sum("dev_rx_").unwrap_or(0),
+    }
+}
+
+/// A port's statistics for a `--json` report: the basic counters, the frames its device
+/// dropped ([`device_drops`]), every queue's counters and every extended counter by name
+/// (zeros included).
 pub fn stats_json(stats: &Stats) -> Value {
     let x: serde_json::Map<String, Value> = stats
         .xstats
         .iter()
         .map(|(n, v)| (n.clone(), json!(v)))
         .collect();
+    let queues = |qs: &[pmd::port::QueueStats]| -> Vec<Value> {
+        qs.iter()
+            .enumerate()
+            .map(|(i, q)| {
+                json!({"queue": i, "packets": q.packets, "bytes": q.bytes, "errors": q.errors,
+                    "missed": q.missed, "nombuf": q.nombuf})
+            })
+            .collect()
+    };
+    let d = device_drops(stats);
     json!({
-        "ipackets": stats.ipackets, "opackets": stats.opackets, "imissed": stats.imissed,
-        "ierrors": stats.ierrors, "oerrors": stats.oerrors, "rx_nombuf": stats.rx_nombuf,
+        "ipackets": stats.ipackets, "opackets": stats.opackets, "ibytes": stats.ibytes,
+        "obytes": stats.obytes, "imissed": stats.imissed, "ierrors": stats.ierrors,
+        "oerrors": stats.oerrors, "rx_nombuf": stats.rx_nombuf,
+        "device_drops": {"tx": d.tx, "rx": d.rx},
+        "rx_queues": queues(&stats.rx_queues), "tx_queues": queues(&stats.tx_queues),
         "xstats": x,
     })
 }
@@ -319,6 +377,94 @@ pub fn loss_lines(stats: &[Stats]) -> Vec<String> {
             })
         })
         .collect()
+}
+
+/// The device counters of every port for a text summary, readable: per port its basic
+/// counters and the frames its device dropped, the queues of a port with more than one
+/// (those with any count), and its extended counters that are not zero (`--json` has all):
+///
+/// ```text
+///   port 0 device: ipackets 0 opackets 1000 imissed 0 rx_nombuf 0, dropped tx 500 rx 0
+///   port 0 rxq 1: packets 10 missed 3
+///   port 0 xstats: dev_tx_frames 500, dev_tx_mtu_drops 500
+/// ```
+pub fn device_lines(stats: &[Stats]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (p, s) in stats.iter().enumerate() {
+        let d = device_drops(s);
+        out.push(format!(
+            "  port {p} device: ipackets {} opackets {} imissed {} ierrors {} oerrors {} rx_nombuf {}, dropped tx {} rx {}",
+            s.ipackets, s.opackets, s.imissed, s.ierrors, s.oerrors, s.rx_nombuf, d.tx, d.rx
+        ));
+        for (dir, qs) in [("rxq", &s.rx_queues), ("txq", &s.tx_queues)] {
+            if qs.len() < 2 {
+                continue;
+            }
+            for (i, q) in qs.iter().enumerate() {
+                let mut parts = Vec::new();
+                for (n, v) in [
+                    ("packets", q.packets),
+                    ("errors", q.errors),
+                    ("missed", q.missed),
+                    ("nombuf", q.nombuf),
+                ] {
+                    if v > 0 {
+                        parts.push(format!("{n} {v}"));
+                    }
+                }
+                if !parts.is_empty() {
+                    out.push(format!("  port {p} {dir} {i}: {}", parts.join(" ")));
+                }
+            }
+        }
+        let x: Vec<String> = s
+            .xstats
+            .iter()
+            .filter(|(_, v)| *v > 0)
+            .map(|(n, v)| format!("{n} {v}"))
+            .collect();
+        if !x.is_empty() {
+            out.push(format!("  port {p} xstats: {}", x.join(", ")));
+        }
+    }
+    out
+}
+
+/// The [`Wire::stats`](pmd::emu::wire::Wire::stats) entries of a device-model port's pcap
+/// capture (`pcap=FILE`), as its extended counters name them: write failures, and the OS
+/// error of the first.
+const PCAP_ERRORS: &str = "wire_pcap_write_errors";
+const PCAP_ERRNO: &str = "wire_pcap_write_errno";
+
+/// Why the pcap capture of `stats`' port failed after it opened (a full disk), or `None`
+/// while it records (or the port records nothing). A tool stops on it with status 1: a
+/// capture with frames missing is not what was asked for.
+pub fn capture_failure(stats: &Stats) -> Option<String> {
+    let get = |name: &str| {
+        stats
+            .xstats
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, v)| *v)
+    };
+    if get(PCAP_ERRORS) == 0 {
+        return None;
+    }
+    let why = match i32::try_from(get(PCAP_ERRNO)) {
+        Ok(e) if e > 0 => std::io::Error::from_raw_os_error(e).to_string(),
+        _ => "write error".to_string(),
+    };
+    Some(format!(
+        "writing the pcap capture failed ({why}): frames from then on were not recorded"
+    ))
+}
+
+/// The first port whose pcap capture failed ([`capture_failure`]), as a fatal message for a
+/// tool's main loop: `port 0 (SPEC): writing the pcap capture failed (...): stopping`.
+pub fn failed_capture(ports: &[Port]) -> Option<String> {
+    ports.iter().enumerate().find_map(|(i, p)| {
+        capture_failure(&p.stats()).map(|m| format!("port {i} ({}): {m}: stopping", p.name()))
+    })
 }
 
 /// `1234567.0` -> `"1.23 M"`.

@@ -10,6 +10,12 @@ pub struct PcapTap {
     writer: Option<pcap_file::pcap::PcapWriter<WriteThroughFirst>>,
     path: PathBuf,
     failed: bool,
+    /// Failed writes (at most 1: the capture stops at the first), the OS error of that one
+    /// (0 if it had none) and the frames not recorded since: reported in [`Wire::stats`] so
+    /// that a tool can fail with the reason instead of a log line alone.
+    write_errors: u64,
+    errno: u64,
+    unrecorded: u64,
 }
 
 /// A buffered file whose first write goes straight to the file: the start of the pcap header,
@@ -95,11 +101,18 @@ impl PcapTap {
             writer: Some(writer),
             path: path.into(),
             failed: false,
+            write_errors: 0,
+            errno: 0,
+            unrecorded: 0,
         })
     }
 
     fn record(&mut self, frame: &[u8]) {
-        let Some(writer) = self.writer.as_mut().filter(|_| !self.failed) else {
+        if self.failed {
+            self.unrecorded += 1;
+            return;
+        }
+        let Some(writer) = self.writer.as_mut() else {
             return;
         };
         let ts = std::time::SystemTime::now()
@@ -109,6 +122,11 @@ impl PcapTap {
         if let Err(e) = writer.write_packet(&pkt) {
             tracing::error!(target: "pmd::emu::wire", path = %self.path.display(), error = %e, "pcap capture stopped: frames from now on are not recorded");
             self.failed = true;
+            self.write_errors += 1;
+            self.unrecorded += 1;
+            if let pcap_file::PcapError::IoError(io) = &e {
+                self.errno = io.raw_os_error().map_or(0, |n| n as u64);
+            }
         }
     }
 
@@ -156,8 +174,19 @@ impl Wire for PcapTap {
             self.path.display()
         )
     }
+    /// The inner wire's, then the capture's: `pcap_write_errors` (a write failed after the
+    /// file opened, e.g. the disk filled up: the capture stopped), `pcap_write_errno` (its OS
+    /// error number, 0 if none) and `pcap_unrecorded` (frames passed on but not recorded
+    /// since). Frames still in the write buffer are written when the tap is dropped; a
+    /// failure there is only logged.
     fn stats(&self) -> Vec<(String, u64)> {
-        self.inner.stats()
+        let mut v = self.inner.stats();
+        v.extend([
+            ("pcap_write_errors".to_string(), self.write_errors),
+            ("pcap_write_errno".to_string(), self.errno),
+            ("pcap_unrecorded".to_string(), self.unrecorded),
+        ]);
+        v
     }
 }
 
