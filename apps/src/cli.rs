@@ -219,7 +219,10 @@ mod tests {
         for bad in ["", "59", "64,", "64,,128", "2049", "64;128", "-64", "1e3"] {
             assert!(frame_sizes(bad).is_err(), "{bad}");
         }
-        assert_eq!(frame_sizes("64, 128,1518"), Ok(FrameSizes(vec![64, 128, 1518])));
+        assert_eq!(
+            frame_sizes("64, 128,1518"),
+            Ok(FrameSizes(vec![64, 128, 1518]))
+        );
         for bad in ["0", "1e-4", "1001", "inf", "NaN"] {
             assert!(speed(bad).is_err(), "{bad}");
         }

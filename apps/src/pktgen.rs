@@ -627,7 +627,9 @@ impl Pacing {
                 let loops = t / period_ns;
                 let within = t % period_ns;
                 let idx = times_ns.partition_point(|&x| x <= within) as u64;
-                loops.saturating_mul(times_ns.len() as u64).saturating_add(idx)
+                loops
+                    .saturating_mul(times_ns.len() as u64)
+                    .saturating_add(idx)
             }
         }
     }
@@ -903,12 +905,18 @@ mod tests {
         assert_eq!(p.due(ms(45.0)), 31);
         for k in 0..20 {
             let at = p.due_at(k);
-            assert_eq!(p.due(at + Duration::from_nanos(10)), k + 1, "frame {k} at {at:?}");
+            assert_eq!(
+                p.due(at + Duration::from_nanos(10)),
+                k + 1,
+                "frame {k} at {at:?}"
+            );
         }
         let fast = Pacing::capture(&[0, 1_000_000, 3_000_000], 10.0).unwrap();
         assert_eq!(fast.due(ms(0.45)), 4);
         assert!(fast.due_at(3).abs_diff(ms(0.45)) < Duration::from_nanos(2));
-        assert!(Pacing::capture(&[0], 1.0).unwrap_err().contains("spans no time"));
+        assert!(Pacing::capture(&[0], 1.0)
+            .unwrap_err()
+            .contains("spans no time"));
         assert!(Pacing::capture(&[0, 0, 0], 1.0).is_err());
         assert_eq!(Pacing::Rate(1000.0).due(ms(10.0)), 11);
     }

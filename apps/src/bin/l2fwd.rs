@@ -3,8 +3,8 @@
 
 use apps::cli::{usage, Failure};
 use apps::common::{
-    announce_ready, device_drops, device_lines, failed_capture, loss_lines, make_pool, open_ports, si,
-    stats_json, wait_links, Counter, EventWatch, Idle,
+    announce_ready, device_drops, device_lines, failed_capture, loss_lines, make_pool, open_ports,
+    si, stats_json, wait_links, Counter, EventWatch, Idle,
 };
 use clap::Parser;
 use mempool::lcache;

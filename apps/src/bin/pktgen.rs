@@ -227,7 +227,11 @@ fn main() -> ExitCode {
 
 /// The pacing the options ask for, for frames of `mean_len` bytes on average (without FCS):
 /// `None` as fast as possible.
-fn pacing(args: &Args, mean_len: f64, capture_times: Option<&[u64]>) -> Result<Option<Pacing>, Failure> {
+fn pacing(
+    args: &Args,
+    mean_len: f64,
+    capture_times: Option<&[u64]>,
+) -> Result<Option<Pacing>, Failure> {
     let l1_len = mean_len + (FCS_BYTES + L1_OVERHEAD_BYTES) as f64;
     Ok(match (args.rate, args.rate_gbps, args.rate_gbps_l1) {
         (Some(r), _, _) => Some(Pacing::Rate(r)),
