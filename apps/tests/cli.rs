@@ -195,3 +195,42 @@ fn usage_errors_exit_2_runtime_failures_exit_1() {
         assert!(err.contains(want), "{bin} {args:?}: {want:?} in {err}");
     }
 }
+
+/// `--help` and `-h` of every tool start with what the tool does (not the crate's one-line
+/// description), and pktgen's says how it counts frame sizes next to DPDK's tools.
+#[test]
+fn help_starts_with_what_the_tool_does() {
+    let tools: [(&str, &str); 3] = [
+        (env!("CARGO_BIN_EXE_l2fwd"), "Layer-2 forwarder:"),
+        (env!("CARGO_BIN_EXE_pktgen"), "Traffic generator:"),
+        (
+            env!("CARGO_BIN_EXE_pmd-devices"),
+            "List the NIC ports this framework can drive",
+        ),
+    ];
+    for (path, start) in tools {
+        for flag in ["--help", "-h"] {
+            let o = Command::new(path).arg(flag).output().unwrap();
+            assert_eq!(o.status.code(), Some(0));
+            let h = String::from_utf8_lossy(&o.stdout);
+            assert!(h.starts_with(start), "{path} {flag}: {h}");
+        }
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let h = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "without the 4-byte FCS",
+        "testpmd counts the same way",
+        "pktgen-dpdk counts the FCS",
+        "--imix",
+        "--rate-gbps-l1",
+        "--tx-only",
+        "--pcap-timing",
+        "--src-mac",
+    ] {
+        assert!(h.contains(want), "{want:?} in {h}");
+    }
+}

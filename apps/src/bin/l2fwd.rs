@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 /// forwarding (frames are lost until it is back); a failed or removed device stops l2fwd
 /// with exit status 1.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about)]
+#[command(version)]
 struct Args {
     /// A port, as a devargs string; give an even number of them (pairs 0-1, 2-3, ...).
     #[arg(long = "port", required = true, value_name = "SPEC")]

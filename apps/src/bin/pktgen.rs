@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 /// as they happen and listed in the `--json` report; a failed or removed device stops the
 /// run, which then exits with status 1 after its report.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about)]
+#[command(version)]
 struct Args {
     /// A port as a devargs string (one or two): TX on the first, RX on the last.
     #[arg(long = "port", required = true, value_name = "SPEC")]
