@@ -242,6 +242,11 @@ mod tests {
         assert!(b.send(&[2u8; 70]));
         let mut buf = [0u8; 128];
         assert_eq!(tap.recv(&mut buf), Some(70));
+        // A capture that records reports no failure.
+        let stats = tap.stats();
+        for name in ["pcap_write_errors", "pcap_write_errno", "pcap_unrecorded"] {
+            assert!(stats.contains(&(name.to_string(), 0)), "{name}: {stats:?}");
+        }
         drop(tap);
         let data = std::fs::read(&path).unwrap();
         let mut r = pcap_file::pcap::PcapReader::new(&data[..]).unwrap();
