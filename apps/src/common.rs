@@ -296,11 +296,11 @@ pub fn loss_counters(stats: &Stats) -> Vec<(String, u64)> {
 pub struct DeviceDrops {
     /// Frames the port's driver accepted for sending that never left the device: the
     /// device-model counters `dev_tx_*drops` (a full cable or a link down, a frame over the
-    /// MTU); on a port without them, its transmit errors (`oerrors`).
+    /// MTU); on a port without device counters, its transmit errors (`oerrors`).
     pub tx: u64,
     /// Frames that reached the port and never made it to the application: `imissed` (no
-    /// receive buffer, a full ring under the port) plus the device-model counters
-    /// `dev_rx_*drops` (frames a fault dropped).
+    /// receive buffer, a full ring under the port) plus the device-model counters of frames
+    /// it lost on receive ([`RX_DROP_COUNTERS`], `dev_rx_*drops`).
     pub rx: u64,
 }
 
@@ -311,26 +311,38 @@ impl DeviceDrops {
     }
 }
 
-/// The frames `stats`' port dropped: see [`DeviceDrops`]. Each frame is counted once: a
-/// device-model port's driver-level error counters (`oerrors`, `tx_error_drops`) see the
-/// same frames as its device's counters and are not added to them.
+/// Device-model counters of frames lost on receive besides `imissed` and `dev_rx_*drops`:
+/// no room in the completion queue, larger than the posted buffer, a bad buffer key.
+pub const RX_DROP_COUNTERS: [&str; 4] = [
+    "dev_rx_cq_full",
+    "dev_rx_oversize",
+    "dev_rx_truncated",
+    "dev_rx_prot_errors",
+];
+
+/// The frames `stats`' port dropped: see [`DeviceDrops`]. Each frame is counted once: the
+/// device's counters of frames it never put on the wire are used where the port has them,
+/// not the driver's error counters that may see the same frames (`oerrors`, `tx_error_drops`;
+/// the MANA model counts a frame over the MTU both as `dev_tx_mtu_drops` and as one of its
+/// `dev_tx_errors`).
 pub fn device_drops(stats: &Stats) -> DeviceDrops {
-    let sum = |prefix: &str| -> Option<u64> {
-        let mut found = false;
-        let mut v = 0;
-        for (n, x) in &stats.xstats {
-            if n.starts_with(prefix) {
-                found = true;
-                if n.ends_with("drops") {
-                    v += x;
-                }
+    let mut has_dev_tx = false;
+    let (mut tx, mut rx) = (0, stats.imissed);
+    for (n, v) in &stats.xstats {
+        if n.starts_with("dev_tx_") {
+            has_dev_tx = true;
+            if n.ends_with("drops") {
+                tx += v;
             }
+        } else if n.starts_with("dev_rx_")
+            && (n.ends_with("drops") || RX_DROP_COUNTERS.contains(&n.as_str()))
+        {
+            rx += v;
         }
-        found.then_some(v)
-    };
+    }
     DeviceDrops {
-        tx: sum("dev_tx_").unwrap_or(stats.oerrors),
-        rx: stats.imissed + sum("dev_rx_").unwrap_or(0),
+        tx: if has_dev_tx { tx } else { stats.oerrors },
+        rx,
     }
 }
 
@@ -477,5 +489,64 @@ pub fn si(v: f64) -> String {
         format!("{:.2} k", v / 1e3)
     } else {
         format!("{v:.0} ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(x: &[(&str, u64)]) -> Stats {
+        Stats {
+            imissed: 7,
+            oerrors: 3,
+            xstats: x.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+            ..Stats::default()
+        }
+    }
+
+    /// Each dropped frame counts once, by direction; a port without device counters
+    /// reports its transmit errors.
+    #[test]
+    fn device_drops_count_each_frame_once() {
+        let mana = stats(&[
+            ("tx_cqe_errors", 500),
+            ("dev_tx_frames", 10),
+            ("dev_tx_errors", 500),
+            ("dev_tx_wire_drops", 20),
+            ("dev_tx_mtu_drops", 500),
+            ("dev_rx_frames", 5),
+            ("dev_rx_no_wqe", 7),
+            ("dev_rx_fault_drops", 2),
+            ("dev_rx_truncated", 1),
+            ("wire_rx_drops", 0),
+        ]);
+        assert_eq!(device_drops(&mana), DeviceDrops { tx: 520, rx: 10 });
+        let mlx5 = stats(&[
+            ("tx_error_drops", 4),
+            ("dev_tx_flushed", 4),
+            ("dev_tx_mtu_drops", 9),
+            ("dev_rx_cq_full", 3),
+            ("dev_rx_oversize", 1),
+            ("dev_rx_compressed_sessions", 100),
+        ]);
+        assert_eq!(device_drops(&mlx5), DeviceDrops { tx: 9, rx: 11 });
+        assert_eq!(device_drops(&stats(&[])), DeviceDrops { tx: 3, rx: 7 });
+        assert_eq!(device_drops(&mlx5).total(), 20);
+    }
+
+    /// A capture that failed says why, with the OS error's text.
+    #[test]
+    fn capture_failures_name_the_os_error() {
+        assert_eq!(
+            capture_failure(&stats(&[("wire_pcap_write_errors", 0)])),
+            None
+        );
+        let m = capture_failure(&stats(&[
+            ("wire_pcap_write_errors", 1),
+            ("wire_pcap_write_errno", 28),
+        ]))
+        .unwrap();
+        assert!(m.contains("(No space left on device"), "{m}");
     }
 }

@@ -412,18 +412,33 @@ const ETH_HEADER: usize = 14;
 /// The first four bytes of a pcapng file (a Section Header Block).
 const PCAPNG_MAGIC: [u8; 4] = [0x0a, 0x0d, 0x0d, 0x0a];
 
-/// Checks record `n + 1` of capture `name` (its bytes, its original length, its link type)
-/// and keeps it in `cap`, or skips and counts it when it is shorter than an Ethernet header.
+/// One record of a capture.
+struct Record<'a> {
+    /// Its bytes.
+    bytes: &'a [u8],
+    /// The frame's original length.
+    orig_len: u32,
+    /// Its link type.
+    link: pcap_file::DataLink,
+    /// When it was captured (`None`: the record has no timestamp).
+    ts: Option<std::time::Duration>,
+}
+
+/// Checks record `n + 1` of capture `name` and keeps it in `cap`, or skips and counts it
+/// when it is shorter than an Ethernet header.
 fn take(
     cap: &mut Capture,
     n: &mut usize,
     name: &str,
     max_len: usize,
-    bytes: &[u8],
-    orig_len: u32,
-    link: pcap_file::DataLink,
-    ts: Option<std::time::Duration>,
+    rec: Record<'_>,
 ) -> Result<(), String> {
+    let Record {
+        bytes,
+        orig_len,
+        link,
+        ts,
+    } = rec;
     *n += 1;
     let n = *n;
     if link != pcap_file::DataLink::ETHERNET {
@@ -494,10 +509,12 @@ pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
                         &mut n,
                         &name,
                         max_len,
-                        &p.data,
-                        p.original_len,
-                        link,
-                        Some(p.timestamp),
+                        Record {
+                            bytes: &p.data,
+                            orig_len: p.original_len,
+                            link,
+                            ts: Some(p.timestamp),
+                        },
                     )?;
                 }
                 Block::SimplePacket(p) => {
@@ -512,10 +529,12 @@ pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
                         &mut n,
                         &name,
                         max_len,
-                        &p.data,
-                        p.original_len,
-                        link,
-                        None,
+                        Record {
+                            bytes: &p.data,
+                            orig_len: p.original_len,
+                            link,
+                            ts: None,
+                        },
                     )?;
                 }
                 Block::Packet(p) => {
@@ -531,10 +550,12 @@ pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
                         &mut n,
                         &name,
                         max_len,
-                        &p.data,
-                        p.original_len,
-                        link,
-                        Some(std::time::Duration::from_micros(p.timestamp)),
+                        Record {
+                            bytes: &p.data,
+                            orig_len: p.original_len,
+                            link,
+                            ts: Some(std::time::Duration::from_micros(p.timestamp)),
+                        },
                     )?;
                 }
                 _ => {}
@@ -552,10 +573,12 @@ pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
                 &mut n,
                 &name,
                 max_len,
-                &p.data,
-                p.orig_len,
-                link,
-                Some(p.timestamp),
+                Record {
+                    bytes: &p.data,
+                    orig_len: p.orig_len,
+                    link,
+                    ts: Some(p.timestamp),
+                },
             )?;
         }
     }
