@@ -85,7 +85,7 @@ impl L2fwd {
 
     /// SIGINT, then its stdout.
     fn stop(mut self) -> String {
-        let mut c = self.child.take().unwrap();
+        let c = self.child.take().unwrap();
         pmd::sys::net::send_signal(c.id(), pmd::sys::net::SIGINT).unwrap();
         let o = c.wait_with_output().unwrap();
         assert!(o.status.success(), "l2fwd failed");

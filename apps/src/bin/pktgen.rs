@@ -208,7 +208,7 @@ struct RxSide {
 enum Role {
     Tx(TxSide),
     Rx(RxSide),
-    Both(TxSide, RxSide),
+    Both(TxSide, Box<RxSide>),
 }
 
 enum Outcome {
@@ -399,7 +399,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     } else if ncores == 2 {
         vec![Role::Tx(tx), Role::Rx(rx)]
     } else {
-        vec![Role::Both(tx, rx)]
+        vec![Role::Both(tx, Box::new(rx))]
     };
     let lcores = if args.tx_only {
         args.lcores.cores()[..1]
@@ -471,7 +471,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
                         pace(&t, a || b, busy, &mut idle);
                     }
                     t.finish(&pool);
-                    Outcome::Rx(Box::new(r))
+                    Outcome::Rx(r)
                 }
             };
             lcache::flush();
