@@ -303,8 +303,10 @@ fn main_loop(
                     let s = ports[p].stats();
                     let d = device_drops(&s);
                     line += &format!(
-                        "  p{p} rx {}pps tx {}pps drop {} missed {} dev-drop tx {} rx {}",
+                        "  p{p} rx {} ({}pps) tx {} ({}pps) drop {} missed {} dev-drop tx {} rx {}",
+                        n.0,
                         si((n.0 - l.0) as f64 / dt),
+                        n.1,
                         si((n.1 - l.1) as f64 / dt),
                         n.2,
                         s.imissed,
