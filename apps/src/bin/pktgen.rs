@@ -305,7 +305,10 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
             capture_times = Some(cap.times_ns);
             Frames::Pcap(cap.frames)
         }
-        None => Frames::Gen(FrameGen::new(&gen_spec).map_err(usage)?),
+        None => Frames::Gen(FrameGen::new(&gen_spec).map_err(|e| {
+            // The sizes came from --imix, not from a --size the user typed.
+            usage(if args.imix { format!("--imix: {e}") } else { e })
+        })?),
     };
     let mean_len = match &frames {
         Frames::Gen(g) => g.mean_len(),
