@@ -3,8 +3,8 @@
 
 use apps::cli::{usage, Failure};
 use apps::common::{
-    announce_ready, device_drops, device_lines, failed_capture, loss_lines, make_pool, open_ports,
-    si, stats_json, wait_links, Counter, EventWatch, Idle,
+    announce_ready, capture_failure, device_drops, device_lines, failed_capture, loss_lines,
+    make_pool, open_ports, si, stats_json, wait_links, Counter, EventWatch, Idle,
 };
 use clap::Parser;
 use mempool::lcache;
@@ -245,6 +245,15 @@ fn run(args: &Args) -> Result<(), Failure> {
     }
     if in_use != 0 {
         return Err(format!("{in_use} mbufs were not returned to the pool").into());
+    }
+    // A capture that failed since the main loop last looked (reading the statistics above
+    // wrote out what the capture still buffered).
+    if let Some((p, m)) = port_stats
+        .iter()
+        .enumerate()
+        .find_map(|(p, s)| capture_failure(s).map(|m| (p, m)))
+    {
+        return Err(format!("port {p} ({}): {m}", args.ports[p]).into());
     }
     Ok(())
 }
