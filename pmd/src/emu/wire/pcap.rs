@@ -207,6 +207,13 @@ impl Wire for PcapTap {
 
 impl Drop for PcapTap {
     fn drop(&mut self) {
+        if self.failed() {
+            // Already reported; what is still buffered has nowhere to go.
+            if let Some(w) = self.out.get_mut().take() {
+                let _ = w.into_parts();
+            }
+            return;
+        }
         if let Err(e) = self.finish() {
             tracing::warn!(target: "pmd::emu::wire", path = %self.path.display(), error = %e, "pcap capture incomplete");
         }
