@@ -74,6 +74,55 @@ pub fn percent(s: &str) -> Result<f64, String> {
     number("a percentage", s, 0.0, 100.0, false)
 }
 
+/// The lowest replay speed multiplier.
+pub const MIN_SPEED: f64 = 1e-3;
+/// The highest replay speed multiplier.
+pub const MAX_SPEED: f64 = 1e3;
+
+/// A speed multiplier (`--pcap-speed`: 2 replays twice as fast), [`MIN_SPEED`] to
+/// [`MAX_SPEED`].
+///
+/// # Errors
+/// Not a number, or out of range.
+pub fn speed(s: &str) -> Result<f64, String> {
+    number("a speed multiplier", s, MIN_SPEED, MAX_SPEED, false)
+}
+
+/// The smallest frame a tool builds, bytes without FCS (Ethernet's 64-byte minimum less
+/// the 4-byte FCS).
+pub const MIN_FRAME: u16 = 60;
+/// The largest frame a tool builds, bytes without FCS.
+pub const MAX_FRAME: u16 = 2048;
+
+/// Frame sizes, bytes without FCS: a comma-separated list (`64,128,1518`) of 1 to 64
+/// sizes, each from [`MIN_FRAME`] to [`MAX_FRAME`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameSizes(pub Vec<u16>);
+
+/// Parses [`FrameSizes`].
+///
+/// # Errors
+/// An empty list, more than 64 sizes, or a size that is not a number or out of range.
+pub fn frame_sizes(s: &str) -> Result<FrameSizes, String> {
+    let bad = |one: &str| {
+        format!(
+            "'{one}' in '{s}': expected frame sizes in bytes without FCS, each from {MIN_FRAME} to {MAX_FRAME}, separated by commas"
+        )
+    };
+    let mut v = Vec::new();
+    for one in s.split(',') {
+        let n: u16 = one.trim().parse().map_err(|_| bad(one))?;
+        if !(MIN_FRAME..=MAX_FRAME).contains(&n) {
+            return Err(bad(one));
+        }
+        v.push(n);
+    }
+    if v.len() > 64 {
+        return Err(format!("'{s}': at most 64 frame sizes"));
+    }
+    Ok(FrameSizes(v))
+}
+
 /// The most descriptors per queue a tool asks for (mlx5's `max_qp_wr`; the port layer
 /// reduces it to what a device takes, with a warning).
 pub const MAX_RING: u16 = 32768;
@@ -191,6 +240,16 @@ mod tests {
         for bad in ["65535", "0", "63", "100", "65536", "x"] {
             assert!(ring_size(bad).is_err(), "{bad}");
         }
+        for bad in ["", "59", "64,", "64,,128", "2049", "64;128", "-64", "1e3"] {
+            assert!(frame_sizes(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            frame_sizes("64, 128,1518"),
+            Ok(FrameSizes(vec![64, 128, 1518]))
+        );
+        for bad in ["0", "1e-4", "1001", "inf", "NaN"] {
+            assert!(speed(bad).is_err(), "{bad}");
+        }
         assert_eq!(ring_size("1024"), Ok(1024));
         for bad in [
             "0",
@@ -213,6 +272,15 @@ mod tests {
     }
 
     proptest! {
+        /// A size list is refused, or every size in it is in range.
+        #[test]
+        fn frame_size_lists_are_in_range(s in "[0-9, ]{0,20}") {
+            if let Ok(FrameSizes(v)) = frame_sizes(&s) {
+                prop_assert!(!v.is_empty() && v.len() <= 64);
+                prop_assert!(v.iter().all(|n| (MIN_FRAME..=MAX_FRAME).contains(n)));
+            }
+        }
+
         /// Whatever the text, a parser either refuses it or returns a value in its range that
         /// the tools can use without panicking (as a `Duration`, as a rate).
         #[test]
@@ -237,6 +305,11 @@ mod tests {
             }
             if let Ok(v) = pool_size(&s) {
                 prop_assert!((MIN_POOL..=MAX_POOL).contains(&v));
+            }
+            if let Ok(v) = speed(&s) {
+                prop_assert!((MIN_SPEED..=MAX_SPEED).contains(&v));
+                // A year of capture time at the slowest speed stays a usable Duration.
+                let _ = Duration::from_secs_f64(MAX_SECONDS / v);
             }
             if let Ok(v) = gbps(&s) {
                 prop_assert!((MIN_GBPS..=MAX_GBPS).contains(&v));

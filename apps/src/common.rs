@@ -404,17 +404,87 @@ pub fn loss_counters(stats: &Stats) -> Vec<(String, u64)> {
     out
 }
 
-/// A port's statistics for a `--json` report: the basic counters and every extended
-/// counter by name.
+/// Frames a port's device dropped, by direction, from its counters: what the tools add to
+/// the frames they counted themselves so that every frame sent is accounted for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceDrops {
+    /// Frames the port's driver accepted for sending that never left the device: the
+    /// device-model counters `dev_tx_*drops` (a full cable or a link down, a frame over the
+    /// MTU); on a port without device counters, its transmit errors (`oerrors`).
+    pub tx: u64,
+    /// Frames that reached the port and never made it to the application: `imissed` (no
+    /// receive buffer, a full ring under the port) plus the device-model counters of frames
+    /// it lost on receive ([`RX_DROP_COUNTERS`], `dev_rx_*drops`).
+    pub rx: u64,
+}
+
+impl DeviceDrops {
+    /// Both directions.
+    pub fn total(&self) -> u64 {
+        self.tx + self.rx
+    }
+}
+
+/// Device-model counters of frames lost on receive besides `imissed` and `dev_rx_*drops`:
+/// no room in the completion queue, larger than the posted buffer, a bad buffer key.
+pub const RX_DROP_COUNTERS: [&str; 4] = [
+    "dev_rx_cq_full",
+    "dev_rx_oversize",
+    "dev_rx_truncated",
+    "dev_rx_prot_errors",
+];
+
+/// The frames `stats`' port dropped: see [`DeviceDrops`]. Each frame is counted once: the
+/// device's counters of frames it never put on the wire are used where the port has them,
+/// not the driver's error counters that may see the same frames (`oerrors`, `tx_error_drops`;
+/// the MANA model counts a frame over the MTU both as `dev_tx_mtu_drops` and as one of its
+/// `dev_tx_errors`).
+pub fn device_drops(stats: &Stats) -> DeviceDrops {
+    let mut has_dev_tx = false;
+    let (mut tx, mut rx) = (0, stats.imissed);
+    for (n, v) in &stats.xstats {
+        if n.starts_with("dev_tx_") {
+            has_dev_tx = true;
+            if n.ends_with("drops") {
+                tx += v;
+            }
+        } else if n.starts_with("dev_rx_")
+            && (n.ends_with("drops") || RX_DROP_COUNTERS.contains(&n.as_str()))
+        {
+            rx += v;
+        }
+    }
+    DeviceDrops {
+        tx: if has_dev_tx { tx } else { stats.oerrors },
+        rx,
+    }
+}
+
+/// A port's statistics for a `--json` report: the basic counters, the frames its device
+/// dropped ([`device_drops`]), every queue's counters and every extended counter by name
+/// (zeros included).
 pub fn stats_json(stats: &Stats) -> Value {
     let x: serde_json::Map<String, Value> = stats
         .xstats
         .iter()
         .map(|(n, v)| (n.clone(), json!(v)))
         .collect();
+    let queues = |qs: &[pmd::port::QueueStats]| -> Vec<Value> {
+        qs.iter()
+            .enumerate()
+            .map(|(i, q)| {
+                json!({"queue": i, "packets": q.packets, "bytes": q.bytes, "errors": q.errors,
+                    "missed": q.missed, "nombuf": q.nombuf})
+            })
+            .collect()
+    };
+    let d = device_drops(stats);
     json!({
-        "ipackets": stats.ipackets, "opackets": stats.opackets, "imissed": stats.imissed,
-        "ierrors": stats.ierrors, "oerrors": stats.oerrors, "rx_nombuf": stats.rx_nombuf,
+        "ipackets": stats.ipackets, "opackets": stats.opackets, "ibytes": stats.ibytes,
+        "obytes": stats.obytes, "imissed": stats.imissed, "ierrors": stats.ierrors,
+        "oerrors": stats.oerrors, "rx_nombuf": stats.rx_nombuf,
+        "device_drops": {"tx": d.tx, "rx": d.rx},
+        "rx_queues": queues(&stats.rx_queues), "tx_queues": queues(&stats.tx_queues),
         "xstats": x,
     })
 }
@@ -433,6 +503,94 @@ pub fn loss_lines(stats: &[Stats]) -> Vec<String> {
             })
         })
         .collect()
+}
+
+/// The device counters of every port for a text summary, readable: per port its basic
+/// counters and the frames its device dropped, the queues of a port with more than one
+/// (those with any count), and its extended counters that are not zero (`--json` has all):
+///
+/// ```text
+///   port 0 device: ipackets 0 opackets 1000 imissed 0 rx_nombuf 0, dropped tx 500 rx 0
+///   port 0 rxq 1: packets 10 missed 3
+///   port 0 xstats: dev_tx_frames 500, dev_tx_mtu_drops 500
+/// ```
+pub fn device_lines(stats: &[Stats]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (p, s) in stats.iter().enumerate() {
+        let d = device_drops(s);
+        out.push(format!(
+            "  port {p} device: ipackets {} opackets {} imissed {} ierrors {} oerrors {} rx_nombuf {}, dropped tx {} rx {}",
+            s.ipackets, s.opackets, s.imissed, s.ierrors, s.oerrors, s.rx_nombuf, d.tx, d.rx
+        ));
+        for (dir, qs) in [("rxq", &s.rx_queues), ("txq", &s.tx_queues)] {
+            if qs.len() < 2 {
+                continue;
+            }
+            for (i, q) in qs.iter().enumerate() {
+                let mut parts = Vec::new();
+                for (n, v) in [
+                    ("packets", q.packets),
+                    ("errors", q.errors),
+                    ("missed", q.missed),
+                    ("nombuf", q.nombuf),
+                ] {
+                    if v > 0 {
+                        parts.push(format!("{n} {v}"));
+                    }
+                }
+                if !parts.is_empty() {
+                    out.push(format!("  port {p} {dir} {i}: {}", parts.join(" ")));
+                }
+            }
+        }
+        let x: Vec<String> = s
+            .xstats
+            .iter()
+            .filter(|(_, v)| *v > 0)
+            .map(|(n, v)| format!("{n} {v}"))
+            .collect();
+        if !x.is_empty() {
+            out.push(format!("  port {p} xstats: {}", x.join(", ")));
+        }
+    }
+    out
+}
+
+/// The [`Wire::stats`](pmd::emu::wire::Wire::stats) entries of a device-model port's pcap
+/// capture (`pcap=FILE`), as its extended counters name them: write failures, and the OS
+/// error of the first.
+const PCAP_ERRORS: &str = "wire_pcap_write_errors";
+const PCAP_ERRNO: &str = "wire_pcap_write_errno";
+
+/// Why the pcap capture of `stats`' port failed after it opened (a full disk), or `None`
+/// while it records (or the port records nothing). A tool stops on it with status 1: a
+/// capture with frames missing is not what was asked for.
+pub fn capture_failure(stats: &Stats) -> Option<String> {
+    let get = |name: &str| {
+        stats
+            .xstats
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, v)| *v)
+    };
+    if get(PCAP_ERRORS) == 0 {
+        return None;
+    }
+    let why = match i32::try_from(get(PCAP_ERRNO)) {
+        Ok(e) if e > 0 => std::io::Error::from_raw_os_error(e).to_string(),
+        _ => "write error".to_string(),
+    };
+    Some(format!(
+        "writing the pcap capture failed ({why}): frames from then on were not recorded"
+    ))
+}
+
+/// The first port whose pcap capture failed ([`capture_failure`]), as a fatal message for a
+/// tool's main loop: `port 0 (SPEC): writing the pcap capture failed (...): stopping`.
+pub fn failed_capture(ports: &[Port]) -> Option<String> {
+    ports.iter().enumerate().find_map(|(i, p)| {
+        capture_failure(&p.stats()).map(|m| format!("port {i} ({}): {m}: stopping", p.name()))
+    })
 }
 
 /// `1234567.0` -> `"1.23 M"`.
@@ -482,5 +640,59 @@ mod tests {
     fn the_default_never_exceeds_the_largest_pool() {
         let s = PoolSizing::of(&vec![cfg(1024, 1024, 32768); 4], 64);
         assert_eq!(s.default_count(), crate::cli::MAX_POOL);
+    }
+
+    fn stats(x: &[(&str, u64)]) -> Stats {
+        Stats {
+            imissed: 7,
+            oerrors: 3,
+            xstats: x.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+            ..Stats::default()
+        }
+    }
+
+    /// Each dropped frame counts once, by direction; a port without device counters
+    /// reports its transmit errors.
+    #[test]
+    fn device_drops_count_each_frame_once() {
+        let mana = stats(&[
+            ("tx_cqe_errors", 500),
+            ("dev_tx_frames", 10),
+            ("dev_tx_errors", 500),
+            ("dev_tx_wire_drops", 20),
+            ("dev_tx_mtu_drops", 500),
+            ("dev_rx_frames", 5),
+            ("dev_rx_no_wqe", 7),
+            ("dev_rx_fault_drops", 2),
+            ("dev_rx_truncated", 1),
+            ("wire_rx_drops", 0),
+        ]);
+        assert_eq!(device_drops(&mana), DeviceDrops { tx: 520, rx: 10 });
+        let mlx5 = stats(&[
+            ("tx_error_drops", 4),
+            ("dev_tx_flushed", 4),
+            ("dev_tx_mtu_drops", 9),
+            ("dev_rx_cq_full", 3),
+            ("dev_rx_oversize", 1),
+            ("dev_rx_compressed_sessions", 100),
+        ]);
+        assert_eq!(device_drops(&mlx5), DeviceDrops { tx: 9, rx: 11 });
+        assert_eq!(device_drops(&stats(&[])), DeviceDrops { tx: 3, rx: 7 });
+        assert_eq!(device_drops(&mlx5).total(), 20);
+    }
+
+    /// A capture that failed says why, with the OS error's text.
+    #[test]
+    fn capture_failures_name_the_os_error() {
+        assert_eq!(
+            capture_failure(&stats(&[("wire_pcap_write_errors", 0)])),
+            None
+        );
+        let m = capture_failure(&stats(&[
+            ("wire_pcap_write_errors", 1),
+            ("wire_pcap_write_errno", 28),
+        ]))
+        .unwrap();
+        assert!(m.contains("(No space left on device"), "{m}");
     }
 }

@@ -15,6 +15,37 @@ pub const STAMP_BYTES: usize = 16;
 pub const HEADERS: usize = 14 + 20 + 8;
 /// Smallest frame: headers and stamp, padded to Ethernet's 60-byte minimum (without FCS).
 pub const MIN_SIZE: u16 = 60;
+/// Bytes of the Ethernet frame check sequence, which the NIC appends: not in `--size`.
+pub const FCS_BYTES: u64 = 4;
+/// Bytes each frame takes on the wire besides itself and its FCS: preamble (7), start of
+/// frame delimiter (1) and the minimum inter-frame gap (12).
+pub const L1_OVERHEAD_BYTES: u64 = 20;
+
+/// The frame sizes of `--imix`, without FCS, and how many of each in a cycle of 12: the
+/// classic "simple IMIX" 7:4:1 of 64, 594 and 1518-byte frames counted with their FCS (IP
+/// packets of 40 (padded to 46), 576 and 1500 bytes).
+pub const IMIX: [(u16, u32); 3] = [(60, 7), (590, 4), (1514, 1)];
+
+/// The order in which frames of the given sizes and weights are sent, one cycle: a smooth
+/// weighted round robin (nginx's), so that `--imix` interleaves its sizes instead of
+/// sending seven small frames in a row; equal weights keep the order given.
+pub fn size_cycle(sizes: &[(u16, u32)]) -> Vec<u16> {
+    let total: i64 = sizes.iter().map(|&(_, w)| i64::from(w)).sum();
+    let mut current = vec![0i64; sizes.len()];
+    let mut out = Vec::with_capacity(total as usize);
+    for _ in 0..total {
+        let mut best = 0;
+        for (i, &(_, w)) in sizes.iter().enumerate() {
+            current[i] += i64::from(w);
+            if current[i] > current[best] {
+                best = i;
+            }
+        }
+        current[best] -= total;
+        out.push(sizes[best].0);
+    }
+    out
+}
 
 /// An inclusive range `A[-B]` of IPv4 addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,8 +119,9 @@ impl FromStr for PortRange {
 /// What frames to build.
 #[derive(Debug, Clone)]
 pub struct FrameSpec {
-    /// Frame length in bytes (without FCS).
-    pub size: u16,
+    /// Frame lengths in bytes (without FCS), one cycle: frame `seq` has length
+    /// `sizes[seq % sizes.len()]` (see [`size_cycle`]). Not empty.
+    pub sizes: Vec<u16>,
     /// Number of flows (distinct 5-tuples, cycled).
     pub flows: u32,
     /// Source addresses.
@@ -183,14 +215,25 @@ fn describe_flows(spec: &FrameSpec) -> String {
     v.join(", ")
 }
 
-/// Prebuilt frames, one per flow, with valid IPv4 and UDP checksums for an all-zero stamp.
+/// Prebuilt frames, one per flow at the largest size, with valid IPv4 and UDP checksums for
+/// an all-zero stamp; smaller frames are cut from them with their lengths and checksums
+/// updated (RFC 1624).
 #[derive(Debug, Clone)]
 pub struct FrameGen {
     templates: Vec<Vec<u8>>,
+    /// The sizes, one cycle.
+    sizes: Vec<u16>,
     /// Offset of the stamp in each frame.
     stamp_at: usize,
-    /// Offset of the UDP checksum.
-    udp_csum_at: usize,
+    /// Offset of the IPv4 header.
+    l3_at: usize,
+}
+
+/// RFC 1624 eqn. 3: the one's complement sum `sum` (not complemented) with a 16-bit word
+/// changed from `old` to `new`.
+#[inline]
+fn sum_replace(sum: u32, old: u16, new: u16) -> u32 {
+    sum + u32::from(!old) + u32::from(new)
 }
 
 impl FrameGen {
@@ -201,13 +244,15 @@ impl FrameGen {
     pub fn new(spec: &FrameSpec) -> Result<Self, String> {
         let vlan_bytes = if spec.vlan.is_some() { 4 } else { 0 };
         let min = (HEADERS + vlan_bytes + STAMP_BYTES).max(usize::from(MIN_SIZE));
-        if usize::from(spec.size) < min {
+        let Some(&max) = spec.sizes.iter().max() else {
+            return Err("no frame size given".into());
+        };
+        if let Some(small) = spec.sizes.iter().find(|&&s| usize::from(s) < min) {
             return Err(format!(
-                "--size {}: frames need at least {min} bytes (headers and the sequence/time stamp)",
-                spec.size
+                "--size {small}: frames need at least {min} bytes (headers and the sequence/time stamp)",
             ));
         }
-        let payload = usize::from(spec.size) - HEADERS - vlan_bytes;
+        let payload = usize::from(max) - HEADERS - vlan_bytes;
         let spec = &flows_vary(spec)?;
         let mut templates = Vec::with_capacity(spec.flows as usize);
         for f in 0..spec.flows {
@@ -224,7 +269,7 @@ impl FrameGen {
             let src = Ipv4Addr::from(spec.src_ip.start + digit(spec.src_ip.len)).octets();
             let dst = Ipv4Addr::from(spec.dst_ip.start + digit(spec.dst_ip.len)).octets();
             let eth = etherparse::PacketBuilder::ethernet2(spec.src_mac, spec.dst_mac);
-            let mut out = Vec::with_capacity(usize::from(spec.size));
+            let mut out = Vec::with_capacity(usize::from(max));
             let zeros = vec![0u8; payload];
             let r = match spec.vlan {
                 Some(vid) => eth
@@ -245,37 +290,78 @@ impl FrameGen {
         }
         Ok(Self {
             templates,
+            sizes: spec.sizes.clone(),
             stamp_at: HEADERS + vlan_bytes,
-            udp_csum_at: 14 + vlan_bytes + 20 + 6,
+            l3_at: 14 + vlan_bytes,
         })
     }
 
-    /// The frame of flow `seq % flows`, stamped with `seq` and `ts_ns`, into `out`; its
-    /// length. The UDP checksum is updated incrementally (RFC 1624) for the stamp.
+    /// The length of frame `seq`.
+    #[inline]
+    pub fn len_of(&self, seq: u64) -> usize {
+        usize::from(self.sizes[(seq % self.sizes.len() as u64) as usize])
+    }
+
+    /// The frame of flow `seq % flows`, of length [`len_of`](Self::len_of)`(seq)`, stamped
+    /// with `seq` and `ts_ns`, into `out` (at least that long); its length. The lengths and
+    /// checksums are updated incrementally (RFC 1624) for the size and the stamp: the
+    /// template's payload is zeros, which add nothing to the UDP checksum.
     #[inline]
     pub fn write(&self, seq: u64, ts_ns: u64, out: &mut [u8]) -> usize {
         let t = &self.templates[(seq % self.templates.len() as u64) as usize];
-        let n = t.len().min(out.len());
+        let n = self.len_of(seq).min(t.len()).min(out.len());
         out[..n].copy_from_slice(&t[..n]);
         let mut stamp = [0u8; STAMP_BYTES];
         stamp[..8].copy_from_slice(&seq.to_be_bytes());
         stamp[8..].copy_from_slice(&ts_ns.to_be_bytes());
         out[self.stamp_at..self.stamp_at + STAMP_BYTES].copy_from_slice(&stamp);
-        let old = u16::from_be_bytes([t[self.udp_csum_at], t[self.udp_csum_at + 1]]);
+        let word = |b: &[u8], at: usize| u16::from_be_bytes([b[at], b[at + 1]]);
+        let l3 = self.l3_at;
+        let l4 = l3 + 20;
+        let (ip_len_max, ip_len) = (word(t, l3 + 2), (n - l3) as u16);
+        let (udp_len_max, udp_len) = (word(t, l4 + 4), (n - l4) as u16);
+        if ip_len != ip_len_max {
+            out[l3 + 2..l3 + 4].copy_from_slice(&ip_len.to_be_bytes());
+            let c = !csum::fold(sum_replace(
+                u32::from(!word(t, l3 + 10)),
+                ip_len_max,
+                ip_len,
+            ));
+            out[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+            out[l4 + 4..l4 + 6].copy_from_slice(&udp_len.to_be_bytes());
+        }
+        let old = word(t, l4 + 6);
         if old != 0 {
-            // The template summed zeros where the stamp now is: add the stamp's words.
-            let mut c = !csum::fold(csum::add(u32::from(!old), &stamp));
+            // The UDP length is summed twice (pseudo-header and header); the template
+            // summed zeros where the stamp now is: add the stamp's words.
+            let mut sum = u32::from(!old);
+            if udp_len != udp_len_max {
+                sum = sum_replace(sum_replace(sum, udp_len_max, udp_len), udp_len_max, udp_len);
+            }
+            let mut c = !csum::fold(csum::add(sum, &stamp));
             if c == 0 {
                 c = 0xffff;
             }
-            out[self.udp_csum_at..self.udp_csum_at + 2].copy_from_slice(&c.to_be_bytes());
+            out[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
         }
         n
     }
 
-    /// Frame length.
+    /// Sets the source MAC of every frame.
+    pub fn set_src_mac(&mut self, mac: [u8; 6]) {
+        for t in &mut self.templates {
+            t[6..12].copy_from_slice(&mac);
+        }
+    }
+
+    /// Largest frame length.
     pub fn len(&self) -> usize {
         self.templates[0].len()
+    }
+
+    /// Mean frame length over a cycle of sizes.
+    pub fn mean_len(&self) -> f64 {
+        self.sizes.iter().map(|&s| f64::from(s)).sum::<f64>() / self.sizes.len() as f64
     }
 
     /// Whether there are no templates (never: at least one flow).
@@ -313,6 +399,10 @@ pub fn read_stamp(frame: &[u8]) -> Option<(u64, u64)> {
 pub struct Capture {
     /// Every frame, in capture order.
     pub frames: Vec<Vec<u8>>,
+    /// When each frame was captured, in ns after the first (never decreasing: a timestamp
+    /// earlier than the one before counts as the one before, and so does a pcapng simple
+    /// packet block, which has none).
+    pub times_ns: Vec<u64>,
     /// Records shorter than an Ethernet header (14 bytes): not frames, skipped.
     pub skipped_short: u64,
 }
@@ -322,17 +412,33 @@ const ETH_HEADER: usize = 14;
 /// The first four bytes of a pcapng file (a Section Header Block).
 const PCAPNG_MAGIC: [u8; 4] = [0x0a, 0x0d, 0x0d, 0x0a];
 
-/// Checks record `n + 1` of capture `name` (its bytes, its original length, its link type)
-/// and keeps it in `cap`, or skips and counts it when it is shorter than an Ethernet header.
+/// One record of a capture.
+struct Record<'a> {
+    /// Its bytes.
+    bytes: &'a [u8],
+    /// The frame's original length.
+    orig_len: u32,
+    /// Its link type.
+    link: pcap_file::DataLink,
+    /// When it was captured (`None`: the record has no timestamp).
+    ts: Option<std::time::Duration>,
+}
+
+/// Checks record `n + 1` of capture `name` and keeps it in `cap`, or skips and counts it
+/// when it is shorter than an Ethernet header.
 fn take(
     cap: &mut Capture,
     n: &mut usize,
     name: &str,
     max_len: usize,
-    bytes: &[u8],
-    orig_len: u32,
-    link: pcap_file::DataLink,
+    rec: Record<'_>,
 ) -> Result<(), String> {
+    let Record {
+        bytes,
+        orig_len,
+        link,
+        ts,
+    } = rec;
     *n += 1;
     let n = *n;
     if link != pcap_file::DataLink::ETHERNET {
@@ -355,7 +461,12 @@ fn take(
     if bytes.len() < ETH_HEADER {
         cap.skipped_short += 1;
     } else {
+        let prev = cap.times_ns.last().copied().unwrap_or(0);
+        let t = ts.map_or(prev, |t| {
+            u64::try_from(t.as_nanos()).unwrap_or(u64::MAX).max(prev)
+        });
         cap.frames.push(bytes.to_vec());
+        cap.times_ns.push(t);
     }
     Ok(())
 }
@@ -398,9 +509,12 @@ pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
                         &mut n,
                         &name,
                         max_len,
-                        &p.data,
-                        p.original_len,
-                        link,
+                        Record {
+                            bytes: &p.data,
+                            orig_len: p.original_len,
+                            link,
+                            ts: Some(p.timestamp),
+                        },
                     )?;
                 }
                 Block::SimplePacket(p) => {
@@ -415,9 +529,12 @@ pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
                         &mut n,
                         &name,
                         max_len,
-                        &p.data,
-                        p.original_len,
-                        link,
+                        Record {
+                            bytes: &p.data,
+                            orig_len: p.original_len,
+                            link,
+                            ts: None,
+                        },
                     )?;
                 }
                 Block::Packet(p) => {
@@ -433,9 +550,12 @@ pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
                         &mut n,
                         &name,
                         max_len,
-                        &p.data,
-                        p.original_len,
-                        link,
+                        Record {
+                            bytes: &p.data,
+                            orig_len: p.original_len,
+                            link,
+                            ts: Some(std::time::Duration::from_micros(p.timestamp)),
+                        },
                     )?;
                 }
                 _ => {}
@@ -448,7 +568,18 @@ pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
         while let Some(p) = r.next_packet() {
             let p =
                 p.map_err(|e| format!("{name}: packet {} is malformed or truncated ({e})", n + 1))?;
-            take(&mut cap, &mut n, &name, max_len, &p.data, p.orig_len, link)?;
+            take(
+                &mut cap,
+                &mut n,
+                &name,
+                max_len,
+                Record {
+                    bytes: &p.data,
+                    orig_len: p.orig_len,
+                    link,
+                    ts: Some(p.timestamp),
+                },
+            )?;
         }
     }
     if cap.frames.is_empty() {
@@ -457,7 +588,91 @@ pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
             cap.skipped_short
         ));
     }
+    // Times after the first frame.
+    let first = cap.times_ns[0];
+    for t in &mut cap.times_ns {
+        *t -= first;
+    }
     Ok(cap)
+}
+
+/// When each frame is due, counted from the start of sending.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Pacing {
+    /// A fixed rate, packets per second: frame `k` at `k / rate` s.
+    Rate(f64),
+    /// A capture's own timing, looping, `speed` times as fast: frame `k` of a capture of `n`
+    /// frames at `((k / n) * period + times[k % n]) / speed`; a loop lasts the capture's span
+    /// plus its mean gap between frames.
+    Capture {
+        /// Each frame's time after the first, ns (never decreasing).
+        times_ns: Vec<u64>,
+        /// One loop, ns.
+        period_ns: u64,
+        /// The speed multiplier (more than 0).
+        speed: f64,
+    },
+}
+
+impl Pacing {
+    /// The timing of a capture's frames ([`Capture::times_ns`]), replayed `speed` times as
+    /// fast.
+    ///
+    /// # Errors
+    /// A capture that spans no time (one frame, or every frame at one timestamp): it has no
+    /// timing to replay.
+    pub fn capture(times_ns: &[u64], speed: f64) -> Result<Self, String> {
+        let n = times_ns.len() as u64;
+        let span = times_ns.last().copied().unwrap_or(0);
+        if n < 2 || span == 0 {
+            return Err(format!(
+                "the capture spans no time ({n} frames, all at one timestamp): it has no timing to replay; give a rate instead"
+            ));
+        }
+        Ok(Self::Capture {
+            times_ns: times_ns.to_vec(),
+            period_ns: span + span / (n - 1),
+            speed,
+        })
+    }
+
+    /// How many frames are due `elapsed` after the start (the first is due at once).
+    #[inline]
+    pub fn due(&self, elapsed: std::time::Duration) -> u64 {
+        match self {
+            Self::Rate(r) => (elapsed.as_secs_f64() * r) as u64 + 1,
+            Self::Capture {
+                times_ns,
+                period_ns,
+                speed,
+            } => {
+                let t = (elapsed.as_nanos() as f64 * speed).min(u64::MAX as f64 / 2.0) as u64;
+                let loops = t / period_ns;
+                let within = t % period_ns;
+                let idx = times_ns.partition_point(|&x| x <= within) as u64;
+                loops
+                    .saturating_mul(times_ns.len() as u64)
+                    .saturating_add(idx)
+            }
+        }
+    }
+
+    /// When frame `k` (from 0) is due, after the start.
+    #[inline]
+    pub fn due_at(&self, k: u64) -> std::time::Duration {
+        match self {
+            Self::Rate(r) => std::time::Duration::from_secs_f64(k as f64 / r),
+            Self::Capture {
+                times_ns,
+                period_ns,
+                speed,
+            } => {
+                let n = times_ns.len() as u64;
+                let ns = (k / n) as f64 * *period_ns as f64 + times_ns[(k % n) as usize] as f64;
+                std::time::Duration::from_secs_f64((ns / speed / 1e9).min(crate::cli::MAX_SECONDS))
+            }
+        }
+    }
 }
 
 /// Sequence numbers seen on the receive side: received, duplicates, reordering and gaps,
@@ -563,7 +778,7 @@ mod tests {
 
     fn spec(size: u16, flows: u32, vlan: Option<u16>) -> FrameSpec {
         FrameSpec {
-            size,
+            sizes: vec![size],
             flows,
             src_ip: "169.254.1.1-169.254.1.4".parse().unwrap(),
             dst_ip: "169.254.2.1".parse().unwrap(),
@@ -647,6 +862,86 @@ mod tests {
                 assert_eq!(u.source_port(), 1000 + (f % 2) as u16);
             }
         }
+    }
+
+    /// Frames of a size list are cut from the largest template with their IP and UDP
+    /// lengths and checksums right, in the cycle's order; `--imix` interleaves 7:4:1.
+    #[test]
+    fn size_lists_give_valid_frames_of_each_size() {
+        for vlan in [None, Some(7)] {
+            let mut sp = spec(128, 8, vlan);
+            sp.sizes = vec![64, 1518, 128, 62];
+            let g = FrameGen::new(&sp).unwrap();
+            let mut buf = [0u8; 2048];
+            for seq in 0..16u64 {
+                let n = g.write(seq, 42, &mut buf);
+                assert_eq!(n, usize::from(sp.sizes[(seq % 4) as usize]));
+                assert_eq!(n, g.len_of(seq));
+                let p = etherparse::SlicedPacket::from_ethernet(&buf[..n]).unwrap();
+                let Some(etherparse::NetSlice::Ipv4(ip)) = p.net else {
+                    panic!()
+                };
+                let h = ip.header().to_header();
+                assert_eq!(usize::from(h.total_len), n - 14 - vlan.map_or(0, |_| 4));
+                assert_eq!(h.header_checksum, h.calc_header_checksum(), "seq {seq}");
+                let Some(etherparse::TransportSlice::Udp(u)) = p.transport else {
+                    panic!()
+                };
+                assert_eq!(
+                    u.checksum(),
+                    u.to_header().calc_checksum_ipv4(&h, u.payload()).unwrap(),
+                    "seq {seq} size {n}"
+                );
+                assert_eq!(read_stamp(&buf[..n]), Some((seq, 42)));
+            }
+            assert!((g.mean_len() - 443.0).abs() < 1e-9);
+        }
+        let cycle = size_cycle(&IMIX);
+        assert_eq!(cycle.len(), 12);
+        assert_eq!(cycle.iter().filter(|&&s| s == 60).count(), 7);
+        assert_eq!(cycle.iter().filter(|&&s| s == 590).count(), 4);
+        assert_eq!(cycle.iter().filter(|&&s| s == 1514).count(), 1);
+        assert!(
+            cycle.windows(3).all(|w| w.iter().any(|&s| s != 60)),
+            "small frames interleaved: {cycle:?}"
+        );
+        assert_eq!(size_cycle(&[(64, 1), (128, 1), (1518, 1)]), [64, 128, 1518]);
+        let mut sp = spec(128, 1, None);
+        sp.sizes = vec![128, 40];
+        assert!(FrameGen::new(&sp).unwrap_err().contains("--size 40"));
+    }
+
+    /// A capture's timing: frames are due at their capture times over the speed, looping
+    /// with a period of the span plus the mean gap; a capture without a span is refused.
+    #[test]
+    fn capture_pacing_follows_the_timestamps() {
+        use std::time::Duration;
+        let p = Pacing::capture(&[0, 1_000_000, 3_000_000], 1.0).unwrap();
+        // Span 3 ms, mean gap 1.5 ms: a loop is 4.5 ms.
+        let ms = |m: f64| Duration::from_secs_f64(m / 1e3);
+        assert_eq!(p.due(ms(0.0)), 1);
+        assert_eq!(p.due(ms(0.999)), 1);
+        assert_eq!(p.due(ms(1.0)), 2);
+        assert_eq!(p.due(ms(3.0)), 3);
+        assert_eq!(p.due(ms(4.4)), 3);
+        assert_eq!(p.due(ms(4.5)), 4);
+        assert_eq!(p.due(ms(45.0)), 31);
+        for k in 0..20 {
+            let at = p.due_at(k);
+            assert_eq!(
+                p.due(at + Duration::from_nanos(10)),
+                k + 1,
+                "frame {k} at {at:?}"
+            );
+        }
+        let fast = Pacing::capture(&[0, 1_000_000, 3_000_000], 10.0).unwrap();
+        assert_eq!(fast.due(ms(0.45)), 4);
+        assert!(fast.due_at(3).abs_diff(ms(0.45)) < Duration::from_nanos(2));
+        assert!(Pacing::capture(&[0], 1.0)
+            .unwrap_err()
+            .contains("spans no time"));
+        assert!(Pacing::capture(&[0, 0, 0], 1.0).is_err());
+        assert_eq!(Pacing::Rate(1000.0).due(ms(10.0)), 11);
     }
 
     #[test]
@@ -782,7 +1077,11 @@ mod tests {
         }
         std::fs::write(&d, w.into_writer()).unwrap();
         let cap2 = load_pcap(&d, 2048).unwrap();
-        assert_eq!(cap2, cap);
+        assert_eq!(cap2.frames, cap.frames);
+        // The capture's own timing: 0, 3 and 4 µs after the first frame (the short records
+        // at 1 and 2 µs were skipped); the pcap's frames all at one time.
+        assert_eq!(cap.times_ns, vec![0, 3000, 4000]);
+        assert_eq!(cap2.times_ns, vec![0, 0, 0]);
         // Nothing but short records: nothing to replay, said so.
         let mut w = pcap_file::pcap::PcapWriter::new(Vec::new()).unwrap();
         w.write_packet(&pcap_file::pcap::PcapPacket::new(

@@ -40,6 +40,26 @@ fn out_of_range_numbers_are_usage_errors() {
         ("pktgen", &pg, &["--rate", "1e-30"], "packets per second"),
         ("pktgen", &pg, &["--rate", "1e30"], "packets per second"),
         ("pktgen", &pg, &["--rate-gbps", "1e-25"], "Gbit/s"),
+        ("pktgen", &pg, &["--rate-gbps-l1", "1e4"], "Gbit/s"),
+        (
+            "pktgen",
+            &pg,
+            &["--size", "60,4000"],
+            "each from 60 to 2048",
+        ),
+        ("pktgen", &pg, &["--size", "59"], "each from 60 to 2048"),
+        (
+            "pktgen",
+            &pg,
+            &["--pcap", "x.pcap", "--pcap-timing", "--pcap-speed", "0"],
+            "speed multiplier from 0.001 to 1000",
+        ),
+        (
+            "pktgen",
+            &pg,
+            &["--pcap", "x.pcap", "--pcap-timing", "--pcap-speed", "1e9"],
+            "speed multiplier",
+        ),
         ("pktgen", &pg, &["--duration", "1e30"], "--duration"),
         (
             "pktgen",
@@ -99,7 +119,26 @@ fn usage_errors_exit_2_runtime_failures_exit_1() {
             "pktgen",
             &["--port", "null", "--size", "20"],
             2,
-            "--size 20",
+            "'20' in '20': expected frame sizes in bytes without FCS, each from 60 to 2048",
+        ),
+        (
+            "pktgen",
+            &["--port", "null", "--tx-only", "--rx-only"],
+            2,
+            "--tx-only",
+        ),
+        (
+            "pktgen",
+            &["--port", "null", "--imix", "--size", "64"],
+            2,
+            "--imix",
+        ),
+        ("pktgen", &["--port", "null", "--pcap-timing"], 2, "--pcap"),
+        (
+            "pktgen",
+            &["--port", "null", "--rate", "5", "--rate-gbps-l1", "1"],
+            2,
+            "--rate-gbps-l1",
         ),
         (
             "pktgen",
@@ -220,4 +259,43 @@ fn the_pool_holds_the_queues_the_devargs_ask_for() {
     );
     assert_ne!(code, Some(2), "{err}");
     assert!(!err.contains("mbuf pool size"), "{err}");
+}
+
+/// `--help` and `-h` of every tool start with what the tool does (not the crate's one-line
+/// description), and pktgen's says how it counts frame sizes next to DPDK's tools.
+#[test]
+fn help_starts_with_what_the_tool_does() {
+    let tools: [(&str, &str); 3] = [
+        (env!("CARGO_BIN_EXE_l2fwd"), "Layer-2 forwarder:"),
+        (env!("CARGO_BIN_EXE_pktgen"), "Traffic generator:"),
+        (
+            env!("CARGO_BIN_EXE_pmd-devices"),
+            "List the NIC ports this framework can drive",
+        ),
+    ];
+    for (path, start) in tools {
+        for flag in ["--help", "-h"] {
+            let o = Command::new(path).arg(flag).output().unwrap();
+            assert_eq!(o.status.code(), Some(0));
+            let h = String::from_utf8_lossy(&o.stdout);
+            assert!(h.starts_with(start), "{path} {flag}: {h}");
+        }
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let h = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "without the 4-byte FCS",
+        "testpmd counts the same way",
+        "pktgen-dpdk counts the FCS",
+        "--imix",
+        "--rate-gbps-l1",
+        "--tx-only",
+        "--pcap-timing",
+        "--src-mac",
+    ] {
+        assert!(h.contains(want), "{want:?} in {h}");
+    }
 }

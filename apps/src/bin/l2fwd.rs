@@ -3,8 +3,8 @@
 
 use apps::cli::{usage, Failure};
 use apps::common::{
-    announce_ready, loss_lines, open_ports, si, stats_json, wait_links, Counter, EventWatch, Idle,
-    PortSet,
+    announce_ready, capture_failure, device_drops, device_lines, failed_capture, loss_lines,
+    open_ports, si, stats_json, wait_links, Counter, EventWatch, Idle, PortSet,
 };
 use clap::Parser;
 use mempool::lcache;
@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 /// forwarding (frames are lost until it is back); a failed or removed device stops l2fwd
 /// with exit status 1.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about)]
+#[command(version)]
 struct Args {
     /// A port, as a devargs string; give an even number of them (pairs 0-1, 2-3, ...).
     #[arg(long = "port", required = true, value_name = "SPEC")]
@@ -257,8 +257,20 @@ fn run(args: &Args) -> Result<(), Failure> {
     if in_use != 0 {
         return Err(format!("{in_use} mbufs were not returned to the pool").into());
     }
+    // A capture that failed since the main loop last looked (reading the statistics above
+    // wrote out what the capture still buffered).
+    if let Some((p, m)) = port_stats
+        .iter()
+        .enumerate()
+        .find_map(|(p, s)| capture_failure(s).map(|m| (p, m)))
+    {
+        return Err(format!("port {p} ({}): {m}", args.ports[p]).into());
+    }
     Ok(())
 }
+
+/// How often the main loop looks at the ports' pcap captures.
+const CAPTURE_CHECK: Duration = Duration::from_millis(200);
 
 fn totals(counters: &[Vec<PortCounters>], np: usize) -> Vec<(u64, u64, u64)> {
     (0..np)
@@ -286,11 +298,20 @@ fn main_loop(
         .then(|| Duration::from_secs_f64(args.stats_interval));
     let mut last = totals(counters, np);
     let mut last_t = Instant::now();
+    let mut last_check = Instant::now();
     while !stop.is_set() && deadline.is_none_or(|d| t0.elapsed() < d) {
         // Port events are watched here, never on the polling cores: a link that goes down
         // is logged and forwarding goes on; a device that failed stops the run.
         if let Some(f) = events.wait(ports, Duration::from_millis(20)) {
             return Some(f);
+        }
+        // A capture that stopped recording (a full disk) stops the run: it is not the
+        // capture that was asked for.
+        if last_check.elapsed() >= CAPTURE_CHECK {
+            last_check = Instant::now();
+            if let Some(f) = failed_capture(ports) {
+                return Some(f);
+            }
         }
         if let Some(iv) = interval {
             if last_t.elapsed() >= iv {
@@ -298,11 +319,19 @@ fn main_loop(
                 let dt = last_t.elapsed().as_secs_f64();
                 let mut line = format!("[{:6.1}s]", t0.elapsed().as_secs_f64());
                 for (p, (n, l)) in now.iter().zip(&last).enumerate() {
+                    // What the device dropped before l2fwd saw a frame, or after it sent it.
+                    let s = ports[p].stats();
+                    let d = device_drops(&s);
                     line += &format!(
-                        "  p{p} rx {}pps tx {}pps drop {}",
+                        "  p{p} rx {} ({}pps) tx {} ({}pps) drop {} missed {} dev-drop tx {} rx {}",
+                        n.0,
                         si((n.0 - l.0) as f64 / dt),
+                        n.1,
                         si((n.1 - l.1) as f64 / dt),
-                        n.2
+                        n.2,
+                        s.imissed,
+                        d.tx,
+                        d.rx
                     );
                 }
                 eprintln!("{line}");
@@ -327,6 +356,8 @@ fn report(
     let tx: u64 = t.iter().map(|x| x.1).sum();
     let dropped: u64 = t.iter().map(|x| x.2).sum();
     let missed: u64 = port_stats.iter().map(|s| s.imissed).sum();
+    // Every frame a device dropped, sending or receiving (imissed included).
+    let dev_drops: u64 = port_stats.iter().map(|s| device_drops(s).total()).sum();
     if args.json {
         let ports: Vec<_> = t
             .iter()
@@ -346,19 +377,27 @@ fn report(
             "{}",
             serde_json::json!({
                 "rx_packets": rx, "tx_packets": tx, "dropped": dropped, "imissed": missed,
+                "device_drops": dev_drops,
                 "duration_s": secs, "pps": tx as f64 / secs, "ports": ports,
                 "pool_in_use": in_use, "events": events.json(),
             })
         );
     } else {
         println!(
-            "l2fwd summary: {secs:.2} s, rx {rx}, tx {tx}, dropped {dropped}, missed {missed}, {}pps forwarded",
+            "l2fwd summary: {secs:.2} s, rx {rx}, tx {tx}, dropped {dropped}, missed {missed}, device drops {dev_drops}, {}pps forwarded",
             si(tx as f64 / secs)
         );
         for (p, ((r, x, d), s)) in t.iter().zip(port_stats).enumerate() {
-            println!("  port {p}: rx {r} tx {x} dropped {d} missed {}", s.imissed);
+            let dd = device_drops(s);
+            println!(
+                "  port {p}: rx {r} tx {x} dropped {d} missed {} device drops tx {} rx {}",
+                s.imissed, dd.tx, dd.rx
+            );
         }
-        for line in loss_lines(port_stats) {
+        for line in device_lines(port_stats)
+            .into_iter()
+            .chain(loss_lines(port_stats))
+        {
             println!("{line}");
         }
         println!("  mbufs still in use at exit: {in_use}");

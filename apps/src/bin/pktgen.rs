@@ -1,13 +1,13 @@
 //! pktgen: a traffic generator with sequence numbers, loss and latency measurement.
 
-use apps::cli::{usage, Failure};
+use apps::cli::{usage, Failure, FrameSizes};
 use apps::common::{
-    announce_ready, loss_lines, open_ports, si, stats_json, wait_links, Counter, EventWatch, Idle,
-    PortSet,
+    announce_ready, capture_failure, device_drops, device_lines, failed_capture, loss_lines,
+    open_ports, si, stats_json, wait_links, Counter, EventWatch, Idle, PortSet,
 };
 use apps::pktgen::{
-    flows_varying, load_pcap, read_stamp, FrameGen, FrameSpec, IpRange, PortRange, SeqTracker,
-    MIN_SIZE,
+    flows_varying, load_pcap, read_stamp, size_cycle, FrameGen, FrameSpec, IpRange, Pacing,
+    PortRange, SeqTracker, FCS_BYTES, IMIX, L1_OVERHEAD_BYTES,
 };
 use clap::Parser;
 use hdrhistogram::Histogram;
@@ -28,11 +28,20 @@ use std::time::{Duration, Instant};
 /// Every generated frame carries a sequence number and a TX timestamp in its first 16 payload
 /// bytes. Replayed pcap frames are sent byte-exact (no stamps: only counts are compared).
 ///
+/// Frame sizes (`--size`, `--imix`) are Ethernet frames without the 4-byte FCS, which the NIC
+/// appends: `--size 60` is a minimal 64-byte frame on the wire. DPDK's testpmd counts the
+/// same way (`--txpkts` excludes the FCS); pktgen-dpdk counts the FCS (its 64 is our 60).
+///
+/// The final report says what the ports' devices did with the frames: how many of those
+/// the transmit queue accepted left the device, and how many it dropped (a full cable, a
+/// frame over the MTU), and what the receiving device dropped, so that every frame sent is
+/// received or counted somewhere.
+///
 /// Port events (link down/up, device failure or removal, queue errors) are logged on stderr
 /// as they happen and listed in the `--json` report; a failed or removed device stops the
 /// run, which then exits with status 1 after its report.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about)]
+#[command(version)]
 struct Args {
     /// A port as a devargs string (one or two): TX on the first, RX on the last.
     #[arg(long = "port", required = true, value_name = "SPEC")]
@@ -43,15 +52,26 @@ struct Args {
     /// Packets per second.
     #[arg(long, group = "speed", value_name = "PPS", value_parser = apps::cli::pps)]
     rate: Option<f64>,
-    /// Bit rate in Gbit/s of frame bytes (converted to packets per second for --size).
+    /// Bit rate in Gbit/s of frame bytes without FCS, the L2 rate (converted to packets per
+    /// second for the mean of --size).
     #[arg(long, group = "speed", value_name = "G", value_parser = apps::cli::gbps)]
     rate_gbps: Option<f64>,
+    /// Bit rate in Gbit/s on the wire, the L1 rate: each frame counts with its FCS (4 bytes),
+    /// preamble and start delimiter (8) and the minimum inter-frame gap (12), as a link's
+    /// speed does (10 Gbit/s of 60-byte frames: 14.88 Mpps).
+    #[arg(long, group = "speed", value_name = "G", value_parser = apps::cli::gbps)]
+    rate_gbps_l1: Option<f64>,
     /// As fast as possible (the default when no rate is given).
     #[arg(long, group = "speed")]
     max: bool,
-    /// Frame size in bytes, without FCS (60..=2048).
-    #[arg(long, default_value_t = 60)]
-    size: u16,
+    /// Frame size in bytes without the FCS (60..=2048; 60 is a 64-byte frame on the wire),
+    /// or a list of sizes sent in turn: `--size 60,124,1514`.
+    #[arg(long, default_value = "60", value_name = "BYTES[,BYTES..]", value_parser = apps::cli::frame_sizes)]
+    size: FrameSizes,
+    /// Simple IMIX: frames of 60, 590 and 1514 bytes without FCS (64, 594 and 1518 on the
+    /// wire) in the ratio 7:4:1, interleaved.
+    #[arg(long, conflicts_with = "size")]
+    imix: bool,
     /// Number of flows, each a distinct 5-tuple: the flows walk every combination of the
     /// address and port ranges (source port fastest); with every range a single value (the
     /// defaults) the source UDP port varies from --src-port. The banner says what varies.
@@ -79,6 +99,9 @@ struct Args {
     /// Destination MAC of generated frames.
     #[arg(long, default_value = "02:00:00:00:00:00")]
     dst_mac: MacAddr,
+    /// Source MAC of generated frames (default: the sending port's MAC).
+    #[arg(long)]
+    src_mac: Option<MacAddr>,
     /// Send exactly this many frames, then wait for them to come back and stop.
     #[arg(long)]
     count: Option<u64>,
@@ -88,9 +111,20 @@ struct Args {
     /// Replay the frames of this pcap file (looping) instead of generating UDP frames.
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
+    /// Replay the --pcap capture with its own timing (the gaps between its timestamps),
+    /// looping, instead of at a rate.
+    #[arg(long, requires = "pcap", conflicts_with_all = ["rate", "rate_gbps", "rate_gbps_l1", "max"])]
+    pcap_timing: bool,
+    /// With --pcap-timing: replay this many times as fast (0.5: half speed).
+    #[arg(long, default_value_t = 1.0, value_name = "X", requires = "pcap_timing", value_parser = apps::cli::speed)]
+    pcap_speed: f64,
     /// Only receive (and count) for --duration seconds.
     #[arg(long)]
     rx_only: bool,
+    /// Only send (like testpmd's txonly forwarding): no receive polling, no loss or latency
+    /// accounting; the report has what was sent and what the devices did with it.
+    #[arg(long, conflicts_with_all = ["rx_only", "max_loss"])]
+    tx_only: bool,
     /// Packets per burst.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=512))]
     burst: u16,
@@ -161,7 +195,7 @@ struct TxSide {
     q: TxQueue,
     frames: Frames,
     pending: Burst,
-    rate: Option<f64>,
+    pacing: Option<Pacing>,
     count: Option<u64>,
     duration: Option<Duration>,
     sent: u64,
@@ -183,7 +217,7 @@ struct RxSide {
 enum Role {
     Tx(TxSide),
     Rx(RxSide),
-    Both(TxSide, RxSide),
+    Both(TxSide, Box<RxSide>),
 }
 
 enum Outcome {
@@ -200,18 +234,25 @@ fn main() -> ExitCode {
     }
 }
 
-fn rate_pps(args: &Args, frame_len: usize) -> Result<Option<f64>, String> {
-    let check = |v: f64, what: &str| {
-        if v > 0.0 && v.is_finite() {
-            Ok(v)
-        } else {
-            Err(format!("{what} {v}: expected a positive number"))
-        }
-    };
-    Ok(match (args.rate, args.rate_gbps) {
-        (Some(r), _) => Some(check(r, "--rate")?),
-        (_, Some(g)) => Some(check(g, "--rate-gbps")? * 1e9 / (frame_len as f64 * 8.0)),
-        _ => None,
+/// The pacing the options ask for, for frames of `mean_len` bytes on average (without FCS):
+/// `None` as fast as possible.
+fn pacing(
+    args: &Args,
+    mean_len: f64,
+    capture_times: Option<&[u64]>,
+) -> Result<Option<Pacing>, Failure> {
+    let l1_len = mean_len + (FCS_BYTES + L1_OVERHEAD_BYTES) as f64;
+    Ok(match (args.rate, args.rate_gbps, args.rate_gbps_l1) {
+        (Some(r), _, _) => Some(Pacing::Rate(r)),
+        (_, Some(g), _) => Some(Pacing::Rate(g * 1e9 / (mean_len * 8.0))),
+        (_, _, Some(g)) => Some(Pacing::Rate(g * 1e9 / (l1_len * 8.0))),
+        _ => match capture_times {
+            Some(t) if args.pcap_timing => Some(
+                Pacing::capture(t, args.pcap_speed)
+                    .map_err(|e| usage(format!("--pcap-timing: {e}")))?,
+            ),
+            _ => None,
+        },
     })
 }
 
@@ -230,12 +271,6 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         )));
     }
     args.lcores.validate().map_err(|e| usage(e.to_string()))?;
-    if !(60..=2048).contains(&args.size) {
-        return Err(usage(format!(
-            "--size {}: expected {MIN_SIZE}..=2048 bytes",
-            args.size
-        )));
-    }
     if args.rx_only && (args.pcap.is_some() || args.count.is_some()) {
         return Err(usage(
             "--rx-only sends nothing: it takes neither --pcap nor --count",
@@ -246,18 +281,25 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         (None, Some(_)) => None,
         (None, None) => Some(Duration::from_secs(10)),
     };
+    let sizes = if args.imix {
+        size_cycle(&IMIX)
+    } else {
+        args.size.0.clone()
+    };
     let gen_spec = FrameSpec {
-        size: args.size,
+        sizes,
         flows: args.flows,
         src_ip: args.src_ip,
         dst_ip: args.dst_ip,
         src_port: args.src_port,
         dst_port: args.dst_port,
         vlan: args.vlan,
-        src_mac: [0x02, 0, 0, 0, 0xaa, 0x01],
+        // The sending port's MAC unless --src-mac says otherwise: set once the port is open.
+        src_mac: args.src_mac.map_or([0x02, 0, 0, 0, 0xaa, 0x01], |m| m.0),
         dst_mac: args.dst_mac.0,
     };
-    let frames = match &args.pcap {
+    let mut capture_times = None;
+    let mut frames = match &args.pcap {
         Some(p) => {
             let cap = load_pcap(p, usize::from(mempool::mbuf::DEFAULT_DATA_ROOM))?;
             if cap.skipped_short > 0 {
@@ -268,23 +310,43 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
                     cap.frames.len()
                 );
             }
+            capture_times = Some(cap.times_ns);
             Frames::Pcap(cap.frames)
         }
-        None => Frames::Gen(FrameGen::new(&gen_spec).map_err(usage)?),
+        None => Frames::Gen(FrameGen::new(&gen_spec).map_err(|e| {
+            // The sizes came from --imix, not from a --size the user typed.
+            usage(if args.imix { format!("--imix: {e}") } else { e })
+        })?),
     };
-    let frame_len = match &frames {
-        Frames::Gen(g) => g.len(),
-        Frames::Pcap(f) => f.iter().map(Vec::len).sum::<usize>() / f.len(),
+    let mean_len = match &frames {
+        Frames::Gen(g) => g.mean_len(),
+        Frames::Pcap(f) => f.iter().map(Vec::len).sum::<usize>() as f64 / f.len() as f64,
+    };
+    let sizes_text = if args.imix {
+        format!("IMIX 7:4:1 of 60/590/1514 B ({mean_len:.1} B on average)")
+    } else if args.size.0.len() > 1 {
+        let list: Vec<String> = args.size.0.iter().map(u16::to_string).collect();
+        format!("{} B in turn ({mean_len:.1} B on average)", list.join("/"))
+    } else {
+        format!("{mean_len:.0} B")
     };
     let what = match &frames {
         Frames::Gen(_) => format!(
-            "UDP frames of {frame_len} B, {} flows ({})",
+            "UDP frames of {sizes_text} without FCS, {} flows ({})",
             args.flows,
             flows_varying(&gen_spec).map_err(usage)?
         ),
-        Frames::Pcap(f) => format!("{} pcap frames, {frame_len} B on average", f.len()),
+        Frames::Pcap(f) => format!(
+            "{} pcap frames, {mean_len:.0} B on average{}",
+            f.len(),
+            if args.pcap_timing {
+                format!(", with the capture's timing x{}", args.pcap_speed)
+            } else {
+                String::new()
+            }
+        ),
     };
-    let rate = rate_pps(args, frame_len)?;
+    let pacing = pacing(args, mean_len, capture_times.as_deref())?;
     let cfg = PortConfig {
         rx_ring_size: args.ring_size,
         tx_ring_size: args.ring_size,
@@ -302,6 +364,9 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     let stop = StopFlag::new();
     let PortSet { mut ports, pool } =
         open_ports("pktgen", &args.ports, &cfg, ncores, args.pool_size)?;
+    if let (Frames::Gen(g), None) = (&mut frames, args.src_mac) {
+        g.set_src_mac(ports[0].mac().0);
+    }
     let txq = ports[0].tx_queue(0).map_err(|e| e.to_string())?;
     let nrxq = ports[np - 1].config().map_or(1, |c| c.rx_queues);
     let rxqs = (0..nrxq)
@@ -329,7 +394,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         q: txq,
         frames,
         pending: Burst::with_capacity(burst),
-        rate,
+        pacing: pacing.clone(),
         count: args.count,
         duration,
         sent: 0,
@@ -347,10 +412,26 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         last_publish: Instant::now(),
         burst: Burst::with_capacity(burst),
     };
-    let roles = if ncores == 2 {
+    let roles = if args.tx_only {
+        // Nothing polls the receiving port: what arrives there is the device's to drop
+        // (counted, imissed), as in testpmd's txonly mode.
+        drop(rx);
+        vec![Role::Tx(tx)]
+    } else if ncores == 2 {
         vec![Role::Tx(tx), Role::Rx(rx)]
     } else {
-        vec![Role::Both(tx, rx)]
+        vec![Role::Both(tx, Box::new(rx))]
+    };
+    let lcores = if args.tx_only {
+        args.lcores.cores()[..1]
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+            .parse::<CoreList>()
+            .map_err(|e| e.to_string())?
+    } else {
+        args.lcores.clone()
     };
     let shared = Arc::new(Shared::default());
     if args.rx_only {
@@ -360,8 +441,9 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     if !args.json {
         eprintln!(
             "pktgen: {} on {}, rx on port {}, {what}",
-            match rate {
-                Some(r) => format!("{}pps", si(r)),
+            match &pacing {
+                Some(Pacing::Rate(r)) => format!("{}pps", si(*r)),
+                Some(Pacing::Capture { .. }) => "capture timing".into(),
                 None => "max rate".into(),
             },
             args.ports[0],
@@ -382,7 +464,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     let mut events = EventWatch::new("pktgen", &ports, epoch);
     let mut fatal = None;
     let results = launch_each(
-        &args.lcores,
+        &lcores,
         &stop,
         roles,
         |lcore, role| {
@@ -410,7 +492,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
                         pace(&t, a || b, busy, &mut idle);
                     }
                     t.finish(&pool);
-                    Outcome::Rx(Box::new(r))
+                    Outcome::Rx(r)
                 }
             };
             lcache::flush();
@@ -423,17 +505,21 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         Outcome::Rx(r) => Some(r),
         Outcome::Tx => None,
     });
-    let Some(mut rx) = rx else {
-        return Err("no receive side ran".into());
+    let (hist, tracker) = match rx {
+        Some(mut rx) => {
+            // One last look at frames that arrived after the workers stopped polling.
+            rx.poll(&pool, &shared);
+            (rx.hist.clone(), rx.tracker.clone())
+        }
+        None if args.tx_only => (
+            Histogram::new_with_bounds(1, 3_600_000_000_000, 3).map_err(|e| e.to_string())?,
+            SeqTracker::default(),
+        ),
+        None => return Err("no receive side ran".into()),
     };
-    // One last look at frames that arrived after the workers stopped polling.
-    rx.poll(&pool, &shared);
     for p in &mut ports {
         p.stop();
     }
-    let hist = rx.hist.clone();
-    let tracker = rx.tracker.clone();
-    drop(rx);
     // The ports' own counters say where lost frames went (a full cable, no buffer, ...).
     let port_stats: Vec<Stats> = ports.iter().map(Port::stats).collect();
     drop(ports);
@@ -455,6 +541,18 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     if in_use != 0 {
         return Err(format!("{in_use} mbufs were not returned to the pool").into());
     }
+    if let Some(f) = fatal {
+        eprintln!("pktgen: {f}");
+        return Ok(ExitCode::FAILURE);
+    }
+    // A capture that failed since the main loop last looked.
+    if let Some((p, m)) = port_stats
+        .iter()
+        .enumerate()
+        .find_map(|(p, s)| capture_failure(s).map(|m| (p, m)))
+    {
+        return Err(format!("port {p} ({}): {m}", args.ports[p]).into());
+    }
     if let Some(max) = args.max_loss {
         let tx = shared.tx_packets.get();
         let lost = tx.saturating_sub(tracker.unique);
@@ -469,10 +567,6 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
             );
             return Ok(ExitCode::FAILURE);
         }
-    }
-    if let Some(f) = fatal {
-        eprintln!("pktgen: {f}");
-        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -504,11 +598,11 @@ fn pace(t: &TxSide, did_work: bool, busy: bool, idle: &mut Idle) {
 impl TxSide {
     /// How long until the next frame is due, when sending at a set rate with nothing pending.
     fn next_due_in(&self) -> Option<Duration> {
-        let (rate, start) = (self.rate?, self.start?);
+        let (pacing, start) = (self.pacing.as_ref()?, self.start?);
         if self.done || !self.pending.is_empty() {
             return None;
         }
-        let due_at = start + Duration::from_secs_f64((self.sent + 1) as f64 / rate);
+        let due_at = start + pacing.due_at(self.sent);
         due_at.checked_duration_since(Instant::now())
     }
 
@@ -539,10 +633,7 @@ impl TxSide {
             sh.tx_done.store(true, Ordering::Release);
             return false;
         }
-        let due = match self.rate {
-            Some(r) => (elapsed.as_secs_f64() * r) as u64 + 1,
-            None => u64::MAX,
-        };
+        let due = self.pacing.as_ref().map_or(u64::MAX, |p| p.due(elapsed));
         let mut want = due
             .saturating_sub(self.sent + self.pending.len() as u64)
             .min(self.pending.spare() as u64);
@@ -559,7 +650,7 @@ impl TxSide {
                 };
                 let ok = match &self.frames {
                     Frames::Gen(g) => m
-                        .append(g.len())
+                        .append(g.len_of(self.made))
                         .map(|buf| g.write(self.made, ts, buf))
                         .is_ok(),
                     Frames::Pcap(f) => m
@@ -688,10 +779,18 @@ fn main_loop(
     let mut last = (sh.tx_packets.get(), sh.rx_packets.get(), Instant::now());
     // (drain start, frames seen, last progress, whether a stop signal had come by then)
     let mut drain: Option<(Instant, u64, Instant, bool)> = None;
+    let mut last_check = Instant::now();
     loop {
         // Port events are watched here, never on the polling cores.
         if let Some(f) = events.wait(ports, Duration::from_millis(10)) {
             return Some(f);
+        }
+        // A capture that stopped recording (a full disk) stops the run.
+        if last_check.elapsed() >= Duration::from_millis(200) {
+            last_check = Instant::now();
+            if let Some(f) = failed_capture(ports) {
+                return Some(f);
+            }
         }
         if signalled.is_set() {
             // Stop sending; what is in flight gets the drain window below (a second
@@ -705,6 +804,9 @@ fn main_loop(
             if epoch.elapsed() >= until {
                 break;
             }
+        } else if sh.tx_done.load(Ordering::Acquire) && args.tx_only {
+            // Nothing to wait for: nobody receives.
+            break;
         } else if sh.tx_done.load(Ordering::Acquire) {
             // Sending is over: wait for what is still on the wire, but not for ever.
             let rx = sh.rx_packets.get();
@@ -728,8 +830,13 @@ fn main_loop(
             if last.2.elapsed() >= iv {
                 let (tx, rx) = (sh.tx_packets.get(), sh.rx_packets.get());
                 let dt = last.2.elapsed().as_secs_f64();
+                // What the ports' devices dropped so far, sending and receiving.
+                let (dtx, drx) = ports.iter().fold((0, 0), |(t, r), p| {
+                    let d = device_drops(&p.stats());
+                    (t + d.tx, r + d.rx)
+                });
                 eprintln!(
-                    "[{:6.1}s] tx {}pps  rx {}pps  sent {tx}  received {rx}  gaps {}  latency p50 {:.1} us p99 {:.1} us",
+                    "[{:6.1}s] tx {}pps  rx {}pps  sent {tx}  received {rx}  dev-drop tx {dtx} rx {drx}  gaps {}  latency p50 {:.1} us p99 {:.1} us",
                     epoch.elapsed().as_secs_f64(),
                     si((tx - last.0) as f64 / dt),
                     si((rx - last.1) as f64 / dt),
@@ -771,6 +878,15 @@ fn report(
     }
     .max(1e-9);
     let lost = tx_packets.saturating_sub(tracker.unique);
+    // What the devices did with the frames: the sending port's accepted `tx_packets` (its
+    // queue took them) and dropped some of them (a full cable, over the MTU); the
+    // receiving port dropped some that reached it (no buffer).
+    let np = port_stats.len();
+    let tx_dropped = port_stats.first().map_or(0, |s| device_drops(s).tx);
+    let rx_dropped = port_stats.last().map_or(0, |s| device_drops(s).rx);
+    let dev_dropped: u64 = port_stats.iter().map(|s| device_drops(s).total()).sum();
+    let on_wire = tx_packets.saturating_sub(tx_dropped);
+    let l1_bytes = tx_bytes + tx_packets * (FCS_BYTES + L1_OVERHEAD_BYTES);
     let (min, p50, p99, max) = if hist.is_empty() {
         (0, 0, 0, 0)
     } else {
@@ -786,9 +902,16 @@ fn report(
             "{}",
             serde_json::json!({
                 "tx_packets": tx_packets, "tx_bytes": tx_bytes, "rx_packets": rx_packets, "rx_bytes": rx_bytes,
-                "lost": lost, "duplicates": tracker.duplicates, "reordered": tracker.reordered,
+                "lost": (!args.tx_only).then_some(lost), "tx_only": args.tx_only,
+                "duplicates": tracker.duplicates, "reordered": tracker.reordered,
                 "duration_s": secs, "tx_pps": tx_packets as f64 / secs, "rx_pps": rx_packets as f64 / secs,
                 "tx_gbps": tx_bytes as f64 * 8.0 / secs / 1e9,
+                "tx_gbps_l1": l1_bytes as f64 * 8.0 / secs / 1e9,
+                "device": {
+                    "accepted": tx_packets, "tx_dropped": tx_dropped, "on_wire": on_wire,
+                    "on_wire_pps": on_wire as f64 / secs, "rx_dropped": rx_dropped,
+                    "dropped": dev_dropped,
+                },
                 "latency_ns": {"min": min, "p50": p50, "p99": p99, "max": max},
                 "pool_in_use": in_use,
                 "events": events.json(),
@@ -801,14 +924,26 @@ fn report(
         );
     } else {
         println!(
-            "pktgen summary: sent {tx_packets} ({tx_bytes} B) in {secs:.2} s = {}pps, {:.3} Gbit/s",
+            "pktgen summary: sent {tx_packets} ({tx_bytes} B) in {secs:.2} s = {}pps, {:.3} Gbit/s ({:.3} Gbit/s L1)",
             si(tx_packets as f64 / secs),
-            tx_bytes as f64 * 8.0 / secs / 1e9
+            tx_bytes as f64 * 8.0 / secs / 1e9,
+            l1_bytes as f64 * 8.0 / secs / 1e9,
         );
         println!(
-            "  received {rx_packets} ({rx_bytes} B), lost {lost}, duplicates {}, reordered {}",
-            tracker.duplicates, tracker.reordered
+            "  device: port 0 accepted {tx_packets}, dropped {tx_dropped}, {on_wire} left it ({}pps); port {} dropped {rx_dropped} on receive",
+            si(on_wire as f64 / secs),
+            np.saturating_sub(1),
         );
+        if args.tx_only {
+            println!("  tx-only: nothing received or counted as lost");
+        } else {
+            println!(
+                "  received {rx_packets} ({rx_bytes} B), lost {lost} (dropped by these ports' devices {dev_dropped}, elsewhere {}), duplicates {}, reordered {}",
+                lost.saturating_sub(dev_dropped),
+                tracker.duplicates,
+                tracker.reordered
+            );
+        }
         if !hist.is_empty() {
             println!(
                 "  latency: min {:.1} us  p50 {:.1} us  p99 {:.1} us  max {:.1} us",
@@ -819,7 +954,10 @@ fn report(
             );
         }
         println!("  mbufs still in use at exit: {in_use}");
-        for line in loss_lines(port_stats) {
+        for line in device_lines(port_stats)
+            .into_iter()
+            .chain(loss_lines(port_stats))
+        {
             println!("{line}");
         }
         if !events.seen().is_empty() {

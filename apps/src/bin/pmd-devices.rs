@@ -8,7 +8,7 @@ use std::process::ExitCode;
 /// List the NIC ports this framework can drive: real MANA / mlx5 RDMA devices (with each
 /// port's kernel netdev and MAC) and the software device model that is always there.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Read devices from this sysfs root instead of /sys (for tests and offline inspection).
     /// Without it, libibverbs' own SYSFS_PATH is used when set, so both see the same tree.

@@ -2,34 +2,42 @@
 #![deny(unsafe_code)]
 
 use super::{Wire, WireError, MAX_FRAME};
+use std::cell::{Cell, RefCell};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// The classic pcap file header (libpcap's savefile format, `pcap_file_header`): magic
+/// `0xa1b2c3d4` (microsecond timestamps), version 2.4, no time zone offset, the snap length,
+/// link type 1 (Ethernet); little-endian, which readers tell from the magic.
+fn file_header() -> [u8; 24] {
+    let mut h = [0u8; 24];
+    h[0..4].copy_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
+    h[4..6].copy_from_slice(&2u16.to_le_bytes());
+    h[6..8].copy_from_slice(&4u16.to_le_bytes());
+    h[16..20].copy_from_slice(&(MAX_FRAME as u32).to_le_bytes());
+    h[20..24].copy_from_slice(&1u32.to_le_bytes());
+    h
+}
+
 /// Records every frame a wire carries, both directions, to a pcap file (Ethernet link type).
+///
+/// Records go through a write buffer; reading the tap's [`Wire::stats`] (slow path: a
+/// port's statistics) writes it out, so a failure (a full disk) shows there while the port
+/// is open, including for the last frames when a tool reads its ports' statistics before
+/// closing them.
 pub struct PcapTap {
     inner: Box<dyn Wire>,
-    writer: Option<pcap_file::pcap::PcapWriter<WriteThroughFirst>>,
+    /// The file, buffered (`None` once finished). A `RefCell` so that [`Wire::stats`]
+    /// (`&self`) can flush it; the datapath reaches it through `&mut self` (`get_mut`, no
+    /// run-time check).
+    out: RefCell<Option<std::io::BufWriter<std::fs::File>>>,
     path: PathBuf,
-    failed: bool,
-}
-
-/// A buffered file whose first write goes straight to the file: the start of the pcap header,
-/// so a file that cannot be written fails when the tap opens, not at the first frame.
-struct WriteThroughFirst {
-    out: std::io::BufWriter<std::fs::File>,
-    first: bool,
-}
-
-impl std::io::Write for WriteThroughFirst {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if std::mem::take(&mut self.first) {
-            self.out.get_mut().write_all(buf)?;
-            return Ok(buf.len());
-        }
-        self.out.write(buf)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
-    }
+    /// Failed writes (at most 1: the capture stops at the first), the OS error of that one
+    /// (0 if it had none) and the frames not recorded since: reported in [`Wire::stats`] so
+    /// that a tool can fail with the reason instead of a log line alone.
+    write_errors: Cell<u64>,
+    errno: Cell<u64>,
+    unrecorded: Cell<u64>,
 }
 
 impl std::fmt::Debug for PcapTap {
@@ -57,7 +65,7 @@ impl PcapTap {
             path: path.into(),
             source,
         };
-        let file = std::fs::OpenOptions::new()
+        let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
@@ -72,43 +80,68 @@ impl PcapTap {
         if file.metadata().map_err(err)?.is_file() {
             file.set_len(0).map_err(err)?;
         }
-        let header = pcap_file::pcap::PcapHeader {
-            datalink: pcap_file::DataLink::ETHERNET,
-            snaplen: MAX_FRAME as u32,
-            ..Default::default()
-        };
-        let writer = pcap_file::pcap::PcapWriter::with_header(
-            WriteThroughFirst {
-                out: std::io::BufWriter::new(file),
-                first: true,
-            },
-            header,
-        )
-        .map_err(|e| {
-            err(match e {
-                pcap_file::PcapError::IoError(io) => io,
-                other => std::io::Error::other(other.to_string()),
-            })
-        })?;
+        file.write_all(&file_header()).map_err(err)?;
         Ok(Self {
             inner,
-            writer: Some(writer),
+            out: RefCell::new(Some(std::io::BufWriter::new(file))),
             path: path.into(),
-            failed: false,
+            write_errors: Cell::new(0),
+            errno: Cell::new(0),
+            unrecorded: Cell::new(0),
         })
     }
 
+    /// Records the first write failure: the capture stops there.
+    fn fail(&self, e: &std::io::Error) {
+        tracing::error!(target: "pmd::emu::wire", path = %self.path.display(), error = %e, "pcap capture stopped: frames from now on are not recorded");
+        self.write_errors.set(self.write_errors.get() + 1);
+        self.errno.set(
+            e.raw_os_error()
+                .map_or(0, |n| u64::try_from(n).unwrap_or(0)),
+        );
+    }
+
+    fn failed(&self) -> bool {
+        self.write_errors.get() > 0
+    }
+
     fn record(&mut self, frame: &[u8]) {
-        let Some(writer) = self.writer.as_mut().filter(|_| !self.failed) else {
+        if self.failed() {
+            self.unrecorded.set(self.unrecorded.get() + 1);
+            return;
+        }
+        let Some(out) = self.out.get_mut().as_mut() else {
             return;
         };
         let ts = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        let pkt = pcap_file::pcap::PcapPacket::new(ts, frame.len() as u32, frame);
-        if let Err(e) = writer.write_packet(&pkt) {
-            tracing::error!(target: "pmd::emu::wire", path = %self.path.display(), error = %e, "pcap capture stopped: frames from now on are not recorded");
-            self.failed = true;
+        // The record header (pcap_pkthdr on disk): seconds, microseconds, captured length,
+        // original length.
+        let len = frame.len() as u32;
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&(ts.as_secs() as u32).to_le_bytes());
+        h[4..8].copy_from_slice(&ts.subsec_micros().to_le_bytes());
+        h[8..12].copy_from_slice(&len.to_le_bytes());
+        h[12..16].copy_from_slice(&len.to_le_bytes());
+        if let Err(e) = out.write_all(&h).and_then(|()| out.write_all(frame)) {
+            self.fail(&e);
+            self.unrecorded.set(self.unrecorded.get() + 1);
+        }
+    }
+
+    /// Writes out what is buffered (unless the capture already failed); a failure is
+    /// recorded as any other.
+    fn flush_buffered(&self) {
+        if self.failed() {
+            return;
+        }
+        let Ok(mut out) = self.out.try_borrow_mut() else {
+            return;
+        };
+        if let Some(Err(e)) = out.as_mut().map(std::io::Write::flush) {
+            drop(out);
+            self.fail(&e);
         }
     }
 
@@ -117,9 +150,8 @@ impl PcapTap {
     /// # Errors
     /// The write error.
     pub fn finish(&mut self) -> std::io::Result<()> {
-        use std::io::Write;
-        match self.writer.take() {
-            Some(w) => w.into_writer().flush(),
+        match self.out.get_mut().take() {
+            Some(mut w) => w.flush(),
             None => Ok(()),
         }
     }
@@ -156,13 +188,32 @@ impl Wire for PcapTap {
             self.path.display()
         )
     }
+    /// The inner wire's, then the capture's, after writing out what is buffered:
+    /// `pcap_write_errors` (a write failed after the file opened, e.g. the disk filled up:
+    /// the capture stopped), `pcap_write_errno` (its OS error number, 0 if none) and
+    /// `pcap_unrecorded` (frames passed on but not recorded since). Frames recorded after the
+    /// last call are written when the tap is dropped; a failure there is only logged.
     fn stats(&self) -> Vec<(String, u64)> {
-        self.inner.stats()
+        self.flush_buffered();
+        let mut v = self.inner.stats();
+        v.extend([
+            ("pcap_write_errors".to_string(), self.write_errors.get()),
+            ("pcap_write_errno".to_string(), self.errno.get()),
+            ("pcap_unrecorded".to_string(), self.unrecorded.get()),
+        ]);
+        v
     }
 }
 
 impl Drop for PcapTap {
     fn drop(&mut self) {
+        if self.failed() {
+            // Already reported; what is still buffered has nowhere to go.
+            if let Some(w) = self.out.get_mut().take() {
+                let _ = w.into_parts();
+            }
+            return;
+        }
         if let Err(e) = self.finish() {
             tracing::warn!(target: "pmd::emu::wire", path = %self.path.display(), error = %e, "pcap capture incomplete");
         }
@@ -202,6 +253,25 @@ mod tests {
         );
     }
 
+    /// Reading the tap's statistics writes out its buffer: the file holds every frame so far
+    /// while the tap is still open (so a full disk shows in the statistics, not at close).
+    #[test]
+    fn stats_write_out_what_is_buffered() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("live.pcap");
+        let mut tap = PcapTap::new(Box::new(Loopback::open("t-pcap5").unwrap()), &path).unwrap();
+        let _peer = Loopback::open("t-pcap5").unwrap();
+        assert!(tap.send(&[7u8; 60]));
+        assert_eq!(std::fs::read(&path).unwrap().len(), 24, "buffered");
+        let _ = tap.stats();
+        let data = std::fs::read(&path).unwrap();
+        assert_eq!(data.len(), 24 + 16 + 60);
+        let mut r = pcap_file::pcap::PcapReader::new(&data[..]).unwrap();
+        assert_eq!(r.header().datalink, pcap_file::DataLink::ETHERNET);
+        let p = r.next_packet().unwrap().unwrap();
+        assert_eq!((&*p.data, p.orig_len), (&[7u8; 60][..], 60));
+    }
+
     #[test]
     fn pcap_tap_records_both_directions() {
         let d = tempfile::tempdir().unwrap();
@@ -213,6 +283,11 @@ mod tests {
         assert!(b.send(&[2u8; 70]));
         let mut buf = [0u8; 128];
         assert_eq!(tap.recv(&mut buf), Some(70));
+        // A capture that records reports no failure.
+        let stats = tap.stats();
+        for name in ["pcap_write_errors", "pcap_write_errno", "pcap_unrecorded"] {
+            assert!(stats.contains(&(name.to_string(), 0)), "{name}: {stats:?}");
+        }
         drop(tap);
         let data = std::fs::read(&path).unwrap();
         let mut r = pcap_file::pcap::PcapReader::new(&data[..]).unwrap();
