@@ -99,6 +99,55 @@ pub fn ring_size(s: &str) -> Result<u16, String> {
     }
 }
 
+/// The smallest MTU (IPv4's minimum datagram, 68 bytes; every device takes it).
+pub const MIN_MTU: u16 = 68;
+/// The largest MTU the tools set: 9000 (jumbo frames; Azure MANA's maximum, and what every
+/// device model carries).
+pub const MAX_MTU: u16 = 9000;
+/// The smallest frame the tools send, without FCS.
+pub const MIN_FRAME_SIZE: u16 = 60;
+/// The largest frame the tools send, without FCS: a [`MAX_MTU`] frame with its Ethernet
+/// header and one VLAN tag (9018 bytes).
+pub const MAX_FRAME_SIZE: u16 = MAX_MTU + pmd::port::L2_OVERHEAD;
+
+/// An MTU in bytes, [`MIN_MTU`] to [`MAX_MTU`] (a port's device may allow less: it says so
+/// when the port is configured).
+///
+/// # Errors
+/// Not a number, or out of range.
+pub fn mtu(s: &str) -> Result<u16, String> {
+    integer("an MTU in bytes", s, MIN_MTU, MAX_MTU)
+}
+
+/// A frame size in bytes without FCS, [`MIN_FRAME_SIZE`] to [`MAX_FRAME_SIZE`].
+///
+/// # Errors
+/// Not a number, or out of range.
+pub fn frame_size(s: &str) -> Result<u16, String> {
+    integer(
+        "a frame size in bytes (without FCS)",
+        s,
+        MIN_FRAME_SIZE,
+        MAX_FRAME_SIZE,
+    )
+}
+
+fn integer(what: &str, s: &str, lo: u16, hi: u16) -> Result<u16, String> {
+    match s.trim().parse::<u16>() {
+        Ok(v) if (lo..=hi).contains(&v) => Ok(v),
+        _ => Err(format!("'{s}': expected {what} from {lo} to {hi}")),
+    }
+}
+
+/// Data room (bytes) for the mbufs of a tool whose ports run at `mtu`: the longest frame of
+/// that MTU ([`pmd::port::max_frame_bytes`]) rounded up to 64 bytes, and never less than the
+/// default 2048 (so the default MTU keeps the default pool layout).
+pub fn data_room_for(mtu: u16) -> u16 {
+    let frame = pmd::port::max_frame_bytes(mtu).next_multiple_of(64);
+    // At most MAX_MTU + 18 rounded up: far below u16::MAX.
+    (frame as u16).max(mempool::mbuf::DEFAULT_DATA_ROOM)
+}
+
 /// Why a tool failed, and so its exit status: 2 for a usage error (what the user typed cannot
 /// work; clap's own errors exit 2 too), 1 for a failure while running (a port that does not
 /// open, a link that stays down, a device that fails). Every tool uses the same codes.
@@ -168,6 +217,21 @@ mod tests {
             assert!(ring_size(bad).is_err(), "{bad}");
         }
         assert_eq!(ring_size("1024"), Ok(1024));
+        for bad in ["67", "9001", "65536", "-1", "1500.5", "x", ""] {
+            assert!(mtu(bad).is_err(), "{bad}");
+        }
+        assert_eq!(mtu(" 9000"), Ok(9000));
+        assert!(mtu("9001")
+            .unwrap_err()
+            .contains("expected an MTU in bytes from 68 to 9000"));
+        for bad in ["59", "9019", "0", "x"] {
+            assert!(frame_size(bad).is_err(), "{bad}");
+        }
+        assert_eq!(frame_size("9018"), Ok(9018));
+        assert_eq!(data_room_for(1500), 2048);
+        assert_eq!(data_room_for(2030), 2048);
+        assert_eq!(data_room_for(2031), 2112);
+        assert_eq!(data_room_for(9000), 9024);
         assert_eq!(seconds("0"), Ok(0.0));
         assert_eq!(positive_seconds("2.5"), Ok(2.5));
         assert_eq!(pps("1000000"), Ok(1e6));

@@ -29,7 +29,9 @@ impl Counter {
     }
 }
 
-/// Creates the mbuf pool for `ports` ports with the given ring sizes and cores.
+/// Creates the mbuf pool for `ports` ports with the given ring sizes and cores, its data room
+/// sized for frames of `mtu` ([`crate::cli::data_room_for`]: 2048 bytes up to MTU 2030, 9024
+/// for jumbo frames of MTU 9000).
 ///
 /// # Errors
 /// The pool's error (size, memory).
@@ -40,12 +42,13 @@ pub fn make_pool(
     txq: u16,
     ring: u16,
     cores: usize,
+    mtu: u16,
 ) -> Result<Arc<MbufPool>, mempool::Error> {
     // Every RX descriptor holds a buffer, every TX descriptor may; plus per-core caches and
     // bursts in flight.
     let per_port = u32::from(rxq) * u32::from(ring) + u32::from(txq) * u32::from(ring);
     let n = (ports as u32 * per_port + cores as u32 * (512 + 1024) + 4096).next_power_of_two() - 1;
-    MbufPool::new(MbufPoolConfig::new(name, n))
+    MbufPool::new(MbufPoolConfig::new(name, n).data_room(crate::cli::data_room_for(mtu)))
 }
 
 /// Opens and configures `specs` as ports 0.., each with `rxq` RX (unless the spec says

@@ -502,7 +502,7 @@ fn bad_command_lines_fail_with_a_clear_message() {
         (
             "pktgen",
             vec!["--port", "null", "--size", "20"],
-            "--size 20",
+            "--size <SIZE>",
         ),
         (
             "pktgen",

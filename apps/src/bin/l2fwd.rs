@@ -46,6 +46,10 @@ struct Args {
     /// Descriptors per queue (a power of two).
     #[arg(long, default_value_t = 512, value_parser = apps::cli::ring_size)]
     ring_size: u16,
+    /// MTU of every port in bytes (68..=9000): 9000 for jumbo frames (up to 9018 bytes with
+    /// a VLAN tag). The mbufs' data room is sized to hold the longest frame.
+    #[arg(long, default_value_t = 1500, value_parser = apps::cli::mtu)]
+    mtu: u16,
     /// Rewrite MAC addresses (default).
     #[arg(long, overrides_with = "no_mac_updating")]
     mac_updating: bool,
@@ -105,7 +109,15 @@ fn run(args: &Args) -> Result<(), Failure> {
     args.lcores.validate().map_err(|e| usage(e.to_string()))?;
     let cores = args.lcores.cores().len();
     let mac_updating = !args.no_mac_updating;
-    let pool = make_pool("l2fwd", np, args.rxq, cores as u16, args.ring_size, cores)
+    let pool = make_pool(
+        "l2fwd",
+        np,
+        args.rxq,
+        cores as u16,
+        args.ring_size,
+        cores,
+        args.mtu,
+    )
         .map_err(|e| e.to_string())?;
     let cfg = PortConfig {
         rx_queues: args.rxq,
@@ -113,6 +125,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         rx_ring_size: args.ring_size,
         tx_ring_size: args.ring_size,
         promiscuous: !args.no_promiscuous,
+        mtu: args.mtu,
         ..Default::default()
     };
     // Stop signals are guarded before the first port opens: from then on a taken-over netdev

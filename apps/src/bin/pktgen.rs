@@ -1,19 +1,20 @@
 //! pktgen: a traffic generator with sequence numbers, loss and latency measurement.
 
-use apps::cli::{usage, Failure};
+use apps::cli::{usage, Failure, MAX_FRAME_SIZE};
 use apps::common::{
     announce_ready, loss_lines, make_pool, open_ports, si, stats_json, wait_links, Counter,
     EventWatch, Idle,
 };
 use apps::pktgen::{
     flows_varying, load_pcap, read_stamp, FrameGen, FrameSpec, IpRange, PortRange, SeqTracker,
-    MIN_SIZE,
 };
 use clap::Parser;
 use hdrhistogram::Histogram;
 use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
-use pmd::port::{Burst, Port, PortConfig, PortSpec, RxQueue, Stats, TxQueue};
+use pmd::port::{
+    max_frame_bytes, Burst, Port, PortConfig, PortSpec, RxQueue, Stats, TxQueue,
+};
 use pmd::MacAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,9 +50,16 @@ struct Args {
     /// As fast as possible (the default when no rate is given).
     #[arg(long, group = "speed")]
     max: bool,
-    /// Frame size in bytes, without FCS (60..=2048).
-    #[arg(long, default_value_t = 60)]
+    /// Frame size in bytes, without FCS (60..=9018, a VLAN tag included). Frames longer
+    /// than the MTU allows (1514 bytes at the default 1500, 1518 tagged) raise the MTU to fit
+    /// unless --mtu is given.
+    #[arg(long, default_value_t = 60, value_parser = apps::cli::frame_size)]
     size: u16,
+    /// MTU of the ports in bytes (68..=9000; 9000 for jumbo frames). Default: 1500, or what
+    /// --size or the largest --pcap frame needs. The mbufs' data room is sized to hold the
+    /// longest frame of the MTU.
+    #[arg(long, value_parser = apps::cli::mtu)]
+    mtu: Option<u16>,
     /// Number of flows, each a distinct 5-tuple: the flows walk every combination of the
     /// address and port ranges (source port fastest); with every range a single value (the
     /// defaults) the source UDP port varies from --src-port. The banner says what varies.
@@ -206,6 +214,30 @@ fn rate_pps(args: &Args, frame_len: usize) -> Result<Option<f64>, String> {
     })
 }
 
+/// The ports' MTU: `--mtu` when given (every frame must fit it: a usage error otherwise),
+/// else 1500 or the L3 size of the longest frame to send, whichever is larger.
+fn port_mtu(given: Option<u16>, frames: &Frames, vlan: bool) -> Result<u16, Failure> {
+    let tag = |tagged: bool| if tagged { 18 } else { 14 };
+    let need = match frames {
+        Frames::Gen(g) => g.len().saturating_sub(tag(vlan)),
+        // L3 bytes of a frame: after the Ethernet header and a VLAN tag if it has one.
+        Frames::Pcap(f) => f
+            .iter()
+            .map(|f| f.len().saturating_sub(tag(f.get(12..14) == Some(&[0x81, 0x00]))))
+            .max()
+            .unwrap_or(0),
+    };
+    match given {
+        Some(mtu) if need > usize::from(mtu) => Err(usage(format!(
+            "--mtu {mtu}: frames with {need} bytes after the Ethernet header (and VLAN tag) \
+             do not fit; raise --mtu to at least {need} or send smaller frames"
+        ))),
+        Some(mtu) => Ok(mtu),
+        // At most MAX_FRAME_SIZE - 14 (frames are checked against it): fits u16.
+        None => Ok((need as u16).max(1500)),
+    }
+}
+
 fn run(args: &Args) -> Result<ExitCode, Failure> {
     let np = args.ports.len();
     if np > 2 {
@@ -221,12 +253,6 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         )));
     }
     args.lcores.validate().map_err(|e| usage(e.to_string()))?;
-    if !(60..=2048).contains(&args.size) {
-        return Err(usage(format!(
-            "--size {}: expected {MIN_SIZE}..=2048 bytes",
-            args.size
-        )));
-    }
     if args.rx_only && (args.pcap.is_some() || args.count.is_some()) {
         return Err(usage(
             "--rx-only sends nothing: it takes neither --pcap nor --count",
@@ -237,7 +263,6 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         (None, Some(_)) => None,
         (None, None) => Some(Duration::from_secs(10)),
     };
-    let pool = make_pool("pktgen", np, 1, 1, args.ring_size, ncores).map_err(|e| e.to_string())?;
     let gen_spec = FrameSpec {
         size: args.size,
         flows: args.flows,
@@ -251,7 +276,8 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     };
     let frames = match &args.pcap {
         Some(p) => {
-            let cap = load_pcap(p, usize::from(pool.data_room()))?;
+            let longest = args.mtu.map_or(MAX_FRAME_SIZE.into(), max_frame_bytes);
+            let cap = load_pcap(p, longest as usize)?;
             if cap.skipped_short > 0 {
                 eprintln!(
                     "pktgen: {}: {} records shorter than an Ethernet header (14 bytes) skipped; replaying {} frames",
@@ -264,6 +290,9 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         }
         None => Frames::Gen(FrameGen::new(&gen_spec).map_err(usage)?),
     };
+    let mtu = port_mtu(args.mtu, &frames, args.vlan.is_some())?;
+    let pool = make_pool("pktgen", np, 1, 1, args.ring_size, ncores, mtu)
+        .map_err(|e| e.to_string())?;
     let frame_len = match &frames {
         Frames::Gen(g) => g.len(),
         Frames::Pcap(f) => f.iter().map(Vec::len).sum::<usize>() / f.len(),
@@ -283,6 +312,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         // A child process must never share pages the NIC writes.
         fork_safe: args.run.is_some(),
         promiscuous: !args.no_promiscuous,
+        mtu,
         ..Default::default()
     };
     // Stop signals are guarded before the first port opens: from then on a taken-over netdev

@@ -68,7 +68,7 @@ impl Default for Options {
 
 /// Bytes a frame carries beyond its MTU on the wire as the RQ sees it: the Ethernet header
 /// and one VLAN tag (no FCS: it is not scattered, §1.6).
-const L2_OVERHEAD: u32 = 14 + 4;
+const L2_OVERHEAD: u32 = crate::ethdev::L2_OVERHEAD as u32;
 
 /// What the mlx5 datapath needs from below (spec §1).
 pub trait Provider: Send {
