@@ -152,3 +152,83 @@ fn jumbo_frames_into_a_port_at_mtu_1500_are_counted_as_receive_errors() {
     assert_eq!((&l["rx_packets"], &l["tx_packets"]), (&0.into(), &0.into()));
     assert_eq!(l["pool_in_use"], 0, "{l}");
 }
+
+/// Writes `frames` as a classic pcap file at `path`.
+fn write_pcap(path: &std::path::Path, frames: &[Vec<u8>]) {
+    let mut w = pcap_file::pcap::PcapWriter::new(std::fs::File::create(path).unwrap()).unwrap();
+    for f in frames {
+        w.write_packet(&pcap_file::pcap::PcapPacket::new(
+            Duration::ZERO,
+            f.len() as u32,
+            f,
+        ))
+        .unwrap();
+    }
+}
+
+/// A capture of frames from 60 to 9018 bytes (the longest tagged) replays byte-exact: pktgen
+/// raises its MTU to fit the largest, and the capture on the far side of the cable equals the
+/// file. With `--mtu 1500` the file is refused, naming the frame and the option.
+#[test]
+fn pcap_frames_over_2048_bytes_replay_byte_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("jumbo.pcap");
+    let capture = dir.path().join("far.pcap");
+    let frames: Vec<Vec<u8>> = [60usize, 2048, 2049, 4000, 9014, 9018]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let mut f = vec![0u8; len];
+            f[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x09]);
+            f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x08]);
+            let at = if len == 9018 {
+                // 802.1Q, VID 7: 9000 bytes after the tag.
+                f[12..16].copy_from_slice(&[0x81, 0x00, 0x00, 0x07]);
+                16
+            } else {
+                12
+            };
+            f[at..at + 2].copy_from_slice(&[0x88, 0xb5]);
+            for (k, b) in f[at + 2..].iter_mut().enumerate() {
+                *b = (k * 13 + i) as u8;
+            }
+            f
+        })
+        .collect();
+    write_pcap(&input, &frames);
+    let cable = format!("emu-mana:wire=loop:jumbopcap{}", std::process::id());
+    let pktgen = |extra: &[&str]| {
+        bin("pktgen")
+            .args(["--port", &cable])
+            .args(["--port", &format!("{cable},pcap={}", capture.display())])
+            .args(["--lcores", "0", "--json", "--pcap", input.to_str().unwrap()])
+            .args(["--count", "12", "--rate", "5000"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = pktgen(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = json(&out.stdout);
+    assert_eq!((&p["tx_packets"], &p["rx_packets"]), (&12.into(), &12.into()));
+    let data = std::fs::read(&capture).unwrap();
+    let mut r = pcap_file::pcap::PcapReader::new(&data[..]).unwrap();
+    let mut got = Vec::new();
+    while let Some(pkt) = r.next_packet() {
+        got.push(pkt.unwrap().data.into_owned());
+    }
+    let want: Vec<Vec<u8>> = frames.iter().chain(frames.iter()).cloned().collect();
+    assert!(got == want, "the far side's capture is the file twice over");
+    // The MTU given does not carry the file's frames: refused before anything is sent.
+    let out = pktgen(&["--mtu", "1500"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("packet 2 has 2048 bytes, more than the 1518") && err.contains("--mtu"),
+        "{err}"
+    );
+}
