@@ -48,9 +48,24 @@ fn out_of_range_numbers_are_usage_errors() {
         ),
         ("pktgen", &pg, &["--ring-size", "65535"], "power of two"),
         // Jumbo frames: MTUs up to 9000, frames up to 9018 bytes (tagged).
-        ("l2fwd", &l2, &["--mtu", "9001"], "an MTU in bytes from 68 to 9000"),
-        ("l2fwd", &l2, &["--mtu", "67"], "an MTU in bytes from 68 to 9000"),
-        ("pktgen", &pg, &["--mtu", "65536"], "an MTU in bytes from 68 to 9000"),
+        (
+            "l2fwd",
+            &l2,
+            &["--mtu", "9001"],
+            "an MTU in bytes from 68 to 9000",
+        ),
+        (
+            "l2fwd",
+            &l2,
+            &["--mtu", "67"],
+            "an MTU in bytes from 68 to 9000",
+        ),
+        (
+            "pktgen",
+            &pg,
+            &["--mtu", "65536"],
+            "an MTU in bytes from 68 to 9000",
+        ),
         ("pktgen", &pg, &["--size", "9019"], "from 60 to 9018"),
         ("pktgen", &pg, &["--size", "59"], "from 60 to 9018"),
         (

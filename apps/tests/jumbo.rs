@@ -214,7 +214,10 @@ fn pcap_frames_over_2048_bytes_replay_byte_exact() {
         String::from_utf8_lossy(&out.stderr)
     );
     let p = json(&out.stdout);
-    assert_eq!((&p["tx_packets"], &p["rx_packets"]), (&12.into(), &12.into()));
+    assert_eq!(
+        (&p["tx_packets"], &p["rx_packets"]),
+        (&12.into(), &12.into())
+    );
     let data = std::fs::read(&capture).unwrap();
     let mut r = pcap_file::pcap::PcapReader::new(&data[..]).unwrap();
     let mut got = Vec::new();

@@ -168,7 +168,11 @@ fn jumbo_round_trip(kind: &str, args: &str) {
         p.rx_port.stats()
     );
     for (k, (g, f)) in got.iter().zip(&frames).enumerate() {
-        assert!(g == f, "{kind}{args}: frame {k} ({} bytes) differs", f.len());
+        assert!(
+            g == f,
+            "{kind}{args}: frame {k} ({} bytes) differs",
+            f.len()
+        );
     }
     let (s, t) = (p.rx_port.stats(), p.tx_port.stats());
     assert_eq!(
@@ -228,7 +232,11 @@ fn long_frame_is_counted(kind: &str, args: &str, driver_xstat: &str, device_xsta
     if !device_xstat.is_empty() {
         assert_eq!(xstat(&s, device_xstat), 2, "{ctx}");
     }
-    assert_eq!(p.tx_port.stats().oerrors, 0, "{ctx}: the sender sent them all");
+    assert_eq!(
+        p.tx_port.stats().oerrors,
+        0,
+        "{ctx}: the sender sent them all"
+    );
     finish(p, &[&big, &small]);
 }
 
@@ -250,7 +258,11 @@ fn a_frame_over_the_mtu_is_dropped_by_the_sending_device_and_counted() {
     for kind in ["emu-mana", "emu-mlx5"] {
         let pool = pool_for(&format!("over-mtu-{kind}"), JUMBO_MTU, 1023);
         let mut p = pair(kind, "", (1500, &pool), (JUMBO_MTU, &pool));
-        let frames = [frame(0, 1514, None), frame(1, 1515, None), frame(2, 60, None)];
+        let frames = [
+            frame(0, 1514, None),
+            frame(1, 1515, None),
+            frame(2, 60, None),
+        ];
         let got = cross(&mut p, &pool, &frames, 16, 2);
         assert_eq!(got, vec![frames[0].clone(), frames[2].clone()], "{kind}");
         let t = p.tx_port.stats();
@@ -278,7 +290,12 @@ fn an_mtu_the_pool_or_device_cannot_take_is_refused_with_what_to_change() {
             &small,
             &["mtu", "2031", "at most 2030", "data room of at least 2049"],
         ),
-        ("emu-mana:wire=none", 9001, &big, &["mtu", "9001", "68..=9000"]),
+        (
+            "emu-mana:wire=none",
+            9001,
+            &big,
+            &["mtu", "9001", "68..=9000"],
+        ),
         ("emu-mlx5:wire=none", 67, &big, &["mtu", "67", "68..=9978"]),
     ];
     for (spec, mtu, pool, needles) in cases {

@@ -288,7 +288,8 @@ fn bad_striding_settings_are_refused_with_what_to_change() {
         }
     }
     // A jumbo MTU fits default WQEs (128 KiB), and mbufs with a data room for it.
-    let jumbo = MbufPool::new(MbufPoolConfig::new("mlx5-port-jumbo", 1024).data_room(9018)).unwrap();
+    let jumbo =
+        MbufPool::new(MbufPoolConfig::new("mlx5-port-jumbo", 1024).data_room(9018)).unwrap();
     let spec = "emu-mlx5:wire=none,mprq=1".parse().unwrap();
     let mut port = Port::open(0, &spec).unwrap();
     let cfg = PortConfig {

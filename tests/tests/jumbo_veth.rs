@@ -59,11 +59,21 @@ impl Peer {
         let ns_mac = mac_text(NS_MAC);
         let our_mac = mac_text(OUR_MAC);
         let steps: [&[&str]; 4] = [
-            &["link", "set", "pmdjn0", "address", &ns_mac, "mtu", &mtu, "up"],
+            &[
+                "link", "set", "pmdjn0", "address", &ns_mac, "mtu", &mtu, "up",
+            ],
             &["addr", "add", &theirs, "dev", "pmdjn0"],
             // The namespace knows our MAC: it needs no ARP answer from us.
             &[
-                "neigh", "add", &our, "lladdr", &our_mac, "nud", "permanent", "dev", "pmdjn0",
+                "neigh",
+                "add",
+                &our,
+                "lladdr",
+                &our_mac,
+                "nud",
+                "permanent",
+                "dev",
+                "pmdjn0",
             ],
             &["link", "set", "lo", "up"],
         ];
@@ -79,8 +89,9 @@ impl Peer {
 /// Sends a 9014-byte echo request on a `kind` port at MTU 9000 until the namespace's 9014-byte
 /// reply arrives (at most 10 s); checks the reply byte for byte and that every buffer is back.
 fn jumbo_ping(peer: &Peer, kind: &str) {
-    let pool = MbufPool::new(MbufPoolConfig::new(format!("jumbo-veth-{kind}"), 1023).data_room(9024))
-        .unwrap();
+    let pool =
+        MbufPool::new(MbufPoolConfig::new(format!("jumbo-veth-{kind}"), 1023).data_room(9024))
+            .unwrap();
     let spec = format!(
         "{kind}:wire=afpacket:{},mac={}",
         peer.host_if,
@@ -113,7 +124,11 @@ fn jumbo_ping(peer: &Peer, kind: &str) {
             let mut m = mempool::lcache::alloc(&pool).unwrap();
             m.extend_from_slice(&request).unwrap();
             out.push(m).unwrap();
-            assert_eq!(tx.tx_burst(&mut out), 1, "{kind}: the queue takes the request");
+            assert_eq!(
+                tx.tx_burst(&mut out),
+                1,
+                "{kind}: the queue takes the request"
+            );
             last_send = Some(Instant::now());
         }
         rx.rx_burst(&mut b);

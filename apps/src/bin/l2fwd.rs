@@ -118,7 +118,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         cores,
         args.mtu,
     )
-        .map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string())?;
     let cfg = PortConfig {
         rx_queues: args.rxq,
         tx_queues: cores as u16,

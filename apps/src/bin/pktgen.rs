@@ -12,9 +12,7 @@ use clap::Parser;
 use hdrhistogram::Histogram;
 use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
-use pmd::port::{
-    max_frame_bytes, Burst, Port, PortConfig, PortSpec, RxQueue, Stats, TxQueue,
-};
+use pmd::port::{max_frame_bytes, Burst, Port, PortConfig, PortSpec, RxQueue, Stats, TxQueue};
 use pmd::MacAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -223,7 +221,10 @@ fn port_mtu(given: Option<u16>, frames: &Frames, vlan: bool) -> Result<u16, Fail
         // L3 bytes of a frame: after the Ethernet header and a VLAN tag if it has one.
         Frames::Pcap(f) => f
             .iter()
-            .map(|f| f.len().saturating_sub(tag(f.get(12..14) == Some(&[0x81, 0x00]))))
+            .map(|f| {
+                f.len()
+                    .saturating_sub(tag(f.get(12..14) == Some(&[0x81, 0x00])))
+            })
             .max()
             .unwrap_or(0),
     };
@@ -291,8 +292,8 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         None => Frames::Gen(FrameGen::new(&gen_spec).map_err(usage)?),
     };
     let mtu = port_mtu(args.mtu, &frames, args.vlan.is_some())?;
-    let pool = make_pool("pktgen", np, 1, 1, args.ring_size, ncores, mtu)
-        .map_err(|e| e.to_string())?;
+    let pool =
+        make_pool("pktgen", np, 1, 1, args.ring_size, ncores, mtu).map_err(|e| e.to_string())?;
     let frame_len = match &frames {
         Frames::Gen(g) => g.len(),
         Frames::Pcap(f) => f.iter().map(Vec::len).sum::<usize>() / f.len(),
