@@ -324,3 +324,19 @@ fn an_mtu_the_pool_or_device_cannot_take_is_refused_with_what_to_change() {
         port.configure(&cfg, pool).unwrap();
     }
 }
+
+/// A port's largest MTU is its driver's, capped by what the device reports (a MANA host
+/// without jumbo frames: 1500), never below 68.
+#[test]
+fn the_device_caps_the_drivers_mtu_range() {
+    use pmd::ethdev::cap_mtu;
+    assert_eq!(cap_mtu(9000, None), 9000);
+    assert_eq!(cap_mtu(9000, Some(1500)), 1500);
+    assert_eq!(cap_mtu(9978, Some(65535)), 9978);
+    assert_eq!(cap_mtu(9000, Some(0)), 68);
+    // The models report nothing: their ranges are their drivers'.
+    for (spec, max) in [("emu-mana:wire=none", 9000), ("emu-mlx5:wire=none", 9978)] {
+        let port = Port::open(0, &spec.parse().unwrap()).unwrap();
+        assert_eq!(port.caps().mtu_range, (68, max), "{spec}");
+    }
+}

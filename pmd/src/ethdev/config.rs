@@ -95,6 +95,12 @@ pub const fn max_frame_bytes(mtu: u16) -> u32 {
     mtu as u32 + L2_OVERHEAD as u32
 }
 
+/// A driver's largest MTU `driver_max`, capped by what the device reports (`device_max`,
+/// from the provider), never below the 68 bytes every port takes.
+pub fn cap_mtu(driver_max: u16, device_max: Option<u16>) -> u16 {
+    device_max.map_or(driver_max, |d| d.clamp(68, driver_max))
+}
+
 /// How to set a port up: queue counts, ring sizes, offloads, RSS, MTU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortConfig {

@@ -21,8 +21,8 @@ pub mod kick;
 
 pub use burst::Burst;
 pub use config::{
-    max_frame_bytes, Caps, Link, PortConfig, QueueStats, RssConfig, RssFields, RxOffloads, Stats,
-    TxOffloads, L2_OVERHEAD,
+    cap_mtu, max_frame_bytes, Caps, Link, PortConfig, QueueStats, RssConfig, RssFields, RxOffloads,
+    Stats, TxOffloads, L2_OVERHEAD,
 };
 pub use counters::Counters;
 pub use events::{PortEvent, QueueFault, QueueRef};
