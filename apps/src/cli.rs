@@ -88,14 +88,8 @@ pub fn speed(s: &str) -> Result<f64, String> {
     number("a speed multiplier", s, MIN_SPEED, MAX_SPEED, false)
 }
 
-/// The smallest frame a tool builds, bytes without FCS (Ethernet's 64-byte minimum less
-/// the 4-byte FCS).
-pub const MIN_FRAME: u16 = 60;
-/// The largest frame a tool builds, bytes without FCS.
-pub const MAX_FRAME: u16 = 2048;
-
 /// Frame sizes, bytes without FCS: a comma-separated list (`64,128,1518`) of 1 to 64
-/// sizes, each from [`MIN_FRAME`] to [`MAX_FRAME`].
+/// sizes, each from [`MIN_FRAME_SIZE`] to [`MAX_FRAME_SIZE`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrameSizes(pub Vec<u16>);
 
@@ -106,13 +100,13 @@ pub struct FrameSizes(pub Vec<u16>);
 pub fn frame_sizes(s: &str) -> Result<FrameSizes, String> {
     let bad = |one: &str| {
         format!(
-            "'{one}' in '{s}': expected frame sizes in bytes without FCS, each from {MIN_FRAME} to {MAX_FRAME}, separated by commas"
+            "'{one}' in '{s}': expected frame sizes in bytes without FCS, each from {MIN_FRAME_SIZE} to {MAX_FRAME_SIZE}, separated by commas"
         )
     };
     let mut v = Vec::new();
     for one in s.split(',') {
         let n: u16 = one.trim().parse().map_err(|_| bad(one))?;
-        if !(MIN_FRAME..=MAX_FRAME).contains(&n) {
+        if !(MIN_FRAME_SIZE..=MAX_FRAME_SIZE).contains(&n) {
             return Err(bad(one));
         }
         v.push(n);
@@ -170,6 +164,43 @@ pub fn pool_size(s: &str) -> Result<u32, String> {
             "'{s}': expected a whole number of mbufs from {MIN_POOL} to {MAX_POOL}"
         ))
     }
+}
+
+/// The smallest MTU (IPv4's minimum datagram, 68 bytes; every device takes it).
+pub const MIN_MTU: u16 = 68;
+/// The largest MTU the tools set: 9000 (jumbo frames; Azure MANA's maximum, and what every
+/// device model carries).
+pub const MAX_MTU: u16 = 9000;
+/// The smallest frame the tools send, bytes without FCS (Ethernet's 64-byte minimum less the
+/// 4-byte FCS).
+pub const MIN_FRAME_SIZE: u16 = 60;
+/// The largest frame the tools send, without FCS: a [`MAX_MTU`] frame with its Ethernet
+/// header and one VLAN tag (9018 bytes).
+pub const MAX_FRAME_SIZE: u16 = MAX_MTU + pmd::port::L2_OVERHEAD;
+
+/// An MTU in bytes, [`MIN_MTU`] to [`MAX_MTU`] (a port's device may allow less: it says so
+/// when the port is configured).
+///
+/// # Errors
+/// Not a number, or out of range.
+pub fn mtu(s: &str) -> Result<u16, String> {
+    integer("an MTU in bytes", s, MIN_MTU, MAX_MTU)
+}
+
+fn integer(what: &str, s: &str, lo: u16, hi: u16) -> Result<u16, String> {
+    match s.trim().parse::<u16>() {
+        Ok(v) if (lo..=hi).contains(&v) => Ok(v),
+        _ => Err(format!("'{s}': expected {what} from {lo} to {hi}")),
+    }
+}
+
+/// Data room (bytes) for the mbufs of a tool whose ports run at `mtu`: the longest frame of
+/// that MTU ([`pmd::port::max_frame_bytes`]) rounded up to 64 bytes, and never less than the
+/// default 2048 (so the default MTU keeps the default pool layout).
+pub fn data_room_for(mtu: u16) -> u16 {
+    let frame = pmd::port::max_frame_bytes(mtu).next_multiple_of(64);
+    // At most MAX_MTU + 18 rounded up: far below u16::MAX.
+    (frame as u16).max(mempool::mbuf::DEFAULT_DATA_ROOM)
 }
 
 /// Why a tool failed, and so its exit status: 2 for a usage error (what the user typed cannot
@@ -240,7 +271,7 @@ mod tests {
         for bad in ["65535", "0", "63", "100", "65536", "x"] {
             assert!(ring_size(bad).is_err(), "{bad}");
         }
-        for bad in ["", "59", "64,", "64,,128", "2049", "64;128", "-64", "1e3"] {
+        for bad in ["", "59", "64,", "64,,128", "9019", "64;128", "-64", "1e3"] {
             assert!(frame_sizes(bad).is_err(), "{bad}");
         }
         assert_eq!(
@@ -263,6 +294,21 @@ mod tests {
             assert!(pool_size(bad).is_err(), "{bad}");
         }
         assert_eq!(pool_size("65535"), Ok(65535));
+        for bad in ["67", "9001", "65536", "-1", "1500.5", "x", ""] {
+            assert!(mtu(bad).is_err(), "{bad}");
+        }
+        assert_eq!(mtu(" 9000"), Ok(9000));
+        assert!(mtu("9001")
+            .unwrap_err()
+            .contains("expected an MTU in bytes from 68 to 9000"));
+        for bad in ["59", "9019", "0", "x", "60,9019"] {
+            assert!(frame_sizes(bad).is_err(), "{bad}");
+        }
+        assert_eq!(frame_sizes("9018,60"), Ok(FrameSizes(vec![9018, 60])));
+        assert_eq!(data_room_for(1500), 2048);
+        assert_eq!(data_room_for(2030), 2048);
+        assert_eq!(data_room_for(2031), 2112);
+        assert_eq!(data_room_for(9000), 9024);
         assert_eq!(seconds("0"), Ok(0.0));
         assert_eq!(positive_seconds("2.5"), Ok(2.5));
         assert_eq!(pps("1000000"), Ok(1e6));
@@ -277,7 +323,7 @@ mod tests {
         fn frame_size_lists_are_in_range(s in "[0-9, ]{0,20}") {
             if let Ok(FrameSizes(v)) = frame_sizes(&s) {
                 prop_assert!(!v.is_empty() && v.len() <= 64);
-                prop_assert!(v.iter().all(|n| (MIN_FRAME..=MAX_FRAME).contains(n)));
+                prop_assert!(v.iter().all(|n| (MIN_FRAME_SIZE..=MAX_FRAME_SIZE).contains(n)));
             }
         }
 

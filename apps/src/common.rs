@@ -95,8 +95,11 @@ pub fn open_ports(
         }
         Some(n) => n,
     };
-    let pool = MbufPool::new(MbufPoolConfig::new(name, count))
-        .map_err(|e| format!("mbuf pool of {count} buffers: {e}"))?;
+    // The data room holds the longest frame of the MTU (2048 bytes up to MTU 2030, 9024 for
+    // jumbo frames of MTU 9000).
+    let room = crate::cli::data_room_for(base.mtu);
+    let pool = MbufPool::new(MbufPoolConfig::new(name, count).data_room(room))
+        .map_err(|e| format!("mbuf pool of {count} buffers of {room} bytes: {e}"))?;
     tracing::info!(target: "apps", buffers = count, "mbuf pool");
     for (i, (port, cfg)) in ports.iter_mut().zip(&cfgs).enumerate() {
         port.configure(cfg, &pool)

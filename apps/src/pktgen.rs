@@ -454,7 +454,8 @@ fn take(
     }
     if bytes.len() > max_len {
         return Err(format!(
-            "{name}: packet {n} has {} bytes, more than the {max_len} an mbuf holds",
+            "{name}: packet {n} has {} bytes, more than the {max_len} a frame may have at \
+             this MTU (--mtu, up to 9000: frames of up to MTU + 18 bytes)",
             bytes.len()
         ));
     }

@@ -44,10 +44,10 @@ fn out_of_range_numbers_are_usage_errors() {
         (
             "pktgen",
             &pg,
-            &["--size", "60,4000"],
-            "each from 60 to 2048",
+            &["--size", "60,9100"],
+            "each from 60 to 9018",
         ),
-        ("pktgen", &pg, &["--size", "59"], "each from 60 to 2048"),
+        ("pktgen", &pg, &["--size", "59"], "each from 60 to 9018"),
         (
             "pktgen",
             &pg,
@@ -68,6 +68,27 @@ fn out_of_range_numbers_are_usage_errors() {
             "--drain-timeout",
         ),
         ("pktgen", &pg, &["--ring-size", "65535"], "power of two"),
+        // Jumbo frames: MTUs up to 9000, frames up to 9018 bytes (tagged).
+        (
+            "l2fwd",
+            &l2,
+            &["--mtu", "9001"],
+            "an MTU in bytes from 68 to 9000",
+        ),
+        (
+            "l2fwd",
+            &l2,
+            &["--mtu", "67"],
+            "an MTU in bytes from 68 to 9000",
+        ),
+        (
+            "pktgen",
+            &pg,
+            &["--mtu", "65536"],
+            "an MTU in bytes from 68 to 9000",
+        ),
+        ("pktgen", &pg, &["--size", "9019"], "from 60 to 9018"),
+        ("pktgen", &pg, &["--size", "59"], "from 60 to 9018"),
         (
             "l2fwd",
             &l2,
@@ -119,7 +140,7 @@ fn usage_errors_exit_2_runtime_failures_exit_1() {
             "pktgen",
             &["--port", "null", "--size", "20"],
             2,
-            "'20' in '20': expected frame sizes in bytes without FCS, each from 60 to 2048",
+            "'20' in '20': expected frame sizes in bytes without FCS, each from 60 to 9018",
         ),
         (
             "pktgen",
@@ -139,6 +160,13 @@ fn usage_errors_exit_2_runtime_failures_exit_1() {
             &["--port", "null", "--rate", "5", "--rate-gbps-l1", "1"],
             2,
             "--rate-gbps-l1",
+        ),
+        // A frame the MTU given cannot carry.
+        (
+            "pktgen",
+            &["--port", "null", "--size", "9014", "--mtu", "1500"],
+            2,
+            "--mtu 1500: frames with 9000 bytes after the Ethernet header",
         ),
         (
             "pktgen",

@@ -574,6 +574,36 @@ fn empw_sends_one_packet_per_descriptor() {
     assert_eq!(cqe(&sq.poll().unwrap()).sop(), u8::from(Opcode::Empw));
 }
 
+/// Jumbo frames in one eMPW WQE, one pointer descriptor each (what DPDK posts for a burst of
+/// single-segment packets): eight frames of 9014 bytes, more than a TSO packet's worth in
+/// all, each leave as it was, and the WQE completes.
+#[test]
+fn empw_carries_a_burst_of_jumbo_frames() {
+    let (m, h, mut peer) = world(0);
+    m.set_mtu(9000);
+    let buf = Buf::new(&m, 8 * 9216);
+    let frames: Vec<Vec<u8>> = (0..8).map(|k| udp_frame(k, 8972)).collect();
+    let segs: Vec<Seg> = frames
+        .iter()
+        .enumerate()
+        .map(|(k, f)| {
+            assert_eq!(f.len(), 9014);
+            buf.mem.write(k * 9216, f);
+            Seg::Ptr(buf.addr(k * 9216), buf.lkey, f.len() as u32)
+        })
+        .collect();
+    let mut sq = Sq::new(&m, 8, 7);
+    sq.post(Opcode::Empw, CE_ALWAYS, 0, 0, &[], None, &segs, None);
+    sq.ring();
+    assert_eq!(h.step(), 1);
+    for (k, f) in frames.iter().enumerate() {
+        assert_eq!(recv(&mut peer).as_ref(), Some(f), "frame {k}");
+    }
+    let c = sq.poll().unwrap();
+    assert_eq!(cqe(&c).opcode(), CqeOpcode::Req, "completes without error");
+    assert_eq!((h.stats().tx_frames, h.stats().tx_mtu_drops), (8, 0));
+}
+
 /// The driver's side of one RQ: every WQE one 2 KiB buffer (and the unused entries ended).
 struct Rq {
     q: RawRq,

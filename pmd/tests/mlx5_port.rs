@@ -287,7 +287,9 @@ fn bad_striding_settings_are_refused_with_what_to_change() {
             assert!(e.contains(n), "{args}: error {e:?} lacks {n:?}");
         }
     }
-    // A jumbo MTU fits default WQEs (128 KiB).
+    // A jumbo MTU fits default WQEs (128 KiB), and mbufs with a data room for it.
+    let jumbo =
+        MbufPool::new(MbufPoolConfig::new("mlx5-port-jumbo", 1024).data_room(9018)).unwrap();
     let spec = "emu-mlx5:wire=none,mprq=1".parse().unwrap();
     let mut port = Port::open(0, &spec).unwrap();
     let cfg = PortConfig {
@@ -295,5 +297,5 @@ fn bad_striding_settings_are_refused_with_what_to_change() {
         rx_ring_size: 256,
         ..Default::default()
     };
-    port.configure(&cfg, &pool).unwrap();
+    port.configure(&cfg, &jumbo).unwrap();
 }

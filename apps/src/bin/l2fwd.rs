@@ -51,6 +51,10 @@ struct Args {
     /// less one]. Must at least fill the RX rings.
     #[arg(long, value_parser = apps::cli::pool_size)]
     pool_size: Option<u32>,
+    /// MTU of every port in bytes (68..=9000): 9000 for jumbo frames (up to 9018 bytes with
+    /// a VLAN tag). The mbufs' data room is sized to hold the longest frame.
+    #[arg(long, default_value_t = 1500, value_parser = apps::cli::mtu)]
+    mtu: u16,
     /// Rewrite MAC addresses (default).
     #[arg(long, overrides_with = "no_mac_updating")]
     mac_updating: bool,
@@ -118,6 +122,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         rx_ring_size: args.ring_size,
         tx_ring_size: args.ring_size,
         promiscuous: !args.no_promiscuous,
+        mtu: args.mtu,
         ..Default::default()
     };
     // Stop signals are guarded before the first port opens: from then on a taken-over netdev

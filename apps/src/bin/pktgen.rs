@@ -1,6 +1,6 @@
 //! pktgen: a traffic generator with sequence numbers, loss and latency measurement.
 
-use apps::cli::{usage, Failure, FrameSizes};
+use apps::cli::{usage, Failure, FrameSizes, MAX_FRAME_SIZE};
 use apps::common::{
     announce_ready, capture_failure, device_drops, device_lines, failed_capture, loss_lines,
     open_ports, si, stats_json, wait_links, Counter, EventWatch, Idle, PortSet,
@@ -13,7 +13,7 @@ use clap::Parser;
 use hdrhistogram::Histogram;
 use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
-use pmd::port::{Burst, Port, PortConfig, PortSpec, RxQueue, Stats, TxQueue};
+use pmd::port::{max_frame_bytes, Burst, Port, PortConfig, PortSpec, RxQueue, Stats, TxQueue};
 use pmd::MacAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,14 +64,21 @@ struct Args {
     /// As fast as possible (the default when no rate is given).
     #[arg(long, group = "speed")]
     max: bool,
-    /// Frame size in bytes without the FCS (60..=2048; 60 is a 64-byte frame on the wire),
-    /// or a list of sizes sent in turn: `--size 60,124,1514`.
+    /// Frame size in bytes without the FCS (60..=9018, a VLAN tag included; 60 is a 64-byte
+    /// frame on the wire), or a list of sizes sent in turn: `--size 60,124,1514`. Frames
+    /// longer than the MTU allows (1514 bytes at the default 1500, 1518 tagged) raise the MTU
+    /// to fit unless --mtu is given.
     #[arg(long, default_value = "60", value_name = "BYTES[,BYTES..]", value_parser = apps::cli::frame_sizes)]
     size: FrameSizes,
     /// Simple IMIX: frames of 60, 590 and 1514 bytes without FCS (64, 594 and 1518 on the
     /// wire) in the ratio 7:4:1, interleaved.
     #[arg(long, conflicts_with = "size")]
     imix: bool,
+    /// MTU of the ports in bytes (68..=9000; 9000 for jumbo frames). Default: 1500, or what
+    /// --size or the largest --pcap frame needs. The mbufs' data room is sized to hold the
+    /// longest frame of the MTU.
+    #[arg(long, value_parser = apps::cli::mtu)]
+    mtu: Option<u16>,
     /// Number of flows, each a distinct 5-tuple: the flows walk every combination of the
     /// address and port ranges (source port fastest); with every range a single value (the
     /// defaults) the source UDP port varies from --src-port. The banner says what varies.
@@ -256,6 +263,33 @@ fn pacing(
     })
 }
 
+/// The ports' MTU: `--mtu` when given (every frame must fit it: a usage error otherwise),
+/// else 1500 or the L3 size of the longest frame to send, whichever is larger.
+fn port_mtu(given: Option<u16>, frames: &Frames, vlan: bool) -> Result<u16, Failure> {
+    let tag = |tagged: bool| if tagged { 18 } else { 14 };
+    let need = match frames {
+        Frames::Gen(g) => g.len().saturating_sub(tag(vlan)),
+        // L3 bytes of a frame: after the Ethernet header and a VLAN tag if it has one.
+        Frames::Pcap(f) => f
+            .iter()
+            .map(|f| {
+                f.len()
+                    .saturating_sub(tag(f.get(12..14) == Some(&[0x81, 0x00])))
+            })
+            .max()
+            .unwrap_or(0),
+    };
+    match given {
+        Some(mtu) if need > usize::from(mtu) => Err(usage(format!(
+            "--mtu {mtu}: frames with {need} bytes after the Ethernet header (and VLAN tag) \
+             do not fit; raise --mtu to at least {need} or send smaller frames"
+        ))),
+        Some(mtu) => Ok(mtu),
+        // At most MAX_FRAME_SIZE - 14 (frames are checked against it): fits u16.
+        None => Ok((need as u16).max(1500)),
+    }
+}
+
 fn run(args: &Args) -> Result<ExitCode, Failure> {
     let np = args.ports.len();
     if np > 2 {
@@ -301,7 +335,8 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     let mut capture_times = None;
     let mut frames = match &args.pcap {
         Some(p) => {
-            let cap = load_pcap(p, usize::from(mempool::mbuf::DEFAULT_DATA_ROOM))?;
+            let longest = args.mtu.map_or(MAX_FRAME_SIZE.into(), max_frame_bytes);
+            let cap = load_pcap(p, longest as usize)?;
             if cap.skipped_short > 0 {
                 eprintln!(
                     "pktgen: {}: {} records shorter than an Ethernet header (14 bytes) skipped; replaying {} frames",
@@ -318,6 +353,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
             usage(if args.imix { format!("--imix: {e}") } else { e })
         })?),
     };
+    let mtu = port_mtu(args.mtu, &frames, args.vlan.is_some())?;
     let mean_len = match &frames {
         Frames::Gen(g) => g.mean_len(),
         Frames::Pcap(f) => f.iter().map(Vec::len).sum::<usize>() as f64 / f.len() as f64,
@@ -353,6 +389,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         // A child process must never share pages the NIC writes.
         fork_safe: args.run.is_some(),
         promiscuous: !args.no_promiscuous,
+        mtu,
         ..Default::default()
     };
     // Stop signals are guarded before the first port opens: from then on a taken-over netdev

@@ -84,6 +84,23 @@ impl Default for RssConfig {
     }
 }
 
+/// Bytes a received frame carries beyond its MTU: the Ethernet header and one VLAN tag (the
+/// FCS is never delivered). A 1500-byte MTU means frames of up to 1518 bytes; 9000 (jumbo
+/// frames), 9018.
+pub const L2_OVERHEAD: u16 = 14 + 4;
+
+/// The longest frame a port with `mtu` receives ([`L2_OVERHEAD`] added): what every RX
+/// buffer, that is the pool's data room, must hold.
+pub const fn max_frame_bytes(mtu: u16) -> u32 {
+    mtu as u32 + L2_OVERHEAD as u32
+}
+
+/// A driver's largest MTU `driver_max`, capped by what the device reports (`device_max`,
+/// from the provider), never below the 68 bytes every port takes.
+pub fn cap_mtu(driver_max: u16, device_max: Option<u16>) -> u16 {
+    device_max.map_or(driver_max, |d| d.clamp(68, driver_max))
+}
+
 /// How to set a port up: queue counts, ring sizes, offloads, RSS, MTU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortConfig {
@@ -101,7 +118,11 @@ pub struct PortConfig {
     pub tx_offloads: TxOffloads,
     /// RSS settings (used when `rx_queues > 1` or RSS_HASH is requested).
     pub rss: RssConfig,
-    /// MTU in bytes (L3 payload of a frame).
+    /// MTU in bytes (L3 payload of a frame): frames up to [`max_frame_bytes`] are received
+    /// and sent. Every frame is received into one mbuf, so the pool's data room must hold
+    /// [`max_frame_bytes`]`(mtu)`: the default 2048 bytes take an MTU up to 2030; jumbo
+    /// frames (9000) need a pool built with a larger data room
+    /// ([`mempool::MbufPoolConfig::data_room`]).
     pub mtu: u16,
     /// Receive frames for any destination MAC (only where [`Caps::promiscuous`] says the
     /// device can; MANA cannot).

@@ -21,7 +21,8 @@ pub mod kick;
 
 pub use burst::Burst;
 pub use config::{
-    Caps, Link, PortConfig, QueueStats, RssConfig, RssFields, RxOffloads, Stats, TxOffloads,
+    cap_mtu, max_frame_bytes, Caps, Link, PortConfig, QueueStats, RssConfig, RssFields, RxOffloads,
+    Stats, TxOffloads, L2_OVERHEAD,
 };
 pub use counters::Counters;
 pub use events::{PortEvent, QueueFault, QueueRef};
@@ -344,7 +345,7 @@ pub fn fork_safe_from_env() -> bool {
         .any(|k| std::env::var_os(k).is_some())
 }
 
-/// Checks `cfg` against `caps` and the pool's size.
+/// Checks `cfg` against `caps` and the pool (its size, and its data room against the MTU).
 ///
 /// # Errors
 /// [`PortError::BadConfig`] naming the first setting out of range.
@@ -375,6 +376,22 @@ pub fn check_config(cfg: &PortConfig, caps: &Caps, pool: &MbufPool) -> Result<()
         caps.max_ring_size,
     )?;
     range("mtu", cfg.mtu, caps.mtu_range.0, caps.mtu_range.1)?;
+    // Every frame lands in one RX buffer (no scattered receive): the data room must hold the
+    // longest frame of the MTU, or the device would cut or drop every long frame.
+    let room = u32::from(pool.data_room());
+    if max_frame_bytes(cfg.mtu) > room {
+        return Err(PortError::BadConfig {
+            what: "mtu",
+            requested: cfg.mtu.to_string(),
+            allowed: format!(
+                "at most {} with the mbuf pool's {room}-byte data room (frames of up to MTU + \
+                 {L2_OVERHEAD} bytes are received into one buffer): build the pool with a data \
+                 room of at least {} bytes (MbufPoolConfig::data_room; the tools: --mtu)",
+                room.saturating_sub(u32::from(L2_OVERHEAD)),
+                max_frame_bytes(cfg.mtu)
+            ),
+        });
+    }
     if caps.ring_size_pow2 {
         for (what, v) in [
             ("rx ring size", cfg.rx_ring_size),

@@ -199,8 +199,9 @@ impl PortDriver for Driver {
                 | TxOffloads::VLAN_INSERT
                 | TxOffloads::MULTI_SEGS,
             max_burst: max_desc,
-            // DPDK net/mana's range (spec §1.11).
-            mtu_range: (68, 9000),
+            // DPDK net/mana's range (spec §1.11), capped by the device's (a host without
+            // jumbo frames: 1500).
+            mtu_range: (68, crate::ethdev::cap_mtu(9000, self.provider.max_mtu())),
             // The vPort receives its own MAC, broadcast and multicast only: neither the
             // kernel driver nor DPDK's net/mana has a promiscuous mode for MANA.
             promiscuous: false,

@@ -216,6 +216,12 @@ pub trait Provider: Send {
     fn max_queues(&self) -> u16;
     /// Most descriptors per queue.
     fn max_desc(&self) -> u32;
+    /// The largest MTU the device takes, where the provider can tell (on hardware: the
+    /// kernel netdev's `maxmtu`, e.g. 1500 on a host without jumbo frames); the port's MTU
+    /// range is the driver's, capped by it.
+    fn max_mtu(&self) -> Option<u16> {
+        None
+    }
     /// Sets the port's MTU (on MANA through the kernel netdev, `SIOCSIFMTU`, spec §1.1);
     /// the device drops larger TX frames with TX_MTU_DROP completions.
     ///

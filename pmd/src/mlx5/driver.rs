@@ -68,7 +68,9 @@ impl Default for Options {
 
 /// Bytes a frame carries beyond its MTU on the wire as the RQ sees it: the Ethernet header
 /// and one VLAN tag (no FCS: it is not scattered, §1.6).
-const L2_OVERHEAD: u32 = 14 + 4;
+const L2_OVERHEAD: u32 = crate::ethdev::L2_OVERHEAD as u32;
+/// The largest MTU of a ConnectX port (DPDK net/mlx5's range).
+const MAX_MTU: u16 = 9978;
 
 /// What the mlx5 datapath needs from below (spec §1).
 pub trait Provider: Send {
@@ -83,6 +85,12 @@ pub trait Provider: Send {
     /// Whether the port can receive frames for any destination (a flow rule on hardware).
     fn promiscuous(&self) -> bool {
         false
+    }
+    /// The largest MTU the device takes, where the provider can tell (on hardware: the
+    /// kernel netdev's `maxmtu`, e.g. 1500 on a host without jumbo frames); the port's MTU
+    /// range is the driver's, capped by it.
+    fn max_mtu(&self) -> Option<u16> {
+        None
     }
     /// Sets the port's MTU.
     ///
@@ -257,7 +265,7 @@ impl PortDriver for Driver {
                 | TxOffloads::VLAN_INSERT
                 | TxOffloads::MULTI_SEGS,
             max_burst: max_desc,
-            mtu_range: (68, 9978),
+            mtu_range: (68, crate::ethdev::cap_mtu(MAX_MTU, self.provider.max_mtu())),
             promiscuous: self.provider.promiscuous(),
         }
     }

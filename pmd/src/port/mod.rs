@@ -40,8 +40,8 @@ pub mod lock;
 pub mod probe;
 
 pub use crate::ethdev::{
-    Burst, Caps, Link, PortConfig, PortError, PortEvent, PortState, QueueFault, QueueRef,
-    QueueStats, RssConfig, RssFields, RxOffloads, Stats, TxOffloads,
+    max_frame_bytes, Burst, Caps, Link, PortConfig, PortError, PortEvent, PortState, QueueFault,
+    QueueRef, QueueStats, RssConfig, RssFields, RxOffloads, Stats, TxOffloads, L2_OVERHEAD,
 };
 pub use crate::takeover::BusyPolicy;
 pub use devargs::{DevargsError, PortKind, PortSpec};

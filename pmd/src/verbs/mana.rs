@@ -255,6 +255,11 @@ impl Provider for ManaProvider {
         self.limits.max_wr.min(self.limits.max_cqe)
     }
 
+    fn max_mtu(&self) -> Option<u16> {
+        let max = super::netdev_max_mtu(&self.netdev.as_ref()?.name)?;
+        Some(u16::try_from(max).unwrap_or(u16::MAX))
+    }
+
     fn set_mtu(&mut self, mtu: u16) -> Result<(), SetupError> {
         // On MANA the MTU is the kernel netdev's (spec §1.1): the device drops larger TX
         // frames. A smaller MTU for the port is the application's business.

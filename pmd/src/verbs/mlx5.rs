@@ -407,6 +407,11 @@ impl Provider for Mlx5Provider {
         true
     }
 
+    fn max_mtu(&self) -> Option<u16> {
+        let max = super::netdev_max_mtu(&self.netdev.as_ref()?.name)?;
+        Some(u16::try_from(max).unwrap_or(u16::MAX))
+    }
+
     fn set_mtu(&mut self, mtu: u16) -> Result<(), SetupError> {
         match self
             .netdev

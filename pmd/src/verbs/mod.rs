@@ -109,6 +109,17 @@ pub(crate) fn netdev_mtu(name: &str) -> Option<u32> {
         .and_then(|s| s.trim().parse::<u32>().ok())
 }
 
+/// The largest MTU of the kernel netdev `name` (its `maxmtu`, over rtnetlink), where the
+/// devices are the system's own (sysfs at [`crate::devices::DEFAULT_SYSFS_ROOT`]: a sysfs
+/// tree elsewhere describes devices whose netdevs the kernel may not have); `None` when the
+/// kernel does not say.
+pub(crate) fn netdev_max_mtu(name: &str) -> Option<u32> {
+    if crate::devices::sysfs_root() != std::path::Path::new(crate::devices::DEFAULT_SYSFS_ROOT) {
+        return None;
+    }
+    crate::sys::net::if_max_mtu(name).ok().flatten()
+}
+
 /// The errno of an int-returning verbs call: rdma-core returns the errno itself (positive),
 /// `-1` with `errno` set, or (some v44 destroy paths) a negative errno.
 pub(crate) fn ret_errno(ret: i32) -> i32 {

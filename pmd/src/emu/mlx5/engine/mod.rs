@@ -489,7 +489,7 @@ impl Engine {
             stats: ModelStats::default(),
             mtu: 1500,
             epoch: Instant::now(),
-            frame: vec![0; LSO_MAX_BYTES + 4],
+            frame: vec![0; tx::GATHER_BYTES],
             seg: Vec::with_capacity(crate::emu::wire::MAX_FRAME + 4),
             rx_wqe: Vec::with_capacity(4096),
             now: 0,

@@ -30,6 +30,17 @@ const MAX_WQE_BYTES: usize = MAX_DS.div_ceil(4) * WQEBB_BYTES;
 const MAX_EMPW_PACKETS: usize = MAX_DS - 2;
 /// Headroom before a gathered frame: room for a VLAN tag the device inserts.
 const HEADROOM: usize = 4;
+/// The engine's gather buffer: a TSO packet, or every packet of an eMPW WQE back to back, each
+/// as long as a wire carries (jumbo frames: 61 of 9208 bytes, about 550 KiB).
+pub(super) const GATHER_BYTES: usize = {
+    let lso = super::LSO_MAX_BYTES + HEADROOM;
+    let empw = HEADROOM + MAX_EMPW_PACKETS * crate::emu::wire::MAX_FRAME;
+    if lso > empw {
+        lso
+    } else {
+        empw
+    }
+};
 /// The shortest frame put on the wire: shorter ones are padded with zeros (§8 item 5; the
 /// device's padding is believed, not confirmed).
 const MIN_FRAME: usize = 60;
