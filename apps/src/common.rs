@@ -66,6 +66,9 @@ pub fn open_ports(
     pool_size: Option<u32>,
 ) -> Result<PortSet, Failure> {
     let mut ports = Vec::new();
+    // What each port is asked for (configure reduces ring sizes and says so), and what it
+    // will get (the pool is sized for that).
+    let mut asked = Vec::new();
     let mut cfgs = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         let port = Port::open(i as u16, spec).map_err(|e| format!("port {i} ({spec}): {e}"))?;
@@ -76,6 +79,7 @@ pub fn open_ports(
             ..base.clone()
         };
         cfgs.push(port.effective_config(&cfg));
+        asked.push(cfg);
         ports.push(port);
     }
     let sizing = PoolSizing::of(&cfgs, cores);
@@ -101,7 +105,7 @@ pub fn open_ports(
     let pool = MbufPool::new(MbufPoolConfig::new(name, count).data_room(room))
         .map_err(|e| format!("mbuf pool of {count} buffers of {room} bytes: {e}"))?;
     tracing::info!(target: "apps", buffers = count, "mbuf pool");
-    for (i, (port, cfg)) in ports.iter_mut().zip(&cfgs).enumerate() {
+    for (i, (port, cfg)) in ports.iter_mut().zip(&asked).enumerate() {
         port.configure(cfg, &pool)
             .map_err(|e| format!("port {i} ({}): {e}", specs[i]))?;
     }
