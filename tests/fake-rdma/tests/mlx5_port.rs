@@ -160,8 +160,11 @@ fn bringup_and_teardown_follow_dpdks_order() {
         .map(String::as_str)
         .filter(|c| port.contains(c))
         .collect();
-    assert_eq!(seen[..port.len()], port, "port 1: {calls:?}");
-    assert_eq!(seen[port.len()..2 * port.len()], port, "port 2: {calls:?}");
+    // The tools open every port first (device, PD: DPDK's probe), size their mbuf pool from
+    // what the ports will get, then configure each (the pool's MR, the queues, the rules).
+    let (open, configure) = port.split_at(8);
+    let expected: Vec<&str> = [open, open, configure, configure].concat();
+    assert_eq!(seen[..2 * port.len()], expected[..], "{calls:?}");
     let teardown = [
         "ibv_destroy_qp",
         "ibv_destroy_cq",
