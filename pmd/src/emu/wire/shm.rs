@@ -35,7 +35,7 @@
 //! Life of a file (all of it on the control path; the bursts only touch the rings):
 //!
 //! * Made whole, then named: the first end builds it under a temporary name
-//!   (`.pmd-wire-NAME.PID.tmp`), allocates all its memory (fallocate(2): a hugetlbfs without
+//!   (`.pmd-wire-NAME.PID.N.tmp`), allocates all its memory (fallocate(2): a hugetlbfs without
 //!   pages for it says so here, not with a SIGBUS later), writes the header and links it in
 //!   under `pmd-wire-NAME`; a process that loses that race joins the winner's file. A file
 //!   under the wire's name always has its header; one without (an older build's, or not
@@ -55,7 +55,7 @@ use super::{Wire, WireError, MAX_FRAME};
 use crate::sys::net::{pid, process_alive};
 use crate::sys::DevMem;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -453,12 +453,16 @@ fn identity(m: &std::fs::Metadata) -> (u64, u64) {
 }
 
 /// Where a new file is built before it is linked in under its name, complete: in the same
-/// directory, named after the wire and this process (`.pmd-wire-NAME.PID.tmp`).
+/// directory, named after the wire, this process and the attempt
+/// (`.pmd-wire-NAME.PID.N.tmp`), so that two threads of one process building the same wire
+/// never share a temporary file.
 fn temp_path(path: &Path, pid: u32) -> PathBuf {
+    static ATTEMPT: AtomicU64 = AtomicU64::new(0);
+    let n = ATTEMPT.fetch_add(1, Ordering::Relaxed);
     let file = path
         .file_name()
         .map_or_else(|| "pmd-wire".into(), |f| f.to_string_lossy().into_owned());
-    path.with_file_name(format!(".{file}.{pid}.tmp"))
+    path.with_file_name(format!(".{file}.{pid}.{n}.tmp"))
 }
 
 /// Removes the temporary files of `path` (see [`temp_path`]) left by processes that died
@@ -476,6 +480,7 @@ fn sweep_temps(path: &Path) {
         let Some(pid) = n
             .strip_prefix(&prefix)
             .and_then(|r| r.strip_suffix(".tmp"))
+            .and_then(|r| r.split('.').next())
             .and_then(|p| p.parse::<u32>().ok())
         else {
             continue;
@@ -584,6 +589,15 @@ impl Shm {
         let mut last = None;
         for (i, place) in creatable.iter().enumerate() {
             match Self::create(name, &place.path, me) {
+                // Made in a fallback place: if meanwhile another process made the file in a
+                // place before it (it took the hugepages this one found gone), the two would
+                // never meet: give ours up and join that one.
+                Ok(Attempt::Done(shm))
+                    if i > 0 && creatable[..i].iter().any(|p| p.path.exists()) =>
+                {
+                    drop(shm);
+                    return Ok(Attempt::Again);
+                }
                 Ok(a) => return Ok(a),
                 Err(e) => {
                     if let Some(next) = creatable.get(i + 1) {
@@ -627,7 +641,6 @@ impl Shm {
         };
         sweep_temps(path);
         let tmp = temp_path(path, me);
-        let _ = std::fs::remove_file(&tmp);
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -709,10 +722,11 @@ impl Shm {
         let Some(end) = mine else {
             let held = |h| matches!(h, Holder::Live | Holder::Attaching);
             if held(ha) && held(hb) {
+                // The pids, without the state bits of a slot being claimed.
                 return Err(WireError::CableFull {
                     name: name.into(),
-                    a,
-                    b,
+                    a: a & !(CLOSING | ATTACHING),
+                    b: b & !(CLOSING | ATTACHING),
                 });
             }
             // A slot changed between reading and claiming it.
@@ -755,7 +769,13 @@ impl Shm {
         loop {
             let len = file.metadata().map_err(io_err)?.len() as usize;
             if len >= Header::LEN {
-                let mem = DevMem::map_file(file, Header::LEN).map_err(io_err)?;
+                // A copy of the header, read (not mapped: on hugetlbfs a 128-byte mapping
+                // covers a whole huge page that memmap2 cannot unmap with the length it
+                // asked for, and would keep the file's pages alive).
+                let mut bytes = [0u8; Header::LEN];
+                std::os::unix::fs::FileExt::read_exact_at(file, &mut bytes, 0).map_err(io_err)?;
+                let mem = DevMem::anon(Header::LEN).map_err(io_err)?;
+                mem.write(0, &bytes);
                 let hdr = Header::new_checked(&mem).expect("mapped a whole header");
                 let sig = hdr.signature();
                 if sig == SHM_SIGNATURE {
@@ -868,37 +888,37 @@ impl Wire for Shm {
 }
 
 impl Drop for Shm {
-    /// Gives the end up; the last end out (the other one free or its process gone) removes
-    /// the file.
+    /// Gives the end up; the last end out (the other one free, closing too, or its process
+    /// gone) removes the file.
     fn drop(&mut self) {
         let hdr = self.header();
         let me = u64::from(pid());
         let peer_end = self.end.peer();
-        let peer = hdr.pid(peer_end, Ordering::SeqCst);
-        match holder(peer) {
-            Holder::Live | Holder::Closing | Holder::Attaching => {
-                hdr.set_pid(self.end, 0, Ordering::Release);
-                return;
-            }
-            // Free it, unless a newcomer takes it this very moment.
-            Holder::Dead if hdr.claim(peer_end, peer, 0).is_err() => {
-                hdr.set_pid(self.end, 0, Ordering::Release);
-                return;
-            }
-            Holder::Dead | Holder::Free => {}
-        }
-        // Mark the file as going, then look again: a newcomer claims and then looks, so one
-        // of us sees the other (SeqCst orders each side's store before its load).
+        // Mark this end as going first, then look at the other: of two ends closing at once
+        // each sees the other closing (SeqCst orders each side's store before its load), so
+        // one of them removes the file; a newcomer claims and then looks, so either it sees
+        // us closing (and starts over) or we see it attaching (and leave the file to it).
         hdr.set_pid(self.end, CLOSING | me, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
-        if hdr.pid(peer_end, Ordering::SeqCst) != 0 {
-            hdr.set_pid(self.end, 0, Ordering::Release);
-            return;
+        let peer = hdr.pid(peer_end, Ordering::SeqCst);
+        let last = match holder(peer) {
+            Holder::Live | Holder::Attaching => false,
+            // Free it, unless a newcomer takes it this very moment.
+            Holder::Dead => hdr.claim(peer_end, peer, 0).is_ok(),
+            Holder::Closing | Holder::Free => true,
+        };
+        if last && std::fs::metadata(&self.path).is_ok_and(|m| identity(&m) == self.file_id) {
+            match std::fs::remove_file(&self.path) {
+                Ok(()) => return,
+                // The other closing end removed it first.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+                Err(e) => tracing::warn!(target: "pmd::emu::wire",
+                    "shared-memory wire '{}': could not remove {} ({e}); remove it by hand \
+                     (rm -f {})", self.name, self.path.display(), self.path.display()),
+            }
         }
-        if std::fs::metadata(&self.path).is_ok_and(|m| identity(&m) == self.file_id) {
-            let _ = std::fs::remove_file(&self.path);
-        }
-        // The file is unlinked; our mapping goes with `self.mem`.
+        // The file stays (the peer holds it, or it could not be removed): our end is free.
+        hdr.set_pid(self.end, 0, Ordering::Release);
     }
 }
 
@@ -1089,6 +1109,29 @@ mod tests {
     }
 
     #[test]
+    fn of_two_ends_closing_at_once_one_removes_the_file() {
+        with_shm_dir(|d| {
+            let p = d.join("both");
+            let a = Shm::open_at("both", &p).unwrap();
+            let b = Shm::open_at("both", &p).unwrap();
+            // B has marked itself closing and is about to look at A: A, closing now, must
+            // not leave the file to B (which may have seen A still live and backed off).
+            b.header()
+                .set_pid(End::B, CLOSING | u64::from(pid()), Ordering::SeqCst);
+            std::mem::forget(b);
+            drop(a);
+            assert!(!p.exists(), "a closing peer does not keep the file");
+            // A live peer does.
+            let a = Shm::open_at("both", &p).unwrap();
+            let b = Shm::open_at("both", &p).unwrap();
+            drop(a);
+            assert!(p.exists(), "the live end keeps it");
+            drop(b);
+            assert!(!p.exists(), "the last end out removes it");
+        });
+    }
+
+    #[test]
     fn a_half_made_file_is_refused_with_its_name_and_how_to_remove_it() {
         with_shm_dir(|d| {
             // What a run of an older build that died while creating the file left: the
@@ -1150,11 +1193,18 @@ mod tests {
         with_shm_dir(|d| {
             let p = d.join("pmd-wire-sweep");
             let dead = temp_path(&p, DEAD as u32);
-            let live = temp_path(&p, pid());
             std::fs::write(&dead, b"").unwrap();
             let a = Shm::open_at("sweep", &p).unwrap();
             assert!(!dead.exists(), "the dead creator's temporary file is gone");
-            assert!(!live.exists(), "ours was linked in and removed");
+            let left: Vec<_> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(
+                left,
+                vec![std::ffi::OsString::from("pmd-wire-sweep")],
+                "ours was linked in and its temporary name removed"
+            );
             drop(a);
         });
     }
