@@ -507,17 +507,21 @@ pub fn allocate_file(file: &std::fs::File, len: usize) -> io::Result<()> {
     let Ok(len_off) = libc::off_t::try_from(len) else {
         return Err(io::Error::from_raw_os_error(libc::EFBIG));
     };
-    // SAFETY: fallocate only reads its integer arguments; the descriptor is open for
-    // writing for the duration of the call (borrowed from `file`).
-    let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len_off) };
-    if r == 0 {
-        return Ok(());
+    loop {
+        // SAFETY: fallocate only reads its integer arguments; the descriptor is open for
+        // writing for the duration of the call (borrowed from `file`).
+        let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len_off) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            // A signal arrived while hugetlbfs was reserving pages: not a lack of them.
+            Some(libc::EINTR) => continue,
+            Some(libc::EOPNOTSUPP) => return file.set_len(len as u64),
+            _ => return Err(e),
+        }
     }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
-        return file.set_len(len as u64);
-    }
-    Err(e)
 }
 
 #[cfg(test)]
