@@ -230,11 +230,11 @@ impl FrameRing {
                     self.cons = self
                         .cons
                         .wrapping_add(self.size - (self.cons & (self.size - 1)));
-                    continue;
+                } else {
+                    let len = ((hdr & LEN_MASK) as usize).min(self.max_frame);
+                    self.cons = self.cons.wrapping_add(record_bytes(len) as u64);
+                    frames += 1;
                 }
-                let len = ((hdr & LEN_MASK) as usize).min(self.max_frame);
-                self.cons = self.cons.wrapping_add(record_bytes(len) as u64);
-                frames += 1;
                 if prod.wrapping_sub(self.cons) > self.size {
                     // A record ran past the producer: the counters were not this ring's.
                     break;

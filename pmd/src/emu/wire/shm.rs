@@ -676,6 +676,7 @@ impl Shm {
             id,
             Arc::new(mem),
             End::A,
+            SHM_RING_BYTES,
         ))))
     }
 
@@ -742,7 +743,7 @@ impl Shm {
             return Ok(Attempt::Again);
         }
         let generation = hdr.next_generation();
-        let mut shm = Self::ends(name, path, id, mem, end);
+        let mut shm = Self::ends(name, path, id, mem, end, ring);
         // Whatever waits for this end was sent to its previous holder (dead, or gone with
         // its frames unread) or before anyone held it: a stale generation, not ours. The
         // peer sees the link up (our plain pid) only after that.
@@ -824,9 +825,17 @@ impl Shm {
 
     /// The two directions of a mapped file whose header was written (end A) or checked
     /// (end B).
-    fn ends(name: &str, path: &Path, file_id: (u64, u64), mem: Arc<DevMem>, end: End) -> Self {
-        let hdr = Header::new_checked(&mem).expect("a mapped wire file holds its header");
-        let ring = hdr.ring_bytes() as usize;
+    /// `ring`: the ring size the header was written with (end A) or checked to hold (end
+    /// B), never read again from memory the peer can write.
+    fn ends(
+        name: &str,
+        path: &Path,
+        file_id: (u64, u64),
+        mem: Arc<DevMem>,
+        end: End,
+        ring: u32,
+    ) -> Self {
+        let ring = ring as usize;
         let a_to_b = FrameRing::new(Arc::clone(&mem), Header::LEN, ring, MAX_FRAME);
         let b_to_a = FrameRing::new(
             Arc::clone(&mem),
