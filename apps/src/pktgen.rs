@@ -494,73 +494,54 @@ pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
             let b = b.map_err(|e| {
                 format!("{name}: block after packet {n} is malformed or truncated ({e})")
             })?;
-            match b {
-                Block::SectionHeader(_) => links.clear(),
-                Block::InterfaceDescription(i) => links.push(i.linktype),
-                Block::EnhancedPacket(p) => {
-                    let link = *links.get(p.interface_id as usize).ok_or_else(|| {
-                        format!(
-                            "{name}: packet {} names interface {} that the file does not describe",
-                            n + 1,
-                            p.interface_id
-                        )
-                    })?;
-                    take(
-                        &mut cap,
-                        &mut n,
-                        &name,
-                        max_len,
-                        Record {
-                            bytes: &p.data,
-                            orig_len: p.original_len,
-                            link,
-                            ts: Some(p.timestamp),
-                        },
-                    )?;
+            // A packet block: the interface it names (a simple packet block names none: the
+            // first), its bytes, original length and time.
+            let (iface, bytes, orig_len, ts) = match &b {
+                Block::SectionHeader(_) => {
+                    links.clear();
+                    continue;
                 }
-                Block::SimplePacket(p) => {
-                    let link = *links.first().ok_or_else(|| {
-                        format!(
-                            "{name}: packet {} comes before any interface description",
-                            n + 1
-                        )
-                    })?;
-                    take(
-                        &mut cap,
-                        &mut n,
-                        &name,
-                        max_len,
-                        Record {
-                            bytes: &p.data,
-                            orig_len: p.original_len,
-                            link,
-                            ts: None,
-                        },
-                    )?;
+                Block::InterfaceDescription(i) => {
+                    links.push(i.linktype);
+                    continue;
                 }
-                Block::Packet(p) => {
-                    let link = *links.get(usize::from(p.interface_id)).ok_or_else(|| {
-                        format!(
-                            "{name}: packet {} names interface {} that the file does not describe",
-                            n + 1,
-                            p.interface_id
-                        )
-                    })?;
-                    take(
-                        &mut cap,
-                        &mut n,
-                        &name,
-                        max_len,
-                        Record {
-                            bytes: &p.data,
-                            orig_len: p.original_len,
-                            link,
-                            ts: Some(std::time::Duration::from_micros(p.timestamp)),
-                        },
-                    )?;
-                }
-                _ => {}
-            }
+                Block::EnhancedPacket(p) => (
+                    Some(p.interface_id as usize),
+                    &p.data,
+                    p.original_len,
+                    Some(p.timestamp),
+                ),
+                Block::SimplePacket(p) => (None, &p.data, p.original_len, None),
+                Block::Packet(p) => (
+                    Some(usize::from(p.interface_id)),
+                    &p.data,
+                    p.original_len,
+                    Some(std::time::Duration::from_micros(p.timestamp)),
+                ),
+                _ => continue,
+            };
+            let link = *links.get(iface.unwrap_or(0)).ok_or_else(|| match iface {
+                Some(id) => format!(
+                    "{name}: packet {} names interface {id} that the file does not describe",
+                    n + 1
+                ),
+                None => format!(
+                    "{name}: packet {} comes before any interface description",
+                    n + 1
+                ),
+            })?;
+            take(
+                &mut cap,
+                &mut n,
+                &name,
+                max_len,
+                Record {
+                    bytes,
+                    orig_len,
+                    link,
+                    ts,
+                },
+            )?;
         }
     } else {
         let mut r = pcap_file::pcap::PcapReader::new(&data[..])
