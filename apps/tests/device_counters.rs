@@ -4,31 +4,13 @@
 //! L1 rate, a capture's own timing) do what they say; a capture that fails after it opened
 //! (a full disk) fails the tool. Nothing here is timed: counts are exact.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
-
-fn bin(name: &str) -> Command {
-    let path = match name {
-        "l2fwd" => env!("CARGO_BIN_EXE_l2fwd"),
-        "pktgen" => env!("CARGO_BIN_EXE_pktgen"),
-        _ => unreachable!(),
-    };
-    let mut c = Command::new(path);
-    c.env("PMD_LOG", "error");
-    c
-}
-
-fn json(out: &[u8]) -> serde_json::Value {
-    let text = String::from_utf8_lossy(out);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON in: {text}"));
-    serde_json::from_str(line).unwrap()
-}
+use support::{bin, json};
 
 fn ok(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();

@@ -8,30 +8,12 @@
 //! so frames wait on the cables (131,072 of 60 bytes each) while a process is not
 //! scheduled, and a test sends fewer than that; nothing in these tests is timed.
 
+mod support;
+
 use std::io::Read;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn bin(name: &str) -> Command {
-    let path = match name {
-        "l2fwd" => env!("CARGO_BIN_EXE_l2fwd"),
-        "pktgen" => env!("CARGO_BIN_EXE_pktgen"),
-        _ => unreachable!(),
-    };
-    let mut c = Command::new(path);
-    c.env("PMD_LOG", "error");
-    c
-}
-
-fn json(out: &[u8]) -> serde_json::Value {
-    let text = String::from_utf8_lossy(out);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON in: {text}"));
-    serde_json::from_str(line).unwrap()
-}
+use support::{bin, json};
 
 struct Topology {
     dir: tempfile::TempDir,

@@ -7,32 +7,14 @@
 //! fewer frames than that loses nothing however the processes are scheduled; nothing here is
 //! timed.
 
-use std::process::{Child, Command, Output, Stdio};
+mod support;
+
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
+use support::{bin, json};
 
 /// Frames per run: fewer than a cable holds at 9014 bytes each.
 const N: u64 = 800;
-
-fn bin(name: &str) -> Command {
-    let path = match name {
-        "l2fwd" => env!("CARGO_BIN_EXE_l2fwd"),
-        "pktgen" => env!("CARGO_BIN_EXE_pktgen"),
-        _ => unreachable!(),
-    };
-    let mut c = Command::new(path);
-    c.env("PMD_LOG", "error");
-    c
-}
-
-fn json(out: &[u8]) -> serde_json::Value {
-    let text = String::from_utf8_lossy(out);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON in: {text}"));
-    serde_json::from_str(line).unwrap()
-}
 
 /// A tool running in the background: killed and reaped if the test ends without stopping it.
 struct Bg(Option<Child>);

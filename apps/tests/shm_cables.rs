@@ -4,30 +4,19 @@
 //! attaches later and counted there (`wire_rx_stale`), never delivered. Nothing here is
 //! timed: each step waits for what the tools print.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use support::json;
 
+/// The tool `name` with its cable files in `dir`.
 fn bin(name: &str, dir: &std::path::Path) -> Command {
-    let path = match name {
-        "l2fwd" => env!("CARGO_BIN_EXE_l2fwd"),
-        "pktgen" => env!("CARGO_BIN_EXE_pktgen"),
-        _ => unreachable!(),
-    };
-    let mut c = Command::new(path);
-    c.env("PMD_LOG", "error").env("PMD_SHM_DIR", dir);
+    let mut c = support::bin(name);
+    c.env("PMD_SHM_DIR", dir);
     c
-}
-
-fn json(out: &[u8]) -> serde_json::Value {
-    let text = String::from_utf8_lossy(out);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON in: {text}"));
-    serde_json::from_str(line).unwrap()
 }
 
 /// A tool in the background whose stderr is read as it comes: killed and reaped if the test

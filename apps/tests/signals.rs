@@ -2,19 +2,17 @@
 //! a second stop signal never skips the cleanup: the report is printed, the exit status is 0
 //! and no cable file is left behind.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// The tool `name`, logging warnings too.
 fn bin(name: &str) -> Command {
-    let path = match name {
-        "l2fwd" => env!("CARGO_BIN_EXE_l2fwd"),
-        "pktgen" => env!("CARGO_BIN_EXE_pktgen"),
-        _ => unreachable!(),
-    };
-    let mut c = Command::new(path);
+    let mut c = support::bin(name);
     c.env("PMD_LOG", "warn");
     c
 }
