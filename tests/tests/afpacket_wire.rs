@@ -291,24 +291,8 @@ fn frames_the_kernel_could_not_ring_are_the_ports_imissed() {
     };
     veth.set(&veth.0, "up");
     veth.set(&veth.1, "up");
-    let (model, handle) = testing::mana(&format!("afpacket:{}", veth.0), 0).unwrap();
-    handle.pause();
-    let mut port = probe::mana(
-        0,
-        format!("model on afpacket:{}", veth.0),
-        Box::new(model),
-        pmd::mana::Options::default(),
-    );
     let pool = MbufPool::new(MbufPoolConfig::new("rd", 2048)).unwrap();
-    let cfg = PortConfig {
-        rx_ring_size: 256,
-        tx_ring_size: 64,
-        ..Default::default()
-    };
-    port.configure(&cfg, &pool).unwrap();
-    let mut rx = port.rx_queue(0).unwrap();
-    let _tx = port.tx_queue(0).unwrap();
-    port.start().unwrap();
+    let (port, mut rx, _tx, step) = paused_model_port("mana", &veth.0, &pool, 256, 64);
 
     // The model does not run: what the sender puts on the cable fills the kernel's
     // receive ring (about 5,000 frames at MTU 1500), and the rest is dropped there.
@@ -346,7 +330,7 @@ fn frames_the_kernel_could_not_ring_are_the_ports_imissed() {
     while received + port.stats().imissed < u64::from(SENT)
         && t0.elapsed() < Duration::from_secs(20)
     {
-        handle.step();
+        step();
         rx.rx_burst(&mut b);
         let n = b.len();
         for m in b.drain_front(n) {
@@ -373,24 +357,8 @@ fn a_full_transmit_ring_is_counted_by_the_wire_and_the_sending_model() {
         return;
     };
     // The interface stays down: the kernel refuses every kick, so the transmit ring fills.
-    let (model, handle) = testing::mana(&format!("afpacket:{}", veth.0), 0).unwrap();
-    handle.pause();
-    let mut port = probe::mana(
-        0,
-        format!("model on afpacket:{}", veth.0),
-        Box::new(model),
-        pmd::mana::Options::default(),
-    );
     let pool = MbufPool::new(MbufPoolConfig::new("tf", 1024)).unwrap();
-    let cfg = PortConfig {
-        rx_ring_size: 64,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
-    port.configure(&cfg, &pool).unwrap();
-    let _rx = port.rx_queue(0).unwrap();
-    let mut tx = port.tx_queue(0).unwrap();
-    port.start().unwrap();
+    let (port, _rx, mut tx, step) = paused_model_port("mana", &veth.0, &pool, 64, 256);
     const SENT: u64 = 4000; // more than the 4 MiB transmit ring holds (2,592 slots)
     let mut b = Burst::with_capacity(64);
     let mut sent = 0u64; // frames the port took: SENT and up to a burst more
@@ -402,10 +370,10 @@ fn a_full_transmit_ring_is_counted_by_the_wire_and_the_sending_model() {
             b.push(m).unwrap();
         }
         sent += tx.tx_burst(&mut b) as u64;
-        while handle.step() > 0 {}
+        while step() > 0 {}
     }
     mempool::lcache::with_cache(&pool, |c| b.free_all(c));
-    while handle.step() > 0 {}
+    while step() > 0 {}
     let s = port.stats();
     let full = xstat(&s, "wire_tx_ring_full");
     assert!(full > 0, "{:?}", s.xstats);
@@ -424,13 +392,19 @@ fn a_full_transmit_ring_is_counted_by_the_wire_and_the_sending_model() {
 }
 
 /// A model port (`mana` or `mlx5`) on `afpacket:ifname` whose engine only runs when
-/// stepped, with its RX queue and a stepper.
+/// stepped, started, with its queues and a stepper.
 fn paused_model_port(
     kind: &str,
     ifname: &str,
     pool: &Arc<MbufPool>,
     rx_ring_size: u16,
-) -> (Port, pmd::port::RxQueue, Box<dyn Fn() -> usize>) {
+    tx_ring_size: u16,
+) -> (
+    Port,
+    pmd::port::RxQueue,
+    pmd::port::TxQueue,
+    Box<dyn Fn() -> usize>,
+) {
     let wire = format!("afpacket:{ifname}");
     let (mut port, step): (Port, Box<dyn Fn() -> usize>) = match kind {
         "mana" => {
@@ -448,7 +422,7 @@ fn paused_model_port(
     };
     let cfg = PortConfig {
         rx_ring_size,
-        tx_ring_size: 64,
+        tx_ring_size,
         // The test's frames are for another MAC: an mlx5 port takes them in promiscuous
         // mode (a MANA port has none, and its model does not filter).
         promiscuous: kind == "mlx5",
@@ -456,8 +430,9 @@ fn paused_model_port(
     };
     port.configure(&cfg, pool).unwrap();
     let rx = port.rx_queue(0).unwrap();
+    let tx = port.tx_queue(0).unwrap();
     port.start().unwrap();
-    (port, rx, step)
+    (port, rx, tx, step)
 }
 
 #[test]
@@ -471,7 +446,7 @@ fn a_model_with_no_buffer_posted_leaves_frames_in_the_kernel_ring() {
         veth.set(&veth.0, "up");
         veth.set(&veth.1, "up");
         let pool = MbufPool::new(MbufPoolConfig::new("hold", 1024)).unwrap();
-        let (port, mut rx, step) = paused_model_port(kind, &veth.0, &pool, 64);
+        let (port, mut rx, _tx, step) = paused_model_port(kind, &veth.0, &pool, 64, 64);
         let mut sender = AfPacket::open(&veth.1).unwrap();
         const SENT: u32 = 1000; // far less than the kernel ring holds
         for i in 0..SENT {
