@@ -779,29 +779,24 @@ mod tests {
         let mut sp = spec(128, 64, None);
         sp.src_ip = "169.254.1.1".parse().unwrap();
         sp.src_port = "1024".parse().unwrap();
+        // The distinct (IPv4 addresses, UDP ports) of the first `n` frames.
+        let tuples = |g: &FrameGen, n: u64| -> std::collections::BTreeSet<Vec<u8>> {
+            (0..n)
+                .map(|i| {
+                    let mut out = vec![0u8; 128];
+                    g.write(i, 0, &mut out);
+                    out[26..38].to_vec()
+                })
+                .collect()
+        };
         let g = FrameGen::new(&sp).unwrap();
         assert_eq!(flows_varying(&sp).unwrap(), "source UDP port 1024-1087");
-        let tuples: std::collections::BTreeSet<Vec<u8>> = (0..64u64)
-            .map(|i| {
-                let mut out = vec![0u8; 128];
-                g.write(i, 0, &mut out);
-                // IPv4 addresses and UDP ports.
-                out[26..38].to_vec()
-            })
-            .collect();
-        assert_eq!(tuples.len(), 64);
+        assert_eq!(tuples(&g, 64).len(), 64);
         // 4 source IPs x 2 source ports: 8 combinations, not 64.
         let e = FrameGen::new(&spec(128, 64, None)).unwrap_err();
         assert!(e.contains("only 8 distinct 5-tuples"), "{e}");
         let g = FrameGen::new(&spec(128, 8, None)).unwrap();
-        let tuples: std::collections::BTreeSet<Vec<u8>> = (0..8u64)
-            .map(|i| {
-                let mut out = vec![0u8; 128];
-                g.write(i, 0, &mut out);
-                out[26..38].to_vec()
-            })
-            .collect();
-        assert_eq!(tuples.len(), 8, "every combination once");
+        assert_eq!(tuples(&g, 8).len(), 8, "every combination once");
         assert_eq!(
             flows_varying(&spec(128, 8, None)).unwrap(),
             "source IP 169.254.1.1-169.254.1.4, source UDP port 1000-1001"

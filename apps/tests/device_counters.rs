@@ -6,11 +6,10 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::sync::mpsc;
 use std::time::Duration;
-use support::{bin, json};
+use support::{bin, json, spawn_with_lines};
 
 fn ok(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
@@ -27,24 +26,12 @@ struct L2fwd {
 
 impl L2fwd {
     fn start(dir: &std::path::Path, a: &str, b: &str, extra: &[&str]) -> Self {
-        let mut child = bin("l2fwd")
-            .args(["--port", a, "--port", b, "--lcores", "1"])
+        let mut c = bin("l2fwd");
+        c.args(["--port", a, "--port", b, "--lcores", "1"])
             .args(["--ring-size", "1024"])
             .args(extra)
-            .env("PMD_SHM_DIR", dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let err = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
+            .env("PMD_SHM_DIR", dir);
+        let (child, lines) = spawn_with_lines(c);
         Self {
             child: Some(child),
             lines,

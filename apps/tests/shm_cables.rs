@@ -6,8 +6,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use support::json;
@@ -28,22 +27,8 @@ struct Bg {
 }
 
 impl Bg {
-    fn spawn(mut c: Command) -> Self {
-        let mut child = c
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let err = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
+    fn spawn(c: Command) -> Self {
+        let (child, lines) = support::spawn_with_lines(c);
         Self {
             child: Some(child),
             lines,

@@ -4,36 +4,17 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use support::spawn_with_lines as spawn;
 
 /// The tool `name`, logging warnings too.
 fn bin(name: &str) -> Command {
     let mut c = support::bin(name);
     c.env("PMD_LOG", "warn");
     c
-}
-
-/// Starts `c` with stderr read line by line on a thread; returns the child and the lines.
-fn spawn(mut c: Command) -> (Child, mpsc::Receiver<String>) {
-    let mut child = c
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    (child, rx)
 }
 
 /// Lines until one contains `want` (returned with everything before it), or panics after

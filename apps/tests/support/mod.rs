@@ -26,3 +26,26 @@ pub fn json(out: &[u8]) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no JSON in: {text}"));
     serde_json::from_str(line).unwrap()
 }
+
+/// Starts `c` with stdout and stderr piped; stderr is read line by line on a thread and
+/// handed over as it comes.
+pub fn spawn_with_lines(
+    mut c: Command,
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead, BufReader};
+    let mut child = c
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    (child, lines)
+}
