@@ -299,7 +299,12 @@ impl FrameGen {
     /// The length of frame `seq`.
     #[inline]
     pub fn len_of(&self, seq: u64) -> usize {
-        usize::from(self.sizes[(seq % self.sizes.len() as u64) as usize])
+        // One size (the common case): no division per frame.
+        let i = match self.sizes.len() {
+            1 => 0,
+            n => (seq % n as u64) as usize,
+        };
+        usize::from(self.sizes[i])
     }
 
     /// The frame of flow `seq % flows`, of length [`len_of`](Self::len_of)`(seq)`, stamped
