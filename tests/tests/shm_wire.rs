@@ -102,6 +102,7 @@ fn a_dead_peer_is_noticed_not_waited_on() {
     let t0 = Instant::now();
     for _ in 0..5000 {
         end.send(&[0u8; 60]);
+        end.flush();
     }
     assert!(t0.elapsed() < Duration::from_secs(5));
 }
@@ -149,6 +150,7 @@ fn a_peer_that_replaces_a_killed_one_gets_none_of_the_frames_sent_meanwhile() {
     let (mut b1, _) = echo(&spec, "1000000", dir.path());
     assert!(a.peer_attached());
     assert!(a.send(&tagged(0, 0)));
+    a.flush();
     assert!(
         integration_tests::eventually(Duration::from_secs(30), || a.recv(&mut buf).is_some()),
         "the first peer echoes"
@@ -159,11 +161,13 @@ fn a_peer_that_replaces_a_killed_one_gets_none_of_the_frames_sent_meanwhile() {
     assert!(path.exists(), "the cable stays for the next process");
     for seq in 0..100 {
         assert!(a.send(&tagged(1, seq)), "the cable holds what nobody reads");
+        a.flush();
     }
     let (b2, mut out) = echo(&spec, "50", dir.path());
     assert!(a.peer_attached());
     for seq in 0..50 {
         assert!(a.send(&tagged(2, seq)));
+        a.flush();
     }
     let mut back = Vec::new();
     let done = integration_tests::eventually(Duration::from_secs(30), || {
@@ -265,6 +269,7 @@ fn a_wire_falls_back_to_normal_pages_when_hugepages_cannot_be_had() {
                 );
                 let mut b = Shm::open_at(&name, &shm_path).unwrap();
                 assert!(b.send(&tagged(7, 1)));
+                b.flush();
                 let mut buf = [0u8; 128];
                 let back = integration_tests::eventually(Duration::from_secs(30), || {
                     b.recv(&mut buf).is_some()

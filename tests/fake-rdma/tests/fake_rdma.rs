@@ -143,6 +143,7 @@ fn frames_cross_port_1s_wire_through_the_device_model() {
     answer[..14].copy_from_slice(&[2, 0, 0, 0, 0x10, 1, 2, 0, 0, 0, 0x10, 2, 0x88, 0xb5]);
     answer[14..28].copy_from_slice(b"from the peer!");
     assert!(peer.send(&answer));
+    peer.flush();
     let o = child.wait_with_output().unwrap();
     let t = text(&o);
     assert!(o.status.success(), "{t}");

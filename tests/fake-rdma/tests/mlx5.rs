@@ -226,6 +226,7 @@ fn traffic(part: Option<&str>) {
     let ours = frame([2, 0, 0, 0, 0x50, 1], b"from the peer #1");
     let bcast = frame([0xff; 6], b"to everyone");
     assert!(peer.send(&stranger) && peer.send(&ours) && peer.send(&bcast));
+    peer.flush();
     assert_eq!(
         next_frame(&mut peer, &mut child),
         sent(2),
@@ -238,6 +239,7 @@ fn traffic(part: Option<&str>) {
     );
     let ours2 = frame([2, 0, 0, 0, 0x50, 1], b"from the peer #2");
     assert!(peer.send(&ours2));
+    peer.flush();
     assert_eq!(
         next_frame(&mut peer, &mut child),
         sent(4),
@@ -245,6 +247,7 @@ fn traffic(part: Option<&str>) {
     );
     let other = frame([2, 0, 0, 0, 0x50, 0x77], b"for anyone left");
     assert!(peer.send(&other));
+    peer.flush();
     let o = child.wait_with_output().unwrap();
     let t = text(&o);
     assert_clean(&o);

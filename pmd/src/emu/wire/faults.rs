@@ -190,8 +190,10 @@ mod tests {
         let (mut w, mut peer) = cable("t-faults-none");
         let mut buf = [0u8; 16];
         assert!(w.send(b"out"));
+        w.flush();
         assert_eq!(peer.recv(&mut buf), Some(3));
         assert!(peer.send(b"in!!"));
+        peer.flush();
         assert_eq!(w.recv_or_drop(&mut buf), Arrival::Frame(4));
         assert_eq!(w.recv_or_drop(&mut buf), Arrival::Nothing);
         assert!(w.describe().starts_with("loop:t-faults-none"));
@@ -204,6 +206,7 @@ mod tests {
         let mut buf = [0u8; 16];
         for i in 0..7u8 {
             assert!(peer.send(&[i]));
+            peer.flush();
         }
         let got: Vec<Arrival> = (0..8).map(|_| w.recv_or_drop(&mut buf)).collect();
         use Arrival::{Dropped, Frame, Nothing};
@@ -230,9 +233,11 @@ mod tests {
         knobs.set_link_down(true);
         let mut buf = [0u8; 16];
         assert!(!w.send(b"lost"));
+        w.flush();
         assert_eq!(peer.recv(&mut buf), None);
         for _ in 0..100 {
             assert!(peer.send(b"x"));
+            peer.flush();
         }
         // recv drops at most 64 per call, then says nothing is there.
         assert_eq!(w.recv(&mut buf), None);
@@ -240,8 +245,10 @@ mod tests {
         assert_eq!((knobs.rx_drops(), knobs.tx_drops()), (100, 1));
         knobs.set_link_down(false);
         assert!(w.send(b"back"));
+        w.flush();
         assert_eq!(peer.recv(&mut buf), Some(4));
         assert!(peer.send(b"hi"));
+        peer.flush();
         assert_eq!(w.recv(&mut buf), Some(2));
     }
 }

@@ -104,6 +104,10 @@ impl Wire for Loopback {
     fn send(&mut self, frame: &[u8]) -> bool {
         self.tx.push(frame)
     }
+    /// Publishes what was sent since the last flush: one store the peer sees, per burst.
+    fn flush(&mut self) {
+        self.tx.publish();
+    }
     fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {
         self.rx.pop(buf)
     }
@@ -127,6 +131,8 @@ impl Wire for Loopback {
 
 impl Drop for Loopback {
     fn drop(&mut self) {
+        // Frames sent and not yet flushed still go.
+        self.tx.publish();
         let mut reg = loopback_registry()
             .lock()
             .unwrap_or_else(|p| p.into_inner());
@@ -152,9 +158,11 @@ mod tests {
         let mut c = Loopback::open("t-pair").unwrap(); // a new cable
         let mut buf = [0u8; 64];
         assert!(a.send(b"ping"));
+        a.flush();
         assert_eq!(b.recv(&mut buf), Some(4));
         assert_eq!(&buf[..4], b"ping");
         assert!(b.send(b"pong!"));
+        b.flush();
         assert_eq!(a.recv(&mut buf), Some(5));
         assert_eq!(c.recv(&mut buf), None);
         assert!(a.describe().contains("end A") && b.describe().contains("end B"));

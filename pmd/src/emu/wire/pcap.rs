@@ -263,6 +263,7 @@ mod tests {
         let mut tap = PcapTap::new(Box::new(Loopback::open("t-pcap5").unwrap()), &path).unwrap();
         let _peer = Loopback::open("t-pcap5").unwrap();
         assert!(tap.send(&[7u8; 60]));
+        tap.flush();
         assert_eq!(std::fs::read(&path).unwrap().len(), 24, "buffered");
         let _ = tap.stats();
         let data = std::fs::read(&path).unwrap();
@@ -281,7 +282,9 @@ mod tests {
         let mut b = Loopback::open("t-pcap").unwrap();
         let mut tap = PcapTap::new(Box::new(a), &path).unwrap();
         assert!(tap.send(&[1u8; 60]));
+        tap.flush();
         assert!(b.send(&[2u8; 70]));
+        b.flush();
         let mut buf = [0u8; 128];
         assert_eq!(tap.recv(&mut buf), Some(70));
         // A capture that records reports no failure.

@@ -29,11 +29,17 @@
 //! Each side keeps its own counter and its last view of the other's in private memory and
 //! reads the shared counter of the other side only when its view says full (producer) or
 //! empty (consumer): a view that lags only ever understates the room or the frames waiting,
-//! so the shared lines move between the two cores about once per batch, not per frame. The
-//! consumer also publishes its counter lazily: when it has caught up with what it saw, or
-//! after a sixteenth of the ring, so that a producer that finds the ring full (and reads the
-//! consumer's line) does not pull it away on every frame. The room a producer sees is at
-//! most that much less than the real room.
+//! so the shared lines move between the two cores about once per batch, not per frame.
+//!
+//! Both sides also publish their counters lazily. The producer publishes when its user says
+//! a batch is complete ([`FrameRing::publish`]: a device model after serving its send
+//! queues, like a NIC's burst onto the wire), when it finds the ring full, and at the latest
+//! after a sixteenth of the ring: a consumer that polls an empty ring keeps the producer's
+//! line in its cache, and a store to it on every frame would pull it back each time. The
+//! consumer publishes when it has caught up with what it saw, or after a sixteenth of the
+//! ring, so that a producer that finds the ring full (and reads the consumer's line) does
+//! not pull it away on every frame. The room a producer sees is at most that much less than
+//! the real room.
 //!
 //! Both sides prefetch the lines ahead of them: the consumer the records it is about to read
 //! (written by the other core, so each is a cache miss that prefetching overlaps with the
@@ -77,9 +83,10 @@ pub struct FrameRing {
     /// Bytes in the data area, a power of two.
     size: u64,
     max_frame: usize,
-    /// Producer side: bytes written (ours; published at `base + PRODUCER`) and the
-    /// consumer's counter as last read.
+    /// Producer side: bytes written (ours), our counter as last published at
+    /// `base + PRODUCER` (see the module docs), and the consumer's counter as last read.
     prod: u64,
+    prod_published: u64,
     cons_seen: u64,
     /// Consumer side: bytes read (ours), the producer's counter as last read, and our
     /// counter as last published (see the module docs).
@@ -112,6 +119,7 @@ impl FrameRing {
             size: data_bytes as u64,
             max_frame,
             prod,
+            prod_published: prod,
             cons_seen: cons,
             cons,
             prod_seen: prod,
@@ -129,9 +137,10 @@ impl FrameRing {
         self.base + DATA + (pos & (self.size - 1)) as usize
     }
 
-    /// Producer side: appends a frame. `false` if the ring is full or the frame too large
-    /// (the frame is dropped, as on a real wire whose receiver is not keeping up; the caller
-    /// counts it).
+    /// Producer side: appends a frame, for the consumer to see at the next
+    /// [`publish`](Self::publish) (or earlier, see the module docs). `false` if the ring is
+    /// full or the frame too large (the frame is dropped, as on a real wire whose receiver is
+    /// not keeping up; the caller counts it).
     #[inline]
     pub fn push(&mut self, frame: &[u8]) -> bool {
         if frame.len() > self.max_frame {
@@ -144,6 +153,8 @@ impl FrameRing {
             // Our view of the consumer may lag: look again before calling the ring full.
             self.cons_seen = self.mem.load_u64(self.base + CONSUMER, Ordering::Acquire);
             if self.size - self.prod.wrapping_sub(self.cons_seen) < skip + need {
+                // Whatever waits unpublished is all the consumer can make room with.
+                self.publish();
                 return false;
             }
         }
@@ -164,11 +175,23 @@ impl FrameRing {
             .store_u32(off, frame.len() as u32, Ordering::Relaxed);
         self.mem.write(off + HEADER, frame);
         self.prod = at.wrapping_add(need);
-        // Publishes the record (and a skip before it): the consumer's Acquire load of
-        // `producer` sees its bytes.
-        self.mem
-            .store_u64(self.base + PRODUCER, self.prod, Ordering::Release);
+        if self.prod.wrapping_sub(self.prod_published) >= self.size / 16 {
+            self.publish();
+        }
         true
+    }
+
+    /// Producer side: makes every frame pushed so far visible to the consumer (one store to
+    /// the shared counter, none if nothing was pushed since the last).
+    #[inline]
+    pub fn publish(&mut self) {
+        if self.prod != self.prod_published {
+            self.prod_published = self.prod;
+            // Publishes the records (and skips) before it: the consumer's Acquire load of
+            // `producer` sees their bytes.
+            self.mem
+                .store_u64(self.base + PRODUCER, self.prod, Ordering::Release);
+        }
     }
 
     /// Consumer side: takes the oldest frame into `buf` (cut to `buf.len()`); its full
@@ -342,6 +365,47 @@ mod tests {
     }
 
     #[test]
+    fn frames_are_seen_once_published_or_when_the_ring_fills() {
+        // 64 KiB: a sixteenth is 64 records of 60 bytes.
+        let (mut tx, mut rx) = ring(1 << 16, 252);
+        let mut buf = [0u8; 256];
+        for i in 0..10u8 {
+            assert!(tx.push(&[i; 60]));
+        }
+        assert_eq!(rx.pop(&mut buf), None, "not published yet");
+        assert!(rx.is_empty());
+        tx.publish();
+        for i in 0..10u8 {
+            assert_eq!(rx.pop(&mut buf), Some(60));
+            assert_eq!(buf[0], i);
+        }
+        assert_eq!(rx.pop(&mut buf), None);
+        // A long batch is published every sixteenth of the ring without being asked.
+        for _ in 0..64 {
+            assert!(tx.push(&[1; 60]));
+        }
+        assert_eq!(tx.pending_bytes(), 64 * 64);
+        assert!(tx.push(&[2; 60]));
+        assert_eq!(
+            tx.pending_bytes(),
+            64 * 64,
+            "the 65th waits for the next publish"
+        );
+        // Filling the ring: the push that finds it full publishes everything before it.
+        let mut pushed = 65;
+        while tx.push(&[3; 60]) {
+            pushed += 1;
+        }
+        assert_eq!(pushed, (1 << 16) / 64, "the whole ring");
+        assert_eq!(tx.pending_bytes(), 1 << 16);
+        let mut got = 0;
+        while rx.pop(&mut buf).is_some() {
+            got += 1;
+        }
+        assert_eq!(got, pushed);
+    }
+
+    #[test]
     fn discard_all_drops_what_waits_counts_it_and_frees_the_room() {
         let (mut tx, mut rx) = ring(512, 252);
         let mut buf = [0u8; 256];
@@ -393,7 +457,11 @@ mod tests {
                 while !tx.push(&f[..len]) {
                     std::hint::spin_loop();
                 }
+                if i % 5 == 0 {
+                    tx.publish();
+                }
             }
+            tx.publish();
         });
         let mut buf = [0u8; 256];
         let mut next = 0u32;

@@ -874,6 +874,10 @@ impl Wire for Shm {
     fn send(&mut self, frame: &[u8]) -> bool {
         self.tx.push(frame)
     }
+    /// Publishes what was sent since the last flush: one store the peer sees, per burst.
+    fn flush(&mut self) {
+        self.tx.publish();
+    }
     fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {
         self.rx.pop(buf)
     }
@@ -900,6 +904,8 @@ impl Drop for Shm {
     /// Gives the end up; the last end out (the other one free, closing too, or its process
     /// gone) removes the file.
     fn drop(&mut self) {
+        // Frames sent and not yet flushed still go.
+        self.tx.publish();
         let hdr = self.header();
         let me = u64::from(pid());
         let peer_end = self.end.peer();
@@ -951,6 +957,7 @@ mod tests {
             assert!(a.describe().contains("end A") && b.describe().contains("end B"));
             let mut buf = [0u8; 16];
             assert!(a.send(b"x"));
+            a.flush();
             assert_eq!(b.recv(&mut buf), Some(1));
             assert!(a.peer_alive() && b.peer_alive());
             let e = Shm::open_at("w", &p).unwrap_err();
@@ -1040,6 +1047,7 @@ mod tests {
             hdr.set_pid(End::A, DEAD, Ordering::Release);
             hdr.set_pid(End::B, DEAD - 1, Ordering::Release);
             assert!(a.tx.push(b"stale frame"));
+            a.tx.publish();
             std::mem::forget(a);
             let mut fresh = Shm::open_at("stale", &p).unwrap();
             let mut buf = [0u8; 32];
@@ -1049,6 +1057,7 @@ mod tests {
             assert!(fresh.peer_attached() && other.peer_attached());
             assert_eq!(stale(&other), 0);
             assert!(other.send(b"new"));
+            other.flush();
             assert_eq!(fresh.recv(&mut buf), Some(3));
             drop((fresh, other));
             assert!(!p.exists(), "the last end out removes the taken-over file");
@@ -1064,6 +1073,7 @@ mod tests {
             // Sent before anyone is at the other end.
             for _ in 0..3 {
                 assert!(a.send(&[1u8; 60]));
+                a.flush();
             }
             let mut b = Shm::open_at("gen", &p).unwrap();
             let mut buf = [0u8; 64];
@@ -1071,6 +1081,7 @@ mod tests {
             assert_eq!(stale(&b), 3);
             assert_eq!(a.header().generation(Ordering::Acquire), 2);
             assert!(a.send(&[2u8; 60]));
+            a.flush();
             assert_eq!(b.recv(&mut buf), Some(60));
             assert_eq!(buf[0], 2, "frames sent while attached arrive");
             // End B's process dies without closing (SIGKILL): its pid stays in the slot.
@@ -1079,6 +1090,7 @@ mod tests {
             assert!(!a.peer_attached());
             for _ in 0..2 {
                 assert!(a.send(&[3u8; 60]));
+                a.flush();
             }
             let mut b2 = Shm::open_at("gen", &p).unwrap();
             assert!(b2.describe().contains("end B"), "{}", b2.describe());
@@ -1090,10 +1102,12 @@ mod tests {
             assert_eq!(stale(&b2), 2);
             assert_eq!(a.header().generation(Ordering::Acquire), 3);
             assert!(a.send(&[4u8; 60]));
+            a.flush();
             assert_eq!(b2.recv(&mut buf), Some(60));
             assert_eq!(buf[0], 4);
             // What the dead holder sent while it lived still reaches the live end.
             assert!(b2.send(&[5u8; 60]));
+            b2.flush();
             assert_eq!(a.recv(&mut buf), Some(60));
             assert_eq!(stale(&a), 0);
         });

@@ -356,6 +356,7 @@ mod tests {
         write_wrapped(&rq, 0, &w);
         db.ring_doorbell(doorbell::RQ_OFFSET, doorbell::rq(0x1003, WQE as u32));
         assert!(peer.send(&[0x5a; 60]));
+        peer.flush();
         e.step();
         let mut got = [0u8; 60];
         mine.read(4096, &mut got);

@@ -636,6 +636,7 @@ mod tests {
         };
         for _ in 0..7 {
             assert!(peer.send(&[0u8; 60]));
+            peer.flush();
         }
         assert_eq!(e.step(), 7);
         // No RQ: what the faults let through finds no WQE.
@@ -647,6 +648,7 @@ mod tests {
         };
         for _ in 0..100 {
             assert!(peer.send(&[0u8; 60]));
+            peer.flush();
         }
         assert_eq!(e.step(), BUDGET);
         assert_eq!(e.step(), 100 - BUDGET);
@@ -656,6 +658,7 @@ mod tests {
 
         e.faults = Faults::default();
         assert!(peer.send(&[0u8; 60]));
+        peer.flush();
         assert_eq!(e.step(), 1);
         assert_eq!((e.stats.rx_fault_drops, e.stats.rx_no_wqe), (102, 6));
     }
