@@ -313,7 +313,11 @@ impl FrameGen {
     /// template's payload is zeros, which add nothing to the UDP checksum.
     #[inline]
     pub fn write(&self, seq: u64, ts_ns: u64, out: &mut [u8]) -> usize {
-        let t = &self.templates[(seq % self.templates.len() as u64) as usize];
+        // One flow (the common case): no division per frame.
+        let t = match self.templates.len() {
+            1 => &self.templates[0],
+            n => &self.templates[(seq % n as u64) as usize],
+        };
         let n = self.len_of(seq).min(t.len()).min(out.len());
         out[..n].copy_from_slice(&t[..n]);
         let mut stamp = [0u8; STAMP_BYTES];
@@ -708,7 +712,11 @@ impl SeqTracker {
     /// Counts `s` as reordered if a later frame of its flow came first.
     #[inline]
     fn order(&mut self, s: u64) {
-        let f = (s % self.last.len() as u64) as usize;
+        // One flow (the common case): no division per frame.
+        let f = match self.last.len() {
+            1 => 0,
+            n => (s % n as u64) as usize,
+        };
         if s < self.last[f] {
             self.reordered += 1;
         } else {

@@ -674,6 +674,7 @@ fn rx_lands_in_posted_buffers_with_cqe_fields_and_owner_bits() {
         let udp = udp_frame(round as u16, 100);
         let tcp = tcp_frame(50);
         assert!(peer.send(&udp) && peer.send(&tcp));
+        peer.flush();
         assert_eq!(h.step(), 2);
         for (want, l4) in [(&udp, hdr_type::L4_UDP), (&tcp, hdr_type::L4_TCP_ACK_DATA)] {
             let lap = (rq.cq_ci / 4) & 1 == 1;
@@ -704,6 +705,7 @@ fn reset_rq_restarts_the_rq_counter_and_the_cq_carries_on() {
     rq.post(3, RX_BUF as u32);
     for i in 0..3u16 {
         assert!(peer.send(&udp_frame(i, 60)));
+        peer.flush();
     }
     assert_eq!(h.step(), 3);
     for i in 0..3u16 {
@@ -715,6 +717,7 @@ fn reset_rq_restarts_the_rq_counter_and_the_cq_carries_on() {
     rq.post(2, RX_BUF as u32);
     let f = udp_frame(9, 60);
     assert!(peer.send(&f) && peer.send(&f));
+    peer.flush();
     assert_eq!(h.step(), 2);
     for i in 0..2u16 {
         // CQ entries 3 and 4: the second is on the CQ's second lap (4 entries).
@@ -731,6 +734,7 @@ fn no_posted_wqe_counts_a_drop_and_an_oversize_frame_consumes_its_wqe_with_local
     let (m, h, mut peer) = world(0);
     let mut rq = Rq::new(&m, 4, 2, 7, false);
     assert!(peer.send(&udp_frame(1, 60)));
+    peer.flush();
     h.step();
     assert_eq!(h.stats().rx_no_wqe, 1);
     assert!(rq.poll().is_none());
@@ -738,6 +742,7 @@ fn no_posted_wqe_counts_a_drop_and_an_oversize_frame_consumes_its_wqe_with_local
     let big = udp_frame(2, 200);
     let small = udp_frame(3, 40);
     assert!(peer.send(&big) && peer.send(&small));
+    peer.flush();
     h.step();
     let e = rq.poll().unwrap();
     assert_eq!(cqe(&e).opcode(), CqeOpcode::RespErr);
@@ -772,6 +777,7 @@ fn a_frame_is_scattered_over_the_entries_of_one_wqe() {
         .store_u32(RCV_DBR, u32::from_ne_bytes(rq_record(1)), Ordering::Release);
     let f = udp_frame(5, 100);
     assert!(peer.send(&f));
+    peer.flush();
     h.step();
     let c = poll_cq(&cq, 0).unwrap();
     assert_eq!(cqe(&c).byte_cnt() as usize, f.len());
@@ -792,6 +798,7 @@ fn vlan_stripping_reports_the_tci_and_delivers_the_untagged_frame() {
     tagged.extend_from_slice(&[0x81, 0x00, 0xa0, 0x07]);
     tagged.extend_from_slice(&f[12..]);
     assert!(peer.send(&tagged));
+    peer.flush();
     h.step();
     let c = rq.poll().unwrap();
     let c = cqe(&c);
@@ -826,6 +833,7 @@ fn rss_hashes_the_configured_fields_and_picks_the_queue_by_the_low_bits() {
     for sport in 0..32u16 {
         let f = udp_frame(1000 + sport, 20);
         assert!(peer.send(&f));
+        peer.flush();
         h.step();
         let mut input = [0u8; 12];
         let n = toeplitz::ipv4_input(
@@ -849,6 +857,7 @@ fn rss_hashes_the_configured_fields_and_picks_the_queue_by_the_low_bits() {
     let mut arp = udp_frame(1, 20);
     arp[12..14].copy_from_slice(&[0x08, 0x06]);
     assert!(peer.send(&arp));
+    peer.flush();
     h.step();
     let c = rqs[0].poll().unwrap();
     assert_eq!((cqe(&c).rx_hash_res(), cqe(&c).rx_hash_type()), (0, 0));
@@ -867,6 +876,7 @@ fn rx_drop_and_link_down_faults_drop_frames_before_the_rq() {
     });
     for _ in 0..4 {
         assert!(peer.send(&udp_frame(1, 20)));
+        peer.flush();
     }
     h.step();
     assert_eq!((h.stats().rx_frames, h.stats().rx_fault_drops), (2, 2));
@@ -876,6 +886,7 @@ fn rx_drop_and_link_down_faults_drop_frames_before_the_rq() {
     });
     h.step();
     assert!(peer.send(&udp_frame(1, 20)));
+    peer.flush();
     h.step();
     assert_eq!(h.stats().rx_fault_drops, 3);
 }
@@ -889,6 +900,7 @@ fn compressed_sessions_put_minis_at_title_plus_one_and_every_eighth_slot() {
     let frames: Vec<_> = (0..11).map(|k| udp_frame(1, 20 + k)).collect();
     for f in &frames {
         assert!(peer.send(f));
+        peer.flush();
     }
     h.step();
     let title = poll_cq(&rq.q.cq, 0).expect("the title");
@@ -913,6 +925,7 @@ fn compressed_sessions_put_minis_at_title_plus_one_and_every_eighth_slot() {
     // The next completion follows the session; a lone completion is a normal CQE.
     set_ci(&rq.q.cq, 11);
     assert!(peer.send(&frames[0]));
+    peer.flush();
     h.step();
     let c = poll_cq(&rq.q.cq, 11).unwrap();
     assert_eq!(cqe(&c).format(), CqeFormat::Normal);
@@ -927,12 +940,14 @@ fn compressed_sessions_straddle_the_ring_end_with_the_title_s_owner_bit() {
     // 12 normal completions first, consumed.
     for k in 0..12 {
         assert!(peer.send(&udp_frame(k, 20)));
+        peer.flush();
         h.step();
         assert_eq!(cqe(&rq.poll().unwrap()).format(), CqeFormat::Normal);
     }
     m.set_rx_compression(rq.q.rqn, Some(8)).unwrap();
     for k in 0..10 {
         assert!(peer.send(&udp_frame(1, 30 + k)));
+        peer.flush();
     }
     h.step();
     // Session 1: title at 12 (lap 0), 8 completions, its array at 13.
@@ -980,6 +995,7 @@ fn a_bad_rx_key_puts_the_rq_in_error_until_reset_and_rdy() {
     let frames: Vec<_> = (0..4).map(|k| udp_frame(k, 30)).collect();
     for f in &frames {
         assert!(peer.send(f));
+        peer.flush();
     }
     h.step();
     for (k, f) in frames[..2].iter().enumerate() {
@@ -1014,6 +1030,7 @@ fn a_bad_rx_key_puts_the_rq_in_error_until_reset_and_rdy() {
     // RESET: no frame lands; the consumer restarts at 0.
     rq.q.state.reset().unwrap();
     assert!(peer.send(&frames[0]));
+    peer.flush();
     h.step();
     assert!(rq.poll().is_none());
     assert_eq!(h.stats().rx_no_wqe, 2);
@@ -1027,6 +1044,7 @@ fn a_bad_rx_key_puts_the_rq_in_error_until_reset_and_rdy() {
     rq.post(8, RX_BUF as u32);
     let again = udp_frame(9, 44);
     assert!(peer.send(&again));
+    peer.flush();
     h.step();
     let c = rq.poll().unwrap();
     assert_eq!(cqe(&c).opcode(), CqeOpcode::RespSend);
@@ -1051,6 +1069,7 @@ fn the_rx_bad_key_fault_fails_every_nth_frame_with_local_prot() {
     });
     for k in 0..3 {
         assert!(peer.send(&udp_frame(k, 30)));
+        peer.flush();
     }
     h.step();
     assert_eq!(cqe(&rq.poll().unwrap()).opcode(), CqeOpcode::RespSend);
@@ -1225,6 +1244,7 @@ fn striding_rq_places_frames_at_stride_boundaries_and_fills_the_rest_of_a_wqe() 
         .collect();
     for f in &frames {
         assert!(peer.send(f));
+        peer.flush();
     }
     h.step();
     let next = |rq: &mut StridingRq, want: &[u8], wqe: u16, stride: u16, strides: u16| {
@@ -1274,12 +1294,14 @@ fn striding_rq_without_a_posted_wqe_drops_and_counts_rx_no_wqe() {
     let (m, h, mut peer) = world(0);
     let mut rq = StridingRq::new(&m, 4, SMALL, 31);
     assert!(peer.send(&udp_len(0, 60)));
+    peer.flush();
     h.step();
     assert_eq!(h.stats().rx_no_wqe, 1, "nothing posted yet");
     rq.post(1);
     // Eight one-stride frames fill WQE 0; the ninth finds no WQE.
     for k in 0..9 {
         assert!(peer.send(&udp_len(k, 64)));
+        peer.flush();
     }
     h.step();
     for k in 0..8u16 {
@@ -1292,6 +1314,7 @@ fn striding_rq_without_a_posted_wqe_drops_and_counts_rx_no_wqe() {
     rq.post(1);
     let f = udp_len(20, 100);
     assert!(peer.send(&f));
+    peer.flush();
     h.step();
     let c = rq.poll().expect("a CQE");
     assert_eq!((cqe(&c).wqe_id(), cqe(&c).wqe_counter()), (1, 0));
@@ -1299,6 +1322,7 @@ fn striding_rq_without_a_posted_wqe_drops_and_counts_rx_no_wqe() {
     // A frame that does not fit WQE 1's rest closes it with a filler even when no WQE
     // follows; the frame itself is then dropped.
     assert!(peer.send(&udp_len(21, 500)));
+    peer.flush();
     h.step();
     let c = rq.poll().expect("the filler");
     assert!(MprqByteCnt::from_word(cqe(&c).byte_cnt()).filler);
@@ -1314,6 +1338,7 @@ fn a_frame_longer_than_a_striding_wqe_is_local_length_and_uses_up_the_wqe() {
     rq.post(4);
     let small = udp_len(1, 60);
     assert!(peer.send(&small) && peer.send(&udp_len(2, 600)) && peer.send(&small));
+    peer.flush();
     h.step();
     assert_eq!(cqe(&rq.poll().unwrap()).opcode(), CqeOpcode::RespSend);
     let e = rq.poll().unwrap();
@@ -1377,6 +1402,7 @@ fn striding_rq_sessions_carry_stride_indices_and_break_on_another_hash() {
         .collect();
     for f in &frames {
         assert!(peer.send(f));
+        peer.flush();
     }
     h.step();
     let title = poll_cq(&rq.q.cq, 0).expect("the title");

@@ -8,35 +8,43 @@ use super::parse::{self, IpHeader, IpVersion};
 /// is padded with zero). The result is congruent to the 16-bit sum, not equal to it: fold it
 /// ([`fold`]) before use.
 ///
-/// Eight bytes at a time: a one's-complement sum may be accumulated in any width and folded
-/// at the end (RFC 1071 §2 (B), "byte order independence" and "parallel summation"), so the
-/// two big-endian 32-bit halves of each 64-bit word go into a 64-bit accumulator, which
-/// cannot overflow below 2^31 words.
+/// Eight bytes at a time, in the machine's byte order: a one's-complement sum may be
+/// accumulated in any width and folded at the end, and the sum of byte-swapped words is the
+/// byte-swapped sum (RFC 1071 §2 (B) "byte order independence", (C) "parallel summation").
+/// So each 64-bit word is loaded as it lies in memory, its two 32-bit halves go into a 64-bit
+/// accumulator (which cannot overflow below 2^31 words), and only the folded 16-bit result is
+/// put into network order.
 #[inline]
 pub fn add(sum: u32, data: &[u8]) -> u32 {
-    let mut acc = u64::from(sum);
+    let mut acc = 0u64;
     let mut words = data.chunks_exact(8);
     for w in &mut words {
-        let w = u64::from_be_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        let w = u64::from_ne_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
         acc += (w >> 32) + (w & 0xffff_ffff);
     }
     let mut rest = words.remainder();
     if let [a, b, c, d, tail @ ..] = rest {
-        acc += u64::from(u32::from_be_bytes([*a, *b, *c, *d]));
+        acc += u64::from(u32::from_ne_bytes([*a, *b, *c, *d]));
         rest = tail;
     }
     if let [a, b, tail @ ..] = rest {
-        acc += u64::from(u16::from_be_bytes([*a, *b]));
+        acc += u64::from(u16::from_ne_bytes([*a, *b]));
         rest = tail;
     }
     if let [last] = rest {
-        acc += u64::from(*last) << 8;
+        // The high byte of a big-endian word: where it lies in memory, then a zero.
+        acc += u64::from(u16::from_ne_bytes([*last, 0]));
     }
-    // End-around carries from bit 32 keep the value congruent (2^32 = 1 mod 0xffff).
-    while acc >> 32 != 0 {
-        acc = (acc & 0xffff_ffff) + (acc >> 32);
-    }
-    acc as u32
+    // End-around carries (2^32 = 2^16 = 1 mod 0xffff): 64 bits to 33, to 32, then to 16
+    // bits in three steps that cannot leave a carry behind.
+    acc = (acc & 0xffff_ffff) + (acc >> 32);
+    acc = (acc & 0xffff_ffff) + (acc >> 32);
+    acc = (acc & 0xffff) + (acc >> 16);
+    acc = (acc & 0xffff) + (acc >> 16);
+    acc = (acc & 0xffff) + (acc >> 16);
+    let words = u64::from(u16::from_be(acc as u16));
+    let total = u64::from(sum) + words;
+    ((total & 0xffff_ffff) + (total >> 32)) as u32
 }
 
 /// Folds a running sum to 16 bits (not complemented).

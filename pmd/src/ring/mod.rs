@@ -244,6 +244,15 @@ impl<T> DescRing<T> {
         v
     }
 
+    /// The entry `k` places after the oldest, if held (to prefetch what is completed next).
+    #[inline]
+    pub fn peek(&self, k: u32) -> Option<&T> {
+        if k >= self.len() {
+            return None;
+        }
+        self.slots[(self.tail.wrapping_add(k) & self.mask) as usize].as_ref()
+    }
+
     /// Removes every entry, oldest first.
     pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
         std::iter::from_fn(move || self.pop())

@@ -132,6 +132,18 @@ impl Wire for SteeredWire {
         self.inner.send(frame)
     }
 
+    fn flush(&mut self) {
+        self.inner.flush();
+    }
+
+    fn holds_arrivals(&self) -> bool {
+        self.inner.holds_arrivals()
+    }
+
+    fn stats(&self) -> Vec<(String, u64)> {
+        self.inner.stats()
+    }
+
     fn recv(&mut self, buf: &mut [u8]) -> Option<usize> {
         loop {
             let n = self.inner.recv(buf)?;

@@ -61,12 +61,14 @@ pub fn rx_drops(stats: &[(String, u64)]) -> u64 {
 /// One end of a cable.
 pub trait Wire: Send {
     /// Puts a frame on the wire; `false` if it was dropped (receiver full, too large, link gone).
-    /// A wire that batches (see [`Wire::flush`]) may hold the frame until the next flush.
+    /// The far end may not see it before the next [`flush`](Wire::flush).
     fn send(&mut self, frame: &[u8]) -> bool;
-    /// Hands every frame [`send`](Wire::send) accepted to the far end, for wires that batch
-    /// them (one system call per burst, [`AfPacket`]); nothing for the others. A device
-    /// model calls it once per pass, after serving its send queues.
-    fn flush(&mut self) {}
+    /// Hands every frame [`send`](Wire::send) accepted to the far end: a wire sends in
+    /// bursts, as a NIC puts a batch of descriptors on the wire ([`AfPacket`]: one system
+    /// call per burst; [`Loopback`] and [`Shm`]: one store of the ring's counter that the
+    /// other core sees). A device model calls it once per pass, after serving its send
+    /// queues. No default: a wrapper that forgot to pass it on would strand frames.
+    fn flush(&mut self);
     /// Takes one arrived frame into `buf`; its length, or `None` if nothing is waiting.
     fn recv(&mut self, buf: &mut [u8]) -> Option<usize>;
     /// Whether frames that arrived wait on the wire until the device model takes them (a

@@ -11,6 +11,8 @@ impl Wire for NoWire {
     fn send(&mut self, _frame: &[u8]) -> bool {
         false
     }
+    /// Nothing was sent.
+    fn flush(&mut self) {}
     fn recv(&mut self, _buf: &mut [u8]) -> Option<usize> {
         None
     }
