@@ -104,23 +104,6 @@ impl Mbuf {
         unsafe { &*self.h().pool }
     }
 
-    /// Hints that this mbuf's header will be read or written soon: its cache line is fetched
-    /// now (a receive queue calls it a few buffers ahead of the one it completes). A hint only:
-    /// nothing is read, and it does nothing on architectures without a prefetch instruction.
-    #[inline]
-    pub fn prefetch_header(&self) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `prefetcht0` only hints the cache; it never faults, whatever the address,
-        // and touches no registers or memory. The address is the live header anyway.
-        unsafe {
-            std::arch::asm!(
-                "prefetcht0 byte ptr [{0}]",
-                in(reg) self.hdr.as_ptr(),
-                options(nostack, preserves_flags, readonly)
-            )
-        };
-    }
-
     /// Header of the last segment.
     fn last_seg(&self) -> NonNull<MbufHeader> {
         let mut p = self.hdr;

@@ -18,8 +18,6 @@ use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, CksumStatus, Mbuf, MbufPool, OffloadFlags};
 use std::sync::Arc;
 
-/// How many buffers ahead of the one completed the RX path fetches a buffer's header.
-const RX_PREFETCH_AHEAD: u32 = 4;
 /// Mbufs allocated per refill step.
 const REFILL_BULK: usize = 32;
 /// An RX WQE with one SGE: header, 8-byte OOB (left zero), SGE = 32 bytes, 1 BU (§5).
@@ -178,11 +176,6 @@ impl RxQueue {
     /// Takes the next posted buffer (the device fills RQ WQEs strictly in order).
     #[inline]
     fn take_desc(&mut self) -> Option<Mbuf> {
-        // The header of a buffer completed a few packets from now, fetched ahead of the
-        // writes that fill in its length and flags (it was posted a whole ring ago).
-        if let Some(next) = self.desc.peek(RX_PREFETCH_AHEAD) {
-            next.prefetch_header();
-        }
         let m = self.desc.pop()?;
         self.wq.complete(1);
         Some(m)

@@ -17,10 +17,6 @@ use crate::sys::DevMem;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-/// How far ahead of the WQE being posted [`WorkQueue::post`] fetches the ring's line (bytes:
-/// four lines).
-const POST_PREFETCH_AHEAD: usize = 256;
-
 /// Where a copy of `len` bytes at free-running byte position `pos` lands in a ring of `size`
 /// bytes (a power of two): `(start, first)`: `first` bytes at `start`, the rest at offset 0.
 #[inline]
@@ -137,14 +133,6 @@ impl WorkQueue {
         // In 4-byte pieces: the WQE was just built field by field, mostly by 4-byte stores,
         // which a wider copy would wait for (see `DevMem::write_dwords`).
         let (start, first) = wrap(self.mem.len(), self.head_bytes(), wqe.len());
-        // The lines a few WQEs ahead, fetched for writing now: a ring larger than the cache
-        // would otherwise stall a post on the fetch of its line. (A hint: past the end of a
-        // small ring it is ignored.)
-        let mut ahead = start + POST_PREFETCH_AHEAD;
-        if ahead >= self.mem.len() {
-            ahead -= self.mem.len();
-        }
-        self.mem.prefetch_write(ahead);
         self.mem.write_dwords(start, &wqe[..first]);
         if first < wqe.len() {
             self.mem.write_dwords(0, &wqe[first..]);
@@ -242,15 +230,6 @@ impl<T> DescRing<T> {
         let v = self.slots[(self.tail & self.mask) as usize].take();
         self.tail = self.tail.wrapping_add(1);
         v
-    }
-
-    /// The entry `k` places after the oldest, if held (to prefetch what is completed next).
-    #[inline]
-    pub fn peek(&self, k: u32) -> Option<&T> {
-        if k >= self.len() {
-            return None;
-        }
-        self.slots[(self.tail.wrapping_add(k) & self.mask) as usize].as_ref()
     }
 
     /// Removes every entry, oldest first.

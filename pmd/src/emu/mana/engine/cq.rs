@@ -48,23 +48,12 @@ impl Engine {
     }
 }
 
-/// How many CQEs ahead of the one being written the model fetches the CQ's line.
-const CQ_PREFETCH_AHEAD: u32 = 8;
-
 /// Writes a CQE: body first, then (after a release fence) the info dword with the owner
 /// bits as one aligned 32-bit store (§10 items 10-12).
 fn write_cqe_now(cq: &mut Cq, body: &[u8; CQE_BYTES], wq: u32, is_sq: bool) {
     debug_assert_eq!(u64::from(cq.slot), cq.written % u64::from(cq.count));
     debug_assert_eq!(cq.owner, owner_for(cq.written, cq.count));
     let (slot, owner) = (cq.slot as usize * CQE_BYTES, cq.owner);
-    // The line a few completions ahead, fetched for writing now: a CQ larger than the cache
-    // would otherwise stall every CQE on the fetch of its line.
-    // (A hint: past the end of a tiny CQ it is ignored.)
-    let mut ahead = cq.slot + CQ_PREFETCH_AHEAD;
-    if ahead >= cq.count {
-        ahead -= cq.count;
-    }
-    cq.mem.prefetch_write(ahead as usize * CQE_BYTES);
     cq.mem.write_dwords(slot, &body[..60]);
     fence_before_owner_write();
     cq.mem.store_u32(

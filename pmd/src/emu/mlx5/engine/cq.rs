@@ -14,9 +14,6 @@ use crate::sys::DevMem;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// How many entries ahead of the one being written the model fetches the CQ's line.
-const CQ_PREFETCH_AHEAD: u32 = 8;
-
 pub(crate) struct Cq {
     pub buf: Arc<DevMem>,
     pub cqe_cnt: u32,
@@ -168,10 +165,6 @@ impl Cq {
         f.owner = (at >> self.cqe_cnt.trailing_zeros()) & 1 == 1;
         c.write(&f);
         let off = self.offset(at);
-        // The line a few entries ahead, fetched for writing now: a CQ larger than the cache
-        // would otherwise stall every CQE on the fetch of its line.
-        self.buf
-            .prefetch_write(self.offset(at.wrapping_add(CQ_PREFETCH_AHEAD)));
         self.buf.write_dwords(off, &body[..60]);
         fence_before_owner_write();
         let tail = [body[60], body[61], body[62], body[OP_OWN]];
