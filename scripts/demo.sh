@@ -26,6 +26,8 @@ cores=$(nproc)
 # Two cores or more: l2fwd polls on the last core, pktgen on core 0.
 l2core=$((cores > 1 ? cores - 1 : 0))
 
+echo "Starting l2fwd first: its ports stay 'link down' (it says so) until pktgen opens the"
+echo "other ends of the two cables half a second later."
 "$bin/l2fwd" --port "emu-mana:wire=shm:$name-a" --port "emu-mana:wire=shm:$name-b" \
     --lcores "$l2core" --stats-interval 2 --ring-size 2048 &
 l2fwd=$!
