@@ -208,13 +208,13 @@ impl Engine {
         }
         c.set_rx_wqe_offset(pos);
         self.flush_coalesced();
-        self.complete(cq, body, id, false);
+        self.complete(cq, &body, id, false);
     }
 
     /// Writes the coalesced CQE being filled, if any.
     pub(super) fn flush_coalesced(&mut self) {
         if let Some(p) = self.coalescing.take() {
-            self.complete(p.cq, p.body, p.wq_id, false);
+            self.complete(p.cq, &p.body, p.wq_id, false);
         }
     }
 }

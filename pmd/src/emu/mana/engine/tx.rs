@@ -87,7 +87,7 @@ impl Engine {
             c.set_header(t, CLIENT_TYPE_COMPLETION, vendor_err);
             c.set_tx(0, 0, (pos / BU_BYTES as u32) & 0x07ff_ffff);
         }
-        self.complete(cq, body, sq_id, true);
+        self.complete(cq, &body, sq_id, true);
     }
 
     /// Sends what one well-formed WQE describes (checked against its queue first) and
@@ -217,7 +217,7 @@ impl Engine {
                 c.set_header(CqeType::TxOkay, CLIENT_TYPE_COMPLETION, 0);
                 c.set_tx(0, 0, (pos / BU_BYTES as u32) & 0x07ff_ffff);
             }
-            self.complete(cq, body, sq_id, true);
+            self.complete(cq, &body, sq_id, true);
         }
     }
 
