@@ -6,7 +6,7 @@
 #            (two `emu-mana:wire=loop:` ports): pktgen, the driver and the model, no other
 #            process; the ceiling of the forward row
 #   oneway   pktgen --max --tx-only (core 0) -> shm cable -> pktgen --rx-only (core 1): the
-#            receiver's rate
+#            receiver's rate (compare_shm.sh's one-way row)
 #   forward  pktgen --max -> cable A -> l2fwd (core 1) -> cable B -> pktgen (core 0): the
 #            rate pktgen receives back (compare_shm.sh's forward row)
 #
@@ -35,37 +35,16 @@ for d in "$a" "$b"; do
 done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-last() { python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"; }
+# shm_oneway, shm_forward: the runs compare_shm.sh makes.
+. bench/shm_runs.sh
 
 loop() {
     local n="ab$$-loop-$RANDOM"
     "$1/pktgen" --port "$kind:wire=loop:$n" --port "$kind:wire=loop:$n" --lcores 0 --max \
-        --size 60 --duration "$secs" --json 2>"$tmp/err" | last rx_pps
+        --size 60 --duration "$secs" --json 2>"$tmp/err" | shm_json rx_pps
 }
-
-oneway() {
-    local n="ab$$-ow-$RANDOM"
-    "$1/pktgen" --port "$kind:wire=shm:$n" --lcores 1 --rx-only --duration $((secs + 3)) \
-        --link-timeout 10 --json >"$tmp/rx.json" 2>"$tmp/rx.err" &
-    local rx=$!
-    "$1/pktgen" --port "$kind:wire=shm:$n" --lcores 0 --max --tx-only --size 60 \
-        --duration "$secs" --json >"$tmp/tx.json" 2>"$tmp/tx.err"
-    kill -INT "$rx" 2>/dev/null || true
-    wait "$rx" || true
-    python3 -c "print($(last rx_packets <"$tmp/rx.json") / $(last duration_s <"$tmp/tx.json"))"
-}
-
-forward() {
-    local n="ab$$-fw-$RANDOM"
-    "$1/l2fwd" --port "$kind:wire=shm:$n-a" --port "$kind:wire=shm:$n-b" --lcores 1 \
-        --stats-interval 0 --json >"$tmp/l2.json" 2>"$tmp/l2.err" &
-    local l2=$!
-    "$1/pktgen" --port "$kind:wire=shm:$n-a" --port "$kind:wire=shm:$n-b" --lcores 0 --max \
-        --size 60 --duration "$secs" --json >"$tmp/pg.json" 2>"$tmp/pg.err"
-    kill -INT "$l2"
-    wait "$l2" || true
-    last rx_pps <"$tmp/pg.json"
-}
+oneway() { shm_oneway "$1" "$kind" "$secs" "$tmp"; }
+forward() { shm_forward "$1" "$kind" "$secs" "$tmp"; }
 
 declare -A runs
 for r in $(seq "$rounds"); do

@@ -3,7 +3,7 @@
 # machine: one polling core per process (core 0 and core 1; each process's main thread shares
 # its core), 60-byte frames (64 on the wire with the FCS), bursts of 32.
 #
-#   one way   ours:  pktgen --max  --shm cable-->  pktgen --rx-only
+#   one way   ours:  pktgen --max --tx-only  --shm cable-->  pktgen --rx-only
 #             DPDK:  testpmd txonly --memif-->  testpmd rxonly
 #   forward   ours:  pktgen --max --cable A--> l2fwd --cable B--> pktgen (the demo's topology:
 #                    every frame received, rewritten and sent again, and received back)
@@ -30,35 +30,8 @@ bin=${CARGO_TARGET_DIR:-target}/release
 command -v dpdk-testpmd >/dev/null || { echo "dpdk-testpmd not found (apt-get install dpdk)" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-json() { python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"; }
-
-# ours, one way: the receiver first (it waits for the link), then the sender.
-ours_oneway() {
-    local n="cmp$$-$1"
-    "$bin/pktgen" --port "$kind:wire=shm:$n" --lcores 1 --rx-only --duration $((secs + 3)) \
-        --link-timeout 10 --json >"$tmp/rx.json" 2>"$tmp/rx.err" &
-    local rx=$!
-    "$bin/pktgen" --port "$kind:wire=shm:$n" --lcores 0 --max --size 60 --duration "$secs" \
-        --json >"$tmp/tx.json" 2>"$tmp/tx.err"
-    wait "$rx"
-    local got send
-    got=$(json rx_packets <"$tmp/rx.json")
-    send=$(json duration_s <"$tmp/tx.json")
-    python3 -c "print($got / $send)"
-}
-
-# ours, forwarding: l2fwd in the middle.
-ours_forward() {
-    local n="cmp$$-$1"
-    "$bin/l2fwd" --port "$kind:wire=shm:$n-a" --port "$kind:wire=shm:$n-b" --lcores 1 \
-        --stats-interval 0 --json >"$tmp/l2.json" 2>"$tmp/l2.err" &
-    local l2=$!
-    "$bin/pktgen" --port "$kind:wire=shm:$n-a" --port "$kind:wire=shm:$n-b" --lcores 0 --max \
-        --size 60 --duration "$secs" --json >"$tmp/pg.json" 2>"$tmp/pg.err"
-    kill -INT "$l2"
-    wait "$l2" || true
-    json rx_pps <"$tmp/pg.json"
-}
+# shm_oneway, shm_forward: our runs (shared with ab_shm.sh).
+. bench/shm_runs.sh
 
 # The median of a testpmd's periodic pps samples of one kind (Rx-pps or Tx-pps), the first
 # non-zero one (traffic starting within its period) left out. testpmd computes each from the
@@ -95,9 +68,9 @@ memif() {
 
 declare -a o1 m1 o2 m2
 for r in $(seq "$runs"); do
-    o1+=("$(ours_oneway "$r")")
+    o1+=("$(shm_oneway "$bin" "$kind" "$secs" "$tmp")")
     m1+=("$(memif rxonly)")
-    o2+=("$(ours_forward "$r")")
+    o2+=("$(shm_forward "$bin" "$kind" "$secs" "$tmp")")
     m2+=("$(memif io)")
     echo "run $r/$runs: one way ours ${o1[-1]} memif ${m1[-1]}; forward ours ${o2[-1]} memif ${m2[-1]}" >&2
 done
