@@ -11,9 +11,9 @@
 mod support;
 
 use std::io::Read;
-use std::process::{Child, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
-use support::{bin, json};
+use support::{bin, json, stop, succeeded, Bg};
 
 struct Topology {
     dir: tempfile::TempDir,
@@ -91,42 +91,6 @@ impl Topology {
     }
 }
 
-/// A tool running in the background: killed and reaped if the test ends without stopping it
-/// (an assertion failed), so that no process outlives its test and loads the machine.
-struct Bg(Option<Child>);
-
-impl Bg {
-    fn child(&mut self) -> &mut Child {
-        self.0.as_mut().expect("running")
-    }
-}
-
-impl Drop for Bg {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn stop(mut bg: Bg) -> Output {
-    // SIGINT, as a user pressing Ctrl-C.
-    pmd::sys::net::send_signal(bg.child().id(), pmd::sys::net::SIGINT).unwrap();
-    let t0 = Instant::now();
-    loop {
-        if let Some(_status) = bg.child().try_wait().unwrap() {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "l2fwd did not stop on SIGINT"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    bg.0.take().expect("running").wait_with_output().unwrap()
-}
-
 #[test]
 fn demo_topology_loses_nothing_and_every_count_agrees() {
     demo(&Topology::new("e2e"));
@@ -155,12 +119,7 @@ fn demo_topology_with_engine_threads_accounts_for_every_frame() {
         "--drain-timeout",
         "30",
     ]);
-    assert!(
-        out.status.success(),
-        "pktgen failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let p = json(&out.stdout);
+    let p = succeeded(&out);
     let l = stop(l2);
     assert!(l.status.success(), "{}", String::from_utf8_lossy(&l.stderr));
     let l = json(&l.stdout);
@@ -244,12 +203,7 @@ fn demo(t: &Topology) {
 }
 
 fn check_demo(out: Output, l2: Bg, n: u64) {
-    assert!(
-        out.status.success(),
-        "pktgen failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let p = json(&out.stdout);
+    let p = succeeded(&out);
     assert_eq!(p["tx_packets"], n);
     assert_eq!(p["rx_packets"], n, "{p}");
     assert_eq!(p["lost"], 0);
@@ -288,12 +242,7 @@ fn l2fwd_keeps_forwarding_across_a_link_flap() {
     let l2 = t.l2fwd(&[]);
     for run in 1..=2 {
         let out = t.pktgen(&["--count", "3000", "--rate", "20000"]);
-        assert!(
-            out.status.success(),
-            "pktgen run {run} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let p = json(&out.stdout);
+        let p = succeeded(&out);
         assert_eq!(p["rx_packets"], 3000, "run {run}: {p}");
         assert_eq!(p["lost"], 0, "run {run}: {p}");
         // l2fwd sees the far ends go (the model looks every 10 ms) before the next run.
@@ -422,12 +371,7 @@ fn pcap_replay_is_byte_exact_at_the_far_side() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let p = json(&out.stdout);
+    let p = succeeded(&out);
     assert_eq!(p["tx_packets"], 100);
     assert_eq!(p["rx_packets"], 100);
     let data = std::fs::read(&capture).unwrap();

@@ -9,39 +9,12 @@
 
 mod support;
 
-use std::process::{Child, Output, Stdio};
-use std::time::{Duration, Instant};
-use support::{bin, json};
+use std::process::Stdio;
+use std::time::Duration;
+use support::{bin, stop, succeeded, Bg};
 
 /// Frames per run: fewer than a cable holds at 9014 bytes each.
 const N: u64 = 800;
-
-/// A tool running in the background: killed and reaped if the test ends without stopping it.
-struct Bg(Option<Child>);
-
-impl Drop for Bg {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Stops `bg` with SIGINT (as Ctrl-C) and returns its output.
-fn stop(mut bg: Bg) -> Output {
-    let child = bg.0.as_mut().expect("running");
-    pmd::sys::net::send_signal(child.id(), pmd::sys::net::SIGINT).unwrap();
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "l2fwd did not stop on SIGINT"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    bg.0.take().expect("running").wait_with_output().unwrap()
-}
 
 /// Two shared-memory cables: l2fwd's ports of `kind` on them with `l2fwd_args`, then pktgen
 /// on their other ends with `pktgen_args`; returns both tools' JSON reports.
@@ -76,18 +49,8 @@ fn run(
         .env("PMD_SHM_DIR", dir.path())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "pktgen failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let l = stop(l2);
-    assert!(
-        l.status.success(),
-        "l2fwd failed: {}",
-        String::from_utf8_lossy(&l.stderr)
-    );
-    (json(&out.stdout), json(&l.stdout))
+    let p = succeeded(&out);
+    (p, succeeded(&stop(l2)))
 }
 
 /// `pktgen --size 9014` (its MTU raised to 9000 to fit) through `l2fwd --mtu 9000` and back:
@@ -190,12 +153,7 @@ fn pcap_frames_over_2048_bytes_replay_byte_exact() {
             .unwrap()
     };
     let out = pktgen(&[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let p = json(&out.stdout);
+    let p = succeeded(&out);
     assert_eq!(
         (&p["tx_packets"], &p["rx_packets"]),
         (&12.into(), &12.into())

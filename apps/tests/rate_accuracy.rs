@@ -1,10 +1,12 @@
 //! pktgen's rate control on the device model: the achieved TX rate over 5 s is within 1% of
 //! the requested rate, up to 1 Mpps. (Its own test binary, so it runs alone.)
 
-use std::process::Command;
+mod support;
+
+use support::{bin, succeeded};
 
 fn achieved(rate: u64) -> f64 {
-    let out = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+    let out = bin("pktgen")
         .args([
             "--port",
             "emu-mana:wire=none",
@@ -17,14 +19,7 @@ fn achieved(rate: u64) -> f64 {
         .args(["--rate", &rate.to_string()])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value =
-        serde_json::from_str(text.lines().rev().find(|l| l.starts_with('{')).unwrap()).unwrap();
+    let v = succeeded(&out);
     let pps = v["tx_pps"].as_f64().unwrap();
     let secs = v["duration_s"].as_f64().unwrap();
     assert!((secs - 5.0).abs() < 0.05, "ran {secs} s");

@@ -9,7 +9,7 @@ mod support;
 use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use support::json;
+use support::{json, succeeded};
 
 /// The tool `name` with its cable files in `dir`.
 fn bin(name: &str, dir: &std::path::Path) -> Command {
@@ -181,12 +181,7 @@ fn frames_sent_before_the_peer_attached_are_discarded_and_counted_there() {
         .args(["--duration", "0.5", "--json", "--link-timeout", "0"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j = json(&out.stdout);
+    let j = succeeded(&out);
     assert_eq!(j["rx_packets"], 0, "{j}");
     assert_eq!(j["ports"][0]["xstats"]["wire_rx_stale"], 0, "{j}");
     assert_eq!(

@@ -12,16 +12,7 @@ fn frames_cross_between_processes_and_back() {
     let dir = tempfile::tempdir().unwrap();
     let name = format!("it-{}", std::process::id());
     let spec = format!("emu-mana:wire=shm:{name}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shm_echo"))
-        .args([&spec, "500", "30"])
-        .env("PMD_SHM_DIR", dir.path())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
+    let (mut child, out) = echo(&spec, "500", dir.path());
 
     std::env::set_var("PMD_SHM_DIR", dir.path());
     let pool = MbufPool::new(MbufPoolConfig::new("it", 1024)).unwrap();
@@ -117,6 +108,8 @@ fn tagged(tag: u8, seq: u32) -> Vec<u8> {
     f
 }
 
+/// Starts `shm_echo` on `spec` (echo `count` frames, 60 s at most) and waits for its `ready`;
+/// the child and the rest of its stdout.
 fn echo(
     spec: &str,
     count: &str,

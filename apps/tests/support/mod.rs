@@ -2,7 +2,8 @@
 // Each test crate uses what it needs of this module.
 #![allow(dead_code)]
 
-use std::process::Command;
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
 
 /// The tool `name` (`l2fwd` or `pktgen`) of this build, logging errors only.
 pub fn bin(name: &str) -> Command {
@@ -27,6 +28,18 @@ pub fn json(out: &[u8]) -> serde_json::Value {
     serde_json::from_str(line).unwrap()
 }
 
+/// The JSON report of a tool that ran to the end: fails the test, with the tool's stderr, if
+/// it exited with an error.
+pub fn succeeded(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "the tool exited with {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json(&out.stdout)
+}
+
 /// Starts `c` with stdout and stderr piped; stderr is read line by line on a thread and
 /// handed over as it comes.
 pub fn spawn_with_lines(
@@ -48,4 +61,39 @@ pub fn spawn_with_lines(
         }
     });
     (child, lines)
+}
+
+/// A tool running in the background: killed and reaped if the test ends without stopping it
+/// (an assertion failed), so that no process outlives its test and loads the machine.
+pub struct Bg(pub Option<Child>);
+
+impl Bg {
+    /// The running process.
+    pub fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("running")
+    }
+}
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Stops `bg` with SIGINT (as a user pressing Ctrl-C) and returns its output; fails the test
+/// if it is still running 20 s later.
+pub fn stop(mut bg: Bg) -> Output {
+    pmd::sys::net::send_signal(bg.child().id(), pmd::sys::net::SIGINT).unwrap();
+    let t0 = Instant::now();
+    while bg.child().try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the tool did not stop on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bg.0.take().expect("running").wait_with_output().unwrap()
 }
