@@ -299,12 +299,7 @@ impl FrameGen {
     /// The length of frame `seq`.
     #[inline]
     pub fn len_of(&self, seq: u64) -> usize {
-        // One size (the common case): no division per frame.
-        let i = match self.sizes.len() {
-            1 => 0,
-            n => (seq % n as u64) as usize,
-        };
-        usize::from(self.sizes[i])
+        usize::from(self.sizes[cycle_index(seq, self.sizes.len())])
     }
 
     /// The frame of flow `seq % flows`, of length [`len_of`](Self::len_of)`(seq)`, stamped
@@ -313,11 +308,7 @@ impl FrameGen {
     /// template's payload is zeros, which add nothing to the UDP checksum.
     #[inline]
     pub fn write(&self, seq: u64, ts_ns: u64, out: &mut [u8]) -> usize {
-        // One flow (the common case): no division per frame.
-        let t = match self.templates.len() {
-            1 => &self.templates[0],
-            n => &self.templates[(seq % n as u64) as usize],
-        };
+        let t = &self.templates[cycle_index(seq, self.templates.len())];
         let n = self.len_of(seq).min(t.len()).min(out.len());
         out[..n].copy_from_slice(&t[..n]);
         let mut stamp = [0u8; STAMP_BYTES];
@@ -420,6 +411,16 @@ pub struct Capture {
 const ETH_HEADER: usize = 14;
 /// The first four bytes of a pcapng file (a Section Header Block).
 const PCAPNG_MAGIC: [u8; 4] = [0x0a, 0x0d, 0x0d, 0x0a];
+
+/// `seq mod n`: which of `n` things (sizes, flows) frame `seq` takes in turn. One of them
+/// (the common case) costs no division, which is asked several times per frame.
+#[inline]
+fn cycle_index(seq: u64, n: usize) -> usize {
+    match n {
+        1 => 0,
+        n => (seq % n as u64) as usize,
+    }
+}
 
 /// One record of a capture.
 struct Record<'a> {
@@ -712,11 +713,7 @@ impl SeqTracker {
     /// Counts `s` as reordered if a later frame of its flow came first.
     #[inline]
     fn order(&mut self, s: u64) {
-        // One flow (the common case): no division per frame.
-        let f = match self.last.len() {
-            1 => 0,
-            n => (s % n as u64) as usize,
-        };
+        let f = cycle_index(s, self.last.len());
         if s < self.last[f] {
             self.reordered += 1;
         } else {
