@@ -568,6 +568,7 @@ pub fn device_lines(stats: &[Stats]) -> Vec<String> {
 /// error of the first.
 const PCAP_ERRORS: &str = "wire_pcap_write_errors";
 const PCAP_ERRNO: &str = "wire_pcap_write_errno";
+const PCAP_UNRECORDED: &str = "wire_pcap_unrecorded";
 
 /// Why the pcap capture of `stats`' port failed after it opened (a full disk), or `None`
 /// while it records (or the port records nothing). A tool stops on it with status 1: a
@@ -588,7 +589,8 @@ pub fn capture_failure(stats: &Stats) -> Option<String> {
         _ => "write error".to_string(),
     };
     Some(format!(
-        "writing the pcap capture failed ({why}): frames from then on were not recorded"
+        "writing the pcap capture failed ({why}): the file ends at the last whole record \
+         before it; the frames it lacks are counted as {PCAP_UNRECORDED}"
     ))
 }
 

@@ -255,16 +255,21 @@ fn a_capture_that_fails_mid_run_fails_the_tool() {
     }
     let id = format!("full{}", std::process::id());
     let cap = mnt.join("c.pcap");
+    let kept = dir.path().join("kept.pcap");
     // pktgen's last case records 100 frames (7.6 kB): less than the capture's write buffer,
     // more than the 4 KiB tmpfs holds; the write that fails is the one the final reading of
     // the statistics asks for, or one before it.
     for (tool, size) in [("pktgen", "16k"), ("l2fwd", "16k"), ("short", "4k")] {
         let cable = format!("emu-mana:wire=loop:{id}{tool}");
         let cmd = match tool {
+            // The capture is copied out of the namespace for the accounting check below.
             "short" => format!(
-                "exec {} --port {cable},pcap={} --port {cable} --count 100 --rate 100000",
+                "{} --port {cable},pcap={} --port {cable} --count 100 --rate 100000 --json; \
+                 rc=$?; cp {} {}; exit $rc",
                 env!("CARGO_BIN_EXE_pktgen"),
-                cap.display()
+                cap.display(),
+                cap.display(),
+                kept.display()
             ),
             "pktgen" => format!(
                 "exec {} --port {cable},pcap={} --port {cable} --count 50000 --rate 50000",
@@ -302,7 +307,41 @@ fn a_capture_that_fails_mid_run_fails_the_tool() {
                 && err.contains("writing the pcap capture failed (No space left on device"),
             "{tool}: {err}"
         );
+        if tool == "short" {
+            short_capture_accounts_for_every_frame(&o, &kept);
+        }
     }
+}
+
+/// What the failed capture of the "short" case left: a file a reader takes to its end (no
+/// record cut in half), whose records and the port's `wire_pcap_unrecorded` add up to every
+/// frame port 0's device sent and received.
+fn short_capture_accounts_for_every_frame(o: &Output, kept: &std::path::Path) {
+    let data = std::fs::read(kept).unwrap();
+    let mut r = pcap_file::pcap::PcapReader::new(&data[..]).unwrap();
+    let mut records = 0u64;
+    while let Some(p) = r.next_packet() {
+        let p = p.unwrap_or_else(|e| panic!("record {records} of the kept capture: {e}"));
+        assert_eq!(p.data.len(), 60);
+        records += 1;
+    }
+    let report = json(&o.stdout);
+    let port = &report["ports"][0];
+    let x = |name: &str| {
+        port["xstats"][name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name}: {port}"))
+    };
+    // The tap sees every frame the device offers its wire and every frame it takes off it,
+    // whatever becomes of them.
+    let tx = x("dev_tx_frames") + x("dev_tx_wire_drops");
+    let rx = x("dev_rx_frames") + x("dev_rx_no_wqe") + x("dev_rx_truncated");
+    let unrecorded = x("wire_pcap_unrecorded");
+    assert!(
+        records > 0 && unrecorded > 0,
+        "records {records}, unrecorded {unrecorded}"
+    );
+    assert_eq!(records + unrecorded, tx + rx, "{port}");
 }
 
 fn write_pcap(path: &std::path::Path, times_ms: &[u64]) {

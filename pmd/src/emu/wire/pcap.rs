@@ -24,20 +24,96 @@ fn file_header() -> [u8; 24] {
 /// Records go through a write buffer; reading the tap's [`Wire::stats`] (slow path: a
 /// port's statistics) writes it out, so a failure (a full disk) shows there while the port
 /// is open, including for the last frames when a tool reads its ports' statistics before
-/// closing them.
+/// closing them. A write that fails leaves the file ending at the last whole record (a
+/// reader sees a valid capture) and counts every frame not in it as `pcap_unrecorded`.
 pub struct PcapTap {
     inner: Box<dyn Wire>,
-    /// The file, buffered (`None` once finished). A `RefCell` so that [`Wire::stats`]
-    /// (`&self`) can flush it; the datapath reaches it through `&mut self` (`get_mut`, no
-    /// run-time check).
-    out: RefCell<Option<std::io::BufWriter<std::fs::File>>>,
+    /// The file and its buffer (`None` once finished). A `RefCell` so that [`Wire::stats`]
+    /// (`&self`) can write it out; the datapath reaches it through `&mut self` (`get_mut`,
+    /// no run-time check).
+    out: RefCell<Option<Capture>>,
     path: PathBuf,
     /// Failed writes (at most 1: the capture stops at the first), the OS error of that one
-    /// (0 if it had none) and the frames not recorded since: reported in [`Wire::stats`] so
-    /// that a tool can fail with the reason instead of a log line alone.
+    /// (0 if it had none) and the frames not recorded: reported in [`Wire::stats`] so that a
+    /// tool can fail with the reason instead of a log line alone.
     write_errors: Cell<u64>,
     errno: Cell<u64>,
     unrecorded: Cell<u64>,
+}
+
+/// Write buffer size: a jumbo frame's record fits many times over (a small buffer would
+/// write each one straight through, a system call per frame).
+const BUFFER_BYTES: usize = 1 << 20;
+/// Smallest record: its header and a 60-byte frame (what the end offsets are sized for).
+const MIN_RECORD_BYTES: usize = 16 + 60;
+
+/// A capture file with the records not written to it yet.
+struct Capture {
+    file: std::fs::File,
+    /// Records not yet in the file.
+    buf: Vec<u8>,
+    /// Where each record in `buf` ends: after a short write, the records wholly in the file.
+    ends: Vec<usize>,
+    /// Bytes of the file written so far (header and whole records).
+    on_disk: u64,
+}
+
+impl Capture {
+    fn new(file: std::fs::File) -> Self {
+        Self {
+            file,
+            buf: Vec::with_capacity(BUFFER_BYTES),
+            ends: Vec::with_capacity(BUFFER_BYTES / MIN_RECORD_BYTES + 1),
+            on_disk: file_header().len() as u64,
+        }
+    }
+
+    /// Appends one record (header and frame); `Err` with the frames lost (this one and any
+    /// buffered that did not reach the file) if writing out the buffer to make room failed.
+    fn push(&mut self, header: &[u8; 16], frame: &[u8]) -> Result<(), (std::io::Error, u64)> {
+        if self.buf.len() + header.len() + frame.len() > self.buf.capacity() {
+            self.write_out().map_err(|(e, lost)| (e, lost + 1))?;
+        }
+        self.buf.extend_from_slice(header);
+        self.buf.extend_from_slice(frame);
+        self.ends.push(self.buf.len());
+        Ok(())
+    }
+
+    /// Writes the buffered records to the file. On failure the file is cut back to its last
+    /// whole record (a reader then sees a shorter, valid capture) and the error comes back
+    /// with the number of records that are not in the file.
+    fn write_out(&mut self) -> Result<(), (std::io::Error, u64)> {
+        let mut written = 0;
+        let result = loop {
+            if written == self.buf.len() {
+                break Ok(());
+            }
+            match self.file.write(&self.buf[written..]) {
+                Ok(0) => break Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        let whole = self.ends.partition_point(|&end| end <= written);
+        let kept = if whole == 0 { 0 } else { self.ends[whole - 1] };
+        let lost = (self.ends.len() - whole) as u64;
+        self.on_disk += kept as u64;
+        self.buf.clear();
+        self.ends.clear();
+        match result {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if written > kept {
+                    // A torn record at the end: cut it off (best effort; the error that
+                    // stopped the capture is the one reported).
+                    let _ = self.file.set_len(self.on_disk);
+                }
+                Err((e, lost))
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for PcapTap {
@@ -83,9 +159,7 @@ impl PcapTap {
         file.write_all(&file_header()).map_err(err)?;
         Ok(Self {
             inner,
-            // 1 MiB: a jumbo frame's record fits many times over (8 KiB would write each one
-            // straight through, a system call per frame).
-            out: RefCell::new(Some(std::io::BufWriter::with_capacity(1 << 20, file))),
+            out: RefCell::new(Some(Capture::new(file))),
             path: path.into(),
             write_errors: Cell::new(0),
             errno: Cell::new(0),
@@ -93,14 +167,15 @@ impl PcapTap {
         })
     }
 
-    /// Records the first write failure: the capture stops there.
-    fn fail(&self, e: &std::io::Error) {
+    /// Records the first write failure (the capture stops there) and the frames it lost.
+    fn fail(&self, e: &std::io::Error, lost: u64) {
         tracing::error!(target: "pmd::emu::wire", path = %self.path.display(), error = %e, "pcap capture stopped: frames from now on are not recorded");
         self.write_errors.set(self.write_errors.get() + 1);
         self.errno.set(
             e.raw_os_error()
                 .map_or(0, |n| u64::try_from(n).unwrap_or(0)),
         );
+        self.unrecorded.set(self.unrecorded.get() + lost);
     }
 
     fn failed(&self) -> bool {
@@ -126,9 +201,8 @@ impl PcapTap {
         h[4..8].copy_from_slice(&ts.subsec_micros().to_le_bytes());
         h[8..12].copy_from_slice(&len.to_le_bytes());
         h[12..16].copy_from_slice(&len.to_le_bytes());
-        if let Err(e) = out.write_all(&h).and_then(|()| out.write_all(frame)) {
-            self.fail(&e);
-            self.unrecorded.set(self.unrecorded.get() + 1);
+        if let Err((e, lost)) = out.push(&h, frame) {
+            self.fail(&e, lost);
         }
     }
 
@@ -141,20 +215,24 @@ impl PcapTap {
         let Ok(mut out) = self.out.try_borrow_mut() else {
             return;
         };
-        if let Some(Err(e)) = out.as_mut().map(std::io::Write::flush) {
+        if let Some(Err((e, lost))) = out.as_mut().map(Capture::write_out) {
             drop(out);
-            self.fail(&e);
+            self.fail(&e, lost);
         }
     }
 
-    /// Flushes and closes the file; later frames are passed on but not recorded.
+    /// Writes out and closes the file; later frames are passed on but not recorded.
     ///
     /// # Errors
     /// The write error.
     pub fn finish(&mut self) -> std::io::Result<()> {
-        match self.out.get_mut().take() {
-            Some(mut w) => w.flush(),
-            None => Ok(()),
+        let out = self.out.get_mut().take();
+        match out.map(|mut c| c.write_out()) {
+            Some(Err((e, lost))) => {
+                self.fail(&e, lost);
+                Err(e)
+            }
+            _ => Ok(()),
         }
     }
 }
@@ -192,8 +270,9 @@ impl Wire for PcapTap {
     /// The inner wire's, then the capture's, after writing out what is buffered:
     /// `pcap_write_errors` (a write failed after the file opened, e.g. the disk filled up:
     /// the capture stopped), `pcap_write_errno` (its OS error number, 0 if none) and
-    /// `pcap_unrecorded` (frames passed on but not recorded since). Frames recorded after the
-    /// last call are written when the tap is dropped; a failure there is only logged.
+    /// `pcap_unrecorded` (frames passed on that are not in the file: those after the
+    /// failure, and those still buffered when it happened). Frames recorded after the last
+    /// call are written when the tap is dropped; a failure there is only logged.
     fn stats(&self) -> Vec<(String, u64)> {
         self.flush_buffered();
         let mut v = self.inner.stats();
@@ -209,10 +288,7 @@ impl Wire for PcapTap {
 impl Drop for PcapTap {
     fn drop(&mut self) {
         if self.failed() {
-            // Already reported; what is still buffered has nowhere to go.
-            if let Some(w) = self.out.get_mut().take() {
-                let _ = w.into_parts();
-            }
+            // Already reported, and nothing was buffered since.
             return;
         }
         if let Err(e) = self.finish() {
