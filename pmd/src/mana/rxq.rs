@@ -189,6 +189,7 @@ impl RxQueue {
         let mut delivered = 0usize;
         let mut bytes = 0u64;
         let mut errors = 0u64;
+        let mut coalesced = 0u64;
         'cqes: while out.spare() > 0 {
             // The completion is read once, straight into this buffer (the common case);
             // one left over from the last burst is copied in.
@@ -214,7 +215,9 @@ impl RxQueue {
                 break;
             };
             match c.cqe_type() {
-                CqeType::RxOkay | CqeType::RxCoalesced4 => {
+                t @ (CqeType::RxOkay | CqeType::RxCoalesced4) => {
+                    // Counted once, when first read (not again for a backlogged rest).
+                    coalesced += u64::from(t == CqeType::RxCoalesced4 && first == 0);
                     for k in first..RX_PPI_COUNT {
                         let len = c.rx_pkt_len(k);
                         if len == 0 {
@@ -251,6 +254,9 @@ impl RxQueue {
         }
         self.counters.add(delivered as u64, bytes);
         self.counters.add_errors(errors);
+        if coalesced > 0 {
+            Xstats::add(&self.xstats.rx_coalesced_cqes, coalesced);
+        }
         let want = self.desc.free();
         if want >= REFILL_BULK as u32 || (want > 0 && self.posted() < REFILL_BULK as u32) {
             let missing = self.refill(want);

@@ -12,6 +12,9 @@ pub struct Xstats {
     pub rx_cqe_errors: AtomicU64,
     /// RX_TRUNCATED CQEs.
     pub rx_cqe_truncated: AtomicU64,
+    /// RX_COALESCED_4 CQEs: not zero where the kernel turned RX CQE coalescing on for the
+    /// port's RSS QP (`mana_ib` of newer kernels).
+    pub rx_coalesced_cqes: AtomicU64,
     /// RX buffers not posted because they lay outside registered memory (no memory key).
     pub rx_no_mkey: AtomicU64,
     /// TX CQEs with an error type.
@@ -34,13 +37,20 @@ impl Xstats {
     /// Adds one. Only the queue's owning core calls this.
     #[inline]
     pub(crate) fn bump(c: &AtomicU64) {
-        c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        Self::add(c, 1);
     }
 
-    fn fields(&self) -> [(&'static str, &AtomicU64); 9] {
+    /// Adds `n`. Only the queue's owning core calls this.
+    #[inline]
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+
+    fn fields(&self) -> [(&'static str, &AtomicU64); 10] {
         [
             ("rx_cqe_errors", &self.rx_cqe_errors),
             ("rx_cqe_truncated", &self.rx_cqe_truncated),
+            ("rx_coalesced_cqes", &self.rx_coalesced_cqes),
             ("rx_no_mkey", &self.rx_no_mkey),
             ("tx_cqe_errors", &self.tx_cqe_errors),
             ("cq_overflows", &self.cq_overflows),
@@ -83,6 +93,6 @@ mod tests {
         assert_eq!(get("tx_bad_tso"), Some(2));
         assert_eq!(get("tx_bad_offload"), Some(1));
         assert_eq!(get("rx_no_mkey"), Some(0));
-        assert_eq!(v.len(), 9);
+        assert_eq!(v.len(), 10);
     }
 }

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based), `netdev=IFNAME` (the port's kernel netdev), `busy=...` (below) |
 //! | `mlx5` | `dev=IBDEV`, `port=N` |
-//! | `emu-mana` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture), `netdev=IFNAME` (the modelled kernel netdev), `busy=...` (below), `engine=inline\|thread` (below) |
+//! | `emu-mana` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture), `netdev=IFNAME` (the modelled kernel netdev), `busy=...` (below), `engine=inline\|thread` (below), `cqe-coalesce=0\|1` (RX_COALESCED_4 completions, as newer kernels set up; default 0) |
 //! | `emu-mlx5` | `wire=...`, `mac=MAC`, `pcap=FILE`, `netdev=IFNAME`, `inline=N` (bytes the modelled device needs inline: 0, or 18 for a ConnectX-4), `mprq=0\|1` (multi-packet RQs), `mprq-log-stride=N` (log2 stride bytes, default 11), `mprq-log-strides=N` (log2 strides per WQE, default 6), `cqe-comp=0\|1` (compressed RX CQEs, default 1), `engine=inline\|thread` |
 //! | `null` | `size=BYTES` (frame size, 14..=9600, default 64), `mac=MAC` |
 //!
@@ -105,6 +105,10 @@ pub enum PortKind {
         mac: Option<MacAddr>,
         /// `engine=inline|thread`; `None`: `PMD_EMU_ENGINE`, else inline.
         engine: Option<EngineMode>,
+        /// `cqe-coalesce=1`: the device completes up to four received packets per
+        /// RX_COALESCED_4 CQE, as `mana_ib` sets up RSS QPs on newer kernels (default: off,
+        /// as on older kernels; the driver handles both).
+        coalesce: bool,
     },
     /// The mlx5 device model.
     #[cfg(feature = "emu")]
@@ -235,6 +239,7 @@ fn accepted_keys(kind: &str) -> &'static [&'static str] {
             "busy-timeout",
             "takeover",
             "engine",
+            "cqe-coalesce",
             "rxq",
             "txq",
         ],
@@ -550,6 +555,10 @@ impl FromStr for PortSpec {
                 wire: wire()?,
                 mac,
                 engine: get("engine").map(parse_engine).transpose()?,
+                coalesce: get("cqe-coalesce")
+                    .map(|v| parse_switch("cqe-coalesce", v))
+                    .transpose()?
+                    .unwrap_or(false),
             },
             #[cfg(feature = "emu")]
             "emu-mlx5" => PortKind::EmuMlx5 {
@@ -635,10 +644,18 @@ impl fmt::Display for PortSpec {
                 "mlx5"
             }
             #[cfg(feature = "emu")]
-            PortKind::EmuMana { wire, mac, engine } => {
+            PortKind::EmuMana {
+                wire,
+                mac,
+                engine,
+                coalesce,
+            } => {
                 parts.push(format!("wire={wire}"));
                 parts.extend(mac.map(|m| format!("mac={m}")));
                 parts.extend(engine.map(|e| format!("engine={e}")));
+                if *coalesce {
+                    parts.push("cqe-coalesce=1".into());
+                }
                 "emu-mana"
             }
             #[cfg(feature = "emu")]
@@ -735,6 +752,7 @@ mod tests {
                 wire: WireSpec::Shm("demo0".into()),
                 mac: None,
                 engine: None,
+                coalesce: false,
             }
         );
         assert_eq!(
@@ -773,6 +791,23 @@ mod tests {
                 mac: None
             }
         );
+        let coal = p("emu-mana:wire=none,cqe-coalesce=1").unwrap();
+        assert!(matches!(
+            coal.kind,
+            PortKind::EmuMana { coalesce: true, .. }
+        ));
+        assert_eq!(coal.to_string(), "emu-mana:wire=none,cqe-coalesce=1");
+        assert!(matches!(
+            p("emu-mana:wire=none,cqe-coalesce=no").unwrap().kind,
+            PortKind::EmuMana {
+                coalesce: false,
+                ..
+            }
+        ));
+        let e = p("emu-mana:wire=none,cqe-coalesce=4")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'cqe-coalesce'") && e.contains("1 or 0"), "{e}");
         let c = p("emu-mana:wire=shm:x,pcap=/tmp/cap.pcap").unwrap();
         assert_eq!(c.pcap.as_deref(), Some("/tmp/cap.pcap"));
         assert_eq!(c.to_string(), "emu-mana:wire=shm:x,pcap=/tmp/cap.pcap");
@@ -1049,8 +1084,14 @@ mod tests {
                     inline,
                     cqe_comp
                 }),
-            (wire.clone(), mac.clone(), engine.clone())
-                .prop_map(|(wire, mac, engine)| PortKind::EmuMana { wire, mac, engine }),
+            (wire.clone(), mac.clone(), engine.clone(), any::<bool>()).prop_map(
+                |(wire, mac, engine, coalesce)| PortKind::EmuMana {
+                    wire,
+                    mac,
+                    engine,
+                    coalesce
+                }
+            ),
             (
                 wire,
                 mac.clone(),

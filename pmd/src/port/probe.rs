@@ -27,7 +27,12 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
     match &spec.kind {
         PortKind::Null { size, mac } => Ok(Box::new(crate::null::Driver::new(*size, *mac, id))),
         #[cfg(feature = "emu")]
-        PortKind::EmuMana { wire, mac, engine } => {
+        PortKind::EmuMana {
+            wire,
+            mac,
+            engine,
+            coalesce,
+        } => {
             let model_spec = crate::emu::mana::ModelSpec {
                 wire: wire.clone(),
                 mac: *mac,
@@ -35,6 +40,7 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
                 netdev: spec.netdev.clone(),
                 vp_offset: None,
                 engine: emu_engine(*engine),
+                rx_coalesce: *coalesce,
             };
             let model =
                 crate::emu::mana::Model::open(&model_spec, id).map_err(|e| PortError::Setup {

@@ -274,6 +274,11 @@ impl Nics {
         }
         let ids: Vec<u32> = rqs.iter().map(|(rq, _)| rq.id).collect();
         r = r.and_then(|()| e.set_rss(rss_key, &ids));
+        if r.is_ok() {
+            // MANA_CONFIG_VPORT_RX's cqe_coalescing_enable: a newer kernel sets it for every
+            // RSS QP (spec mana.md §7.4).
+            e.set_rx_coalesce(dev.view.ports[port as usize - 1].coalesce);
+        }
         match r {
             Ok(()) => {
                 nic.queues += added.len();

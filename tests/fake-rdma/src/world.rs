@@ -7,8 +7,9 @@
 //! both (the tool includes it by path, so it never links the library itself).
 //!
 //! World syntax (`FAKE_RDMA_PORTS`): a `;`-separated list of
-//! `DEV/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N]` for MANA devices (`mana_N`,
-//! ports 1..8) and `DEV/1:mac=MAC,wire=WIRE[,netdev=IFNAME][,part=ID]` for mlx5 devices
+//! `DEV/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N][,coalesce=1]` for MANA devices
+//! (`mana_N`, ports 1..8; `coalesce=1` plays a newer kernel, whose `mana_ib` turns RX CQE
+//! coalescing on for RSS QPs) and `DEV/1:mac=MAC,wire=WIRE[,netdev=IFNAME][,part=ID]` for mlx5 devices
 //! (`mlx5_N`: one port per device, spec mlx5.md §1.1; `part` is the PCI device id, which the
 //! kernel also reports as `vendor_part_id`: 0x1017 ConnectX-5 by default, 0x1013 ConnectX-4).
 //!
@@ -58,6 +59,8 @@ const FLAGS_UP: &str = "0x1003";
 pub const WIRE_FILE: &str = "fake_rdma_wire";
 /// The file, in a port's sysfs directory, with the port's TX vPort offset.
 pub const VP_OFFSET_FILE: &str = "fake_rdma_vp_offset";
+/// Per port: `1` if its RSS QPs coalesce RX completions (a newer kernel's `mana_ib`).
+pub const COALESCE_FILE: &str = "fake_rdma_coalesce";
 
 /// The world the tool creates when `FAKE_RDMA_PORTS` is not set.
 pub const DEFAULT_WORLD: &str = "mana_0/1:mac=02:00:00:00:10:01,wire=shm:fake-mana_0-1;\
@@ -78,6 +81,9 @@ pub struct PortSpec {
     pub netdev: Option<String>,
     /// The TX vPort offset the kernel reports for this port (MANA only).
     pub vp_offset: u32,
+    /// Whether the kernel configures this port's RSS QPs with RX CQE coalescing, as
+    /// `mana_ib` does on newer kernels (MANA only).
+    pub coalesce: bool,
     /// The device's family (and, for mlx5, its part).
     pub family: Family,
 }
@@ -146,6 +152,7 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
             wire: WireSpec::None,
             netdev: None,
             vp_offset: 0,
+            coalesce: false,
             family: if mlx5 {
                 Family::Mlx5 {
                     part: MLX5_DEFAULT_PART,
@@ -182,6 +189,13 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
                         .parse()
                         .map_err(|_| WorldError(format!("{name}: vp_offset={v}: not a number")))?;
                 }
+                "coalesce" if !mlx5 => {
+                    spec.coalesce = match v {
+                        "1" => true,
+                        "0" => false,
+                        _ => return err(format!("{name}: coalesce={v}: 1 or 0")),
+                    };
+                }
                 "part" if mlx5 => {
                     let part = u16::from_str_radix(v.trim_start_matches("0x"), 16)
                         .ok()
@@ -200,7 +214,7 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
                 }
                 _ => {
                     return err(format!(
-                        "{name}: unknown option `{k}` (mac, wire, netdev, vp_offset)"
+                        "{name}: unknown option `{k}` (mac, wire, netdev, vp_offset, coalesce)"
                     ))
                 }
             }
@@ -320,6 +334,10 @@ pub fn write_sysfs(root: &Path, ports: &[PortSpec]) -> io::Result<()> {
             write(&pdir.join("link_layer"), "Ethernet")?;
             write(&pdir.join(WIRE_FILE), &p.wire.to_string())?;
             write(&pdir.join(VP_OFFSET_FILE), &p.vp_offset.to_string())?;
+            write(
+                &pdir.join(COALESCE_FILE),
+                if p.coalesce { "1" } else { "0" },
+            )?;
             let ndir = ib.join("device/net").join(p.netdev_name());
             write(&ndir.join("dev_port"), &(p.port - 1).to_string())?;
             write(&ndir.join("address"), &p.mac.to_string())?;
@@ -372,6 +390,8 @@ pub struct PortView {
     pub wire: WireSpec,
     /// The TX vPort offset.
     pub vp_offset: u32,
+    /// RX CQE coalescing on its RSS QPs.
+    pub coalesce: bool,
     /// The netdev's name, and the `flags` file that says whether it is up.
     pub netdev: Option<(String, PathBuf)>,
     /// The port's MAC, from its netdev.
@@ -415,6 +435,8 @@ pub fn read_sysfs(root: &Path) -> Vec<DeviceView> {
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
                 .unwrap_or(0);
+            let coalesce =
+                fs::read_to_string(pdir.join(COALESCE_FILE)).is_ok_and(|s| s.trim() == "1");
             let mut netdev = None;
             let mut mac = None;
             if let Ok(nets) = fs::read_dir(dir.join("device/net")) {
@@ -435,6 +457,7 @@ pub fn read_sysfs(root: &Path) -> Vec<DeviceView> {
                 number: n,
                 wire,
                 vp_offset,
+                coalesce,
                 netdev,
                 mac,
             });

@@ -515,6 +515,14 @@ fn the_world_tool_rejects_bad_worlds_with_a_reason() {
             "no such interface",
         ),
         ("mana_0/1:mac=02:00:00:00:00:01,speed=10", "unknown option"),
+        (
+            "mana_0/1:mac=02:00:00:00:00:01,coalesce=yes",
+            "coalesce=yes: 1 or 0",
+        ),
+        (
+            "mlx5_0/1:mac=02:00:00:00:00:01,coalesce=1",
+            "unknown option `coalesce` for an mlx5 device",
+        ),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let o = Command::new(env!("CARGO_BIN_EXE_fake-rdma-world"))

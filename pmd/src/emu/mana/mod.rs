@@ -99,6 +99,10 @@ pub struct ModelSpec {
     /// How the engine gets its CPU: its own thread (the default here) or inline on the
     /// threads that poll the queues.
     pub engine: EngineMode,
+    /// RX CQE coalescing: up to four packets per RX_COALESCED_4 CQE, as `mana_ib` configures
+    /// the vPort for RSS QPs on newer kernels (spec §7.4); off, as on older kernels, by
+    /// default. Sets [`Faults::rx_coalesce`] when the model opens.
+    pub rx_coalesce: bool,
 }
 
 impl ModelSpec {
@@ -111,6 +115,7 @@ impl ModelSpec {
             netdev: None,
             vp_offset: None,
             engine: EngineMode::Thread,
+            rx_coalesce: false,
         }
     }
 }
@@ -313,6 +318,7 @@ impl Model {
         if let Some(v) = spec.vp_offset {
             p.vp_offset = v;
         }
+        p.shared.lock().set_rx_coalesce(spec.rx_coalesce);
         Ok(p)
     }
 
@@ -666,6 +672,8 @@ impl Provider for Model {
             ("dev_rx_no_wqe".into(), s.rx_no_wqe),
             ("dev_rx_truncated".into(), s.rx_truncated),
             ("dev_rx_fault_drops".into(), s.rx_fault_drops),
+            // Fewer than frames with `cqe-coalesce=1`.
+            ("dev_rx_cqes".into(), s.rx_cqes),
             ("dev_bad_doorbells".into(), s.bad_doorbells),
         ];
         v.extend(

@@ -14,7 +14,7 @@ usage: fake-rdma-world --sysfs DIR
 Writes the fake rdma-core's devices as a sysfs tree under DIR (which must not exist yet):
 the files pmd-devices and the fake libibverbs both read. The world comes from
 FAKE_RDMA_PORTS, a ';'-separated list of
-    mana_N/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N]
+    mana_N/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N][,coalesce=1]
     mlx5_N/1:mac=MAC,wire=WIRE[,netdev=IFNAME][,part=ID]
   mana_N   a MANA device; PORT is its IB port, 1..8, numbered without gaps
   mlx5_N   an mlx5 (ConnectX) device: one port per device, port 1
@@ -23,6 +23,8 @@ FAKE_RDMA_PORTS, a ';'-separated list of
            is up it holds the port, and raw QPs fail with ENODEV; on mlx5 the netdev and
            the raw queues share the port
   N        (vp_offset, MANA) the TX vPort offset the kernel reports
+  coalesce=1  (MANA) a newer kernel: its mana_ib turns RX CQE coalescing on for RSS QPs,
+           so the device completes up to four packets per RX_COALESCED_4 CQE
   ID       (part, mlx5) the PCI device id = vendor_part_id: 0x1017 ConnectX-5 (default),
            0x1013 ConnectX-4 (needs an 18-byte inline header in every send WQE), ...
 Without FAKE_RDMA_PORTS: mana_0 with ports 1 and 2, MACs 02:00:00:00:10:01 and

@@ -519,6 +519,13 @@ impl Engine {
         self.mtu = mtu;
     }
 
+    /// The vPort's RX CQE coalescing (`cqe_coalescing_enable` of its RX configuration, which
+    /// `mana_ib` sets for RSS QPs on newer kernels): up to four packets per RX_COALESCED_4
+    /// CQE. The same switch as [`Faults::rx_coalesce`].
+    pub fn set_rx_coalesce(&mut self, on: bool) {
+        self.faults.rx_coalesce = on;
+    }
+
     /// Sets the faults.
     pub fn set_faults(&mut self, f: Faults) {
         self.faults = f;
