@@ -389,8 +389,9 @@ impl Idle {
 /// `*_errors`, `*_drops`, `*_full`, ...), those that are not zero, by name. With them a
 /// tool says where frames went that did not arrive.
 pub fn loss_counters(stats: &Stats) -> Vec<(String, u64)> {
-    const LOSS: [&str; 9] = [
+    const LOSS: [&str; 10] = [
         "drop", "no_wqe", "full", "miss", "error", "overflow", "trunc", "flush", "stale",
+        "stranded",
     ];
     let mut out: Vec<(String, u64)> = stats
         .xstats
@@ -417,7 +418,9 @@ pub fn loss_counters(stats: &Stats) -> Vec<(String, u64)> {
 pub struct DeviceDrops {
     /// Frames the port's driver accepted for sending that never left the device: the
     /// device-model counters `dev_tx_*drops` (a full cable or a link down, a frame over the
-    /// MTU); on a port without device counters, its transmit errors (`oerrors`).
+    /// MTU); on a port without device counters, its transmit errors (`oerrors`). Plus frames
+    /// it put on a cable that no far end will read (`wire_tx_stranded`: the far end went
+    /// away).
     pub tx: u64,
     /// Frames that reached the port and never made it to the application: `imissed` (no
     /// receive buffer, a full ring under the port) plus the device-model counters of frames
@@ -431,6 +434,10 @@ impl DeviceDrops {
         self.tx + self.rx
     }
 }
+
+/// A cable end's count of frames it sent that no far end will read (the shm wire's
+/// `tx_stranded`, as the port's extended counters name it).
+pub const TX_STRANDED: &str = "wire_tx_stranded";
 
 /// Device-model counters of frames lost on receive besides `imissed` and `dev_rx_*drops`:
 /// no room in the completion queue, larger than the posted buffer, a bad buffer key.
@@ -461,8 +468,14 @@ pub fn device_drops(stats: &Stats) -> DeviceDrops {
             rx += v;
         }
     }
+    let stranded = stats
+        .xstats
+        .iter()
+        .filter(|(n, _)| n == TX_STRANDED)
+        .map(|(_, v)| v)
+        .sum::<u64>();
     DeviceDrops {
-        tx: if has_dev_tx { tx } else { stats.oerrors },
+        tx: if has_dev_tx { tx } else { stats.oerrors } + stranded,
         rx,
     }
 }
@@ -677,6 +690,10 @@ mod tests {
             ("wire_rx_drops", 0),
         ]);
         assert_eq!(device_drops(&mana), DeviceDrops { tx: 520, rx: 10 });
+        // Frames left on a cable whose far end went away count with the sender's.
+        let mut gone = mana.clone();
+        gone.xstats.push(("wire_tx_stranded".into(), 30));
+        assert_eq!(device_drops(&gone), DeviceDrops { tx: 550, rx: 10 });
         let mlx5 = stats(&[
             ("tx_error_drops", 4),
             ("dev_tx_flushed", 4),

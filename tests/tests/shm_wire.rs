@@ -133,6 +133,7 @@ fn echo(
 /// counted (`wire_rx_stale`), never delivered, and only what A sends afterwards arrives.
 #[test]
 fn a_peer_that_replaces_a_killed_one_gets_none_of_the_frames_sent_meanwhile() {
+    // The sender's `tx_stranded` counts them while no far end is attached.
     use pmd::emu::wire::{Shm, Wire};
     let dir = tempfile::tempdir().unwrap();
     let name = format!("gen-{}", std::process::id());
@@ -152,12 +153,20 @@ fn a_peer_that_replaces_a_killed_one_gets_none_of_the_frames_sent_meanwhile() {
     b1.wait().unwrap();
     assert!(!a.peer_attached(), "a killed peer is seen as gone");
     assert!(path.exists(), "the cable stays for the next process");
+    let stranded = |a: &Shm| {
+        a.stats()
+            .into_iter()
+            .find(|(n, _)| n == "tx_stranded")
+            .map(|(_, v)| v)
+    };
     for seq in 0..100 {
         assert!(a.send(&tagged(1, seq)), "the cable holds what nobody reads");
         a.flush();
     }
+    assert_eq!(stranded(&a), Some(100), "sent with no far end: counted");
     let (b2, mut out) = echo(&spec, "50", dir.path());
     assert!(a.peer_attached());
+    assert_eq!(stranded(&a), Some(0), "the new far end counts them (stale)");
     for seq in 0..50 {
         assert!(a.send(&tagged(2, seq)));
         a.flush();

@@ -273,6 +273,24 @@ impl FrameRing {
         frames
     }
 
+    /// Producer side: frames pushed (published or not) that the consumer has not read yet,
+    /// as its shared counter says now. Slow path: walks the records.
+    pub fn unread_frames(&self) -> u64 {
+        let mut at = self.mem.load_u64(self.base + CONSUMER, Ordering::Acquire);
+        let mut frames = 0;
+        while at != self.prod && self.prod.wrapping_sub(at) <= self.size {
+            let hdr = self.mem.load_u32(self.data_off(at), Ordering::Relaxed);
+            if hdr & WRAP != 0 {
+                at = at.wrapping_add(self.size - (at & (self.size - 1)));
+            } else {
+                let len = ((hdr & LEN_MASK) as usize).min(self.max_frame);
+                at = at.wrapping_add(record_bytes(len) as u64);
+                frames += 1;
+            }
+        }
+        frames
+    }
+
     /// Bytes of records waiting (as the shared counters say now).
     pub fn pending_bytes(&self) -> u64 {
         let prod = self.mem.load_u64(self.base + PRODUCER, Ordering::Acquire);
@@ -362,6 +380,33 @@ mod tests {
         let mut short = [0u8; 2];
         assert_eq!(rx.pop(&mut short), Some(5));
         assert_eq!(short, [1, 2]);
+    }
+
+    /// The producer counts what the consumer has not read, published or not, across wrap
+    /// records, and only that.
+    #[test]
+    fn unread_frames_are_those_pushed_and_not_popped() {
+        // 1 KiB: sixteen 60-byte records, or five of 160 bytes (192-byte records) then a wrap.
+        let (mut tx, mut rx) = ring(1024, 252);
+        let mut buf = [0u8; 256];
+        assert_eq!(tx.unread_frames(), 0);
+        for round in 0..4 {
+            for _ in 0..5 {
+                assert!(tx.push(&[round; 160]));
+            }
+            assert_eq!(
+                tx.unread_frames(),
+                5,
+                "round {round}: unpublished count too"
+            );
+            tx.publish();
+            for left in (0..5).rev() {
+                assert_eq!(rx.pop(&mut buf), Some(160));
+                assert_eq!(tx.unread_frames(), left, "round {round}");
+            }
+        }
+        assert!(tx.push(&[9; 60]) && tx.push(&[9; 60]));
+        assert_eq!(tx.unread_frames(), 2, "after the wraps");
     }
 
     #[test]

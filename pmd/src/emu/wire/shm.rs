@@ -894,11 +894,25 @@ impl Wire for Shm {
         format!("shm:{} (end {})", self.name, self.end.letter())
     }
     /// `rx_stale`: frames discarded unread when this end was attached, because they were
-    /// sent before it was (to a previous holder that died, or to nobody).
+    /// sent before it was (to a previous holder that died, or to nobody). `tx_stranded`:
+    /// frames this end sent that wait on the cable while no far end is attached (it went
+    /// away, or never came): nobody reads them (a new far end discards them as its
+    /// `rx_stale`), so they are lost with the cable; 0 while the far end is attached.
     fn stats(&self) -> Vec<(String, u64)> {
-        vec![("rx_stale".into(), self.rx_stale)]
+        let stranded = if self.peer_attached() {
+            0
+        } else {
+            self.tx.unread_frames()
+        };
+        vec![
+            ("rx_stale".into(), self.rx_stale),
+            (TX_STRANDED.into(), stranded),
+        ]
     }
 }
+
+/// The [`Wire::stats`] entry of a cable end for frames sent that no far end will read.
+pub const TX_STRANDED: &str = "tx_stranded";
 
 impl Drop for Shm {
     /// Gives the end up; the last end out (the other one free, closing too, or its process
