@@ -48,7 +48,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 huge=(--in-memory)
 if ! grep -q hugetlbfs /proc/mounts || [ "$(cat /sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages 2>/dev/null || echo 0)" -lt 512 ]; then
-    huge=(--no-huge -m 512)
+    huge=(--no-huge -m 1024)
 fi
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $have cores; testpmd ${huge[*]}" >&2
 
