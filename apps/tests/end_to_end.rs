@@ -195,17 +195,7 @@ fn demo_topology_with_coalesced_rx_completions_loses_nothing() {
         "emu-mana",
         ",cqe-coalesce=1",
     );
-    let l2 = t.l2fwd(&[]);
-    let out = t.pktgen(&[
-        "--count",
-        "100000",
-        "--rate",
-        "1000000",
-        "--size",
-        "60",
-        "--drain-timeout",
-        "60",
-    ]);
+    let (out, l2) = run_demo(&t);
     let p = succeeded(&out);
     let rx_port = &p["ports"][1]["xstats"];
     let (frames, cqes) = (
@@ -222,6 +212,12 @@ fn demo_topology_with_coalesced_rx_completions_loses_nothing() {
 /// 100,000 frames of 60 bytes at 1 Mpps through l2fwd and back: every one arrives, once, and
 /// every count of both tools and their devices agrees.
 fn demo(t: &Topology) {
+    let (out, l2) = run_demo(t);
+    check_demo(out, l2, 100_000);
+}
+
+/// [`demo`]'s run: pktgen's output and l2fwd, still running.
+fn run_demo(t: &Topology) -> (Output, Bg) {
     // No sleep: pktgen waits for its links, which come up when l2fwd has opened the cables.
     let l2 = t.l2fwd(&[]);
     let out = t.pktgen(&[
@@ -236,7 +232,7 @@ fn demo(t: &Topology) {
         "--drain-timeout",
         "60",
     ]);
-    check_demo(out, l2, 100_000);
+    (out, l2)
 }
 
 fn check_demo(out: Output, l2: Bg, n: u64) {
