@@ -16,17 +16,21 @@
 #
 # Usage: bench/cores_shm.sh BIN_DIR [ROUNDS] [SECONDS] [CORES]   (defaults: 3 rounds of 3 s,
 #   CORES "1 2 4"). BIN_DIR holds pktgen and l2fwd (cargo build --release -p apps:
-#   target/release). TESTPMD names dpdk-testpmd (default: the one on PATH) and EAL_EXTRA adds
-#   EAL arguments (e.g. `-d DIR` where DPDK's drivers are not installed). Hugepages are used
-#   where they can be had (a count written to nr_hugepages, hugetlbfs mounted); otherwise
-#   the tools fall back to normal pages and testpmd runs with --no-huge.
+#   target/release). TESTPMD names dpdk-testpmd (default: the one on PATH) and EAL_EXTRA
+#   adds EAL arguments (e.g. `-d DIR`, DIR absolute, where DPDK's drivers are not
+#   installed). Hugepages are used where they can be had (hugetlbfs mounted, 512 free);
+#   otherwise the tools fall back to normal pages and testpmd runs with --no-huge.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-    sed -n '2,24p' "$0" >&2
+    sed -n '2,22p' "$0" >&2
     exit 2
 fi
-bin=$1
+# Paths given relative to where the script was started from.
+bin=$(cd "$1" 2>/dev/null && pwd) || { echo "cores_shm: $1: no such directory" >&2; exit 2; }
+if [ -n "${TESTPMD:-}" ] && [ -e "$TESTPMD" ]; then
+    TESTPMD=$(cd "$(dirname "$TESTPMD")" && pwd)/$(basename "$TESTPMD")
+fi
+cd "$(dirname "$0")/.."
 rounds=${2:-3}
 secs=${3:-3}
 cores=${4:-"1 2 4"}
@@ -106,7 +110,7 @@ print(statistics.median(s))' "$1"
 memif() {
     local mode=$1 n=$2 sock="$tmp/memif.sock"
     rm -f "$sock"
-    local eal=(-n 1 --no-pci "${huge[@]}" --log-level=lib.eal:error "${eal_extra[@]}")
+    local eal=(-n 1 --no-pci "${huge[@]}" --log-level=lib.eal:error ${eal_extra[@]+"${eal_extra[@]}"})
     local qs=(--rxq="$n" --txq="$n" --nb-cores="$n" --burst 32 --auto-start --stats-period 1)
     timeout -s INT $((secs + 5)) "$testpmd" --lcores "$(lcore_map 0 "$n")" "${eal[@]}" \
         --file-prefix "tx$$" --vdev="net_memif0,role=server,socket=$sock" -- \

@@ -101,7 +101,7 @@ pub struct ModelSpec {
     pub engine: EngineMode,
     /// RX CQE coalescing: up to four packets per RX_COALESCED_4 CQE, as `mana_ib` configures
     /// the vPort for RSS QPs on newer kernels (spec §7.4); off, as on older kernels, by
-    /// default. Sets [`Faults::rx_coalesce`] when the model opens.
+    /// default. Sets [`Engine::set_rx_coalesce`] when the model opens.
     pub rx_coalesce: bool,
 }
 

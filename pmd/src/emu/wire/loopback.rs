@@ -131,8 +131,9 @@ impl Wire for Loopback {
 
 impl Drop for Loopback {
     fn drop(&mut self) {
-        // Frames sent and not yet flushed still go.
+        // Frames sent and not yet flushed still go; frames taken are known as taken.
         self.tx.publish();
+        self.rx.publish_consumed();
         let mut reg = loopback_registry()
             .lock()
             .unwrap_or_else(|p| p.into_inner());

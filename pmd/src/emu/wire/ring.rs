@@ -194,6 +194,17 @@ impl FrameRing {
         }
     }
 
+    /// Consumer side: makes every frame taken so far known to the producer (it publishes
+    /// lazily while taking them, see the module docs). For an end that closes: the far end
+    /// then counts as unread ([`unread_frames`](Self::unread_frames)) only what was not taken.
+    pub fn publish_consumed(&mut self) {
+        if self.cons != self.cons_published {
+            self.cons_published = self.cons;
+            self.mem
+                .store_u64(self.base + CONSUMER, self.cons, Ordering::Release);
+        }
+    }
+
     /// Consumer side: takes the oldest frame into `buf` (cut to `buf.len()`); its full
     /// length, or `None` when the ring is empty.
     #[inline]
@@ -407,6 +418,30 @@ mod tests {
         }
         assert!(tx.push(&[9; 60]) && tx.push(&[9; 60]));
         assert_eq!(tx.unread_frames(), 2, "after the wraps");
+    }
+
+    /// Both sides publish lazily (a sixteenth of a 64 KiB ring is 64 one-line records): the
+    /// producer counts frames it has not published yet, and frames the consumer took without
+    /// publishing count until it publishes them ([`FrameRing::publish_consumed`], what a
+    /// closing end does).
+    #[test]
+    fn unread_frames_follow_lazy_publishing_on_both_sides() {
+        let (mut tx, mut rx) = ring(1 << 16, 252);
+        let mut buf = [0u8; 256];
+        for _ in 0..40 {
+            assert!(tx.push(&[5; 60]));
+        }
+        assert_eq!(tx.pending_bytes(), 0, "nothing published yet");
+        assert_eq!(tx.unread_frames(), 40);
+        tx.publish();
+        for _ in 0..10 {
+            assert_eq!(rx.pop(&mut buf), Some(60));
+        }
+        assert_eq!(tx.unread_frames(), 40, "taken, not yet published");
+        rx.publish_consumed();
+        assert_eq!(tx.unread_frames(), 30);
+        rx.publish_consumed();
+        assert_eq!(tx.unread_frames(), 30, "nothing new to publish");
     }
 
     #[test]

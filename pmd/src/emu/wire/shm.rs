@@ -918,8 +918,9 @@ impl Drop for Shm {
     /// Gives the end up; the last end out (the other one free, closing too, or its process
     /// gone) removes the file.
     fn drop(&mut self) {
-        // Frames sent and not yet flushed still go.
+        // Frames sent and not yet flushed still go; frames taken are known as taken.
         self.tx.publish();
+        self.rx.publish_consumed();
         let hdr = self.header();
         let me = u64::from(pid());
         let peer_end = self.end.peer();
@@ -980,6 +981,34 @@ mod tests {
             assert!(!a.peer_alive(), "peer gone");
             drop(a);
             assert!(!p.exists(), "last end removes the file");
+        });
+    }
+
+    /// Frames the far end took before it closed are not stranded, even those it had not
+    /// published as taken yet (it publishes lazily); those it never took are.
+    #[test]
+    fn frames_the_closing_end_took_are_not_stranded() {
+        with_shm_dir(|d| {
+            let p = d.join("strand");
+            let mut a = Shm::open_at("strand", &p).unwrap();
+            let mut b = Shm::open_at("strand", &p).unwrap();
+            let stranded = |a: &Shm| {
+                a.stats()
+                    .into_iter()
+                    .find(|(n, _)| n == TX_STRANDED)
+                    .map(|(_, v)| v)
+            };
+            for i in 0..10u8 {
+                assert!(a.send(&[i; 60]));
+            }
+            a.flush();
+            assert_eq!(stranded(&a), Some(0), "a far end is attached");
+            let mut buf = [0u8; 64];
+            for _ in 0..4 {
+                assert_eq!(b.recv(&mut buf), Some(60));
+            }
+            drop(b);
+            assert_eq!(stranded(&a), Some(6), "the 6 end B never took");
         });
     }
 

@@ -48,7 +48,8 @@ pub struct Faults {
     /// Completions are held back for this many engine steps (slow completions).
     pub completion_delay_steps: u32,
     /// RX CQE coalescing (newer kernels enable it for RSS QPs): up to four packets per
-    /// RX_COALESCED_4 CQE.
+    /// RX_COALESCED_4 CQE. On as well while the vPort setting
+    /// ([`Engine::set_rx_coalesce`], the `cqe-coalesce=1` devarg) is.
     pub rx_coalesce: bool,
 }
 
@@ -291,6 +292,9 @@ pub struct Engine {
     /// The MTU the driver set (`Provider::set_mtu`): larger TX frames complete with
     /// TX_MTU_DROP.
     pub(crate) mtu: u16,
+    /// The vPort's RX CQE coalescing ([`Engine::set_rx_coalesce`]); [`Faults::rx_coalesce`]
+    /// turns it on as well.
+    rx_coalesce: bool,
     frame: Vec<u8>,
     seg: Vec<u8>,
     coalescing: Option<rx::Coalescing>,
@@ -342,6 +346,7 @@ impl Engine {
             coalescing: None,
             delayed: 0,
             mtu: 1500,
+            rx_coalesce: false,
             steps: 0,
             tx_seen: 0,
             rx_seen: 0,
@@ -521,9 +526,10 @@ impl Engine {
 
     /// The vPort's RX CQE coalescing (`cqe_coalescing_enable` of its RX configuration, which
     /// `mana_ib` sets for RSS QPs on newer kernels): up to four packets per RX_COALESCED_4
-    /// CQE. The same switch as [`Faults::rx_coalesce`].
+    /// CQE. Kept apart from the faults: [`Engine::set_faults`] leaves it as it is (the fault
+    /// knob [`Faults::rx_coalesce`] turns coalescing on too).
     pub fn set_rx_coalesce(&mut self, on: bool) {
-        self.faults.rx_coalesce = on;
+        self.rx_coalesce = on;
     }
 
     /// Sets the faults.

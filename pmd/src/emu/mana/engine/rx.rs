@@ -168,7 +168,7 @@ impl Engine {
             c.set_rx_pkt(0, frame.len() as u16, info.hash);
             self.stats.rx_frames += 1;
             self.stats.rx_bytes += frame.len() as u64;
-            if self.faults.rx_coalesce {
+            if self.rx_coalesce || self.faults.rx_coalesce {
                 // Up to 4 packets of one RQ share a CQE when their flags dword is the same
                 // (§7.4 "Coalescing"); each still consumed its own WQE, in order.
                 c.set_header(CqeType::RxCoalesced4, CLIENT_TYPE_COMPLETION, 0);
