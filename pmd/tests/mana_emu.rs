@@ -613,13 +613,26 @@ fn tso_splits_a_large_tcp_packet_into_valid_segments() {
     assert_eq!(p.ma.stats().tx_frames, 5);
 }
 
+/// Coalescing turned on by the fault knob, or by the vPort setting (the `cqe-coalesce=1`
+/// devarg's), which faults set afterwards leave on.
 #[test]
 fn coalesced_completions_deliver_every_packet_in_order_across_small_bursts() {
+    for vport in [false, true] {
+        coalesced_completions(vport);
+    }
+}
+
+fn coalesced_completions(vport: bool) {
     let mut p = pair(small_cfg(), 512);
-    p.mb.set_faults(Faults {
-        rx_coalesce: true,
-        ..Default::default()
-    });
+    if vport {
+        p.mb.set_rx_coalesce(true);
+        p.mb.set_faults(Faults::default());
+    } else {
+        p.mb.set_faults(Faults {
+            rx_coalesce: true,
+            ..Default::default()
+        });
+    }
     let mut burst = Burst::with_capacity(10);
     for i in 0..10 {
         burst

@@ -221,6 +221,12 @@ impl ModelHandle {
         self.0.note_link(&e);
     }
 
+    /// Sets the vPort's RX CQE coalescing (what `cqe-coalesce=1` sets when the model opens;
+    /// [`Engine::set_rx_coalesce`]). Faults set later leave it as it is.
+    pub fn set_rx_coalesce(&self, on: bool) {
+        self.0.lock().set_rx_coalesce(on);
+    }
+
     /// Device-side counters.
     pub fn stats(&self) -> ModelStats {
         self.0.lock().stats
