@@ -455,7 +455,7 @@ pub const RX_DROP_COUNTERS: [&str; 4] = [
 /// `dev_tx_errors`).
 pub fn device_drops(stats: &Stats) -> DeviceDrops {
     let mut has_dev_tx = false;
-    let (mut tx, mut rx) = (0, stats.imissed);
+    let (mut tx, mut rx, mut stranded) = (0, stats.imissed, 0);
     for (n, v) in &stats.xstats {
         if n.starts_with("dev_tx_") {
             has_dev_tx = true;
@@ -466,14 +466,10 @@ pub fn device_drops(stats: &Stats) -> DeviceDrops {
             && (n.ends_with("drops") || RX_DROP_COUNTERS.contains(&n.as_str()))
         {
             rx += v;
+        } else if n == TX_STRANDED {
+            stranded += v;
         }
     }
-    let stranded = stats
-        .xstats
-        .iter()
-        .filter(|(n, _)| n == TX_STRANDED)
-        .map(|(_, v)| v)
-        .sum::<u64>();
     DeviceDrops {
         tx: if has_dev_tx { tx } else { stats.oerrors } + stranded,
         rx,

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::process::{Child, Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The tool `name` (`l2fwd` or `pktgen`) of this build, logging errors only.
 pub fn bin(name: &str) -> Command {
@@ -87,13 +87,13 @@ impl Drop for Bg {
 /// if it is still running 20 s later.
 pub fn stop(mut bg: Bg) -> Output {
     pmd::sys::net::send_signal(bg.child().id(), pmd::sys::net::SIGINT).unwrap();
-    let t0 = Instant::now();
-    while bg.child().try_wait().unwrap().is_none() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the tool did not stop on SIGINT"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        integration_tests::eventually(Duration::from_secs(20), || bg
+            .child()
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "the tool did not stop on SIGINT"
+    );
     bg.0.take().expect("running").wait_with_output().unwrap()
 }
