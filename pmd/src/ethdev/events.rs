@@ -9,6 +9,7 @@
 #![deny(unsafe_code)]
 
 use std::fmt;
+use std::time::Duration;
 
 /// Which queue an event is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -73,12 +74,27 @@ pub enum PortEvent {
     /// The link went down (`IBV_EVENT_PORT_ERR` for this port). Bursts keep working; frames
     /// are lost until the link is back.
     LinkDown,
-    /// The device failed (`IBV_EVENT_DEVICE_FATAL`): its queues are gone; the port must be
-    /// closed and opened again.
+    /// The device failed (`IBV_EVENT_DEVICE_FATAL`): its queues are gone. A port that
+    /// recovers (`mana:`, `mlx5:`) follows it with [`PortEvent::Recovering`]; any other must
+    /// be closed and opened again.
     DeviceFatal,
     /// The device was removed: its event channel reports an error instead of events. After
-    /// this the port has no event descriptor any more.
+    /// this the device's event descriptor is gone (a recovering port keeps its own).
     DeviceRemoved,
+    /// The port lost its device (after [`PortEvent::DeviceFatal`] or
+    /// [`PortEvent::DeviceRemoved`]) and waits for it to come back: bursts return 0 (TX
+    /// leaves the packets with the caller) until [`PortEvent::Recovered`].
+    Recovering,
+    /// The device came back and every queue was rebuilt with the port's configuration:
+    /// bursts move packets again. `downtime` is from the failure to the port running again.
+    Recovered {
+        /// How long the port could not carry traffic.
+        downtime: Duration,
+    },
+    /// The device did not come back within the port's recover timeout (or could not be
+    /// brought up again): the port is failed for good. `Port::failure` says what was waited
+    /// for and the last error.
+    RecoveryFailed,
     /// A queue the device put in error.
     QueueError {
         /// Which queue.
@@ -90,21 +106,28 @@ pub enum PortEvent {
 
 impl PortEvent {
     /// A short machine-readable name: `link_up`, `link_down`, `device_fatal`,
-    /// `device_removed`, `queue_error`.
+    /// `device_removed`, `recovering`, `recovered`, `recovery_failed`, `queue_error`.
     pub fn name(&self) -> &'static str {
         match self {
             PortEvent::LinkUp => "link_up",
             PortEvent::LinkDown => "link_down",
             PortEvent::DeviceFatal => "device_fatal",
             PortEvent::DeviceRemoved => "device_removed",
+            PortEvent::Recovering => "recovering",
+            PortEvent::Recovered { .. } => "recovered",
+            PortEvent::RecoveryFailed => "recovery_failed",
             PortEvent::QueueError { .. } => "queue_error",
         }
     }
 
-    /// Whether the port cannot carry traffic any more (fatal error or removal): an
-    /// application stops using it.
+    /// Whether the device is lost (fatal error, removal, or a recovery that failed). A port
+    /// that recovers by itself says [`PortEvent::Recovering`] right after the first two;
+    /// only [`PortEvent::RecoveryFailed`] ends it for good.
     pub fn is_fatal(&self) -> bool {
-        matches!(self, PortEvent::DeviceFatal | PortEvent::DeviceRemoved)
+        matches!(
+            self,
+            PortEvent::DeviceFatal | PortEvent::DeviceRemoved | PortEvent::RecoveryFailed
+        )
     }
 }
 
@@ -115,6 +138,13 @@ impl fmt::Display for PortEvent {
             PortEvent::LinkDown => f.write_str("link down"),
             PortEvent::DeviceFatal => f.write_str("device fatal error"),
             PortEvent::DeviceRemoved => f.write_str("device removed"),
+            PortEvent::Recovering => f.write_str("recovering: waiting for the device to come back"),
+            PortEvent::Recovered { downtime } => {
+                write!(f, "recovered after {:.3} s", downtime.as_secs_f64())
+            }
+            PortEvent::RecoveryFailed => {
+                f.write_str("recovery failed: the device did not come back")
+            }
             PortEvent::QueueError { queue, what } => write!(f, "{queue}: {what}"),
         }
     }
@@ -135,5 +165,13 @@ mod tests {
         assert_eq!(PortEvent::LinkDown.to_string(), "link down");
         assert!(PortEvent::DeviceRemoved.is_fatal() && PortEvent::DeviceFatal.is_fatal());
         assert!(!PortEvent::LinkDown.is_fatal() && !e.is_fatal());
+        assert!(PortEvent::RecoveryFailed.is_fatal() && !PortEvent::Recovering.is_fatal());
+        let r = PortEvent::Recovered {
+            downtime: Duration::from_millis(2500),
+        };
+        assert_eq!(
+            (r.name(), r.to_string()),
+            ("recovered", "recovered after 2.500 s".into())
+        );
     }
 }

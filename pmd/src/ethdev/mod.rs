@@ -142,6 +142,11 @@ pub enum PortState {
     Configured,
     /// Started: bursts move packets.
     Started,
+    /// Its device failed or went away; the port waits for it to come back and rebuilds its
+    /// queues (see `port`'s module docs). Bursts return 0.
+    Recovering,
+    /// Its device did not come back in time: bursts return 0 for good; close the port.
+    Failed,
 }
 
 /// The receive half of one queue, as a driver implements it. Owned by one polling core.
@@ -178,6 +183,16 @@ pub struct QueueSetup {
 }
 
 impl QueueSetup {
+    /// The queues of a rebuilt configuration (a port recovering from a device reset) that go
+    /// on counting where the previous ones stopped: the same counter sets.
+    pub fn continuing(port_id: u16, rx: &[Arc<Counters>], tx: &[Arc<Counters>]) -> Self {
+        Self {
+            port_id,
+            rx_counters: rx.to_vec(),
+            tx_counters: tx.to_vec(),
+        }
+    }
+
     /// Fresh counters for `rx` RX and `tx` TX queues of port `port_id`.
     pub fn new(port_id: u16, rx: u16, tx: u16) -> Self {
         let fresh = |n: u16| (0..n).map(|_| Arc::new(Counters::default())).collect();

@@ -5,8 +5,8 @@
 //!
 //! | kind | keys |
 //! |---|---|
-//! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based), `netdev=IFNAME` (the port's kernel netdev), `busy=...` (below) |
-//! | `mlx5` | `dev=IBDEV`, `port=N` |
+//! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based), `netdev=IFNAME` (the port's kernel netdev), `busy=...` (below), `recover-timeout=SECONDS` (below) |
+//! | `mlx5` | `mac=MAC`, `dev=IBDEV`, `port=N`, `netdev=IFNAME`, `inline=N`, `cqe-comp=0\|1`, `recover-timeout=SECONDS` (below) |
 //! | `emu-mana` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture), `netdev=IFNAME` (the modelled kernel netdev), `busy=...` (below), `engine=inline\|thread` (below), `cqe-coalesce=0\|1` (RX_COALESCED_4 completions, as newer kernels set up; default 0) |
 //! | `emu-mlx5` | `wire=...`, `mac=MAC`, `pcap=FILE`, `netdev=IFNAME`, `inline=N` (bytes the modelled device needs inline: 0, or 18 for a ConnectX-4), `mprq=0\|1` (multi-packet RQs), `mprq-log-stride=N` (log2 stride bytes, default 11), `mprq-log-strides=N` (log2 strides per WQE, default 6), `cqe-comp=0\|1` (compressed RX CQEs, default 1), `engine=inline\|thread` |
 //! | `null` | `size=BYTES` (frame size, 14..=9600, default 64), `mac=MAC` |
@@ -29,6 +29,11 @@
 //! | `busy=fail` (default) | fail at once, naming the netdev, its master and the command that frees the port |
 //! | `busy=wait`, `busy-timeout=SECONDS` | retry queue creation until the port is free, at most SECONDS (default 30, up to 86400, millisecond precision) |
 //! | `busy=takeover`, or `takeover=1` | bring the netdev and its master down now, up again when the port closes |
+//!
+//! A `mana:` or `mlx5:` port whose device fails or goes away (a device reset during Azure
+//! host servicing, a VF hot removal) recovers by itself when the device comes back (see
+//! `crate::port`): `recover-timeout=SECONDS` (default 120, up to 86400, millisecond
+//! precision) is how long it waits before it gives up.
 //!
 //! `takeover=0|1` is the older spelling: `takeover=1` with `busy=fail|wait`, or `takeover=0`
 //! with `busy=takeover`, is refused as a contradiction; `busy-timeout` without `busy=wait`
@@ -67,7 +72,15 @@ pub struct PortSpec {
     pub netdev: Option<String>,
     /// `busy=` (mana, emu-mana): what to do when the kernel's netdev holds the port.
     pub busy: BusyPolicy,
+    /// `recover-timeout=SECONDS` (mana, mlx5): how long a port whose device failed or went
+    /// away waits for it to come back before it gives up (`None`: [`DEFAULT_RECOVER_TIMEOUT`]).
+    pub recover_timeout: Option<Duration>,
 }
+
+/// How long a `mana:`/`mlx5:` port waits for its device to come back after a reset or a hot
+/// removal, unless `recover-timeout=` says otherwise. Azure host servicing takes the device
+/// away for about 10 s; this leaves room for slow ones.
+pub const DEFAULT_RECOVER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The device part of a [`PortSpec`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -224,11 +237,20 @@ fn accepted_keys(kind: &str) -> &'static [&'static str] {
             "busy",
             "busy-timeout",
             "takeover",
+            "recover-timeout",
             "rxq",
             "txq",
         ],
         "mlx5" => &[
-            "mac", "dev", "port", "netdev", "inline", "cqe-comp", "rxq", "txq",
+            "mac",
+            "dev",
+            "port",
+            "netdev",
+            "inline",
+            "cqe-comp",
+            "recover-timeout",
+            "rxq",
+            "txq",
         ],
         "emu-mana" => &[
             "wire",
@@ -320,8 +342,13 @@ fn parse_inline(value: &str) -> Result<u16, DevargsError> {
 
 /// `busy-timeout=SECONDS`: a positive number of seconds, millisecond precision.
 fn parse_timeout(value: &str) -> Result<Duration, DevargsError> {
+    parse_seconds("busy-timeout", value)
+}
+
+/// `KEY=SECONDS`: a positive number of seconds, millisecond precision, at most a day.
+fn parse_seconds(key: &'static str, value: &str) -> Result<Duration, DevargsError> {
     let bad = || DevargsError::BadValue {
-        key: "busy-timeout",
+        key,
         value: value.to_string(),
         expected: "a number of seconds from 0.001 to 86400, e.g. 30 or 2.5",
     };
@@ -605,6 +632,9 @@ impl FromStr for PortSpec {
             })
             .transpose()?;
         let busy = parse_busy(get("busy"), get("busy-timeout"), get("takeover"))?;
+        let recover_timeout = get("recover-timeout")
+            .map(|v| parse_seconds("recover-timeout", v))
+            .transpose()?;
         Ok(PortSpec {
             kind,
             rxq: queues("rxq")?,
@@ -612,6 +642,7 @@ impl FromStr for PortSpec {
             pcap,
             netdev,
             busy,
+            recover_timeout,
         })
     }
 }
@@ -698,6 +729,10 @@ impl fmt::Display for PortSpec {
         if self.busy != BusyPolicy::Fail {
             parts.push(self.busy.to_string());
         }
+        parts.extend(
+            self.recover_timeout
+                .map(|t| format!("recover-timeout={}", t.as_secs_f64())),
+        );
         parts.extend(self.rxq.map(|q| format!("rxq={q}")));
         parts.extend(self.txq.map(|q| format!("txq={q}")));
         if parts.is_empty() {
@@ -1124,21 +1159,26 @@ mod tests {
                 timeout: Duration::from_millis(ms)
             }),
         ];
-        (kind, q.clone(), q, any::<bool>(), busy).prop_map(|(kind, rxq, txq, t, busy)| {
-            // busy and netdev only where the kind takes them.
-            let emu = matches!(kind, PortKind::EmuMana { .. } | PortKind::EmuMlx5 { .. });
-            let mana = matches!(kind, PortKind::EmuMana { .. } | PortKind::Mana { .. });
-            let mlx5 = matches!(kind, PortKind::Mlx5 { .. });
-            let netdev = (t && (mana || emu || mlx5)).then(|| "veth9".to_string());
-            PortSpec {
-                kind,
-                rxq,
-                txq,
-                pcap: None,
-                netdev,
-                busy: if mana { busy } else { BusyPolicy::Fail },
-            }
-        })
+        let recover = proptest::option::of(1u64..=86_400_000);
+        (kind, q.clone(), q, any::<bool>(), busy, recover).prop_map(
+            |(kind, rxq, txq, t, busy, r)| {
+                // busy and netdev only where the kind takes them.
+                let emu = matches!(kind, PortKind::EmuMana { .. } | PortKind::EmuMlx5 { .. });
+                let mana = matches!(kind, PortKind::EmuMana { .. } | PortKind::Mana { .. });
+                let mlx5 = matches!(kind, PortKind::Mlx5 { .. });
+                let kind_hw = matches!(kind, PortKind::Mana { .. } | PortKind::Mlx5 { .. });
+                let netdev = (t && (mana || emu || mlx5)).then(|| "veth9".to_string());
+                PortSpec {
+                    kind,
+                    rxq,
+                    txq,
+                    pcap: None,
+                    netdev,
+                    busy: if mana { busy } else { BusyPolicy::Fail },
+                    recover_timeout: r.filter(|_| kind_hw).map(Duration::from_millis),
+                }
+            },
+        )
     }
 
     proptest! {
@@ -1157,6 +1197,7 @@ mod tests {
         fn kind_with_garbage_keys_is_refused(key in "[a-z]{1,8}", value in "[a-z0-9]{1,8}") {
             prop_assume!(
                 !["mac", "dev", "port", "busy", "takeover", "rxq", "txq"].contains(&key.as_str())
+                    && !key.starts_with("recover")
             );
             let r = format!("mana:{key}={value}").parse::<PortSpec>();
             let is_unknown_key = matches!(r, Err(DevargsError::UnknownKey { .. }));

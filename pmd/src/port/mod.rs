@@ -38,27 +38,37 @@
 pub mod devargs;
 pub mod lock;
 pub mod probe;
+pub mod recovery;
 
 pub use crate::ethdev::{
     max_frame_bytes, Burst, Caps, Link, PortConfig, PortError, PortEvent, PortState, QueueFault,
     QueueRef, QueueStats, RssConfig, RssFields, RxOffloads, Stats, TxOffloads, L2_OVERHEAD,
 };
 pub use crate::takeover::BusyPolicy;
-pub use devargs::{DevargsError, PortKind, PortSpec};
+pub use devargs::{DevargsError, PortKind, PortSpec, DEFAULT_RECOVER_TIMEOUT};
 pub use lock::PortLock;
+pub use recovery::{QueueCtl, Reopen};
+
+use recovery::{generation, running, Gone, Recovery};
 
 use crate::ethdev::{check_config, Counters, PortDriver, QueueSetup, RxBurst, TxBurst};
 use crate::net::MacAddr;
 use mempool::MbufPool;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// An RX queue handle, owned by one polling core.
 pub struct RxQueue {
     imp: Box<dyn RxBurst>,
-    running: Arc<AtomicBool>,
+    ctl: Arc<QueueCtl>,
+    /// The last control word this handle ran under: always a running word, or
+    /// [`recovery::NEVER`] until the first burst of a started port. Equal to the port's
+    /// word: the burst goes straight to the driver.
+    seen: u64,
+    /// The generation `imp` belongs to.
+    gen: u64,
     port: u16,
     queue: u16,
 }
@@ -71,14 +81,35 @@ impl std::fmt::Debug for RxQueue {
 
 impl RxQueue {
     /// Receives up to `out.spare()` packets into `out` and returns how many arrived; 0 means
-    /// nothing is waiting (or the port is not started). Never allocates, locks or logs;
-    /// errors are counted in the port's [`Stats`].
+    /// nothing is waiting (or the port is not started, or recovering). Never allocates,
+    /// locks or logs; errors are counted in the port's [`Stats`].
+    ///
+    /// Costs the port layer one load of the port's control word per burst; when it changed
+    /// (start, stop, a recovery), the handle catches up between bursts ([`QueueCtl`]).
     #[inline]
     pub fn rx_burst(&mut self, out: &mut Burst) -> usize {
-        if !self.running.load(Ordering::Acquire) || out.spare() == 0 {
+        let w = self.ctl.word.load(Ordering::Acquire);
+        if (w != self.seen && !self.catch_up(w)) || out.spare() == 0 {
             return 0;
         }
         self.imp.rx_burst(out)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn catch_up(&mut self, w: u64) -> bool {
+        if let Some(next) = self.ctl.next_rx(w, self.gen, self.queue) {
+            // The old queue goes here, on its own core: the buffers it had posted go back
+            // to the pool, and its device objects once no handle holds them.
+            self.imp = next;
+            self.gen = generation(w);
+        }
+        if running(w) {
+            self.seen = w;
+            true
+        } else {
+            false
+        }
     }
 
     /// Port id.
@@ -95,7 +126,9 @@ impl RxQueue {
 /// A TX queue handle, owned by one polling core.
 pub struct TxQueue {
     imp: Box<dyn TxBurst>,
-    running: Arc<AtomicBool>,
+    ctl: Arc<QueueCtl>,
+    seen: u64,
+    gen: u64,
     port: u16,
     queue: u16,
 }
@@ -110,14 +143,30 @@ impl TxQueue {
     /// Hands packets from the front of `pkts` to the device and returns how many it took;
     /// those leave `pkts`, the rest stay there, in order, for the caller to retry or free.
     /// Also processes the device's completions (frees sent packets), so an empty burst is a
-    /// way to reclaim. Never allocates, locks or logs. A port that is not started takes
-    /// nothing.
+    /// way to reclaim. Never allocates, locks or logs. A port that is not started (or is
+    /// recovering) takes nothing.
     #[inline]
     pub fn tx_burst(&mut self, pkts: &mut Burst) -> usize {
-        if !self.running.load(Ordering::Acquire) {
+        let w = self.ctl.word.load(Ordering::Acquire);
+        if w != self.seen && !self.catch_up(w) {
             return 0;
         }
         self.imp.tx_burst(pkts)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn catch_up(&mut self, w: u64) -> bool {
+        if let Some(next) = self.ctl.next_tx(w, self.gen, self.queue) {
+            self.imp = next;
+            self.gen = generation(w);
+        }
+        if running(w) {
+            self.seen = w;
+            true
+        } else {
+            false
+        }
     }
 
     /// Port id.
@@ -139,11 +188,28 @@ pub struct Port {
     driver: Box<dyn PortDriver>,
     state: PortState,
     config: Option<PortConfig>,
-    running: Arc<AtomicBool>,
+    /// The pool the queues were configured with (a recovery configures the new device with
+    /// it again).
+    pool: Option<Arc<MbufPool>>,
+    /// What the port shares with the handles of the current configuration.
+    ctl: Arc<QueueCtl>,
+    /// The queues whose handles were not taken yet (`None`: taken).
     rx: Vec<Option<Box<dyn RxBurst>>>,
     tx: Vec<Option<Box<dyn TxBurst>>>,
     rx_counters: Vec<Arc<Counters>>,
     tx_counters: Vec<Arc<Counters>>,
+    /// How to open the device again after it failed or went away (`None`: the port does
+    /// not recover), and how long to wait for it.
+    reopen: Option<(Reopen, std::time::Duration)>,
+    /// The recovery in progress.
+    recovery: Option<Recovery>,
+    /// Why the recovery failed, once it did.
+    failure: Option<String>,
+    /// Extended counters and `imissed` of the device generations before this one.
+    xstats_base: Vec<(String, u64)>,
+    imissed_base: u64,
+    /// Recoveries completed.
+    recoveries: u64,
     /// The port's lock (see [`lock`]). Declared after `driver`: fields drop in order, so the
     /// driver (and a netdev it took over) is gone before another process may open the port.
     lock: Option<PortLock>,
@@ -171,7 +237,23 @@ impl Port {
         let mut port = Self::from_driver(id, spec.to_string(), driver);
         port.spec = Some(spec.clone());
         port.lock = lock;
+        if matches!(spec.kind, PortKind::Mana { .. } | PortKind::Mlx5 { .. }) {
+            let again = spec.clone();
+            port.reopen = Some((
+                Box::new(move || probe::probe(id, &again)),
+                spec.recover_timeout.unwrap_or(DEFAULT_RECOVER_TIMEOUT),
+            ));
+        }
         Ok(port)
+    }
+
+    /// Makes the port recover from a lost device (see [`recovery`]): `reopen` opens the
+    /// device again (it is called every [`recovery::RETRY_INTERVAL`] until it succeeds and
+    /// the queues are rebuilt, or `timeout` has passed). [`Port::open`] does this for
+    /// `mana:` and `mlx5:` ports, with the spec's probe and `recover-timeout=`.
+    pub fn with_recovery(mut self, reopen: Reopen, timeout: std::time::Duration) -> Self {
+        self.reopen = Some((reopen, timeout));
+        self
     }
 
     /// Hands the port a lock taken by hand (a port built with [`Port::from_driver`] has
@@ -192,11 +274,18 @@ impl Port {
             driver,
             state: PortState::Opened,
             config: None,
-            running: Arc::new(AtomicBool::new(false)),
+            pool: None,
+            ctl: QueueCtl::new(),
             rx: Vec::new(),
             tx: Vec::new(),
             rx_counters: Vec::new(),
             tx_counters: Vec::new(),
+            reopen: None,
+            recovery: None,
+            failure: None,
+            xstats_base: Vec::new(),
+            imissed_base: 0,
+            recoveries: 0,
             lock: None,
         }
     }
@@ -268,7 +357,10 @@ impl Port {
     /// [`PortError::State`] on a started port; [`PortError::BadConfig`] for values outside
     /// [`Caps`]; a driver's set-up error.
     pub fn configure(&mut self, cfg: &PortConfig, pool: &Arc<MbufPool>) -> Result<(), PortError> {
-        if self.state == PortState::Started {
+        if matches!(
+            self.state,
+            PortState::Started | PortState::Recovering | PortState::Failed
+        ) {
             return Err(PortError::State {
                 op: "configure",
                 state: self.state,
@@ -304,6 +396,7 @@ impl Port {
         self.rx_counters = setup.rx_counters;
         self.tx_counters = setup.tx_counters;
         self.config = Some(cfg.clone());
+        self.pool = Some(Arc::clone(pool));
         self.state = PortState::Configured;
         tracing::info!(
             target: "pmd::port",
@@ -344,8 +437,8 @@ impl Port {
     }
 
     fn detach_queues(&mut self) {
-        self.running.store(false, Ordering::Release);
-        self.running = Arc::new(AtomicBool::new(false));
+        self.ctl.set_running(false);
+        self.ctl = QueueCtl::new();
         self.rx.clear();
         self.tx.clear();
     }
@@ -376,7 +469,9 @@ impl Port {
             .ok_or(PortError::QueueTaken { dir: "rx", queue })?;
         Ok(RxQueue {
             imp,
-            running: Arc::clone(&self.running),
+            ctl: Arc::clone(&self.ctl),
+            seen: recovery::NEVER,
+            gen: self.ctl.gen(),
             port: self.id,
             queue,
         })
@@ -407,7 +502,9 @@ impl Port {
             .ok_or(PortError::QueueTaken { dir: "tx", queue })?;
         Ok(TxQueue {
             imp,
-            running: Arc::clone(&self.running),
+            ctl: Arc::clone(&self.ctl),
+            seen: recovery::NEVER,
+            gen: self.ctl.gen(),
             port: self.id,
             queue,
         })
@@ -426,10 +523,16 @@ impl Port {
                 })
             }
             PortState::Started => return Ok(()),
+            PortState::Recovering | PortState::Failed => {
+                return Err(PortError::State {
+                    op: "start",
+                    state: self.state,
+                })
+            }
             PortState::Configured => {}
         }
         self.driver.start()?;
-        self.running.store(true, Ordering::Release);
+        self.ctl.set_running(true);
         self.state = PortState::Started;
         tracing::info!(target: "pmd::port", port = self.id, "port started");
         Ok(())
@@ -438,8 +541,12 @@ impl Port {
     /// Stops the datapath: bursts return 0 until the next start. Packets the queues hold stay
     /// with them and are freed when the handles drop.
     pub fn stop(&mut self) {
+        if let Some(r) = &mut self.recovery {
+            // Rebuilt, it stays stopped.
+            r.was_started = false;
+        }
         if self.state == PortState::Started {
-            self.running.store(false, Ordering::Release);
+            self.ctl.set_running(false);
             self.driver.stop();
             self.state = PortState::Configured;
             tracing::info!(target: "pmd::port", port = self.id, "port stopped");
@@ -483,13 +590,190 @@ impl Port {
     /// The events since the last call, oldest first, and clears the descriptor. Slow path
     /// (a system call or two), never blocks, allocates nothing when there are none. Call it
     /// when [`Port::event_fd`] is readable, from a control thread, not from a polling core.
+    ///
+    /// It also drives a port's recovery (see [`recovery`]): a lost device starts it
+    /// ([`PortEvent::Recovering`] follows the fatal event), and while it runs each call looks
+    /// for the device (every [`recovery::RETRY_INTERVAL`]), so call it at least that often
+    /// while [`Port::state`] is [`PortState::Recovering`] ([`wait_events`] does).
     pub fn take_events(&mut self) -> Vec<PortEvent> {
         let mut out = Vec::new();
         self.driver.take_events(&mut out);
+        if out.iter().any(PortEvent::is_fatal) && self.recovery.is_none() {
+            self.begin_recovery(&mut out);
+        }
+        if self.recovery.is_some() {
+            self.try_recover(&mut out);
+        }
         for e in &out {
             tracing::debug!(target: "pmd::port", port = self.id, event = %e, "port event");
         }
         out
+    }
+
+    /// Why the port failed ([`PortState::Failed`]): what its recovery waited for and the
+    /// last error.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// Whether the port recovers from a lost device by itself (see [`recovery`]).
+    pub fn recovers(&self) -> bool {
+        self.reopen.is_some()
+    }
+
+    /// Recoveries this port has completed.
+    pub fn recoveries(&self) -> u64 {
+        self.recoveries
+    }
+
+    /// The device is lost: stop the queues, let the handles drop theirs, drop the driver.
+    fn begin_recovery(&mut self, out: &mut Vec<PortEvent>) {
+        let Some((_, timeout)) = &self.reopen else {
+            return;
+        };
+        if !matches!(self.state, PortState::Configured | PortState::Started) {
+            return;
+        }
+        let timeout = *timeout;
+        let was_started = self.state == PortState::Started;
+        // The handles see a new generation with nothing in it: they drop their dead queues
+        // (on their own cores, between bursts) and return 0 until the next one.
+        self.ctl.retire();
+        for slot in self.rx.iter_mut().filter(|s| s.is_some()) {
+            *slot = Some(Box::new(recovery::Detached));
+        }
+        for slot in self.tx.iter_mut().filter(|s| s.is_some()) {
+            *slot = Some(Box::new(recovery::Detached));
+        }
+        let gone: Box<dyn PortDriver> = Box::new(Gone {
+            caps: self.driver.caps(),
+            mac: self.driver.mac(),
+        });
+        let old = std::mem::replace(&mut self.driver, gone);
+        recovery::sum_into(&mut self.xstats_base, old.xstats());
+        self.imissed_base = self.imissed_base.wrapping_add(old.imissed());
+        // The driver's objects go now; a queue's, when its handle has let go of it.
+        drop(old);
+        self.state = PortState::Recovering;
+        self.recovery = Some(Recovery::new(timeout, was_started));
+        tracing::warn!(
+            target: "pmd::port",
+            port = self.id,
+            "{}: device lost; recovering (waiting up to {:.0} s for it to come back)",
+            self.name,
+            timeout.as_secs_f64()
+        );
+        out.push(PortEvent::Recovering);
+    }
+
+    /// One look for the device, when due; on success the port runs again.
+    fn try_recover(&mut self, out: &mut Vec<PortEvent>) {
+        let now = Instant::now();
+        let Some(r) = &self.recovery else { return };
+        if now < r.next_try {
+            return;
+        }
+        match self.rebuild() {
+            Ok(()) => {
+                let r = self.recovery.take().expect("recovering");
+                let downtime = r.since.elapsed();
+                self.recoveries += 1;
+                tracing::warn!(
+                    target: "pmd::port",
+                    port = self.id,
+                    "{}: recovered after {:.3} s ({} attempts)",
+                    self.name,
+                    downtime.as_secs_f64(),
+                    r.attempts + 1
+                );
+                out.push(PortEvent::Recovered { downtime });
+            }
+            Err(e) => {
+                let r = self.recovery.as_mut().expect("recovering");
+                r.attempts += 1;
+                let msg = e.to_string();
+                if r.last_error.as_deref() != Some(msg.as_str()) {
+                    tracing::info!(target: "pmd::port", port = self.id, "{}: not back yet: {msg}", self.name);
+                }
+                r.last_error = Some(msg);
+                if now >= r.deadline {
+                    let waited = r.since.elapsed();
+                    let why = format!(
+                        "{}: the device (MAC {}) did not come back within {:.1} s \
+                         (recover-timeout); {} attempts, the last: {}",
+                        self.name,
+                        self.driver.mac(),
+                        waited.as_secs_f64(),
+                        r.attempts,
+                        r.last_error.as_deref().unwrap_or("none")
+                    );
+                    tracing::error!(target: "pmd::port", port = self.id, "{why}");
+                    self.failure = Some(why);
+                    self.recovery = None;
+                    self.state = PortState::Failed;
+                    out.push(PortEvent::RecoveryFailed);
+                } else {
+                    r.next_try = now + recovery::RETRY_INTERVAL;
+                }
+            }
+        }
+    }
+
+    /// Opens the device again and rebuilds the configuration in force on it.
+    fn rebuild(&mut self) -> Result<(), PortError> {
+        let (reopen, _) = self.reopen.as_mut().expect("a recovering port can reopen");
+        let mut driver = reopen()?;
+        let mac = self.driver.mac();
+        if driver.mac() != mac {
+            return Err(PortError::NoDevice {
+                spec: self.name.clone(),
+                why: format!(
+                    "the device found has MAC {}, the lost one had {mac}: waiting for that one",
+                    driver.mac()
+                ),
+            });
+        }
+        let (Some(cfg), Some(pool)) = (self.config.clone(), self.pool.clone()) else {
+            // Lost before it was configured: the device alone is enough.
+            self.driver = driver;
+            self.state = PortState::Opened;
+            return Ok(());
+        };
+        let setup = QueueSetup::continuing(self.id, &self.rx_counters, &self.tx_counters);
+        let queues = driver.configure(&cfg, &pool, &setup)?;
+        let was_started = self.recovery.as_ref().is_some_and(|r| r.was_started);
+        if was_started {
+            driver.start()?;
+        }
+        // Queues whose handles were taken go to the handles; the others stay here.
+        let mut rx_slots = Vec::with_capacity(queues.rx.len());
+        for (i, q) in queues.rx.into_iter().enumerate() {
+            match self.rx.get_mut(i) {
+                Some(Some(slot)) => {
+                    *slot = q;
+                    rx_slots.push(None);
+                }
+                _ => rx_slots.push(Some(q)),
+            }
+        }
+        let mut tx_slots = Vec::with_capacity(queues.tx.len());
+        for (i, q) in queues.tx.into_iter().enumerate() {
+            match self.tx.get_mut(i) {
+                Some(Some(slot)) => {
+                    *slot = q;
+                    tx_slots.push(None);
+                }
+                _ => tx_slots.push(Some(q)),
+            }
+        }
+        self.driver = driver;
+        self.ctl.publish(rx_slots, tx_slots, was_started);
+        self.state = if was_started {
+            PortState::Started
+        } else {
+            PortState::Configured
+        };
+        Ok(())
     }
 
     /// Statistics: per queue and summed, plus the driver's extended counters.
@@ -500,14 +784,16 @@ impl Port {
             ipackets: rx.iter().map(|q| q.packets).sum(),
             ibytes: rx.iter().map(|q| q.bytes).sum(),
             ierrors: rx.iter().map(|q| q.errors).sum(),
-            imissed: rx.iter().map(|q| q.missed).sum::<u64>() + self.driver.imissed(),
+            imissed: rx.iter().map(|q| q.missed).sum::<u64>()
+                + self.driver.imissed()
+                + self.imissed_base,
             rx_nombuf: rx.iter().map(|q| q.nombuf).sum(),
             opackets: tx.iter().map(|q| q.packets).sum(),
             obytes: tx.iter().map(|q| q.bytes).sum(),
             oerrors: tx.iter().map(|q| q.errors).sum(),
             rx_queues: rx,
             tx_queues: tx,
-            xstats: self.driver.xstats(),
+            xstats: recovery::summed(&self.xstats_base, self.driver.xstats()),
         }
     }
 
@@ -536,11 +822,25 @@ pub fn wait_events(
         .filter_map(|(i, p)| p.event_fd().map(|fd| (i, fd)))
         .collect();
     let fds: Vec<RawFd> = watched.iter().map(|w| w.1).collect();
+    // A recovering port has no descriptor to wake us: look for its device often enough.
+    let recovering = ports.iter().any(|p| p.state() == PortState::Recovering);
+    let timeout = if recovering {
+        timeout.min(recovery::RETRY_INTERVAL)
+    } else {
+        timeout
+    };
     let ready = crate::sys::event::poll_readable(&fds, timeout)?;
     let mut out = Vec::new();
+    let mut taken = vec![false; ports.len()];
     for ((i, _), r) in watched.into_iter().zip(ready) {
         if r {
+            taken[i] = true;
             out.extend(ports[i].take_events().into_iter().map(|e| (i, e)));
+        }
+    }
+    for (i, p) in ports.iter_mut().enumerate() {
+        if !taken[i] && p.state() == PortState::Recovering {
+            out.extend(p.take_events().into_iter().map(|e| (i, e)));
         }
     }
     Ok(out)
@@ -548,7 +848,7 @@ pub fn wait_events(
 
 impl Drop for Port {
     fn drop(&mut self) {
-        self.running.store(false, Ordering::Release);
+        self.ctl.set_running(false);
     }
 }
 

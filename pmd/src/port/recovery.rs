@@ -1,0 +1,306 @@
+//! What a port shares with its queue handles, and how it gets a lost device back.
+//!
+//! **The control word.** A port and the handles of one configuration share a [`QueueCtl`]:
+//! one 64-bit word, bit 0 "running", bits 1.. the generation of the queues. A handle loads
+//! it once per burst (a plain load on x86; `Acquire`, so what the port wrote before the
+//! word is visible) and compares it with the last word it ran under. Equal: the burst goes
+//! straight to the driver. Different: the handle catches up, between bursts, on its own
+//! core: a new generation means "your queue was rebuilt; take the new one from the port's
+//! slots and drop the old one here". The datapath pays one load and one compare, no
+//! read-modify-write, no lock; the lock on the slots is taken once per generation change.
+//!
+//! **Recovery** (a `mana:`/`mlx5:` port, or one given [`Port::with_recovery`]): on
+//! [`PortEvent::DeviceFatal`] or [`PortEvent::DeviceRemoved`] the port
+//! 1. stores a new generation with "running" clear: from their next burst the handles
+//!    drop their dead queues (the buffers those had posted or had in flight go back to the
+//!    pool) and return 0; TX leaves the packets with the caller;
+//! 2. keeps the driver's extended counters and drops the driver: the device objects go in
+//!    rdma-core's order (each queue object holds what it was created from, so QPs go before
+//!    CQs, MRs before the PD, the context last) once the last handle of their generation
+//!    has let go, never under a burst;
+//! 3. tries to open the device again every [`RETRY_INTERVAL`] (the same spec: the same
+//!    MAC, `dev=`, `netdev=` selection), configures it exactly as before (queue counts,
+//!    ring sizes, RSS, MTU, promiscuous mode, offloads, the same pool, which is registered
+//!    again) with the same per-queue counters, starts it if it was started, puts the new
+//!    queues in the slots and stores the next generation with "running" set;
+//! 4. gives up after the recover timeout: [`PortState::Failed`], [`PortEvent::RecoveryFailed`],
+//!    and [`Port::failure`] says what it waited for and the last error.
+//!
+//! The recovery runs on whatever thread takes the port's events ([`Port::take_events`],
+//! [`wait_events`]); nothing runs on the polling cores but the catch-up.
+//!
+//! [`Port::with_recovery`]: super::Port::with_recovery
+//! [`Port::take_events`]: super::Port::take_events
+//! [`Port::failure`]: super::Port::failure
+//! [`wait_events`]: super::wait_events
+//! [`PortEvent::DeviceFatal`]: crate::ethdev::PortEvent::DeviceFatal
+//! [`PortEvent::DeviceRemoved`]: crate::ethdev::PortEvent::DeviceRemoved
+//! [`PortEvent::RecoveryFailed`]: crate::ethdev::PortEvent::RecoveryFailed
+//! [`PortState::Failed`]: crate::ethdev::PortState::Failed
+#![deny(unsafe_code)]
+
+use crate::ethdev::QueueSetup;
+use crate::ethdev::{
+    Burst, Caps, Link, PortConfig, PortDriver, PortError, Queues, RxBurst, TxBurst,
+};
+use crate::net::MacAddr;
+use mempool::MbufPool;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How often a recovering port looks for its device.
+pub const RETRY_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Opens the port's device again: for a port opened from a spec, the probe of that spec.
+pub type Reopen = Box<dyn FnMut() -> Result<Box<dyn PortDriver>, PortError> + Send>;
+
+/// Bit 0 of the control word.
+const RUNNING: u64 = 1;
+
+/// What a handle has seen before its first burst of a running port: a running word of a
+/// generation no port reaches (2^63 - 1), so it never equals the port's word.
+pub const NEVER: u64 = u64::MAX;
+
+/// Whether the control word `w` says the queues run.
+#[inline]
+pub(super) fn running(w: u64) -> bool {
+    w & RUNNING != 0
+}
+
+/// The queue generation in the control word `w`.
+#[inline]
+pub(super) fn generation(w: u64) -> u64 {
+    w >> 1
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a port shares with the queue handles of one configuration (see the module docs).
+#[derive(Default)]
+pub struct QueueCtl {
+    /// Bit 0: running; bits 1..: generation.
+    pub(super) word: AtomicU64,
+    /// Queues of the newest generation that their handles have not taken yet.
+    rx: Mutex<Vec<Option<Box<dyn RxBurst>>>>,
+    tx: Mutex<Vec<Option<Box<dyn TxBurst>>>>,
+}
+
+impl std::fmt::Debug for QueueCtl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let w = self.word.load(Ordering::Relaxed);
+        write!(f, "QueueCtl(gen {}, running {})", generation(w), running(w))
+    }
+}
+
+impl QueueCtl {
+    /// The control of a new configuration: generation 0, not running.
+    pub(super) fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    fn word(&self) -> u64 {
+        self.word.load(Ordering::Acquire)
+    }
+
+    /// The current generation.
+    pub(super) fn gen(&self) -> u64 {
+        generation(self.word())
+    }
+
+    /// Sets or clears "running", same generation.
+    pub(super) fn set_running(&self, on: bool) {
+        let g = self.gen();
+        self.word.store(g << 1 | u64::from(on), Ordering::Release);
+    }
+
+    /// Starts a new generation with no queues (handles drop theirs), not running.
+    pub(super) fn retire(&self) {
+        lock(&self.rx).iter_mut().for_each(|s| *s = None);
+        lock(&self.tx).iter_mut().for_each(|s| *s = None);
+        let g = self.gen() + 1;
+        self.word.store(g << 1, Ordering::Release);
+    }
+
+    /// Starts a new generation whose queue `i` is `rx[i]` / `tx[i]` for the handles that
+    /// were taken (`None` where the port still holds the handle's queue itself).
+    pub(super) fn publish(
+        &self,
+        rx: Vec<Option<Box<dyn RxBurst>>>,
+        tx: Vec<Option<Box<dyn TxBurst>>>,
+        run: bool,
+    ) {
+        *lock(&self.rx) = rx;
+        *lock(&self.tx) = tx;
+        let g = self.gen() + 1;
+        // Release: a handle that sees the new generation sees the slots filled.
+        self.word.store(g << 1 | u64::from(run), Ordering::Release);
+    }
+
+    /// For an RX handle of generation `gen` that saw `w`: its queue of the newer generation
+    /// (a detached one if there is none), or `None` when its generation is current.
+    pub(super) fn next_rx(&self, w: u64, gen: u64, queue: u16) -> Option<Box<dyn RxBurst>> {
+        if generation(w) == gen {
+            return None;
+        }
+        let next = lock(&self.rx)
+            .get_mut(usize::from(queue))
+            .and_then(Option::take);
+        Some(next.unwrap_or_else(|| Box::new(Detached)))
+    }
+
+    /// As [`QueueCtl::next_rx`], for a TX handle.
+    pub(super) fn next_tx(&self, w: u64, gen: u64, queue: u16) -> Option<Box<dyn TxBurst>> {
+        if generation(w) == gen {
+            return None;
+        }
+        let next = lock(&self.tx)
+            .get_mut(usize::from(queue))
+            .and_then(Option::take);
+        Some(next.unwrap_or_else(|| Box::new(Detached)))
+    }
+}
+
+/// A queue with no device behind it (its port is recovering or gone): every burst is 0.
+pub(super) struct Detached;
+
+impl RxBurst for Detached {
+    fn rx_burst(&mut self, _out: &mut Burst) -> usize {
+        0
+    }
+}
+
+impl TxBurst for Detached {
+    fn tx_burst(&mut self, _pkts: &mut Burst) -> usize {
+        0
+    }
+}
+
+/// The driver of a port whose device is gone: what the port knew of it, link down, no
+/// events, no queues.
+pub(super) struct Gone {
+    pub(super) caps: Caps,
+    pub(super) mac: MacAddr,
+}
+
+impl PortDriver for Gone {
+    fn caps(&self) -> Caps {
+        self.caps.clone()
+    }
+    fn mac(&self) -> MacAddr {
+        self.mac
+    }
+    fn link(&self) -> Link {
+        Link {
+            up: false,
+            speed_mbps: 0,
+            full_duplex: false,
+        }
+    }
+    fn configure(
+        &mut self,
+        _cfg: &PortConfig,
+        _pool: &Arc<MbufPool>,
+        _q: &QueueSetup,
+    ) -> Result<Queues, PortError> {
+        Err(PortError::Setup {
+            what: "configure".into(),
+            source: "the port's device is gone (recovering or failed)".into(),
+        })
+    }
+    fn start(&mut self) -> Result<(), PortError> {
+        Err(PortError::Setup {
+            what: "start".into(),
+            source: "the port's device is gone (recovering or failed)".into(),
+        })
+    }
+}
+
+/// A recovery in progress.
+pub(super) struct Recovery {
+    /// When the device was lost.
+    pub(super) since: Instant,
+    /// When to give up.
+    pub(super) deadline: Instant,
+    /// When to look for the device next.
+    pub(super) next_try: Instant,
+    /// Attempts so far.
+    pub(super) attempts: u32,
+    /// Why the last attempt failed.
+    pub(super) last_error: Option<String>,
+    /// Whether the port was started when the device was lost (it is started again).
+    pub(super) was_started: bool,
+}
+
+impl Recovery {
+    pub(super) fn new(timeout: Duration, was_started: bool) -> Self {
+        let now = Instant::now();
+        Self {
+            since: now,
+            deadline: now + timeout,
+            next_try: now + RETRY_INTERVAL,
+            attempts: 0,
+            last_error: None,
+            was_started,
+        }
+    }
+}
+
+/// Adds `add` into `base` by name (counters summed across device generations).
+pub(super) fn sum_into(base: &mut Vec<(String, u64)>, add: Vec<(String, u64)>) {
+    for (name, v) in add {
+        match base.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, b)) => *b = b.wrapping_add(v),
+            None => base.push((name, v)),
+        }
+    }
+}
+
+/// `a` with `b` added by name, keeping `b`'s order first (the live driver's names), then
+/// the names only earlier generations had.
+pub(super) fn summed(base: &[(String, u64)], live: Vec<(String, u64)>) -> Vec<(String, u64)> {
+    if base.is_empty() {
+        return live;
+    }
+    let mut out = live;
+    for (name, v) in base {
+        match out.iter_mut().find(|(n, _)| n == name) {
+            Some((_, x)) => *x = x.wrapping_add(*v),
+            None => out.push((name.clone(), *v)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_word_packs_running_and_generation() {
+        let c = QueueCtl::new();
+        assert_eq!((c.gen(), running(c.word())), (0, false));
+        c.set_running(true);
+        assert_eq!((c.gen(), running(c.word())), (0, true));
+        c.retire();
+        assert_eq!((c.gen(), running(c.word())), (1, false));
+        c.publish(vec![None], vec![None], true);
+        assert_eq!((c.gen(), running(c.word())), (2, true));
+        // A handle of generation 0 gets a queue (a detached one: the slot was empty).
+        let mut b = Burst::with_capacity(4);
+        let mut q = c.next_rx(c.word(), 0, 0).expect("newer generation");
+        assert_eq!(q.rx_burst(&mut b), 0);
+        assert!(c.next_rx(c.word(), 2, 0).is_none());
+    }
+
+    #[test]
+    fn counters_are_summed_by_name() {
+        let mut base = vec![("a".to_string(), 1)];
+        sum_into(&mut base, vec![("a".into(), 2), ("b".into(), 5)]);
+        assert_eq!(base, vec![("a".into(), 3), ("b".into(), 5)]);
+        let s = summed(&base, vec![("b".into(), 1), ("c".into(), 7)]);
+        assert_eq!(s, vec![("b".into(), 6), ("c".into(), 7), ("a".into(), 3)]);
+    }
+}
