@@ -18,13 +18,18 @@ stderr, and refuses to run next to a real libibverbs.
 Environment:
   FAKE_RDMA_PORTS    the world: a ';'-separated list of
                        mana_N/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N]
+                         [,coalesce=1][,netdev_up_after_reset=1]
                        mlx5_N/1:mac=MAC,wire=WIRE[,netdev=IFNAME][,part=ID]
+                         [,netdev_up_after_reset=1]
                      WIRE is a device-model wire (none, shm:NAME, loop:NAME, afpacket:IF);
                      netdev=IFNAME names a real interface that plays the port's kernel
                      netdev: on MANA, while it is up it holds the port (raw QPs fail with
                      ENODEV); on mlx5 the port is ACTIVE while it is up. An mlx5 device has
                      one port; part= is its PCI device id (vendor_part_id): 0x1017
                      ConnectX-5 (default), 0x1013 ConnectX-4 (18-byte inline header).
+                     coalesce=1 (MANA): RSS QPs coalesce RX CQEs, as newer kernels.
+                     netdev_up_after_reset=1 (with netdev=): IFNAME is brought up when
+                     the device comes back from a servicing (as hv_netvsc opens a VF).
                      Default: mana_0 with ports 1 and 2, MACs 02:00:00:00:10:01 and
                      02:00:00:00:10:02, wires shm:fake-mana_0-1 and shm:fake-mana_0-2
                      (attach from another process with emu-mana:wire=shm:fake-mana_0-1).
@@ -41,8 +46,18 @@ Asynchronous events: while COMMAND runs, files in the tree ($SYSFS_PATH as COMMA
 raise them on every open context of the device (checked every 20 ms):
   class/infiniband/DEV/ports/N/fake_rdma_link   down | up: IBV_EVENT_PORT_ERR / PORT_ACTIVE
                                                 (ibv_query_port then says DOWN / ACTIVE)
-  class/infiniband/DEV/fake_rdma_fatal          1: IBV_EVENT_DEVICE_FATAL; removed: that,
-                                                then the event channel fails with EIO
+  class/infiniband/DEV/fake_rdma_fatal          1: IBV_EVENT_DEVICE_FATAL; removed: a hot
+                                                removal, a servicing that never ends;
+                                                service SECONDS (e.g. service 2, service
+                                                0.5): a host servicing, see below
+  A servicing (`echo service 2 > .../fake_rdma_fatal`): every context of DEV open then
+  is disassociated: its queues stop at once (the port's wire stays up), every command
+  on it fails with EIO, destroys succeed and give the buffers back; it gets
+  IBV_EVENT_DEVICE_FATAL and its event channel closes. DEV leaves the device list and
+  the tree (libibverbs' and pmd's discovery) for SECONDS (ibv_open_device on its old
+  ibv_device: ENOENT), then comes back healthy as a new ibv_device. A process on the
+  fake must have listed the devices (its watcher does the work); if it exits first, the
+  device comes back then.
   e.g. scripts/fake-rdma.sh sh -c 'l2fwd --port mana:dev=mana_0,port=1 \
          --port mana:dev=mana_0,port=2 --duration 3 & sleep 1;
          echo down > "$SYSFS_PATH/class/infiniband/mana_0/ports/1/fake_rdma_link"; wait'

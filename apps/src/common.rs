@@ -5,7 +5,7 @@
 use crate::cli::{usage, Failure};
 use mempool::{MbufPool, MbufPoolConfig};
 use pmd::lcore::StopFlag;
-use pmd::port::{wait_events, Port, PortConfig, PortEvent, PortSpec, Stats};
+use pmd::port::{wait_events, Port, PortConfig, PortEvent, PortSpec, PortState, Stats};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -286,8 +286,11 @@ impl EventWatch {
     }
 
     /// Waits up to `timeout` for events on `ports`, logs and records them. Returns the
-    /// message of the first fatal one (device failed or removed), after which the tool
-    /// should stop; link changes are only logged.
+    /// message of the first one that ends a port for good, after which the tool should stop:
+    /// a device that failed or went away on a port that does not recover, or a recovery
+    /// that failed ([`PortEvent::RecoveryFailed`], with [`Port::failure`]'s reason). A port
+    /// that recovers by itself ([`PortState::Recovering`] after the loss) is only logged,
+    /// like link changes.
     pub fn wait(&mut self, ports: &mut [Port], timeout: Duration) -> Option<String> {
         let got = if self.poll_failed {
             std::thread::sleep(timeout);
@@ -304,9 +307,22 @@ impl EventWatch {
         };
         let mut fatal = None;
         for (port, event) in got {
-            let what = format!("port {port} ({}): {event}", self.names[port]);
+            let mut what = format!("port {port} ({}): {event}", self.names[port]);
+            if event == PortEvent::RecoveryFailed {
+                if let Some(why) = ports[port].failure() {
+                    what = format!("port {port}: recovery failed: {why}");
+                }
+            }
             eprintln!("{}: {what}", self.tool);
-            if event.is_fatal() && fatal.is_none() {
+            let recovering = matches!(
+                ports[port].state(),
+                PortState::Recovering | PortState::Started | PortState::Configured
+            ) && ports[port].recovers();
+            let ends = match event {
+                PortEvent::RecoveryFailed => true,
+                e => e.is_fatal() && !recovering,
+            };
+            if ends && fatal.is_none() {
                 fatal = Some(format!("{what}: stopping"));
             }
             self.seen.push(SeenEvent {
@@ -330,12 +346,16 @@ impl EventWatch {
             self.seen
                 .iter()
                 .map(|e| {
-                    json!({
+                    let mut v = json!({
                         "t_s": e.t_s,
                         "port": e.port,
                         "event": e.event.name(),
                         "message": e.event.to_string(),
-                    })
+                    });
+                    if let PortEvent::Recovered { downtime } = e.event {
+                        v["downtime_s"] = downtime.as_secs_f64().into();
+                    }
+                    v
                 })
                 .collect(),
         )

@@ -683,6 +683,11 @@ pub struct SeqTracker {
     pub reordered: u64,
     /// Sequence numbers skipped so far (lost unless they turn up late).
     pub gaps: u64,
+    /// The longest run of sequence numbers skipped at once (an outage: a link down, a port
+    /// recovering from a device reset), and its first number.
+    pub longest_gap: u64,
+    /// First sequence number of [`SeqTracker::longest_gap`].
+    pub longest_gap_first: u64,
     /// Per flow, one past the highest sequence number seen (0: none yet).
     last: Vec<u64>,
 }
@@ -706,6 +711,8 @@ impl SeqTracker {
             duplicates: 0,
             reordered: 0,
             gaps: 0,
+            longest_gap: 0,
+            longest_gap_first: 0,
             last: vec![0; flows.max(1) as usize],
         }
     }
@@ -741,6 +748,10 @@ impl SeqTracker {
                 }
             }
             self.gaps += gap;
+            if gap > self.longest_gap {
+                self.longest_gap = gap;
+                self.longest_gap_first = self.next;
+            }
             let (w, m) = self.bit(s);
             *w |= m;
             self.next = s + 1;
@@ -764,9 +775,41 @@ impl SeqTracker {
     }
 }
 
+impl SeqTracker {
+    /// How many numbers of the longest gap never arrived (some may have turned up late).
+    /// Exact while the gap is within the last [`SeqTracker::WINDOW`] numbers; older gaps
+    /// are counted whole.
+    pub fn longest_gap_missing(&self) -> u64 {
+        let (first, len) = (self.longest_gap_first, self.longest_gap);
+        if len == 0 || self.next - first > Self::WINDOW {
+            return len;
+        }
+        (first..first + len)
+            .filter(|&q| {
+                let i = (q % Self::WINDOW) as usize;
+                self.bits[i / 64] & (1u64 << (i % 64)) == 0
+            })
+            .count() as u64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_longest_gap_is_found_and_late_frames_leave_it() {
+        let mut t = SeqTracker::default();
+        for s in (0..10).chain(12..20).chain(120..130) {
+            t.record(s);
+        }
+        assert_eq!((t.longest_gap, t.longest_gap_first), (100, 20));
+        assert_eq!(t.longest_gap_missing(), 100);
+        t.record(50);
+        t.record(51);
+        assert_eq!((t.longest_gap, t.longest_gap_missing()), (100, 98));
+        assert_eq!(t.gaps, 2 + 98);
+    }
 
     fn spec(size: u16, flows: u32, vlan: Option<u16>) -> FrameSpec {
         FrameSpec {

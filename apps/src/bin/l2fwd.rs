@@ -9,7 +9,7 @@ use apps::common::{
 use clap::Parser;
 use mempool::lcache;
 use pmd::lcore::{launch_each, CoreList, StopFlag};
-use pmd::port::{Burst, Port, PortConfig, PortSpec, RxQueue, Stats, TxQueue};
+use pmd::port::{Burst, Port, PortConfig, PortSpec, PortState, RxQueue, Stats, TxQueue};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,10 +24,13 @@ use std::time::{Duration, Instant};
 /// for machines). A port taken over from its kernel netdev (`busy=takeover`) gives it back on
 /// exit, also on a second signal.
 ///
-/// Port events (link down/up, device failure or removal, queue errors) are logged on stderr
-/// as they happen and listed in the `--json` report. A link that goes down does not stop
-/// forwarding (frames are lost until it is back); a failed or removed device stops l2fwd
-/// with exit status 1.
+/// Port events (link down/up, device failure or removal, recovery, queue errors) are logged
+/// on stderr as they happen and listed in the `--json` report. A link that goes down does not
+/// stop forwarding (frames are lost until it is back). A `mana:`/`mlx5:` port whose device is
+/// reset or removed recovers by itself (`recover-timeout=`, default 120 s) while the other
+/// ports go on forwarding; frames meant for it meanwhile are counted as `down_drops`. A port
+/// that does not recover (a device model, or a device that stayed away past its timeout)
+/// stops l2fwd with exit status 1, unless `--keep-running`.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -83,6 +86,10 @@ struct Args {
     /// Print the final report as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Keep forwarding between the other ports when a port is lost for good (its device
+    /// failed and did not come back); l2fwd still exits with status 1 at the end, naming it.
+    #[arg(long)]
+    keep_running: bool,
 }
 
 /// Per port counters of one core.
@@ -90,7 +97,10 @@ struct Args {
 struct PortCounters {
     rx: Counter,
     tx: Counter,
+    /// Frames the port's TX queue did not take (a full ring).
     dropped: Counter,
+    /// Frames for the port while it had no device (recovering, or failed).
+    down: Counter,
 }
 
 struct Work {
@@ -220,8 +230,20 @@ fn run(args: &Args) -> Result<(), Failure> {
                     let sent = w.txqs[dst].tx_burst(&mut b);
                     mine[dst].tx.add(sent as u64);
                     if !b.is_empty() {
-                        mine[dst].dropped.add(b.len() as u64);
+                        if w.txqs[dst].port_running() {
+                            mine[dst].dropped.add(b.len() as u64);
+                        } else {
+                            mine[dst].down.add(b.len() as u64);
+                        }
                         lcache::with_cache(&pool, |c| b.free_all(c));
+                    }
+                }
+                if !moved {
+                    // Idle: reclaim what the TX queues sent (a queue no frame was for gets
+                    // no burst otherwise), which is also when a queue whose port recovered
+                    // lets go of its dead device.
+                    for tx in &mut w.txqs {
+                        tx.tx_burst(&mut b);
                     }
                 }
                 idle.after(moved);
@@ -253,9 +275,17 @@ fn run(args: &Args) -> Result<(), Failure> {
     // What each device dropped before l2fwd saw it (imissed: no RX buffer, or a full ring
     // under the port, such as the kernel's on an afpacket wire), and its extended counters.
     let port_stats: Vec<Stats> = ports.iter().map(Port::stats).collect();
+    let ends: Vec<PortEnd> = ports
+        .iter()
+        .map(|p| PortEnd {
+            state: p.state(),
+            recoveries: p.recoveries(),
+            failure: p.failure().map(str::to_string),
+        })
+        .collect();
     drop(ports);
     let in_use = pool.in_use();
-    report(args, &counters, &port_stats, secs, in_use, &events);
+    report(args, &counters, &port_stats, &ends, secs, in_use, &events);
     if let Some(f) = fatal {
         return Err(f.into());
     }
@@ -277,18 +307,30 @@ fn run(args: &Args) -> Result<(), Failure> {
 /// How often the main loop looks at the ports' pcap captures.
 const CAPTURE_CHECK: Duration = Duration::from_millis(200);
 
-fn totals(counters: &[Vec<PortCounters>], np: usize) -> Vec<(u64, u64, u64)> {
+/// One port's counters summed over the cores.
+#[derive(Debug, Clone, Copy, Default)]
+struct Totals {
+    rx: u64,
+    tx: u64,
+    dropped: u64,
+    down: u64,
+}
+
+fn totals(counters: &[Vec<PortCounters>], np: usize) -> Vec<Totals> {
     (0..np)
         .map(|p| {
-            counters.iter().fold((0, 0, 0), |(r, t, d), c| {
-                (r + c[p].rx.get(), t + c[p].tx.get(), d + c[p].dropped.get())
+            counters.iter().fold(Totals::default(), |t, c| Totals {
+                rx: t.rx + c[p].rx.get(),
+                tx: t.tx + c[p].tx.get(),
+                dropped: t.dropped + c[p].dropped.get(),
+                down: t.down + c[p].down.get(),
             })
         })
         .collect()
 }
 
-/// Statistics and port events until a stop, the deadline or a fatal port event (whose
-/// message it returns).
+/// Statistics and port events until a stop, the deadline or a port lost for good (whose
+/// message it returns; with `--keep-running` the first such message is returned at the end).
 fn main_loop(
     args: &Args,
     counters: &Arc<Vec<Vec<PortCounters>>>,
@@ -304,11 +346,16 @@ fn main_loop(
     let mut last = totals(counters, np);
     let mut last_t = Instant::now();
     let mut last_check = Instant::now();
+    let mut lost = None;
     while !stop.is_set() && deadline.is_none_or(|d| t0.elapsed() < d) {
-        // Port events are watched here, never on the polling cores: a link that goes down
-        // is logged and forwarding goes on; a device that failed stops the run.
+        // Port events are watched here, never on the polling cores (which is also where a
+        // recovering port looks for its device): a link that goes down is logged and
+        // forwarding goes on; a port lost for good stops the run (or not: --keep-running).
         if let Some(f) = events.wait(ports, Duration::from_millis(20)) {
-            return Some(f);
+            if !args.keep_running {
+                return Some(f);
+            }
+            lost.get_or_insert(f);
         }
         // A capture that stopped recording (a full disk) stops the run: it is not the
         // capture that was asked for.
@@ -329,15 +376,18 @@ fn main_loop(
                     let d = device_drops(&s);
                     line += &format!(
                         "  p{p} rx {} ({}pps) tx {} ({}pps) drop {} missed {} dev-drop tx {} rx {}",
-                        n.0,
-                        si((n.0 - l.0) as f64 / dt),
-                        n.1,
-                        si((n.1 - l.1) as f64 / dt),
-                        n.2,
+                        n.rx,
+                        si((n.rx - l.rx) as f64 / dt),
+                        n.tx,
+                        si((n.tx - l.tx) as f64 / dt),
+                        n.dropped,
                         s.imissed,
                         d.tx,
                         d.rx
                     );
+                    if n.down > 0 || ports[p].state() != PortState::Started {
+                        line += &format!(" down-drop {} ({:?})", n.down, ports[p].state());
+                    }
                 }
                 eprintln!("{line}");
                 last = now;
@@ -345,21 +395,31 @@ fn main_loop(
             }
         }
     }
-    None
+    lost
+}
+
+/// What the report says of each port besides its counters.
+struct PortEnd {
+    state: PortState,
+    recoveries: u64,
+    failure: Option<String>,
 }
 
 fn report(
     args: &Args,
     counters: &[Vec<PortCounters>],
     port_stats: &[Stats],
+    ends: &[PortEnd],
     secs: f64,
     in_use: u32,
     events: &EventWatch,
 ) {
     let t = totals(counters, port_stats.len());
-    let rx: u64 = t.iter().map(|x| x.0).sum();
-    let tx: u64 = t.iter().map(|x| x.1).sum();
-    let dropped: u64 = t.iter().map(|x| x.2).sum();
+    let rx: u64 = t.iter().map(|x| x.rx).sum();
+    let tx: u64 = t.iter().map(|x| x.tx).sum();
+    let dropped: u64 = t.iter().map(|x| x.dropped).sum();
+    let down: u64 = t.iter().map(|x| x.down).sum();
+    let recoveries: u64 = ends.iter().map(|e| e.recoveries).sum();
     let missed: u64 = port_stats.iter().map(|s| s.imissed).sum();
     // Every frame a device dropped, sending or receiving (imissed included).
     let dev_drops: u64 = port_stats.iter().map(|s| device_drops(s).total()).sum();
@@ -368,20 +428,25 @@ fn report(
             .iter()
             .zip(port_stats)
             .enumerate()
-            .map(|(p, ((r, x, d), s))| {
+            .map(|(p, (t, s))| {
                 let xstats: serde_json::Map<String, serde_json::Value> = s
                     .xstats
                     .iter()
                     .map(|(n, v)| (n.clone(), (*v).into()))
                     .collect();
-                serde_json::json!({"port": p, "rx_packets": r, "tx_packets": x, "dropped": d,
-                    "imissed": s.imissed, "xstats": xstats, "stats": stats_json(s)})
+                let e = &ends[p];
+                serde_json::json!({"port": p, "rx_packets": t.rx, "tx_packets": t.tx,
+                    "dropped": t.dropped, "down_drops": t.down, "imissed": s.imissed,
+                    "state": format!("{:?}", e.state).to_lowercase(),
+                    "recoveries": e.recoveries, "failure": e.failure,
+                    "xstats": xstats, "stats": stats_json(s)})
             })
             .collect();
         println!(
             "{}",
             serde_json::json!({
                 "rx_packets": rx, "tx_packets": tx, "dropped": dropped, "imissed": missed,
+                "down_drops": down, "recoveries": recoveries,
                 "device_drops": dev_drops,
                 "duration_s": secs, "pps": tx as f64 / secs, "ports": ports,
                 "pool_in_use": in_use, "events": events.json(),
@@ -392,12 +457,22 @@ fn report(
             "l2fwd summary: {secs:.2} s, rx {rx}, tx {tx}, dropped {dropped}, missed {missed}, device drops {dev_drops}, {}pps forwarded",
             si(tx as f64 / secs)
         );
-        for (p, ((r, x, d), s)) in t.iter().zip(port_stats).enumerate() {
+        for (p, (t, s)) in t.iter().zip(port_stats).enumerate() {
             let dd = device_drops(s);
             println!(
-                "  port {p}: rx {r} tx {x} dropped {d} missed {} device drops tx {} rx {}",
-                s.imissed, dd.tx, dd.rx
+                "  port {p}: rx {} tx {} dropped {} missed {} device drops tx {} rx {}",
+                t.rx, t.tx, t.dropped, s.imissed, dd.tx, dd.rx
             );
+            let e = &ends[p];
+            if t.down > 0 || e.recoveries > 0 || e.state != PortState::Configured {
+                println!(
+                    "    while without its device: {} frames not sent; recoveries {}; state at exit {:?}{}",
+                    t.down,
+                    e.recoveries,
+                    e.state,
+                    e.failure.as_deref().map(|f| format!(" ({f})")).unwrap_or_default()
+                );
+            }
         }
         for line in device_lines(port_stats)
             .into_iter()

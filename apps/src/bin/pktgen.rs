@@ -941,6 +941,11 @@ fn report(
                 "tx_packets": tx_packets, "tx_bytes": tx_bytes, "rx_packets": rx_packets, "rx_bytes": rx_bytes,
                 "lost": (!args.tx_only).then_some(lost), "tx_only": args.tx_only,
                 "duplicates": tracker.duplicates, "reordered": tracker.reordered,
+                "longest_gap": (!args.tx_only).then(|| serde_json::json!({
+                    "frames": tracker.longest_gap, "first_seq": tracker.longest_gap_first,
+                    "lost": tracker.longest_gap_missing(),
+                    "seconds": tracker.longest_gap as f64 * secs / (tx_packets.max(1)) as f64,
+                })),
                 "duration_s": secs, "tx_pps": tx_packets as f64 / secs, "rx_pps": rx_packets as f64 / secs,
                 "tx_gbps": tx_bytes as f64 * 8.0 / secs / 1e9,
                 "tx_gbps_l1": l1_bytes as f64 * 8.0 / secs / 1e9,
@@ -980,6 +985,16 @@ fn report(
                 tracker.duplicates,
                 tracker.reordered
             );
+            if tracker.longest_gap > 1 {
+                let missing = tracker.longest_gap_missing();
+                println!(
+                    "  longest gap: {} frames from sequence {} (about {:.3} s at the send rate), {missing} of them lost; lost outside it {}",
+                    tracker.longest_gap,
+                    tracker.longest_gap_first,
+                    tracker.longest_gap as f64 * secs / tx_packets.max(1) as f64,
+                    lost.saturating_sub(missing)
+                );
+            }
         }
         if !hist.is_empty() {
             println!(

@@ -29,6 +29,11 @@ struct Args {
     /// Print one JSON object: {"pps": .., "duration_s": ..}.
     #[arg(long)]
     json: bool,
+    /// Stop after this many rounds of two forwarding bursts (one each way) instead of after
+    /// --duration: a fixed amount of work, for instruction counts (`valgrind
+    /// --tool=callgrind`), which are then the same from run to run.
+    #[arg(long, value_name = "N")]
+    rounds: Option<u64>,
 }
 
 type Queues = (RxQueue, TxQueue, RxQueue, TxQueue);
@@ -74,6 +79,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let burst = usize::from(args.burst);
     let t0 = Instant::now();
     let deadline = Duration::from_secs_f64(args.duration);
+    let rounds = args.rounds;
+    let done = std::sync::atomic::AtomicBool::new(false);
     let forwarded = launch_each(
         &cores,
         &stop,
@@ -81,7 +88,14 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         |lcore, (mut rx0, mut tx0, mut rx1, mut tx1): Queues| {
             let mut b = Burst::with_capacity(burst);
             let mut fwd = 0u64;
-            while !lcore.stop.is_set() {
+            if let Some(n) = rounds {
+                for _ in 0..n {
+                    fwd += forward(&mut rx0, &mut tx1, &mut b, &pool);
+                    fwd += forward(&mut rx1, &mut tx0, &mut b, &pool);
+                }
+                done.store(true, std::sync::atomic::Ordering::Release);
+            }
+            while rounds.is_none() && !lcore.stop.is_set() {
                 for _ in 0..1024 {
                     fwd += forward(&mut rx0, &mut tx1, &mut b, &pool);
                     fwd += forward(&mut rx1, &mut tx0, &mut b, &pool);
@@ -91,8 +105,11 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             fwd
         },
         |stop| {
-            while !stop.is_set() && t0.elapsed() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
+            while !stop.is_set()
+                && !done.load(std::sync::atomic::Ordering::Acquire)
+                && (rounds.is_some() || t0.elapsed() < deadline)
+            {
+                std::thread::sleep(Duration::from_millis(1));
             }
         },
     )?;

@@ -154,6 +154,13 @@ impl TxQueue {
         self.imp.tx_burst(pkts)
     }
 
+    /// Whether the port runs now (started, not recovering, not failed). Not for every
+    /// burst: a caller asks when a burst took less than it was given, to tell packets a
+    /// port without a device refused from those a full ring did.
+    pub fn port_running(&self) -> bool {
+        running(self.ctl.word.load(Ordering::Relaxed))
+    }
+
     #[cold]
     #[inline(never)]
     fn catch_up(&mut self, w: u64) -> bool {
@@ -208,8 +215,9 @@ pub struct Port {
     /// Extended counters and `imissed` of the device generations before this one.
     xstats_base: Vec<(String, u64)>,
     imissed_base: u64,
-    /// Recoveries completed.
+    /// Recoveries completed, and the last one.
     recoveries: u64,
+    last_recovery: Option<recovery::Completed>,
     /// The port's lock (see [`lock`]). Declared after `driver`: fields drop in order, so the
     /// driver (and a netdev it took over) is gone before another process may open the port.
     lock: Option<PortLock>,
@@ -286,6 +294,7 @@ impl Port {
             xstats_base: Vec::new(),
             imissed_base: 0,
             recoveries: 0,
+            last_recovery: None,
             lock: None,
         }
     }
@@ -655,7 +664,7 @@ impl Port {
         // The driver's objects go now; a queue's, when its handle has let go of it.
         drop(old);
         self.state = PortState::Recovering;
-        self.recovery = Some(Recovery::new(timeout, was_started));
+        self.recovery = Some(Recovery::new(timeout, was_started, self.last_recovery));
         tracing::warn!(
             target: "pmd::port",
             port = self.id,
@@ -678,6 +687,11 @@ impl Port {
                 let r = self.recovery.take().expect("recovering");
                 let downtime = r.since.elapsed();
                 self.recoveries += 1;
+                self.last_recovery = Some(recovery::Completed {
+                    at: now,
+                    since: r.since,
+                    deadline: r.deadline,
+                });
                 tracing::warn!(
                     target: "pmd::port",
                     port = self.id,

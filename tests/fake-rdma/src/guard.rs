@@ -111,11 +111,13 @@ extern "C" fn on_load() {
 static ON_LOAD: extern "C" fn() = on_load;
 
 extern "C" fn on_unload() {
+    crate::events::restore_at_exit();
     crate::verbs::report_at_exit();
 }
 
 /// Says at exit how many verbs objects the process left alive (0 after a clean teardown),
-/// so a leak shows in every run, and tests can check it after the process is gone.
+/// so a leak shows in every run, and tests can check it after the process is gone; first
+/// puts back the devices whose servicing this process started and did not end.
 #[used]
 #[link_section = ".fini_array"]
 static ON_UNLOAD: extern "C" fn() = on_unload;

@@ -14,8 +14,9 @@
 //! `scripts/fake-rdma.sh COMMAND` runs a program on it; see `--help` there for the knobs:
 //! `FAKE_RDMA_PORTS` (the world), `FAKE_RDMA_PROFILE` (`v44` | `main`), `FAKE_RDMA_FAIL`
 //! (`CALL[#N]:ERRNO,...`), `FAKE_RDMA_TRACE` (JSON lines). While a program runs, files in
-//! the world's sysfs tree raise asynchronous events (link down/up, device fatal): see
-//! `src/events.rs`.
+//! the world's sysfs tree raise asynchronous events (link down/up, device fatal, removal)
+//! and service a device (its contexts disassociated, the device out of the tree for a
+//! while): see `src/events.rs`.
 //!
 //! Nothing here is for production: never link this crate's rlib into a program (its exports
 //! would interpose the real rdma-core); it exists so that `cargo test` builds the cdylib.

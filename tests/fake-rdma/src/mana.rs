@@ -212,7 +212,7 @@ pub unsafe extern "C" fn query_device_ex(
                 return Err(libc::EINVAL);
             }
             non_null(attr, "ibv_query_device_ex", "attr");
-            st.kernel("ibv_query_device_ex")?;
+            st.kernel(context, "ibv_query_device_ex")?;
             let mut ex = ibv_device_attr_ex {
                 orig_attr: device_attr(ctx),
                 max_wq_type_rq: 64,
@@ -276,7 +276,9 @@ pub unsafe extern "C" fn alloc_parent_domain(
                     Profile::Main => libc::EOPNOTSUPP,
                 });
             }
-            st.kernel("ibv_alloc_parent_domain")?;
+            // User space only (calloc): nothing for the kernel to refuse, even on a
+            // disassociated context.
+            st.fault("ibv_alloc_parent_domain")?;
             let of = obj(
                 st,
                 a.pd.cast::<Pd>(),
@@ -353,7 +355,7 @@ pub fn create_cq(
     };
     // The kernel (mana_ib_create_cq): cqe ≤ max_qp_wr, then pins cqe * 64 bytes from a
     // page-aligned start. comp_vector is reduced modulo the vectors, never refused.
-    let k = st.kernel("ibv_create_cq").and_then(|()| {
+    let k = st.kernel(context, "ibv_create_cq").and_then(|()| {
         if cqe_u == 0 || cqe_u > KERNEL_MAX_QP_WR {
             return Err(libc::EINVAL);
         }
@@ -413,11 +415,15 @@ pub fn destroy_cq(st: &mut State, cq: *mut ibv_cq) -> Result<c_int, c_int> {
     if st.cfg.profile == Profile::V44 && ctx.alloc.free.is_none() {
         return Ok(-libc::EINVAL);
     }
-    // ib_destroy_cq_user: EBUSY while a QP or WQ uses it.
-    if c.users > 0 {
-        return Err(libc::EBUSY);
+    // A disassociated context: the kernel destroyed the CQ already and lets the command
+    // through (State::disassociated); only the user-space part is left.
+    if !st.disassociated(c.cq.context) {
+        // ib_destroy_cq_user: EBUSY while a QP or WQ uses it.
+        if c.users > 0 {
+            return Err(libc::EBUSY);
+        }
+        st.kernel(c.cq.context, "ibv_destroy_cq")?;
     }
-    st.kernel("ibv_destroy_cq")?;
     if c.internal {
         // SAFETY: mapped by ibv_create_cq with `buf_size`.
         unsafe { libc::munmap(c.buf, c.buf_size) };
@@ -484,7 +490,7 @@ pub unsafe extern "C" fn create_wq(
             &[Kind::Cq],
             "ibv_create_wq",
         );
-        if let Err(e) = st.kernel("ibv_create_wq") {
+        if let Err(e) = st.kernel(context, "ibv_create_wq") {
             return fail(e);
         }
         // mana_ib_create_wq pins the buffer from a page-aligned start.
@@ -545,15 +551,19 @@ pub unsafe extern "C" fn destroy_wq(wq: *mut ibv_wq) -> c_int {
         if ctx.alloc.free.is_none() {
             return Err(libc::EINVAL);
         }
-        // ib_destroy_wq_user: EBUSY while an indirection table uses it.
-        if w.users > 0 {
-            return Err(libc::EBUSY);
-        }
-        st.kernel("ibv_destroy_wq")?;
-        // SAFETY: the PD and CQ were counted at creation and cannot be destroyed before.
-        unsafe {
-            (*w.pd).users -= 1;
-            (*w.cq).users -= 1;
+        // A disassociated context: the kernel destroyed the WQ already (its PD and CQ may be
+        // gone too); only the user-space part is left.
+        if !st.disassociated(w.wq.context) {
+            // ib_destroy_wq_user: EBUSY while an indirection table uses it.
+            if w.users > 0 {
+                return Err(libc::EBUSY);
+            }
+            st.kernel(w.wq.context, "ibv_destroy_wq")?;
+            // SAFETY: the PD and CQ were counted at creation and cannot be destroyed before.
+            unsafe {
+                (*w.pd).users -= 1;
+                (*w.cq).users -= 1;
+            }
         }
         user_free(ctx, w.buf);
         st.unregister(wq as usize);
@@ -596,7 +606,7 @@ pub unsafe extern "C" fn create_rwq_ind_table(
                     obj(st, w.cast::<Wq>(), &[Kind::Wq], "ibv_create_rwq_ind_table") as *mut Wq,
                 );
             }
-            st.kernel("ibv_create_rwq_ind_table")?;
+            st.kernel(context, "ibv_create_rwq_ind_table")?;
             for &w in &wqs {
                 // SAFETY: live WQs (checked above).
                 unsafe { (*w).users += 1 };
@@ -634,13 +644,17 @@ pub unsafe extern "C" fn destroy_rwq_ind_table(table: *mut ibv_rwq_ind_table) ->
                 &[Kind::IndTable],
                 "ibv_destroy_rwq_ind_table",
             );
-            if t.users > 0 {
-                return Err(libc::EBUSY);
-            }
-            st.kernel("ibv_destroy_rwq_ind_table")?;
-            for &w in &t.wqs {
-                // SAFETY: the table's WQs cannot be destroyed while it exists.
-                unsafe { (*w).users -= 1 };
+            // A disassociated context: the kernel destroyed the table already (its WQs may
+            // be gone too).
+            if !st.disassociated(t.t.context) {
+                if t.users > 0 {
+                    return Err(libc::EBUSY);
+                }
+                st.kernel(t.t.context, "ibv_destroy_rwq_ind_table")?;
+                for &w in &t.wqs {
+                    // SAFETY: the table's WQs cannot be destroyed while it exists.
+                    unsafe { (*w).users -= 1 };
+                }
             }
             st.unregister(table as usize);
             // SAFETY: unregistered above; freed once.
@@ -708,7 +722,7 @@ pub fn create_qp(
         &[Kind::Cq],
         CALL,
     );
-    if let Err(e) = st.kernel(CALL) {
+    if let Err(e) = st.kernel(context, CALL) {
         return fail(e);
     }
     // Kernel, in order: CAP_NET_RAW (uverbs create_qp) → EPERM; max_send_wr > max_qp_wr,
@@ -875,7 +889,7 @@ pub unsafe extern "C" fn create_qp_ex(
             &[Kind::IndTable],
             CALL,
         );
-        st.kernel(CALL)?;
+        st.kernel(context, CALL)?;
         // Kernel mana_ib_create_qp_rss: CAP_NET_RAW, Toeplitz only, table ≤ 64, port range,
         // one WQ per CQ.
         if !has_cap_net_raw() {
@@ -1038,8 +1052,11 @@ pub fn destroy_qp(st: &mut State, qp: *mut ibv_qp) -> Result<c_int, c_int> {
     if st.cfg.profile == Profile::V44 && ctx.alloc.free.is_none() {
         return Ok(-libc::EINVAL);
     }
-    st.kernel("ibv_destroy_qp")?;
-    release_qp(st, q);
+    // A disassociated context: the kernel released the QP already (`disassociate`).
+    if !st.disassociated(q.qp.context) {
+        st.kernel(q.qp.context, "ibv_destroy_qp")?;
+        release_qp(st, q);
+    }
     if q.rss.is_none() {
         user_free(ctx, q.send_buf);
     }

@@ -7,7 +7,10 @@
 //! (`ports/N/fake_rdma_wire` of the world), whichever contexts create queues on it, so two
 //! contexts on one port share an engine instead of opening the wire twice. The engine starts
 //! (on its own thread, `fakenic-D-P`) when the first queue of the vPort is created and stops
-//! when the last one goes, or when the contexts that held them are closed.
+//! when the last one goes, or when the contexts that held them are closed; except when the
+//! device is serviced (`events.rs`): its contexts' queues leave at once, and the engine
+//! keeps running with none, its wire open (the port stays when the VF goes), dropping what
+//! arrives, until a queue is created on the device again.
 //!
 //! What reaches the engine, and when (the hardware objects `mana_ib` creates):
 //! * a send QP adds its SQ and send CQ when it is created (`mana_ib_create_qp_raw` creates
@@ -34,7 +37,7 @@ use crate::verbs::{device_name, Device};
 use pmd::emu::mana::{CqSpec, DoorbellPage, Engine, EngineThread, RqSpec, SqSpec};
 use pmd::emu::wire;
 use pmd::sys::DevMem;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
@@ -85,6 +88,9 @@ pub struct Nics {
     engines: BTreeMap<(u32, u32), PortNic>,
     mrs: BTreeMap<u32, MrRec>,
     pages: BTreeMap<usize, Arc<DoorbellPage>>,
+    /// Devices being serviced: their engines keep running (their wires open) with no queue,
+    /// until a queue is created on the device again.
+    held: BTreeSet<u32>,
 }
 
 impl std::fmt::Debug for Nics {
@@ -139,6 +145,9 @@ impl Nics {
     /// registered) if it is not running.
     fn engine(&mut self, dev: &Device, port: u32, call: &str) -> Result<&mut PortNic, c_int> {
         let key = (dev.index, port);
+        // A queue again after a servicing: the engine that kept the wire serves it, and
+        // stops with the last queue as usual.
+        self.held.remove(&dev.index);
         if !self.engines.contains_key(&key) {
             let spec = &dev.view.ports[port as usize - 1].wire;
             let w = wire::open(spec).map_err(|e| {
@@ -166,8 +175,19 @@ impl Nics {
         Ok(self.engines.get_mut(&key).expect("inserted above"))
     }
 
-    /// Stops the engine of `key` if it serves no queue any more.
+    /// Device `dev` is being serviced: its engines keep running with no queue (the vPort's
+    /// wire stays, as the port does when a VF goes away), dropping what arrives, until a
+    /// queue is created on the device again.
+    pub fn hold(&mut self, dev: u32) {
+        self.held.insert(dev);
+    }
+
+    /// Stops the engine of `key` if it serves no queue any more (and its device is not
+    /// held by a servicing).
     fn stop_if_idle(&mut self, key: (u32, u32)) {
+        if self.held.contains(&key.0) {
+            return;
+        }
         if self.engines.get(&key).is_some_and(|n| n.queues == 0) {
             // Dropping the thread stops and joins it (its step, if any, is over).
             self.engines.remove(&key);

@@ -6,7 +6,8 @@
 //! One engine per mlx5 device (one port each, on the port's wire `ports/1/fake_rdma_wire`),
 //! whichever contexts create queues on it. It starts (on its own thread, `fakenic-D-1`)
 //! with the first queue it serves and stops with the last one, or when the contexts that
-//! held them close.
+//! held them close; a servicing (`events.rs`) takes the queues away at once but keeps the
+//! engine and its wire, with no queue, until a queue is created on the device again.
 //!
 //! What reaches the engine, and when (the hardware objects' states in `mlx5_ib`):
 //! * a raw QP's SQ and its send CQ when the QP goes RTR → RTS (`modify_raw_packet_qp`:
@@ -34,7 +35,7 @@ use pmd::emu::mlx5::{CqSpec, Engine, RqSpec, RxHashFields, SqSpec};
 use pmd::emu::thread::EngineThread;
 use pmd::emu::wire::{self, Wire};
 use pmd::sys::DevMem;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
@@ -190,6 +191,9 @@ struct PortNic {
 pub struct Mlx5Nics {
     ports: BTreeMap<u32, PortNic>,
     mrs: BTreeMap<u32, MrRec>,
+    /// Devices being serviced: their engines keep running (their wires open) with no queue,
+    /// until a queue is created on the device again.
+    held: BTreeSet<u32>,
 }
 
 impl std::fmt::Debug for Mlx5Nics {
@@ -207,6 +211,8 @@ impl Mlx5Nics {
     /// The running engine of `dev`, started (wire opened, the device's memory regions and
     /// RSS setting given) if it is not.
     fn engine(&mut self, dev: &Device, call: &str) -> Result<&mut PortNic, c_int> {
+        // A queue again after a servicing: the engine that kept the wire serves it.
+        self.held.remove(&dev.index);
         let port = self.ports.entry(dev.index).or_default();
         if port.thread.is_none() {
             let spec = &dev.view.ports[0].wire;
@@ -238,7 +244,16 @@ impl Mlx5Nics {
         Ok(port)
     }
 
+    /// Device `dev` is being serviced: its engine keeps running with no queue (the port's
+    /// wire stays), dropping what arrives, until a queue is created on the device again.
+    pub fn hold(&mut self, dev: u32) {
+        self.held.insert(dev);
+    }
+
     fn stop_if_idle(&mut self, dev: u32) {
+        if self.held.contains(&dev) {
+            return;
+        }
         if let Some(p) = self.ports.get_mut(&dev) {
             if p.queues == 0 {
                 // Dropping the thread stops and joins it.

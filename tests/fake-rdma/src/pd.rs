@@ -91,7 +91,7 @@ export!("IBVERBS_1.1" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
         let _ = ctx_of(st, context, "ibv_alloc_pd");
         // mana_alloc_pd / mlx5_alloc_pd: kernel error → errno (v44 providers/mana/mana.c:68–89,
         // providers/mlx5/verbs.c:140–161); libibverbs sets pd->context (v44 verbs.c:290–301).
-        st.kernel("ibv_alloc_pd")?;
+        st.kernel(context, "ibv_alloc_pd")?;
         let handle = st.next_id();
         let p = Box::into_raw(Box::new(Pd::new(ibv_pd { context, handle }, null_mut(), null_mut())));
         st.register(p as usize, Kind::Pd, context as usize);
@@ -125,11 +125,15 @@ export!("IBVERBS_1.1" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         if mlx5 && p.refs > 0 {
             return Err(libc::EBUSY);
         }
-        // uverbs_free_pd: EBUSY while an MR, QP or WQ uses it.
-        if p.users > 0 {
-            return Err(libc::EBUSY);
+        // A disassociated context: the kernel deallocated the PD already and lets the
+        // command through (State::disassociated).
+        if !st.disassociated(p.pd.context) {
+            // uverbs_free_pd: EBUSY while an MR, QP or WQ uses it.
+            if p.users > 0 {
+                return Err(libc::EBUSY);
+            }
+            st.kernel(p.pd.context, "ibv_dealloc_pd")?;
         }
-        st.kernel("ibv_dealloc_pd")?;
         st.unregister(pd as usize);
         // SAFETY: as above.
         drop(unsafe { Box::from_raw(p as *mut Pd) });
@@ -155,7 +159,7 @@ fn reg_mr(
         "ibv_reg_mr",
     );
     let context = p.pd.context;
-    st.kernel("ibv_reg_mr")?;
+    st.kernel(context, "ibv_reg_mr")?;
     // The uverbs core (ib_check_mr_access): remote write or atomic access needs local write
     // (EINVAL).
     let remote = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
@@ -239,11 +243,15 @@ pub fn forget_mr(st: &mut State, m: &Mr) {
 export!("IBVERBS_1.1" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     call_int("ibv_dereg_mr", json!({"mr": addr(mr)}), |st| {
         let m = obj(st, mr.cast::<Mr>(), &[Kind::Mr], "ibv_dereg_mr");
-        st.kernel("ibv_dereg_mr")?;
-        // The NIC loses the region before ibv_dereg_mr returns (and the memory may go).
-        forget_mr(st, m);
-        // SAFETY: `m.pd` is the live PD counted at registration.
-        unsafe { (*m.pd).users -= 1 };
+        // A disassociated context: the kernel deregistered the region already (the NIC let
+        // go of it), and its PD may be gone.
+        if !st.disassociated(m.mr.context) {
+            st.kernel(m.mr.context, "ibv_dereg_mr")?;
+            // The NIC loses the region before ibv_dereg_mr returns (and the memory may go).
+            forget_mr(st, m);
+            // SAFETY: `m.pd` is the live PD counted at registration.
+            unsafe { (*m.pd).users -= 1 };
+        }
         st.unregister(mr as usize);
         // SAFETY: unregistered above; freed once.
         drop(unsafe { Box::from_raw(m as *mut Mr) });

@@ -4,8 +4,9 @@
 //! Every exported call runs under one lock ([`call_ptr`], [`call_int`]). The user's queue-buffer allocator is
 //! called with the lock held, so an allocator must not call back into verbs (none does).
 
+use crate::ffi::ibv_context;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::c_int;
 use std::fs::File;
 use std::io::Write;
@@ -200,9 +201,15 @@ pub struct State {
     next_id: u32,
     trace: Option<File>,
     seq: u64,
-    /// Devices, built from sysfs at the first `ibv_get_device_list` (addresses of boxed
-    /// devices, which live as long as the process).
-    pub devices: Option<Vec<usize>>,
+    /// Every device the list ever held (addresses of boxed devices, which live as long as
+    /// the process: a program may keep an `ibv_device` of a device that went away).
+    pub devices: Vec<usize>,
+    /// The devices the last look at the tree found (`ibv_get_device_list`); `None` before
+    /// the first look.
+    pub listed: Option<Vec<usize>>,
+    /// Contexts disassociated from their device by a servicing (`events.rs`): the kernel
+    /// destroyed their objects; commands fail with `EIO`, destroys succeed.
+    pub dead: BTreeSet<usize>,
     /// The device model behind the MANA queues: one engine per vPort.
     pub nics: crate::nic::Nics,
     /// The device model behind the mlx5 queues: one engine per device (one port each).
@@ -232,7 +239,9 @@ pub fn lock() -> MutexGuard<'static, Option<State>> {
             next_id: 1,
             trace,
             seq: 0,
-            devices: None,
+            devices: Vec::new(),
+            listed: None,
+            dead: BTreeSet::new(),
             nics: Default::default(),
             mlx5_nics: Default::default(),
         });
@@ -248,12 +257,36 @@ impl State {
         id
     }
 
-    /// Where rdma-core would ask the kernel: fails with the injected errno if a fault for
-    /// `call` matches this call.
+    /// Where rdma-core asks the kernel on behalf of context `ctx`: `EIO` once the context was
+    /// disassociated from its device (kernel `ib_uverbs_remove_one` → `ib_uverbs_free_hw_resources`:
+    /// a new object's `alloc_uobj` gets `EIO` from `ib_uverbs_get_ucontext_file`, a command on
+    /// an object gets it from `rdma_lookup_get_uobject`, every mode but DESTROY; destroys take
+    /// [`State::disassociated`] instead), else the injected failure of `call`, if any.
+    ///
+    /// # Errors
+    /// `EIO`, or the injected errno.
+    pub fn kernel(&mut self, ctx: *mut ibv_context, call: &'static str) -> Result<(), c_int> {
+        if self.disassociated(ctx) {
+            return Err(libc::EIO);
+        }
+        self.fault(call)
+    }
+
+    /// Whether context `ctx` was disassociated from its device (a servicing): its hardware
+    /// objects are gone, and the kernel lets destroy commands through without touching
+    /// them (kernel `rdma_lookup_get_uobject` exempts `UVERBS_LOOKUP_DESTROY` from its
+    /// `EIO`; `uverbs_destroy_uobject` skips an object already destroyed), so a destroy
+    /// succeeds and libibverbs' provider frees its user-space part.
+    pub fn disassociated(&self, ctx: *mut ibv_context) -> bool {
+        self.dead.contains(&(ctx as usize))
+    }
+
+    /// An injected failure point with no context (the device open) or in user space: fails
+    /// with the injected errno if a fault for `call` matches this call.
     ///
     /// # Errors
     /// The injected errno.
-    pub fn kernel(&mut self, call: &'static str) -> Result<(), c_int> {
+    pub fn fault(&mut self, call: &'static str) -> Result<(), c_int> {
         let n = self.calls.entry(call).or_insert(0);
         *n += 1;
         let n = *n;

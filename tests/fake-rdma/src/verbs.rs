@@ -21,7 +21,8 @@ use std::ptr::{null_mut, NonNull};
 pub struct Device {
     /// What `ibv_get_device_list` hands out.
     pub dev: ibv_device,
-    /// Kernel device index.
+    /// Kernel device index: N of its `uverbsN`, which keys its device-model engines too
+    /// (the same when the device comes back from a servicing).
     pub index: u32,
     /// The ports, from sysfs.
     pub view: DeviceView,
@@ -265,14 +266,26 @@ fn copy_str(dst: &mut [c_char], s: &str) {
     }
 }
 
-/// The device list, read from sysfs once (addresses of leaked `Device` boxes).
-fn devices(st: &mut State) -> Vec<usize> {
-    if let Some(d) = &st.devices {
-        return d.clone();
-    }
-    let views = world::read_sysfs(&st.cfg.sysfs);
+/// Looks at the tree again, as every `ibv_get_device_list` does (v44
+/// libibverbs/device.c:54–96 → `ibverbs_get_device_list`, init.c:551–609): a device still
+/// there as it was keeps its `ibv_device`; one gone leaves the list (its `ibv_device` stays
+/// valid for whoever holds it); one that came back from a servicing is a new registration
+/// (`same_sysfs_dev`, init.c:511–525: the kernel gave it a new index) and gets a new
+/// `ibv_device`. Returns the listed devices (addresses of leaked `Device` boxes).
+fn rescan(st: &mut State) -> Vec<usize> {
+    events::start(&st.cfg.sysfs);
     let mut list = Vec::new();
-    for (i, view) in views.into_iter().enumerate() {
+    for view in world::read_sysfs(&st.cfg.sysfs) {
+        let same = st.devices.iter().copied().find(|&d| {
+            // SAFETY: `st.devices` holds leaked `Device` boxes, never freed.
+            let d = unsafe { &*(d as *const Device) };
+            d.view.name == view.name && d.view.generation == view.generation
+        });
+        if let Some(d) = same {
+            list.push(d);
+            continue;
+        }
+        let i = view.uverbs;
         let mut dev = ibv_device {
             node_type: IBV_NODE_CA,
             transport_type: IBV_TRANSPORT_IB,
@@ -288,20 +301,27 @@ fn devices(st: &mut State) -> Vec<usize> {
                 .to_string_lossy(),
         );
         copy_str(&mut dev.ibdev_path, &view.ibdev_path.to_string_lossy());
+        // The device model's engines are keyed by the uverbs number, the same for a device
+        // that comes back (so its wire is served by the engine that kept it open).
         let b = Box::new(Device {
             dev,
-            index: u32::try_from(i).unwrap_or(u32::MAX),
+            index: i,
             view,
         });
-        list.push(Box::into_raw(b) as usize);
+        let a = Box::into_raw(b) as usize;
+        st.devices.push(a);
+        list.push(a);
     }
-    st.devices = Some(list.clone());
+    st.listed = Some(list.clone());
     list
 }
 
-/// The device of the list `dev` is; aborts on anything else.
+/// The device of the list `dev` is (one listed now or earlier); aborts on anything else.
 pub fn device_of(st: &mut State, dev: *mut ibv_device, call: &str) -> &'static Device {
-    if !devices(st).contains(&(dev as usize)) {
+    if st.listed.is_none() {
+        rescan(st);
+    }
+    if !st.devices.contains(&(dev as usize)) {
         die(
             call,
             &format!("{:#x} is not a device of ibv_get_device_list", dev as usize),
@@ -313,7 +333,7 @@ pub fn device_of(st: &mut State, dev: *mut ibv_device, call: &str) -> &'static D
 
 export!("IBVERBS_1.1" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     call_ptr("ibv_get_device_list", json!({}), |st| {
-        let list = devices(st);
+        let list = rescan(st);
         if !num_devices.is_null() {
             // SAFETY: the caller passes a writable int (or NULL, handled above).
             unsafe { *num_devices = c_int::try_from(list.len()).unwrap_or(c_int::MAX) };
@@ -373,9 +393,19 @@ fn eventfd() -> Result<c_int, c_int> {
 export!("IBVERBS_1.1" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
     call_ptr("ibv_open_device", json!({"device": addr(device)}), |st| {
         let dev = device_of(st, device, "ibv_open_device");
+        // verbs_open_device opens /dev/infiniband/uverbsN first (v44
+        // libibverbs/device.c:323–340, util/open_cdev.c:47–61, 134–146): the node of a
+        // device being serviced is gone (kernel `ib_uverbs_remove_one`: cdev_device_del), so
+        // open(2) fails with ENOENT. (libibverbs then waits up to 5 s for udev to create
+        // /dev/char/MAJ:MIN, open_cdev_robust, l. 73–132; the fake does not wait.)
+        if !dev.view.ibdev_path.is_dir()
+            || world::uverbs_of(&st.cfg.sysfs, &dev.view.name) != Some(dev.index)
+        {
+            return Err(libc::ENOENT);
+        }
         // ibv_cmd_get_context: the kernel opens the uverbs file and answers with the
         // async event fd (libibverbs/cmd_device.c).
-        st.kernel("ibv_open_device")?;
+        st.fault("ibv_open_device")?;
         let cmd_fd = eventfd()?;
         // The async fd delivers the world's link and fatal events (events.rs).
         let async_fd = events::async_fd().inspect_err(|_| {
@@ -450,10 +480,15 @@ export!("IBVERBS_1.1" fn ibv_close_device(context: *mut ibv_context) -> c_int {
             .filter(|(_, e)| e.ctx == context as usize)
             .map(|(&a, _)| a)
             .collect();
+        // A disassociated context's objects were torn down by the kernel already
+        // (`disassociate`); the file's close finds nothing left to destroy.
+        let dead = st.dead.remove(&(context as usize));
         for a in left {
-            match ctx.family {
-                Family::Mana => mana::forget(st, a),
-                Family::Mlx5 { .. } => mlx5::forget(st, a),
+            if !dead {
+                match ctx.family {
+                    Family::Mana => mana::forget(st, a),
+                    Family::Mlx5 { .. } => mlx5::forget(st, a),
+                }
             }
             st.unregister(a);
         }
@@ -482,10 +517,48 @@ export!("IBVERBS_1.1" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     })
 });
 
+/// Disassociates context `context` from its device, as the kernel does with every open
+/// uverbs file of a device being removed (`ib_uverbs_remove_one` →
+/// `ib_uverbs_free_hw_resources` → `uverbs_destroy_ufile_hw`, reason
+/// `RDMA_REMOVE_DRIVER_REMOVE`): every hardware object of the context is destroyed now
+/// (queues leave the device model, regions leave its engines, a MANA vPort is released, mlx5
+/// flow rules stop steering), while the user-space objects stay until the program destroys
+/// them. From now on commands fail with `EIO` and destroys succeed ([`State::kernel`],
+/// [`State::disassociated`]). The engines of the device keep running (and their wires
+/// open) with no queue: frames that arrive are dropped as for a queue with no WQE posted.
+pub fn disassociate(st: &mut State, context: usize) {
+    if st.dead.contains(&context) || st.kind_of(context) != Some(Kind::Context) {
+        return;
+    }
+    let ctx = ctx_of(st, context as *mut ibv_context, "disassociate");
+    let dev = ctx.device().index;
+    st.nics.hold(dev);
+    st.mlx5_nics.hold(dev);
+    let objs: Vec<usize> = st
+        .objects
+        .iter()
+        .filter(|(&a, e)| e.ctx == context && a != context)
+        .map(|(&a, _)| a)
+        .collect();
+    for a in objs {
+        match ctx.family {
+            Family::Mana => mana::forget(st, a),
+            Family::Mlx5 { .. } => mlx5::forget(st, a),
+        }
+    }
+    st.dead.insert(context);
+    st.nics.close_context(context);
+    st.mlx5_nics.close_context(context);
+    if matches!(ctx.family, Family::Mlx5 { .. }) {
+        // The context's rules no longer steer (flow::sync skips disassociated contexts).
+        mlx5::flow::sync(st, dev);
+    }
+}
+
 export!("IBVERBS_1.1" fn ibv_query_device(context: *mut ibv_context, device_attr: *mut ibv_device_attr) -> c_int {
     call_int("ibv_query_device", json!({"context": addr(context)}), |st| {
         let ctx = ctx_of(st, context, "ibv_query_device");
-        st.kernel("ibv_query_device")?;
+        st.kernel(context, "ibv_query_device")?;
         let Some(out) = NonNull::new(device_attr) else {
             die("ibv_query_device", "device_attr is NULL (real rdma-core would crash)");
         };
@@ -510,6 +583,12 @@ export!("IBVERBS_1.1" fn ibv_query_port(context: *mut ibv_context, port_num: u8,
 export!("IBVERBS_1.1" fn ibv_query_gid(context: *mut ibv_context, port_num: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
     call_int("ibv_query_gid", json!({"context": addr(context), "port": port_num, "index": index}), |st| {
         let ctx = ctx_of(st, context, "ibv_query_gid");
+        // v44 ibv_query_gid asks the kernel first (UVERBS_METHOD_QUERY_GID_ENTRY,
+        // libibverbs/cmd_device.c:436–471) and turns its error into -1 (verbs.c:231–251): a
+        // disassociated context's EIO.
+        if st.disassociated(context) {
+            return Ok(-1);
+        }
         let gids = match ctx.family {
             Family::Mana => mana::GID_TABLE_LEN,
             Family::Mlx5 { .. } => mlx5::GID_TABLE_LEN,
@@ -569,7 +648,7 @@ export!("IBVERBS_1.1" fn ibv_ack_async_event(event: *mut ibv_async_event) -> () 
 export!("IBVERBS_1.0" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
     call_ptr("ibv_create_comp_channel", json!({"context": addr(context)}), |st| {
         let _ = ctx_of(st, context, "ibv_create_comp_channel");
-        st.kernel("ibv_create_comp_channel")?;
+        st.kernel(context, "ibv_create_comp_channel")?;
         let fd = eventfd()?;
         Ok(Box::into_raw(Box::new(ibv_comp_channel { context, fd, refcnt: 0 })))
     })
@@ -602,7 +681,7 @@ pub extern "C" fn fake_rdma_live_objects() -> c_int {
 }
 
 /// Device-model engines running in this process (one per MANA vPort, one per mlx5 device,
-/// with queues); unversioned, for tests.
+/// with queues, or kept through a servicing); unversioned, for tests.
 #[no_mangle]
 pub extern "C" fn fake_rdma_engines() -> c_int {
     let g = lock();
@@ -685,7 +764,7 @@ pub unsafe extern "C" fn query_port_slot(
         |st| {
             let ctx = ctx_of(st, context, "ibv_query_port");
             non_null(attr, "ibv_query_port", "port_attr");
-            st.kernel("ibv_query_port")?;
+            st.kernel(context, "ibv_query_port")?;
             // uverbs core: rdma_is_port_valid → EINVAL.
             if port_num == 0 || port_num > ctx.nports() {
                 return Err(libc::EINVAL);

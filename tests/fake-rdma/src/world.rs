@@ -7,11 +7,18 @@
 //! both (the tool includes it by path, so it never links the library itself).
 //!
 //! World syntax (`FAKE_RDMA_PORTS`): a `;`-separated list of
-//! `DEV/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N][,coalesce=1]` for MANA devices
-//! (`mana_N`, ports 1..8; `coalesce=1` plays a newer kernel, whose `mana_ib` turns RX CQE
-//! coalescing on for RSS QPs) and `DEV/1:mac=MAC,wire=WIRE[,netdev=IFNAME][,part=ID]` for mlx5 devices
-//! (`mlx5_N`: one port per device, spec mlx5.md §1.1; `part` is the PCI device id, which the
-//! kernel also reports as `vendor_part_id`: 0x1017 ConnectX-5 by default, 0x1013 ConnectX-4).
+//! `DEV/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N][,coalesce=1][,netdev_up_after_reset=1]`
+//! for MANA devices (`mana_N`, ports 1..8; `coalesce=1` plays a newer kernel, whose `mana_ib`
+//! turns RX CQE coalescing on for RSS QPs) and
+//! `DEV/1:mac=MAC,wire=WIRE[,netdev=IFNAME][,part=ID][,netdev_up_after_reset=1]` for mlx5
+//! devices (`mlx5_N`: one port per device, spec mlx5.md §1.1; `part` is the PCI device id,
+//! which the kernel also reports as `vendor_part_id`: 0x1017 ConnectX-5 by default, 0x1013
+//! ConnectX-4). `netdev_up_after_reset=1` (with `netdev=IFNAME`): when the device comes
+//! back from a servicing (`events.rs`), its port's netdev IFNAME is brought up, as
+//! `hv_netvsc` opens a VF that joins a running synthetic NIC (kernel `__netvsc_vf_setup`).
+//!
+//! While a device is being serviced its directories are out of `class/` (under
+//! [`SERVICED_DIR`]); a device that came back has a higher [`GENERATION_FILE`].
 //!
 //! A device's family follows from its name when the world is parsed, and from its PCI
 //! vendor id (`device/vendor`) when the library reads the tree back, as `pmd::devices` and
@@ -61,6 +68,15 @@ pub const WIRE_FILE: &str = "fake_rdma_wire";
 pub const VP_OFFSET_FILE: &str = "fake_rdma_vp_offset";
 /// Per port: `1` if its RSS QPs coalesce RX completions (a newer kernel's `mana_ib`).
 pub const COALESCE_FILE: &str = "fake_rdma_coalesce";
+/// Per port: `1` if its netdev is brought up when the device comes back from a servicing.
+pub const NETDEV_UP_FILE: &str = "fake_rdma_netdev_up_after_reset";
+/// In a device's directory: how many servicings it went through (absent: none). A device
+/// that comes back is a new registration for libibverbs (a new kernel device index), and a
+/// context opened before it sees the number change.
+pub const GENERATION_FILE: &str = "fake_rdma_generation";
+/// Under the tree's root, outside `class/`: where a device's directories wait while it is
+/// being serviced (`<dev>` and `uverbsN`), with `<dev>.until` saying until when.
+pub const SERVICED_DIR: &str = "fake_rdma_serviced";
 
 /// The world the tool creates when `FAKE_RDMA_PORTS` is not set.
 pub const DEFAULT_WORLD: &str = "mana_0/1:mac=02:00:00:00:10:01,wire=shm:fake-mana_0-1;\
@@ -84,6 +100,9 @@ pub struct PortSpec {
     /// Whether the kernel configures this port's RSS QPs with RX CQE coalescing, as
     /// `mana_ib` does on newer kernels (MANA only).
     pub coalesce: bool,
+    /// Whether the netdev (a real one) is brought up when the device comes back from a
+    /// servicing.
+    pub netdev_up_after_reset: bool,
     /// The device's family (and, for mlx5, its part).
     pub family: Family,
 }
@@ -153,6 +172,7 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
             netdev: None,
             vp_offset: 0,
             coalesce: false,
+            netdev_up_after_reset: false,
             family: if mlx5 {
                 Family::Mlx5 {
                     part: MLX5_DEFAULT_PART,
@@ -196,6 +216,13 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
                         _ => return err(format!("{name}: coalesce={v}: 1 or 0")),
                     };
                 }
+                "netdev_up_after_reset" => {
+                    spec.netdev_up_after_reset = match v {
+                        "1" => true,
+                        "0" => false,
+                        _ => return err(format!("{name}: netdev_up_after_reset={v}: 1 or 0")),
+                    };
+                }
                 "part" if mlx5 => {
                     let part = u16::from_str_radix(v.trim_start_matches("0x"), 16)
                         .ok()
@@ -209,18 +236,23 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
                 }
                 _ if mlx5 => {
                     return err(format!(
-                        "{name}: unknown option `{k}` for an mlx5 device (mac, wire, netdev, part)"
+                        "{name}: unknown option `{k}` for an mlx5 device (mac, wire, netdev, part, netdev_up_after_reset)"
                     ))
                 }
                 _ => {
                     return err(format!(
-                        "{name}: unknown option `{k}` (mac, wire, netdev, vp_offset, coalesce)"
+                        "{name}: unknown option `{k}` (mac, wire, netdev, vp_offset, coalesce, netdev_up_after_reset)"
                     ))
                 }
             }
         }
         if !have_mac {
             return err(format!("{name}: mac= is required"));
+        }
+        if spec.netdev_up_after_reset && spec.netdev.is_none() {
+            return err(format!(
+                "{name}: netdev_up_after_reset=1 needs netdev=IFNAME (a real interface)"
+            ));
         }
         if ports
             .iter()
@@ -338,6 +370,9 @@ pub fn write_sysfs(root: &Path, ports: &[PortSpec]) -> io::Result<()> {
                 &pdir.join(COALESCE_FILE),
                 if p.coalesce { "1" } else { "0" },
             )?;
+            if p.netdev_up_after_reset {
+                write(&pdir.join(NETDEV_UP_FILE), "1")?;
+            }
             let ndir = ib.join("device/net").join(p.netdev_name());
             write(&ndir.join("dev_port"), &(p.port - 1).to_string())?;
             write(&ndir.join("address"), &p.mac.to_string())?;
@@ -409,10 +444,39 @@ pub struct DeviceView {
     pub ibdev_path: PathBuf,
     /// Its ports, by number.
     pub ports: Vec<PortView>,
+    /// N of its `class/infiniband_verbs/uverbsN` (the kernel's uverbs device number).
+    pub uverbs: u32,
+    /// Servicings it went through ([`GENERATION_FILE`]).
+    pub generation: u64,
 }
 
-/// Reads the fake's devices under `root`: those whose ports carry [`WIRE_FILE`]. Devices of
-/// a real tree (no such file) are not the fake's and are left out.
+/// The servicings the device at `ibdev` went through ([`GENERATION_FILE`], 0 if absent).
+pub fn generation(ibdev: &Path) -> u64 {
+    fs::read_to_string(ibdev.join(GENERATION_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// N of the `class/infiniband_verbs/uverbsN` whose `ibdev` names `name`, if one is there.
+pub fn uverbs_of(root: &Path, name: &str) -> Option<u32> {
+    let dir = root.join("class/infiniband_verbs");
+    fs::read_dir(&dir).ok()?.flatten().find_map(|e| {
+        let n: u32 = e
+            .file_name()
+            .to_str()?
+            .strip_prefix("uverbs")?
+            .parse()
+            .ok()?;
+        let ibdev = fs::read_to_string(e.path().join("ibdev")).ok()?;
+        (ibdev.trim() == name).then_some(n)
+    })
+}
+
+/// Reads the fake's devices under `root`: those whose ports carry [`WIRE_FILE`] and that
+/// have their `class/infiniband_verbs/uverbsN` (libibverbs finds a device through both).
+/// Devices of a real tree (no such file) are not the fake's and are left out, and so is a
+/// device in the middle of a servicing (its directories are moved out of `class/`).
 pub fn read_sysfs(root: &Path) -> Vec<DeviceView> {
     let class = root.join("class/infiniband");
     let Ok(entries) = fs::read_dir(&class) else {
@@ -462,6 +526,9 @@ pub fn read_sysfs(root: &Path) -> Vec<DeviceView> {
                 mac,
             });
         }
+        let Some(uverbs) = uverbs_of(root, &name) else {
+            continue;
+        };
         if !ports.is_empty() {
             let hex = |f: &str| {
                 fs::read_to_string(dir.join("device").join(f))
@@ -474,16 +541,59 @@ pub fn read_sysfs(root: &Path) -> Vec<DeviceView> {
                 },
                 _ => Family::Mana,
             };
+            let generation = generation(&dir);
             devices.push(DeviceView {
                 name,
                 family,
                 ibdev_path: dir,
                 ports,
+                uverbs,
+                generation,
             });
         }
     }
     devices.sort_by(|a, b| a.name.cmp(&b.name));
     devices
+}
+
+/// The real netdevs (their `flags` files, links to `/sys/class/net/IF/flags`) of the ports
+/// of the device at `ibdev` whose world says `netdev_up_after_reset=1`.
+pub fn netdevs_up_after_reset(ibdev: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for n in 1u8..=8 {
+        let on = fs::read_to_string(ibdev.join(format!("ports/{n}/{NETDEV_UP_FILE}")))
+            .is_ok_and(|s| s.trim() == "1");
+        if !on {
+            continue;
+        }
+        let Ok(nets) = fs::read_dir(ibdev.join("device/net")) else {
+            continue;
+        };
+        for ne in nets.flatten() {
+            let dev_port = fs::read_to_string(ne.path().join("dev_port")).ok();
+            let flags = ne.path().join("flags");
+            let real = fs::symlink_metadata(&flags).is_ok_and(|m| m.file_type().is_symlink());
+            if real && dev_port.and_then(|s| s.trim().parse::<u8>().ok()) == Some(n - 1) {
+                out.push(flags);
+            }
+        }
+    }
+    out
+}
+
+/// Brings the netdev whose `flags` file is `flags` up (writes its flags with `IFF_UP`, as
+/// the kernel's `flags` attribute takes them: `dev_change_flags`; needs `CAP_NET_ADMIN`).
+///
+/// # Errors
+/// The file cannot be read or written.
+pub fn set_netdev_up(flags: &Path) -> io::Result<()> {
+    let now = fs::read_to_string(flags)?;
+    let f = u32::from_str_radix(now.trim().trim_start_matches("0x"), 16)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    if f & 1 == 0 {
+        fs::write(flags, format!("{:#x}\n", f | 1))?;
+    }
+    Ok(())
 }
 
 /// Whether the netdev whose `flags` file is `flags` is up (`IFF_UP`), i.e. holds its port.

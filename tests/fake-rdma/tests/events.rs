@@ -2,7 +2,8 @@
 //! `fake_rdma_fatal`) raise `IBV_EVENT_PORT_ERR` / `PORT_ACTIVE` / `DEVICE_FATAL` (and close
 //! the channel on a removal) on every context of the device, seen by a C program through
 //! the real libibverbs API and by the unchanged l2fwd on two `mana:` ports: it logs a link
-//! flap and keeps going, and stops on a device failure or removal.
+//! flap and keeps going, recovers from a device failure, and stops (after the ports'
+//! recover timeout) on a removal.
 
 mod common;
 
@@ -99,12 +100,22 @@ fn a_port_already_down_at_open_raises_no_event_and_queries_down() {
 }
 
 /// Starts l2fwd on both ports of `mana_0` with `args`, returns the child and a channel of
-/// its stderr lines, once both device contexts are open (the fake's trace shows two
-/// `ibv_open_device`): knob changes from then on are events for both. `--link-timeout 0`:
+/// its stderr lines, once both ports are set up (the fake's trace shows two
+/// `ibv_create_qp_ex`, the RSS QPs, the last step): knob changes from then on are events for
+/// both, and none lands in the middle of a bring-up. `--link-timeout 0`:
 /// a link the test takes down while l2fwd is still starting must not hold it in its
 /// wait for the links (it warns and forwards; the events are queued either way).
 fn start_l2fwd(
     fake: &Fake,
+    args: &[&str],
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    start_l2fwd_on(fake, [PORT1, PORT2], args)
+}
+
+/// [`start_l2fwd`] on `ports`.
+fn start_l2fwd_on(
+    fake: &Fake,
+    ports: [&str; 2],
     args: &[&str],
 ) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
     let trace = fake.dir.path().join(format!(
@@ -115,12 +126,19 @@ fn start_l2fwd(
             .as_nanos()
     ));
     let mut c = fake.cmd(&bin("l2fwd"));
-    c.args(["--port", PORT1, "--port", PORT2, "--stats-interval", "0"])
-        .args(["--link-timeout", "0"])
-        .args(args)
-        .env("FAKE_RDMA_TRACE", &trace)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    c.args([
+        "--port",
+        ports[0],
+        "--port",
+        ports[1],
+        "--stats-interval",
+        "0",
+    ])
+    .args(["--link-timeout", "0"])
+    .args(args)
+    .env("FAKE_RDMA_TRACE", &trace)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     let mut child = c.spawn().expect("run l2fwd");
     let (tx, rx) = std::sync::mpsc::channel();
     let err = child.stderr.take().unwrap();
@@ -136,14 +154,14 @@ fn start_l2fwd(
     loop {
         let opened = std::fs::read_to_string(&trace)
             .unwrap_or_default()
-            .matches("\"call\":\"ibv_open_device\"")
+            .matches("\"call\":\"ibv_create_qp_ex\"")
             .count();
         if opened >= 2 {
             break;
         }
         assert!(
             t0.elapsed() < Duration::from_secs(20),
-            "l2fwd did not open both devices"
+            "l2fwd did not set up both ports"
         );
         if let Ok(Some(s)) = child.try_wait() {
             panic!("l2fwd exited early: {s}");
@@ -239,24 +257,76 @@ fn l2fwd_logs_a_link_flap_and_keeps_forwarding() {
     assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
 }
 
-/// l2fwd on both ports; the fatal knob set to `value`; l2fwd must stop at once, exit 1,
-/// report, and leave nothing alive. Returns its stderr.
-fn l2fwd_stops_on(value: &str) -> String {
+/// A fatal error the device comes back from at once (`1`: the device stays listed and new
+/// contexts work): both ports of the device recover by themselves, l2fwd logs it and runs
+/// to its end, exit 0, nothing left alive.
+#[test]
+fn l2fwd_recovers_both_ports_of_a_device_that_failed() {
     let fake = Fake::new(None);
-    let (child, rx) = start_l2fwd(&fake, &["--duration", "20"]);
+    let (child, rx) = start_l2fwd(&fake, &["--duration", "3", "--json"]);
+    std::fs::write(ibdev(&fake).join("fake_rdma_fatal"), "1\n").unwrap();
+    let mut seen = Vec::new();
+    wait_line(&rx, "): device fatal error", &mut seen);
+    let (o, lines) = finish(child, rx, seen);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    for (i, spec) in [PORT1, PORT2].iter().enumerate() {
+        let at = |what: &str| {
+            lines
+                .iter()
+                .position(|l| l.starts_with(&format!("l2fwd: port {i} ({spec}): {what}")))
+                .unwrap_or_else(|| panic!("port {i}: no {what:?}: {}", text(&o)))
+        };
+        assert!(
+            at("device fatal error") < at("recovering") && at("recovering") < at("recovered after"),
+            "{}",
+            text(&o)
+        );
+    }
+    let report: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .expect("JSON report"),
+    )
+    .unwrap();
+    assert_eq!(report["recoveries"], 2, "{report}");
+    assert_eq!(report["pool_in_use"], 0, "{report}");
+    assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
+}
+
+/// A device removed for good: both ports wait their recover-timeout (0.5 s), then l2fwd
+/// stops, exit 1, saying what it waited for, and leaves nothing alive.
+#[test]
+fn l2fwd_stops_with_an_error_when_the_device_is_removed() {
+    let fake = Fake::new(None);
+    let ports = [
+        format!("{PORT1},recover-timeout=0.5"),
+        format!("{PORT2},recover-timeout=0.5"),
+    ];
+    let (child, rx) = start_l2fwd_on(&fake, [&ports[0], &ports[1]], &["--duration", "20"]);
     let t0 = Instant::now();
-    std::fs::write(ibdev(&fake).join("fake_rdma_fatal"), format!("{value}\n")).unwrap();
+    std::fs::write(ibdev(&fake).join("fake_rdma_fatal"), "removed\n").unwrap();
     let (o, _) = finish(child, rx, Vec::new());
     assert!(
         t0.elapsed() < Duration::from_secs(10),
-        "l2fwd stopped at once, not at --duration: {:?}",
+        "l2fwd stopped after the recover timeout, not at --duration: {:?}",
         t0.elapsed()
     );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
+    // DEVICE_FATAL, then the closed channel (EIO), then the recovery, in that order.
+    let both = ports.iter().enumerate().any(|(i, spec)| {
+        let fatal = err.find(&format!("l2fwd: port {i} ({spec}): device fatal error\n"));
+        let removed = err.find(&format!("l2fwd: port {i} ({spec}): device removed\n"));
+        let recovering = err.find(&format!("l2fwd: port {i} ({spec}): recovering"));
+        fatal.is_some() && fatal < removed && removed < recovering
+    });
+    assert!(both, "{err}");
     assert!(
-        err.contains(&format!("port 0 ({PORT1}): device fatal error: stopping"))
-            || err.contains(&format!("port 1 ({PORT2}): device fatal error: stopping")),
+        err.contains("recovery failed")
+            && err.contains("did not come back within")
+            && err.contains(": stopping"),
         "{}",
         text(&o)
     );
@@ -266,24 +336,4 @@ fn l2fwd_stops_on(value: &str) -> String {
         text(&o)
     );
     assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
-    err.into_owned()
-}
-
-#[test]
-fn l2fwd_stops_with_an_error_when_the_device_fails() {
-    let err = l2fwd_stops_on("1");
-    assert!(!err.contains("device removed"), "{err}");
-}
-
-#[test]
-fn l2fwd_stops_with_an_error_when_the_device_is_removed() {
-    // DEVICE_FATAL, then the closed channel (EIO): both reported, in that order, by the
-    // port l2fwd looked at first (it stops there; the other port may not be read).
-    let err = l2fwd_stops_on("removed");
-    let both = [PORT1, PORT2].iter().enumerate().any(|(i, spec)| {
-        let fatal = err.find(&format!("l2fwd: port {i} ({spec}): device fatal error\n"));
-        let removed = err.find(&format!("l2fwd: port {i} ({spec}): device removed\n"));
-        fatal.is_some() && fatal < removed
-    });
-    assert!(both, "{err}");
 }

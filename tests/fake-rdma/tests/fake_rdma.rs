@@ -523,6 +523,10 @@ fn the_world_tool_rejects_bad_worlds_with_a_reason() {
             "mlx5_0/1:mac=02:00:00:00:00:01,coalesce=1",
             "unknown option `coalesce` for an mlx5 device",
         ),
+        (
+            "mana_0/1:mac=02:00:00:00:00:01,netdev_up_after_reset=1",
+            "netdev_up_after_reset=1 needs netdev=IFNAME",
+        ),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let o = Command::new(env!("CARGO_BIN_EXE_fake-rdma-world"))

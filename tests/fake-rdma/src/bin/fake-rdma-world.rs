@@ -15,7 +15,8 @@ Writes the fake rdma-core's devices as a sysfs tree under DIR (which must not ex
 the files pmd-devices and the fake libibverbs both read. The world comes from
 FAKE_RDMA_PORTS, a ';'-separated list of
     mana_N/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N][,coalesce=1]
-    mlx5_N/1:mac=MAC,wire=WIRE[,netdev=IFNAME][,part=ID]
+                [,netdev_up_after_reset=1]
+    mlx5_N/1:mac=MAC,wire=WIRE[,netdev=IFNAME][,part=ID][,netdev_up_after_reset=1]
   mana_N   a MANA device; PORT is its IB port, 1..8, numbered without gaps
   mlx5_N   an mlx5 (ConnectX) device: one port per device, port 1
   WIRE     the device model's wire for the port: none, shm:NAME, loop:NAME, afpacket:IF
@@ -27,6 +28,9 @@ FAKE_RDMA_PORTS, a ';'-separated list of
            so the device completes up to four packets per RX_COALESCED_4 CQE
   ID       (part, mlx5) the PCI device id = vendor_part_id: 0x1017 ConnectX-5 (default),
            0x1013 ConnectX-4 (needs an 18-byte inline header in every send WQE), ...
+  netdev_up_after_reset=1  (with netdev=IFNAME) when the device comes back from a host
+           servicing (`service SECONDS` in its fake_rdma_fatal), IFNAME is brought up, as
+           hv_netvsc opens a VF that comes back
 Without FAKE_RDMA_PORTS: mana_0 with ports 1 and 2, MACs 02:00:00:00:10:01 and
 02:00:00:00:10:02, wires shm:fake-mana_0-1 and shm:fake-mana_0-2.";
 

@@ -206,7 +206,7 @@ fn create(
     // (EOPNOTSUPP for 128-byte CQEs) and exactly one mini format it knows (HASH; CSUM is
     // not reported, several bits → EINVAL, mini_cqe_res_format_to_hw); the ring and the
     // record are pinned (EFAULT).
-    let kernel = st.kernel(call).and_then(|()| {
+    let kernel = st.kernel(context, call).and_then(|()| {
         if a.comp_vector >= ctx.vctx.context.num_comp_vectors as u32 {
             return Err(libc::EINVAL);
         }
@@ -353,10 +353,14 @@ pub fn destroy_cq(st: &mut State, cq: *mut ibv_cq) -> Result<c_int, c_int> {
     const CALL: &str = "ibv_destroy_cq";
     let c = obj(st, cq.cast::<Cq>(), &[Kind::Cq], CALL);
     let ctx: &mut Ctx = ctx_of(st, c.cq.context, CALL);
-    if c.users > 0 {
-        return Err(libc::EBUSY);
+    // A disassociated context: the kernel destroyed the CQ already and lets the command
+    // through (State::disassociated); libmlx5 frees its part.
+    if !st.disassociated(c.cq.context) {
+        if c.users > 0 {
+            return Err(libc::EBUSY);
+        }
+        st.kernel(c.cq.context, CALL)?;
     }
-    st.kernel(CALL)?;
     let m = mctx(ctx);
     alloc::free_dbrec(m, c.dbrec, CALL);
     alloc::free_buf(m, c.buf, CALL);

@@ -351,7 +351,7 @@ pub unsafe extern "C" fn create_flow_slot(
         let (specs, drop) = specs(a, CALL)?;
         let ctx = ctx_of(st, q.qp.context, CALL);
         let nports = ctx.nports();
-        st.kernel(CALL)?;
+        st.kernel(q.qp.context, CALL)?;
         // ib_uverbs_ex_create_flow: CAP_NET_RAW (EPERM); flags ≥ RESERVED, DONT_TRAP on a
         // DEFAULT rule, more than 10 specs → EINVAL (the QP is raw-packet).
         if !has_cap_net_raw() {
@@ -443,7 +443,16 @@ pub unsafe extern "C" fn destroy_flow_slot(flow: *mut ibv_flow) -> c_int {
     const CALL: &str = "ibv_destroy_flow";
     call_int(CALL, json!({"flow": addr(flow)}), |st| {
         let f = obj(st, flow.cast::<Flow>(), &[Kind::Flow], CALL);
-        st.kernel(CALL)?;
+        let context = st.objects.get(&(flow as usize)).map_or(0, |e| e.ctx);
+        // A disassociated context: the kernel destroyed the rule already (it stopped
+        // steering then), and its QP may be gone; only the user-space part is left.
+        if st.disassociated(context as *mut ibv_context) {
+            st.unregister(flow as usize);
+            // SAFETY: unregistered above; freed once.
+            drop(unsafe { Box::from_raw(f as *mut Flow) });
+            return Ok(0);
+        }
+        st.kernel(context as *mut ibv_context, CALL)?;
         // SAFETY: the QP cannot be destroyed while the rule uses it (EBUSY).
         let q = unsafe { &mut *f.qp };
         q.flows -= 1;
@@ -460,10 +469,12 @@ pub unsafe extern "C" fn destroy_flow_slot(flow: *mut ibv_flow) -> c_int {
 /// device model: the rules in order, the RSS setting of their hash QPs (table, key, merged
 /// fields), and whether every RQ of the table is RDY.
 pub fn sync(st: &mut State, dev: u32) {
+    // Rules of a disassociated context were destroyed by the kernel: they steer no more
+    // (and their QPs may be gone).
     let mut flows: Vec<&Flow> = st
         .objects
         .iter()
-        .filter(|(_, e)| e.kind == Kind::Flow)
+        .filter(|(_, e)| e.kind == Kind::Flow && !st.dead.contains(&e.ctx))
         // SAFETY: registered flows are live `Flow` boxes.
         .map(|(&a, _)| unsafe { &*(a as *const Flow) })
         // SAFETY: a flow's QP is live while the flow is.

@@ -476,7 +476,7 @@ pub unsafe extern "C" fn query_device_ex(
                 return Err(libc::EINVAL);
             }
             non_null(attr, "ibv_query_device_ex", "attr");
-            st.kernel("ibv_query_device_ex")?;
+            st.kernel(context, "ibv_query_device_ex")?;
             let ex = device_attr_ex(ctx);
             let n = attr_size.min(size_of::<ibv_device_attr_ex>());
             // SAFETY: `attr` has `attr_size` writable bytes; `n <= attr_size`.

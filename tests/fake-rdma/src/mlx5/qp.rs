@@ -351,7 +351,7 @@ fn create(
             &[Kind::Cq],
             call,
         );
-        st.kernel(call)?;
+        st.kernel(context, call)?;
         // uverbs create_qp: a raw-packet QP needs CAP_NET_RAW (EPERM); mlx5_ib pins the
         // buffers and the record (ib_umem_get: EFAULT).
         if !has_cap_net_raw() {
@@ -465,7 +465,7 @@ fn create_rss(
         &[Kind::IndTable],
         call,
     );
-    st.kernel(call)?;
+    st.kernel(context, call)?;
     // The kernel, in order: CAP_NET_RAW (uverbs create_qp, EPERM); create_rss_raw_qp_tir:
     // INNER without tunnel offloads → EOPNOTSUPP; a function other than Toeplitz →
     // EOPNOTSUPP; a key other than the TIR's 40 bytes → EINVAL; no fields over a table of
@@ -591,7 +591,7 @@ pub fn modify_qp(
     let a = unsafe { &*non_null(attr, CALL, "attr") };
     let ctx = ctx_of(st, q.qp.context, CALL);
     let nports = ctx.nports();
-    st.kernel(CALL)?;
+    st.kernel(q.qp.context, CALL)?;
     let mask = mask as u32;
     // uverbs modify_qp: a port outside the device → EINVAL.
     if mask & IBV_QP_PORT != 0 && (a.port_num == 0 || a.port_num > nports) {
@@ -701,7 +701,7 @@ pub fn query_qp(
     if q.rss.is_some() {
         return Err(libc::EOPNOTSUPP);
     }
-    st.kernel(CALL)?;
+    st.kernel(q.qp.context, CALL)?;
     // SAFETY: the caller passes its structs.
     let (a, i) = unsafe {
         (
@@ -748,10 +748,6 @@ fn release(st: &mut State, q: &mut Qp) {
     }
     // SAFETY: the PD cannot be deallocated while the QP uses it.
     unsafe { (*q.pd).users -= 1 };
-    if !q.parent.is_null() {
-        // SAFETY: as above.
-        unsafe { (*q.parent).refs -= 1 };
-    }
 }
 
 /// `mlx5_destroy_qp` (v44 verbs.c:2740–2802) behind the exported `ibv_destroy_qp`: the
@@ -760,13 +756,23 @@ fn release(st: &mut State, q: &mut Qp) {
 pub fn destroy_qp(st: &mut State, qp: *mut ibv_qp) -> Result<c_int, c_int> {
     const CALL: &str = "ibv_destroy_qp";
     let q = obj(st, qp.cast::<Qp>(), &[Kind::Qp], CALL);
-    if q.flows > 0 {
-        return Err(libc::EBUSY);
+    // A disassociated context: the kernel destroyed the QP already (`disassociate`) and
+    // lets the command through; libmlx5 frees its part.
+    if !st.disassociated(q.qp.context) {
+        if q.flows > 0 {
+            return Err(libc::EBUSY);
+        }
+        st.kernel(q.qp.context, CALL)?;
+        release(st, q);
+        if q.rss.is_some() {
+            super::flow::sync(st, q.device);
+        }
     }
-    st.kernel(CALL)?;
-    release(st, q);
-    if q.rss.is_some() {
-        super::flow::sync(st, q.device);
+    if !q.parent.is_null() {
+        // libmlx5's count of the parent domain's users (user space): the parent domain
+        // cannot be deallocated while the QP counts on it (EBUSY).
+        // SAFETY: hence live.
+        unsafe { (*q.parent).refs -= 1 };
     }
     let ctx = ctx_of(st, q.qp.context, CALL);
     let m = mctx(ctx);

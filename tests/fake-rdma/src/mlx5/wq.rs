@@ -192,7 +192,7 @@ fn create(
         if flags & !(IBV_WQ_FLAGS_RESERVED - 1) != 0 {
             return Err(libc::EOPNOTSUPP);
         }
-        st.kernel(call)?;
+        st.kernel(context, call)?;
         // The kernel (mlx5_ib_create_wq, create_user_rq): a striding RQ needs the
         // striding capability (EOPNOTSUPP); more WRs than log_max_wq_sz → EINVAL; scatter
         // FCS, delay drop and end padding need capabilities the device does not report
@@ -298,7 +298,7 @@ pub unsafe extern "C" fn modify_wq_slot(wq: *mut ibv_wq, attr: *mut ibv_wq_attr)
         {
             return Err(libc::EOPNOTSUPP);
         }
-        st.kernel(CALL)?;
+        st.kernel(w.wq.context, CALL)?;
         // ib_uverbs_ex_modify_wq: an empty mask → EINVAL. mlx5_ib_modify_wq: the current
         // state is the given one or the WQ's; the firmware refuses a current state that is
         // not the RQ's, and transitions outside its state machine (EINVAL).
@@ -383,11 +383,15 @@ pub unsafe extern "C" fn destroy_wq_slot(wq: *mut ibv_wq) -> c_int {
     const CALL: &str = "ibv_destroy_wq";
     call_int(CALL, json!({"wq": addr(wq)}), |st| {
         let w = obj(st, wq.cast::<Wq>(), &[Kind::Wq], CALL);
-        if w.users > 0 {
-            return Err(libc::EBUSY);
+        // A disassociated context: the kernel destroyed the WQ already (`disassociate`) and
+        // lets the command through; libmlx5 frees its part.
+        if !st.disassociated(w.wq.context) {
+            if w.users > 0 {
+                return Err(libc::EBUSY);
+            }
+            st.kernel(w.wq.context, CALL)?;
+            release(st, w);
         }
-        st.kernel(CALL)?;
-        release(st, w);
         let ctx = ctx_of(st, w.wq.context, CALL);
         let m = mctx(ctx);
         alloc::free_dbrec(m, w.db, CALL);
@@ -439,7 +443,7 @@ pub unsafe extern "C" fn create_rwq_ind_table_slot(
             Err(Ok(_)) => return Err(0),
             Err(Err(e)) => return Err(e),
         };
-        st.kernel(CALL)?;
+        st.kernel(context, CALL)?;
         // mlx5_ib_create_rwq_ind_table: more entries than log_max_rqt_size → EINVAL.
         if wqs.len() > caps::MAX_RWQ_IND_TABLE_SIZE as usize {
             return Err(libc::EINVAL);
@@ -474,13 +478,17 @@ pub unsafe extern "C" fn destroy_rwq_ind_table_slot(table: *mut ibv_rwq_ind_tabl
     const CALL: &str = "ibv_destroy_rwq_ind_table";
     call_int(CALL, json!({"table": addr(table)}), |st| {
         let t = obj(st, table.cast::<Ind>(), &[Kind::IndTable], CALL);
-        if t.users > 0 {
-            return Err(libc::EBUSY);
-        }
-        st.kernel(CALL)?;
-        for &w in &t.wqs {
-            // SAFETY: the table's WQs cannot be destroyed while it exists.
-            unsafe { (*w).users -= 1 };
+        // A disassociated context: the kernel destroyed the table already (its WQs may be
+        // gone too).
+        if !st.disassociated(t.t.context) {
+            if t.users > 0 {
+                return Err(libc::EBUSY);
+            }
+            st.kernel(t.t.context, CALL)?;
+            for &w in &t.wqs {
+                // SAFETY: the table's WQs cannot be destroyed while it exists.
+                unsafe { (*w).users -= 1 };
+            }
         }
         st.unregister(table as usize);
         // SAFETY: unregistered above; freed once.

@@ -1,0 +1,287 @@
+//! Azure host servicing, end to end, on the fake rdma-core: the unchanged l2fwd forwards
+//! between two `mana:` ports (on two devices) while pktgen sends through them from
+//! device-model ports on the far ends of their wires; one device goes through a service
+//! reset (`service SECONDS` on its fatal knob: DEVICE_FATAL, the contexts disassociated, the
+//! device gone from the device list and sysfs, then back). l2fwd recovers the port by itself
+//! and goes on forwarding; every frame is received or counted as lost; nothing is left alive.
+//! And a device that does not come back fails the port after `recover-timeout`.
+
+mod common;
+
+use common::{bin, live_at_exit, text, Fake};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// One run at a time in this file (traffic on a 2-core machine; see mana_port.rs).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The fatal knob of device `dev` in `fake`'s world.
+fn knob(fake: &Fake, dev: &str) -> PathBuf {
+    fake.dir
+        .path()
+        .join(format!("sys/class/infiniband/{dev}/fake_rdma_fatal"))
+}
+
+fn json_of(o: &Output) -> serde_json::Value {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON report: {}", text(o)));
+    serde_json::from_str(line).unwrap()
+}
+
+/// Starts `c` (a tool run with `--json`, stdout and stderr piped) and waits until it says
+/// it is ready (its `{"event":"ready",..}` line on stderr): its ports are set up, so a knob
+/// written from now on never lands in the middle of a bring-up. Returns the child and the
+/// stderr lines (the rest arrive in [`finish`]).
+fn spawn_ready(c: &mut Command) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = c.spawn().expect("start the tool");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(err)) {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let (fwd_tx, fwd_rx) = std::sync::mpsc::channel();
+    let t0 = Instant::now();
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(l) => {
+                let ready = l.contains("\"event\":\"ready\"");
+                fwd_tx.send(l).unwrap();
+                if ready {
+                    break;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => panic!("the tool ended before it was ready"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "not ready in 30 s");
+    }
+    // The lines after it: forwarded by a second thread, so the first keeps draining stderr.
+    std::thread::spawn(move || {
+        for l in rx {
+            if fwd_tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    (child, fwd_rx)
+}
+
+/// Waits for `child` and puts together its output (stderr from `lines`).
+fn finish(child: std::process::Child, lines: std::sync::mpsc::Receiver<String>) -> Output {
+    let mut o = child.wait_with_output().expect("wait");
+    let err: Vec<String> = lines.iter().collect();
+    o.stderr = (err.join("\n") + "\n").into_bytes();
+    o
+}
+
+/// What one serviced run showed.
+struct Run {
+    l2fwd: Output,
+    pktgen: Output,
+}
+
+/// pktgen (device-model ports, `emu-FAMILY`) sends `frames` at `rate` through l2fwd on two
+/// `FAMILY:` ports over the fake, one per device (`FAMILY_0`, `FAMILY_1`), each on a shm
+/// wire to pktgen; `after` the traffic starts, `FAMILY_0` is serviced for `service_s`.
+fn serviced_run(family: &str, frames: u64, rate: u64, service_s: f64, after: Duration) -> Run {
+    let tag = format!("rv{family}{}", std::process::id());
+    let world = format!(
+        "{family}_0/1:mac=02:00:00:00:10:01,wire=shm:{tag}-1;{family}_1/1:mac=02:00:00:00:10:02,wire=shm:{tag}-2"
+    );
+    let ports = [
+        format!("{family}:dev={family}_0"),
+        format!("{family}:dev={family}_1"),
+    ];
+    let emu = [
+        format!("emu-{family}:wire=shm:{tag}-1"),
+        format!("emu-{family}:wire=shm:{tag}-2"),
+    ];
+    let dev = format!("{family}_0");
+    let value = format!("service {service_s}");
+    let _one = serial();
+    let fake = Fake::new(Some(&world));
+    let shm = fake.shm_dir();
+    let mut l2 = fake.cmd(&bin("l2fwd"));
+    l2.args(["--port", &ports[0], "--port", &ports[1]])
+        .args(["--duration", "120", "--stats-interval", "0", "--json"])
+        .env("PMD_LOG", "pmd::verbs=debug,pmd::port=info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (l2, l2_err) = spawn_ready(&mut l2);
+    let mut pg = Command::new(bin("pktgen"));
+    pg.args(["--port", &emu[0], "--port", &emu[1]])
+        .args(["--count", &frames.to_string(), "--rate", &rate.to_string()])
+        .args(["--json", "--link-timeout", "30", "--drain-timeout", "3"])
+        .env("PMD_SHM_DIR", &shm)
+        .env_remove("PMD_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (pg, pg_err) = spawn_ready(&mut pg);
+    // The traffic starts now; the reset comes `after` that.
+    let t0 = Instant::now();
+    std::thread::sleep(after);
+    std::fs::write(knob(&fake, &dev), format!("{value}\n")).unwrap();
+    let p = finish(pg, pg_err);
+    let _ = Command::new("kill")
+        .args(["-INT", &l2.id().to_string()])
+        .status();
+    let l = finish(l2, l2_err);
+    assert!(
+        t0.elapsed() < Duration::from_secs(100),
+        "runs ended in time"
+    );
+    Run {
+        l2fwd: l,
+        pktgen: p,
+    }
+}
+
+fn check_recovered(r: &Run, frames: u64, rate: u64, service_s: f64) {
+    let ctx = format!(
+        "--- pktgen\n{}\n--- l2fwd\n{}",
+        text(&r.pktgen),
+        text(&r.l2fwd)
+    );
+    assert_eq!(
+        r.l2fwd.status.code(),
+        Some(0),
+        "l2fwd recovered and exits 0: {ctx}"
+    );
+    let lj = json_of(&r.l2fwd);
+    let pj = json_of(&r.pktgen);
+    // The port went through the whole cycle, and told when.
+    let ev: Vec<(u64, &str)> = lj["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["port"].as_u64().unwrap(), e["event"].as_str().unwrap()))
+        .filter(|(_, e)| *e != "link_down" && *e != "link_up")
+        .collect();
+    // The kernel raises DEVICE_FATAL, then closes the context's event channel (removed).
+    assert_eq!(
+        ev,
+        [
+            (0, "device_fatal"),
+            (0, "device_removed"),
+            (0, "recovering"),
+            (0, "recovered")
+        ],
+        "{ctx}"
+    );
+    let downtime = lj["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|e| e["downtime_s"].as_f64())
+        .expect("downtime");
+    assert!(
+        downtime >= service_s * 0.9 && downtime < service_s + 5.0,
+        "downtime {downtime} for a {service_s} s service: {ctx}"
+    );
+    assert_eq!(lj["ports"][0]["recoveries"], 1, "{ctx}");
+    assert_eq!(lj["pool_in_use"], 0, "{ctx}");
+    // Every frame pktgen sent came back or is counted lost; the loss is the gap's, no more.
+    let (tx, rx, lost) = (
+        pj["tx_packets"].as_u64().unwrap(),
+        pj["rx_packets"].as_u64().unwrap(),
+        pj["lost"].as_u64().unwrap(),
+    );
+    assert_eq!(tx, frames, "{ctx}");
+    assert_eq!(rx + lost, tx, "{ctx}");
+    let gap_frames = ((service_s + 2.0) * rate as f64) as u64;
+    assert!(
+        lost > 0 && lost <= gap_frames,
+        "lost {lost} (at most {gap_frames}): {ctx}"
+    );
+    // pktgen puts the loss in one gap, as long as the port was down.
+    let gap = &pj["longest_gap"];
+    assert_eq!(gap["lost"], lost, "every lost frame is the outage's: {ctx}");
+    let gap_s = gap["seconds"].as_f64().unwrap();
+    assert!(
+        (gap_s - downtime).abs() < 0.5,
+        "gap {gap_s} s against downtime {downtime} s: {ctx}"
+    );
+    // pktgen sends port 0 -> port 1: l2fwd never had a frame for the recovering port (its
+    // down_drops would count those); the loss is on the wire into it, during the gap.
+    assert!(lj["down_drops"].as_u64().unwrap() <= lost, "{ctx}");
+    // Traffic after the recovery: more came back than was sent before the reset.
+    assert!(rx > frames / 2, "{ctx}");
+    assert_eq!(live_at_exit(&r.l2fwd), Some(0), "{ctx}");
+    let err = String::from_utf8_lossy(&r.l2fwd.stderr);
+    // Every context (two before the reset, one after) gave every queue buffer back.
+    assert_eq!(
+        err.matches("queue-buffer allocators: every buffer given back")
+            .count(),
+        3,
+        "{ctx}"
+    );
+}
+
+#[test]
+fn l2fwd_on_mana_ports_survives_a_service_reset() {
+    let (frames, rate) = (12_000, 2_000);
+    let r = serviced_run("mana", frames, rate, 2.0, Duration::from_millis(1500));
+    check_recovered(&r, frames, rate, 2.0);
+}
+
+#[test]
+fn l2fwd_on_mlx5_ports_survives_a_service_reset() {
+    let (frames, rate) = (12_000, 2_000);
+    let r = serviced_run("mlx5", frames, rate, 2.0, Duration::from_millis(1500));
+    check_recovered(&r, frames, rate, 2.0);
+}
+
+/// A device that is removed for good: the port fails after its recover-timeout, l2fwd says
+/// what it waited for, exits 1, and leaves nothing behind.
+#[test]
+fn a_device_removed_for_good_fails_the_port_after_its_timeout() {
+    let _one = serial();
+    let world = "mana_0/1:mac=02:00:00:00:10:01,wire=none;mana_1/1:mac=02:00:00:00:10:02,wire=none";
+    let fake = Fake::new(Some(world));
+    let mut l2 = fake.cmd(&bin("l2fwd"));
+    l2.args(["--port", "mana:dev=mana_0,port=1,recover-timeout=1"])
+        .args(["--port", "mana:dev=mana_1,port=1"])
+        .args(["--duration", "30", "--stats-interval", "0", "--json"])
+        .args(["--link-timeout", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (l2, lines) = spawn_ready(&mut l2);
+    let t0 = Instant::now();
+    std::fs::write(knob(&fake, "mana_0"), "removed\n").unwrap();
+    let o = finish(l2, lines);
+    let waited = t0.elapsed();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(10),
+        "failed after the 1 s timeout, not at --duration: {waited:?}"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("recovery failed")
+            && err.contains("did not come back within")
+            && err.contains("02:00:00:00:10:01"),
+        "{}",
+        text(&o)
+    );
+    let lj = json_of(&o);
+    assert_eq!(lj["ports"][0]["state"], "failed", "{lj}");
+    assert!(lj["ports"][0]["failure"]
+        .as_str()
+        .unwrap()
+        .contains("recover-timeout"));
+    assert_eq!(lj["pool_in_use"], 0);
+    assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
+}
