@@ -689,7 +689,6 @@ impl Port {
                 self.recoveries += 1;
                 self.last_recovery = Some(recovery::Completed {
                     at: now,
-                    since: r.since,
                     deadline: r.deadline,
                 });
                 tracing::warn!(

@@ -52,9 +52,9 @@ use std::time::{Duration, Instant};
 /// How often a recovering port looks for its device.
 pub const RETRY_INTERVAL: Duration = Duration::from_millis(10);
 
-/// A device lost again within this time of a recovery continues that recovery (its start
-/// and deadline): a device that comes back broken, again and again, fails the port at the
-/// recover timeout instead of keeping it recovering for ever.
+/// A device lost again within this time of a recovery keeps that recovery's deadline: a
+/// device that comes back broken, again and again, fails the port at the recover timeout
+/// instead of keeping it recovering for ever. (Each loss still reports its own downtime.)
 pub const FLAP_WINDOW: Duration = Duration::from_secs(1);
 
 /// Opens the port's device again: for a port opened from a spec, the probe of that spec.
@@ -239,25 +239,24 @@ pub(super) struct Recovery {
     pub(super) was_started: bool,
 }
 
-/// The last recovery that completed: when, and the span it covered.
+/// The last recovery that completed: when, and its deadline.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Completed {
     pub(super) at: Instant,
-    pub(super) since: Instant,
     pub(super) deadline: Instant,
 }
 
 impl Recovery {
-    /// A recovery starting now, or continuing `last` if that completed within
+    /// A recovery starting now, with the deadline of `last` if that completed within
     /// [`FLAP_WINDOW`].
     pub(super) fn new(timeout: Duration, was_started: bool, last: Option<Completed>) -> Self {
         let now = Instant::now();
-        let (since, deadline) = match last {
-            Some(c) if now.duration_since(c.at) < FLAP_WINDOW => (c.since, c.deadline),
-            _ => (now, now + timeout),
+        let deadline = match last {
+            Some(c) if now.duration_since(c.at) < FLAP_WINDOW => c.deadline,
+            _ => now + timeout,
         };
         Self {
-            since,
+            since: now,
             deadline,
             next_try: now + RETRY_INTERVAL,
             attempts: 0,

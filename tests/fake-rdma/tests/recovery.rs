@@ -285,3 +285,102 @@ fn a_device_removed_for_good_fails_the_port_after_its_timeout() {
     assert_eq!(lj["pool_in_use"], 0);
     assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
 }
+
+/// l2fwd on `mana_0` / `mana_1` (no wires), serviced once for 0.2 s; `env` for l2fwd.
+/// Returns its output once it recovered (or gave up) and was stopped.
+fn quick_service(env: &[(&str, &str)]) -> Output {
+    let world = "mana_0/1:mac=02:00:00:00:10:01,wire=none;mana_1/1:mac=02:00:00:00:10:02,wire=none";
+    let fake = Fake::new(Some(world));
+    let mut l2 = fake.cmd(&bin("l2fwd"));
+    l2.args(["--port", "mana:dev=mana_0,recover-timeout=5"])
+        .args(["--port", "mana:dev=mana_1"])
+        .args(["--duration", "30", "--stats-interval", "0", "--json"])
+        .args(["--link-timeout", "0"])
+        .env("PMD_LOG", "pmd::port=info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        l2.env(k, v);
+    }
+    let (l2, lines) = spawn_ready(&mut l2);
+    std::fs::write(knob(&fake, "mana_0"), "service 0.2\n").unwrap();
+    // Collect stderr until the port is back (or failed), then stop l2fwd.
+    let mut seen = Vec::new();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) {
+        if let Ok(l) = lines.recv_timeout(Duration::from_millis(50)) {
+            let done = l.contains("recovered after") || l.contains("recovery failed");
+            seen.push(l);
+            if done {
+                break;
+            }
+        }
+    }
+    let _ = Command::new("kill")
+        .args(["-INT", &l2.id().to_string()])
+        .status();
+    let mut o = finish(l2, lines);
+    let rest = std::mem::take(&mut o.stderr);
+    o.stderr = (seen.join("\n") + "\n").into_bytes();
+    o.stderr.extend(rest);
+    o
+}
+
+/// Every bring-up call of the recovery fails once in turn (`FAKE_RDMA_FAIL=CALL#N`, N the
+/// first call of the recovery): the attempt says which call failed, leaves nothing alive,
+/// and the next attempt brings the port back.
+#[test]
+fn a_failure_at_each_step_of_the_reprobe_is_retried() {
+    let _one = serial();
+    // Where the recovery's calls start: a run with a trace.
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.jsonl");
+    let o = quick_service(&[("FAKE_RDMA_TRACE", trace.to_str().unwrap())]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let calls: Vec<String> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["call"].as_str().unwrap().to_string()
+        })
+        .collect();
+    // Two devices opened at start; the third open is the recovery's.
+    let start = calls
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| *c == "ibv_open_device")
+        .nth(2)
+        .map(|(i, _)| i)
+        .unwrap_or_else(|| panic!("no reopen in the trace: {calls:?}"));
+    let steps = [
+        "ibv_open_device",
+        "ibv_query_device_ex",
+        "ibv_alloc_pd",
+        "ibv_alloc_parent_domain",
+        "ibv_reg_mr",
+        "ibv_create_cq",
+        "ibv_create_qp",
+        "ibv_create_wq",
+        "ibv_create_rwq_ind_table",
+        "ibv_create_qp_ex",
+    ];
+    for call in steps {
+        assert!(
+            calls[start..].iter().any(|c| c == call),
+            "the recovery makes no {call}: {:?}",
+            &calls[start..]
+        );
+        let n = calls[..start].iter().filter(|c| *c == call).count() + 1;
+        let o = quick_service(&[("FAKE_RDMA_FAIL", &format!("{call}#{n}:ENOMEM"))]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{call}#{n}: {}", text(&o));
+        assert!(
+            err.contains("not back yet") && err.contains(&format!("{call} failed")),
+            "{call}#{n}: the failed attempt is reported: {}",
+            text(&o)
+        );
+        assert!(err.contains("recovered after"), "{call}#{n}: {}", text(&o));
+        assert_eq!(live_at_exit(&o), Some(0), "{call}#{n}: {}", text(&o));
+    }
+}
