@@ -384,3 +384,28 @@ fn a_failure_at_each_step_of_the_reprobe_is_retried() {
         assert_eq!(live_at_exit(&o), Some(0), "{call}#{n}: {}", text(&o));
     }
 }
+
+/// A re-probe that fails at every attempt (every RSS QP of the recovery refused) fails the
+/// port at its recover-timeout, with the last error, and leaves nothing alive.
+#[test]
+fn a_reprobe_that_keeps_failing_fails_the_port_cleanly() {
+    let _one = serial();
+    // The start makes two RSS QPs (one per port); every later one fails.
+    let fail: Vec<String> = (3..400)
+        .map(|n| format!("ibv_create_qp_ex#{n}:ENOMEM"))
+        .collect();
+    let t0 = Instant::now();
+    let o = quick_service(&[("FAKE_RDMA_FAIL", &fail.join(","))]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    assert!(
+        err.contains("recovery failed")
+            && err.contains("recover-timeout")
+            && err.contains("ibv_create_qp_ex failed"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(json_of(&o)["ports"][0]["state"], "failed");
+    assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
+}
