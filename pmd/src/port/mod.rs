@@ -246,7 +246,15 @@ impl Port {
         port.spec = Some(spec.clone());
         port.lock = lock;
         if matches!(spec.kind, PortKind::Mana { .. } | PortKind::Mlx5 { .. }) {
-            let again = spec.clone();
+            // The kernel re-creates the netdev on resume, and something may bring it up
+            // again. busy=takeover takes it down again (the driver does); busy=wait waits
+            // within the recover timeout: here, between attempts, never blocking in the
+            // driver (which would wait for busy-timeout on the control thread); busy=fail
+            // fails the recovery at once (see `try_recover`).
+            let mut again = spec.clone();
+            if matches!(again.busy, BusyPolicy::Wait { .. }) {
+                again.busy = BusyPolicy::Fail;
+            }
             port.reopen = Some((
                 Box::new(move || probe::probe(id, &again)),
                 spec.recover_timeout.unwrap_or(DEFAULT_RECOVER_TIMEOUT),
@@ -702,6 +710,12 @@ impl Port {
                 out.push(PortEvent::Recovered { downtime });
             }
             Err(e) => {
+                // The kernel's netdev holds the port again, and the policy is to fail.
+                let busy_fails = matches!(e, PortError::Busy { .. })
+                    && self
+                        .spec
+                        .as_ref()
+                        .is_some_and(|s| s.busy == BusyPolicy::Fail);
                 let r = self.recovery.as_mut().expect("recovering");
                 r.attempts += 1;
                 let msg = e.to_string();
@@ -709,17 +723,28 @@ impl Port {
                     tracing::info!(target: "pmd::port", port = self.id, "{}: not back yet: {msg}", self.name);
                 }
                 r.last_error = Some(msg);
-                if now >= r.deadline {
+                if now >= r.deadline || busy_fails {
                     let waited = r.since.elapsed();
-                    let why = format!(
-                        "{}: the device (MAC {}) did not come back within {:.1} s \
-                         (recover-timeout); {} attempts, the last: {}",
-                        self.name,
-                        self.driver.mac(),
-                        waited.as_secs_f64(),
-                        r.attempts,
-                        r.last_error.as_deref().unwrap_or("none")
-                    );
+                    let why = if busy_fails {
+                        format!(
+                            "{}: the device came back after {:.1} s, but {} (busy=fail; \
+                             busy=wait waits for the port within recover-timeout, \
+                             busy=takeover takes it)",
+                            self.name,
+                            waited.as_secs_f64(),
+                            r.last_error.as_deref().unwrap_or("the port is busy")
+                        )
+                    } else {
+                        format!(
+                            "{}: the device (MAC {}) did not come back within {:.1} s \
+                             (recover-timeout); {} attempts, the last: {}",
+                            self.name,
+                            self.driver.mac(),
+                            waited.as_secs_f64(),
+                            r.attempts,
+                            r.last_error.as_deref().unwrap_or("none")
+                        )
+                    };
                     tracing::error!(target: "pmd::port", port = self.id, "{why}");
                     self.failure = Some(why);
                     self.recovery = None;

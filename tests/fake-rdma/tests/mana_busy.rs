@@ -125,3 +125,103 @@ fn busy_takeover_brings_the_netdev_down_and_back_on_exit_and_on_signals() {
         assert!(err.contains("at exit: 0 live objects"), "{how}: {err}");
     }
 }
+
+/// The world of [`fake`], whose port-1 netdev comes back up when the device returns from a
+/// servicing (as hv_netvsc brings a re-added VF up).
+fn fake_up_after_reset(ns: &Netns) -> Fake {
+    Fake::new_in(
+        Some(&format!(
+            "mana_0/1:mac=02:00:00:00:10:01,wire=none,netdev={IF},netdev_up_after_reset=1;\
+             mana_0/2:mac=02:00:00:00:10:02,wire=none"
+        )),
+        Some(ns),
+    )
+}
+
+fn service(fake: &Fake, secs: &str) {
+    let knob = fake
+        .dir
+        .path()
+        .join("sys/class/infiniband/mana_0/fake_rdma_fatal");
+    std::fs::write(knob, format!("service {secs}\n")).unwrap();
+}
+
+/// After a servicing the kernel's netdev is up again: busy=takeover takes it down again and
+/// still gives it back at exit; busy=wait waits (within recover-timeout) until it goes
+/// down; busy=fail fails the recovery at once with the busy message.
+#[test]
+fn busy_policies_hold_after_a_service_reset() {
+    let Some(ns) = Netns::create("mreset") else {
+        return;
+    };
+    let fake = fake_up_after_reset(&ns);
+
+    // takeover: down at start, up with the device, down again, up at exit.
+    ns.set(true);
+    let child = l2fwd(&ns, &fake, ",busy=takeover", &["--duration", "4"])
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || ns.all(false)),
+        "{IF} taken down at start"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    service(&fake, "0.3");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(ns.all(false), "{IF} taken down again after the reset");
+    let (status, err) = finish(child, Duration::from_secs(20));
+    assert!(status.success(), "takeover: {err}");
+    assert!(err.contains("recovered after"), "takeover: {err}");
+    assert!(ns.all(true), "takeover: given back at exit: {err}");
+    assert!(err.contains("at exit: 0 live objects"), "takeover: {err}");
+
+    // wait: the port comes back once the netdev goes down. The master (the synthetic NIC)
+    // stays up, as on Azure; the VF's netdev starts down.
+    let vf_down = |ns: &Netns| {
+        ns.set(true);
+        assert!(ns.ip(&["link", "set", IF, "down"]));
+    };
+    vf_down(&ns);
+    let child = l2fwd(
+        &ns,
+        &fake,
+        ",busy=wait,recover-timeout=20",
+        &["--duration", "4"],
+    )
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    service(&fake, "0.3");
+    assert!(
+        eventually(Duration::from_secs(10), || ns.up(IF)),
+        "{IF} up again with the device"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(ns.ip(&["link", "set", IF, "down"]));
+    let (status, err) = finish(child, Duration::from_secs(20));
+    assert!(status.success(), "wait: {err}");
+    assert!(err.contains("recovered after"), "wait: {err}");
+    assert!(err.contains("at exit: 0 live objects"), "wait: {err}");
+
+    // fail: the recovery fails at once, naming the netdev.
+    vf_down(&ns);
+    let child = l2fwd(&ns, &fake, "", &["--duration", "30"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    let t0 = std::time::Instant::now();
+    service(&fake, "0.3");
+    let (status, err) = finish(child, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(1), "fail: {err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "fail: at once: {err}"
+    );
+    assert!(
+        err.contains("recovery failed")
+            && err.contains("busy=fail")
+            && err.contains(&format!("kernel netdev {IF}")),
+        "fail: {err}"
+    );
+    assert!(err.contains("at exit: 0 live objects"), "fail: {err}");
+}
