@@ -186,8 +186,24 @@ pub fn resolve_port(
     family: Family,
     sel: &PortSelector,
 ) -> Result<(String, u32, Option<Netdev>), String> {
+    resolve_ports(root, family, sel).map(|mut v| v.swap_remove(0))
+}
+
+/// Every port of `family` that `sel` names under `root`, in [`resolve_port`]'s order (at
+/// least one). More than one: the selection is ambiguous, or (MANA on newer kernels) one
+/// function is listed as two RDMA devices, its raw-packet device and its RDMA (RNIC) one,
+/// which share the netdev and MAC; the provider tells them apart when it opens them.
+///
+/// # Errors
+/// As [`resolve_port`].
+pub fn resolve_ports(
+    root: &Path,
+    family: Family,
+    sel: &PortSelector,
+) -> Result<Vec<(String, u32, Option<Netdev>)>, String> {
     let devs = list(root).map_err(|e| format!("reading {}: {e}", root.display()))?;
     let mut seen = Vec::new();
+    let mut found = Vec::new();
     for d in devs.iter().filter(|d| d.family == family) {
         for p in &d.ports {
             let nd = p.netdev.as_ref();
@@ -212,9 +228,12 @@ pub fn resolve_port(
                     .as_ref()
                     .is_none_or(|x| nd.is_some_and(|n| n.name == *x));
             if ok {
-                return Ok((d.name.clone(), p.number, p.netdev.clone()));
+                found.push((d.name.clone(), p.number, p.netdev.clone()));
             }
         }
+    }
+    if !found.is_empty() {
+        return Ok(found);
     }
     let (name, modules, model) = match family {
         Family::Mana => ("MANA", "mana_ib and ib_uverbs", "emu-mana:wire=shm:demo0"),

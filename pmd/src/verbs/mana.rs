@@ -20,7 +20,7 @@ use super::events;
 use super::manadv::{self, Allocators};
 use super::objects::{Context, Cq, IndTable, Mr, ParentDomain, Pd, Qp, Wq};
 use super::VerbsError;
-use crate::devices::{self, resolve_mana_port as resolve, sysfs_root, PortSelector as Selector};
+use crate::devices::{self, sysfs_root, PortSelector as Selector};
 use crate::ethdev::{Link, PortEvent, QueueRef, RssConfig, RssFields};
 use crate::hw::mana::MAX_TX_SGES;
 use crate::mana::{Provider, QueueAllocator, QueueOwner, RawRxQueue, RawTxQueue, SetupError};
@@ -87,6 +87,29 @@ fn verbs(e: VerbsError) -> SetupError {
     SetupError::Device(Box::new(e))
 }
 
+/// `vendor_part_id` of a MANA function's raw-packet device: the GDMA device type
+/// `GDMA_DEVICE_MANA` (kernel include/net/mana/gdma.h), which `mana_ib_query_device` reports;
+/// its RDMA device reports `GDMA_DEVICE_MANA_IB` (3). Older kernels report 0.
+const PART_RAW_PACKET: u32 = 2;
+
+/// Why a device is not the raw-packet device of its MANA function, or `None` when it is (or
+/// cannot tell: an older kernel reports neither field). Kernel `mana_ib_query_device` sets
+/// `vendor_part_id` to the GDMA device type and `raw_packet_caps` only on the raw-packet
+/// device; DPDK's net/mana skips a device with a non-zero part id other than 2, or without
+/// raw-packet capabilities.
+fn not_raw_packet(attr: &rdma_sys::ibv_device_attr_ex) -> Option<String> {
+    let part = attr.orig_attr.vendor_part_id;
+    if part == 0 {
+        return None;
+    }
+    if part != PART_RAW_PACKET {
+        return Some(format!(
+            "vendor part id {part}, the function's RDMA device, not its raw-packet one ({PART_RAW_PACKET})"
+        ));
+    }
+    (attr.raw_packet_caps == 0).then(|| "no raw-packet capabilities".to_string())
+}
+
 impl ManaProvider {
     /// Opens the port `sel` names: the device context, its allocators, a PD and the port's
     /// parent domain.
@@ -94,15 +117,50 @@ impl ManaProvider {
     /// # Errors
     /// No such port, or a verbs call failed (everything opened so far is closed again).
     pub fn open(sel: &Selector) -> Result<Self, SetupError> {
-        let (dev, port, netdev) = resolve(&sysfs_root(), sel).map_err(SetupError::NoPort)?;
+        let candidates = devices::resolve_ports(&sysfs_root(), devices::Family::Mana, sel)
+            .map_err(SetupError::NoPort)?;
+        // Newer kernels list a MANA function twice: its raw-packet device and its RDMA
+        // (RNIC) device, with the same netdev; only the first creates raw-packet QPs. Take
+        // the first candidate that is a raw-packet device (as DPDK's net/mana does since
+        // "net/mana: check vendor ID when probing RDMA device").
+        let mut skipped = Vec::new();
+        let mut chosen = None;
+        for (dev, port, netdev) in &candidates {
+            let ctx = Context::open(dev).map_err(verbs)?;
+            let attr = ctx.query_device_ex().map_err(verbs)?;
+            match not_raw_packet(&attr) {
+                Some(why) => {
+                    tracing::info!(target: "pmd::verbs", device = %dev, "skipping {dev}: {why}");
+                    skipped.push(format!("{dev} ({why})"));
+                }
+                None if chosen.is_none() => {
+                    chosen = Some((dev.clone(), *port, netdev.clone(), ctx, attr))
+                }
+                None => {
+                    let (first, first_port) = chosen
+                        .as_ref()
+                        .map(|c| (c.0.clone(), c.1))
+                        .unwrap_or_default();
+                    tracing::warn!(
+                        target: "pmd::verbs",
+                        "{sel} matches more than one MANA port ({first} port {first_port}, {dev} port {port}, ...): using {first} port {first_port}; name it with dev= and port= to choose"
+                    );
+                }
+            }
+        }
+        let Some((dev, port, netdev, ctx, attr)) = chosen else {
+            return Err(SetupError::NoPort(format!(
+                "{sel} matches no raw-packet MANA device: {} (these are RDMA devices; the \
+                 function's raw-packet device is the one with vendor part id 2)",
+                skipped.join(", ")
+            )));
+        };
         let mac = netdev.as_ref().and_then(|n| n.mac).ok_or_else(|| {
             SetupError::NoPort(format!(
                 "{dev} port {port} has no netdev with a MAC address in sysfs; the MAC of a MANA \
                  port is its netdev's (check that the mana driver bound the interface)"
             ))
         })?;
-        let ctx = Context::open(&dev).map_err(verbs)?;
-        let attr = ctx.query_device_ex().map_err(verbs)?;
         let o = &attr.orig_attr;
         let limits = Limits {
             max_wr: u32::try_from(o.max_qp_wr).unwrap_or(0),

@@ -150,13 +150,25 @@ fn kernel_pin(buf: *mut c_void, len: usize) -> Result<(), c_int> {
     mapped(buf, len)
 }
 
-/// The device attributes the kernel reports (`mana_ib_query_device`).
+/// `vendor_part_id` of a MANA function's raw-packet (Ethernet) device and of its RDMA
+/// device: the GDMA device type (`GDMA_DEVICE_MANA` = 2, `GDMA_DEVICE_MANA_IB` = 3, kernel
+/// include/net/mana/gdma.h), which `mana_ib_query_device` reports as `vendor_part_id`.
+pub const PART_RAW: u32 = 2;
+/// See [`PART_RAW`].
+pub const PART_RNIC: u32 = 3;
+
+/// The device attributes the kernel reports (`mana_ib_query_device`: `vendor_id` the PCI
+/// vendor, `vendor_part_id` the GDMA device type).
 pub fn device_attr(ctx: &Ctx) -> ibv_device_attr {
     ibv_device_attr {
         max_mr_size: 1 << 40,
         page_size_cap: (PAGE as u64) | (2 << 20),
         vendor_id: 0x1414,
-        vendor_part_id: 0x00ba,
+        vendor_part_id: if ctx.device().view.rnic {
+            PART_RNIC
+        } else {
+            PART_RAW
+        },
         max_qp: 64,
         max_qp_wr: KERNEL_MAX_QP_WR as c_int,
         max_sge: KERNEL_MAX_SEND_SGE as c_int,
@@ -219,6 +231,11 @@ pub unsafe extern "C" fn query_device_ex(
                 phys_port_cnt_ex: u32::from(ctx.nports()),
                 ..Default::default()
             };
+            // Only the raw-packet device has raw-packet capabilities (`mana_ib_query_device`:
+            // `raw_packet_caps = IB_RAW_PACKET_CAP_IP_CSUM` unless `mana_ib_is_rnic`).
+            if !ctx.device().view.rnic {
+                ex.raw_packet_caps = IBV_RAW_PACKET_CAP_IP_CSUM;
+            }
             ex.rss_caps.supported_qpts = 1 << IBV_QPT_RAW_PACKET;
             ex.rss_caps.max_rwq_indirection_tables = 64;
             ex.rss_caps.max_rwq_indirection_table_size = KERNEL_MAX_IND_TABLE;

@@ -8,6 +8,8 @@
 //!
 //! World syntax (`FAKE_RDMA_PORTS`): a `;`-separated list of
 //! `DEV/PORT:mac=MAC,wire=WIRE[,netdev=IFNAME][,vp_offset=N][,coalesce=1][,netdev_up_after_reset=1]`
+//! (`rnic=1`: the MANA function's RDMA device, which newer kernels list beside the raw-packet
+//! one: it reports `vendor_part_id` 3 and no raw-packet capabilities)
 //! for MANA devices (`mana_N`, ports 1..8; `coalesce=1` plays a newer kernel, whose `mana_ib`
 //! turns RX CQE coalescing on for RSS QPs) and
 //! `DEV/1:mac=MAC,wire=WIRE[,netdev=IFNAME][,part=ID][,netdev_up_after_reset=1]` for mlx5
@@ -68,6 +70,8 @@ pub const WIRE_FILE: &str = "fake_rdma_wire";
 pub const VP_OFFSET_FILE: &str = "fake_rdma_vp_offset";
 /// Per port: `1` if its RSS QPs coalesce RX completions (a newer kernel's `mana_ib`).
 pub const COALESCE_FILE: &str = "fake_rdma_coalesce";
+/// Per device: `1` if it is a MANA function's RDMA (RNIC) device, not its raw-packet one.
+pub const RNIC_FILE: &str = "fake_rdma_rnic";
 /// Per port: `1` if its netdev is brought up when the device comes back from a servicing.
 pub const NETDEV_UP_FILE: &str = "fake_rdma_netdev_up_after_reset";
 /// In a device's directory: how many servicings it went through (absent: none). A device
@@ -103,6 +107,9 @@ pub struct PortSpec {
     /// Whether the netdev (a real one) is brought up when the device comes back from a
     /// servicing.
     pub netdev_up_after_reset: bool,
+    /// MANA only: the device is the function's RDMA (RNIC) device, which newer kernels list
+    /// beside the raw-packet one (`rnic=1`).
+    pub rnic: bool,
     /// The device's family (and, for mlx5, its part).
     pub family: Family,
 }
@@ -172,6 +179,7 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
             netdev: None,
             vp_offset: 0,
             coalesce: false,
+            rnic: false,
             netdev_up_after_reset: false,
             family: if mlx5 {
                 Family::Mlx5 {
@@ -216,6 +224,13 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
                         _ => return err(format!("{name}: coalesce={v}: 1 or 0")),
                     };
                 }
+                "rnic" if !mlx5 => {
+                    spec.rnic = match v {
+                        "1" => true,
+                        "0" => false,
+                        _ => return err(format!("{name}: rnic={v}: 1 or 0")),
+                    };
+                }
                 "netdev_up_after_reset" => {
                     spec.netdev_up_after_reset = match v {
                         "1" => true,
@@ -241,7 +256,7 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
                 }
                 _ => {
                     return err(format!(
-                        "{name}: unknown option `{k}` (mac, wire, netdev, vp_offset, coalesce, netdev_up_after_reset)"
+                        "{name}: unknown option `{k}` (mac, wire, netdev, vp_offset, coalesce, rnic, netdev_up_after_reset)"
                     ))
                 }
             }
@@ -260,7 +275,11 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
         {
             return err(format!("{name}: listed twice"));
         }
-        if ports.iter().any(|p| p.mac == spec.mac) {
+        // A MANA function's RDMA device shares the MAC of its raw-packet device.
+        if ports
+            .iter()
+            .any(|p| p.mac == spec.mac && p.rnic == spec.rnic)
+        {
             return err(format!("{name}: mac {} used twice", spec.mac));
         }
         ports.push(spec);
@@ -359,6 +378,9 @@ pub fn write_sysfs(root: &Path, ports: &[PortSpec]) -> io::Result<()> {
                 symlink(&driver, &ib.join("device/driver"))?;
             }
         }
+        if ports.iter().any(|p| p.dev == *dev && p.rnic) {
+            write(&ib.join(RNIC_FILE), "1")?;
+        }
         for p in ports.iter().filter(|p| p.dev == *dev) {
             let pdir = ib.join(format!("ports/{}", p.port));
             write(&pdir.join("state"), "4: ACTIVE")?;
@@ -448,6 +470,8 @@ pub struct DeviceView {
     pub uverbs: u32,
     /// Servicings it went through ([`GENERATION_FILE`]).
     pub generation: u64,
+    /// A MANA function's RDMA (RNIC) device ([`RNIC_FILE`]).
+    pub rnic: bool,
 }
 
 /// The servicings the device at `ibdev` went through ([`GENERATION_FILE`], 0 if absent).
@@ -542,6 +566,7 @@ pub fn read_sysfs(root: &Path) -> Vec<DeviceView> {
                 _ => Family::Mana,
             };
             let generation = generation(&dir);
+            let rnic = fs::read_to_string(dir.join(RNIC_FILE)).is_ok_and(|s| s.trim() == "1");
             devices.push(DeviceView {
                 name,
                 family,
@@ -549,6 +574,7 @@ pub fn read_sysfs(root: &Path) -> Vec<DeviceView> {
                 ports,
                 uverbs,
                 generation,
+                rnic,
             });
         }
     }

@@ -411,3 +411,53 @@ fn fork_and_exec_during_traffic_loses_nothing() {
         "ibv_fork_init must come before the first ibv_reg_mr: {calls:?}"
     );
 }
+
+/// Newer kernels list a MANA function twice: its RDMA (RNIC) device, `vendor_part_id` 3
+/// without raw-packet capabilities, and its raw-packet device, with the same MAC. A port
+/// named by MAC opens the raw-packet one and says which it skipped; naming only the RDMA
+/// device is refused with why.
+#[test]
+fn the_raw_packet_device_of_a_function_listed_twice_is_chosen() {
+    let fake = Fake::new(Some(
+        "mana_0/1:mac=02:00:00:00:10:01,wire=none,rnic=1;\
+         mana_1/1:mac=02:00:00:00:10:01,wire=none;\
+         mana_2/1:mac=02:00:00:00:10:02,wire=none",
+    ));
+    let run = |a: &str, b: &str| {
+        let _one = serial();
+        fake.cmd(&bin("l2fwd"))
+            .args(["--port", a, "--port", b])
+            .args(["--duration", "0.3", "--stats-interval", "0"])
+            .env("PMD_LOG", "pmd::verbs=info")
+            .output()
+            .expect("run l2fwd")
+    };
+    let o = run("mana:mac=02:00:00:00:10:01", "mana:mac=02:00:00:00:10:02");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        err.contains("skipping mana_0: vendor part id 3"),
+        "{}",
+        text(&o)
+    );
+    let opened: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("MANA port opened"))
+        .collect();
+    assert!(
+        opened.iter().any(|l| l.contains("device=mana_1"))
+            && !opened.iter().any(|l| l.contains("device=mana_0")),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
+    let o = run("mana:dev=mana_0", "mana:dev=mana_2");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        err.contains("matches no raw-packet MANA device: mana_0 (vendor part id 3"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
+}
