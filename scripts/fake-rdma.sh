@@ -11,7 +11,9 @@ Runs COMMAND, unchanged, against the fake rdma-core instead of the real one. The
 library is built if needed (cargo build --release -p fake-rdma), installed in a temporary
 directory as libibverbs.so.1, libmana.so.1 and libmlx5.so.1, and found first through
 LD_LIBRARY_PATH. A fake sysfs tree in the same directory describes the devices; both
-libibverbs (SYSFS_PATH) and pmd's discovery (PMD_SYSFS_ROOT) read it. Everything is removed
+libibverbs (SYSFS_PATH) and pmd's discovery (PMD_SYSFS_ROOT) read it; it also shows the
+kernel modules loaded, and PMD_DEV_ROOT has a uverbs node per device, so that
+`pmd-devices --check SPEC` finds what a VM has. Everything is removed
 when COMMAND exits; its exit status is returned. The fake prints a one-line banner on
 stderr, and refuses to run next to a real libibverbs.
 
@@ -62,6 +64,15 @@ raise them on every open context of the device (checked every 20 ms):
          --port mana:dev=mana_0,port=2 --duration 3 & sleep 1;
          echo down > "$SYSFS_PATH/class/infiniband/mana_0/ports/1/fake_rdma_link"; wait'
 
+The device model behind the queues runs on a thread per engine (fakenic-D-P: one per MANA
+vPort, one per mlx5 device) until the program asks for kick handles through the fake's own
+unversioned symbols (real rdma-core has none; a program finds them with dlsym and uses
+them only if present): fake_rdma_kick_open(ctx, is_rx, queue_id) -> handle or NULL,
+fake_rdma_kick(handle), fake_rdma_kick_close(handle). From the first handle on an engine
+runs inline: its thread stops, and the program's kicks (every burst) do the device's work
+on its polling threads, as emu-mana:/emu-mlx5: ports with engine=inline. Queue ids: MANA
+sq_id / wq_id (manadv_init_obj); mlx5 qp_num of the send QP / wq_num. See RULES.md.
+
 Example:
   scripts/fake-rdma.sh target/release/pmd-devices
 HELP
@@ -90,8 +101,15 @@ cp "$lib" "$dir/lib/libibverbs.so.1"
 ln -s libibverbs.so.1 "$dir/lib/libmana.so.1"
 ln -s libibverbs.so.1 "$dir/lib/libmlx5.so.1"
 "$world" --sysfs "$dir/sys"
+# What `pmd-devices --check` asks of a machine beyond the tree: the kernel modules (as
+# sysfs shows loaded ones) and a uverbs node per device (PMD_DEV_ROOT; the fake opens none).
+mkdir -p "$dir/sys/module/ib_uverbs" "$dir/sys/module/mana_ib" "$dir/sys/module/mlx5_ib" \
+    "$dir/dev/infiniband"
+for u in "$dir"/sys/class/infiniband_verbs/uverbs*; do
+    if [ -d "$u" ]; then : >"$dir/dev/infiniband/${u##*/}"; fi
+done
 
 status=0
 LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    SYSFS_PATH="$dir/sys" PMD_SYSFS_ROOT="$dir/sys" "$@" || status=$?
+    SYSFS_PATH="$dir/sys" PMD_SYSFS_ROOT="$dir/sys" PMD_DEV_ROOT="$dir/dev" "$@" || status=$?
 exit "$status"

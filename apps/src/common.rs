@@ -73,43 +73,96 @@ pub fn open_ports(
     for (i, spec) in specs.iter().enumerate() {
         let port = Port::open(i as u16, spec).map_err(|e| format!("port {i} ({spec}): {e}"))?;
         let cfg = PortConfig {
-            rx_queues: spec.rxq.unwrap_or(base.rx_queues),
-            tx_queues: spec.txq.unwrap_or(base.tx_queues).max(base.tx_queues),
             promiscuous: base.promiscuous && port.caps().promiscuous,
-            ..base.clone()
+            ..port_config(spec, base)
         };
         cfgs.push(port.effective_config(&cfg));
         asked.push(cfg);
         ports.push(port);
     }
-    let sizing = PoolSizing::of(&cfgs, cores);
-    let count = match pool_size {
-        None => sizing.default_count(),
-        Some(n) if u64::from(n) < sizing.minimum() => {
-            return Err(usage(format!(
-                "--pool-size {n}: the ports' RX rings hold {} mbufs ({}) and each of {cores} \
-                 polling core(s) needs {} more in flight: give at least {} (the default here \
-                 is {})",
-                sizing.rx,
-                describe_rx(&cfgs),
-                BURST_ROOM,
-                sizing.minimum(),
-                sizing.default_count()
-            )))
-        }
-        Some(n) => n,
-    };
-    // The data room holds the longest frame of the MTU (2048 bytes up to MTU 2030, 9024 for
-    // jumbo frames of MTU 9000).
-    let room = crate::cli::data_room_for(base.mtu);
-    let pool = MbufPool::new(MbufPoolConfig::new(name, count).data_room(room))
-        .map_err(|e| format!("mbuf pool of {count} buffers of {room} bytes: {e}"))?;
-    tracing::info!(target: "apps", buffers = count, "mbuf pool");
+    let plan = PoolPlan::new(&cfgs, cores, pool_size, base.mtu)?;
+    let pool = MbufPool::new(plan.config(name)).map_err(|e| {
+        format!(
+            "mbuf pool of {} buffers of {} bytes: {e}",
+            plan.count, plan.data_room
+        )
+    })?;
+    tracing::info!(target: "apps", buffers = plan.count, "mbuf pool");
     for (i, (port, cfg)) in ports.iter_mut().zip(&asked).enumerate() {
         port.configure(cfg, &pool)
             .map_err(|e| format!("port {i} ({}): {e}", specs[i]))?;
     }
     Ok(PortSet { ports, pool })
+}
+
+/// What a tool asks of the port `spec` names, from its own options in `base`: the spec's
+/// `rxq=` (else `base.rx_queues`) and `txq=` (never fewer than `base.tx_queues`: every polling
+/// core sends on its own).
+pub fn port_config(spec: &PortSpec, base: &PortConfig) -> PortConfig {
+    PortConfig {
+        rx_queues: spec.rxq.unwrap_or(base.rx_queues),
+        tx_queues: spec.txq.unwrap_or(base.tx_queues).max(base.tx_queues),
+        ..base.clone()
+    }
+}
+
+/// The mbuf pool a tool makes: how many buffers, and how much data room each has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolPlan {
+    /// Buffers in the pool.
+    pub count: u32,
+    /// Data room of each, in bytes.
+    pub data_room: u16,
+}
+
+impl PoolPlan {
+    /// The pool for ports configured as `cfgs` (what each will really get), polled by `cores`
+    /// cores, for frames of `mtu`: every RX descriptor holds a buffer, every TX descriptor
+    /// may, plus per-core caches and bursts in flight; `pool_size` (`--pool-size`) overrides
+    /// the count but must at least fill the RX rings, with a burst's room per core. The data
+    /// room holds the longest frame of the MTU (2048 bytes up to MTU 2030, 9024 for jumbo
+    /// frames of MTU 9000).
+    ///
+    /// # Errors
+    /// A usage error for a `pool_size` too small for the rings.
+    pub fn new(
+        cfgs: &[PortConfig],
+        cores: usize,
+        pool_size: Option<u32>,
+        mtu: u16,
+    ) -> Result<Self, Failure> {
+        let sizing = PoolSizing::of(cfgs, cores);
+        let count = match pool_size {
+            None => sizing.default_count(),
+            Some(n) if u64::from(n) < sizing.minimum() => {
+                return Err(usage(format!(
+                    "--pool-size {n}: the ports' RX rings hold {} mbufs ({}) and each of {cores} \
+                     polling core(s) needs {} more in flight: give at least {} (the default \
+                     here is {})",
+                    sizing.rx,
+                    describe_rx(cfgs),
+                    BURST_ROOM,
+                    sizing.minimum(),
+                    sizing.default_count()
+                )))
+            }
+            Some(n) => n,
+        };
+        Ok(PoolPlan {
+            count,
+            data_room: crate::cli::data_room_for(mtu),
+        })
+    }
+
+    /// The pool's configuration, named `name`.
+    pub fn config(&self, name: &str) -> MbufPoolConfig {
+        MbufPoolConfig::new(name, self.count).data_room(self.data_room)
+    }
+
+    /// Bytes of memory the pool maps (see [`MbufPoolConfig::memory_bytes`]).
+    pub fn memory_bytes(&self) -> Option<usize> {
+        self.config("plan").memory_bytes()
+    }
 }
 
 /// The room `--pool-size` must leave per polling core beyond the RX rings: a burst in hand

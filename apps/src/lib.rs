@@ -1,9 +1,11 @@
-//! Shared code of the command-line tools (`pmd-devices`, and later `l2fwd`, `pktgen`).
+//! Shared code of the command-line tools (`pmd-devices`, and later `l2fwd`, `pktgen`), and
+//! the preflight of `pmd-devices --check` ([`preflight`]).
 #![deny(unsafe_code)]
 
 pub mod cli;
 pub mod common;
 pub mod pktgen;
+pub mod preflight;
 
 use pmd::devices::DeviceInfo;
 use serde_json::{json, Value};

@@ -132,12 +132,34 @@ impl PoolConfig {
         &self.name
     }
 
+    /// Bytes of memory the pool maps (before rounding up to whole pages): every object at its
+    /// aligned size. `None` when that overflows (creating the pool then fails with
+    /// [`Error::TooLarge`]). What a preflight weighs against the locked-memory limit and the
+    /// free hugepages.
+    pub fn memory_bytes(&self) -> Option<usize> {
+        self.memory_bytes_with(self.obj_size, self.obj_align)
+    }
+
+    /// [`PoolConfig::memory_bytes`] once objects are `obj_size` bytes aligned to at least
+    /// `align` (what [`PoolConfig::set_mbuf_layout`] would make them).
+    pub(crate) fn memory_bytes_with(&self, obj_size: usize, align: usize) -> Option<usize> {
+        span_bytes(self.obj_count, obj_size, self.obj_align.max(align))
+    }
+
     /// Object size and minimum alignment of an mbuf pool (set by `MbufPool::new`).
     pub(crate) fn set_mbuf_layout(&mut self, obj_size: usize, align: usize) {
         self.obj_size = obj_size;
         self.obj_align = self.obj_align.max(align);
         self.kind = "mbuf";
     }
+}
+
+/// `count` objects of `obj_size` bytes rounded up to `align`: the span [`Mempool::new`] maps.
+pub(crate) fn span_bytes(count: u32, obj_size: usize, align: usize) -> Option<usize> {
+    obj_size
+        .checked_next_multiple_of(align)?
+        .checked_mul(count as usize)
+        .filter(|&s| s <= isize::MAX as usize)
 }
 
 /// A cache's published length, read by the accounting methods.
@@ -219,9 +241,7 @@ impl Mempool {
         if cfg.obj_count > MAX_OBJECTS {
             return Err(too_large(obj_size));
         }
-        let span = (cfg.obj_count as usize)
-            .checked_mul(obj_size)
-            .filter(|&s| s <= isize::MAX as usize)
+        let span = span_bytes(cfg.obj_count, obj_size, cfg.obj_align)
             .ok_or_else(|| too_large(obj_size))?;
 
         let max_cache = max_cache_size(cfg.obj_count);

@@ -1,5 +1,6 @@
 //! Lists RDMA devices (MANA, mlx5, others), their ports, netdevs and MACs, and the device
-//! model that is always available.
+//! model that is always available; `--check SPEC` is the preflight of one port
+//! (`apps::preflight`).
 
 use clap::Parser;
 use std::path::PathBuf;
@@ -17,6 +18,61 @@ struct Args {
     /// Print one JSON document instead of the human-readable report.
     #[arg(long)]
     json: bool,
+    /// Preflight: check every condition for opening the port SPEC (a --port devargs string,
+    /// e.g. mana:dev=mana_0,port=1) on this machine and print each with pass, FAIL, warn or
+    /// skip, what was found and the exact fix: kernel modules (modules), the uverbs device
+    /// node (uverbs_access), rdma-core's libraries (rdma_core), which port SPEC selects
+    /// (selection), CAP_NET_RAW (cap_net_raw), the locked-memory limit and the free 2 MiB
+    /// hugepages against the pool the tools would make (memlock, hugepages), where a shm:
+    /// cable goes (shm_dir), the kernel netdev holding the port and its master (netdev), the
+    /// port lock (port_lock) and the MTU (mtu). Device-model specs (emu-mana:, emu-mlx5:)
+    /// need no kernel module or rdma-core: only memory, the shm directory and, with netdev=,
+    /// the netdev and the lock are checked. Exit status 0 when nothing fails (warnings
+    /// allowed), 1 when something does, 2 for a bad SPEC.
+    #[arg(long, value_name = "SPEC")]
+    check: Option<String>,
+    /// With --check: the tools' --ring-size the pool is sized for (default 512, l2fwd's).
+    #[arg(long, requires = "check", value_parser = apps::cli::ring_size)]
+    ring_size: Option<u16>,
+    /// With --check: the tools' --pool-size (default: l2fwd's sizing for the port alone).
+    #[arg(long, requires = "check", value_parser = apps::cli::pool_size)]
+    pool_size: Option<u32>,
+    /// With --check: the tools' --mtu (default 1500).
+    #[arg(long, requires = "check", value_parser = apps::cli::mtu)]
+    mtu: Option<u16>,
+}
+
+/// `pmd-devices --check SPEC`: exit 0 when nothing fails, 1 when something does, 2 for a
+/// bad spec or option.
+fn check(args: &Args, spec: &str, root: PathBuf) -> ExitCode {
+    let spec: pmd::port::PortSpec = match spec.parse() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("pmd-devices: --check {spec}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let opts = apps::preflight::Options {
+        spec,
+        host: apps::preflight::Host::new(root),
+        ring_size: args.ring_size.unwrap_or(apps::preflight::DEFAULT_RING_SIZE),
+        pool_size: args.pool_size,
+        mtu: args.mtu.unwrap_or(apps::preflight::DEFAULT_MTU),
+    };
+    let report = match apps::preflight::run(&opts) {
+        Ok(r) => r,
+        Err(f) => return f.report("pmd-devices"),
+    };
+    if args.json {
+        println!("{}", report.json());
+    } else {
+        print!("{}", report.text());
+    }
+    if report.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn main() -> ExitCode {
@@ -25,6 +81,7 @@ fn main() -> ExitCode {
     let given = args.sysfs_root.is_some();
     let root = args
         .sysfs_root
+        .clone()
         .or_else(|| std::env::var_os("SYSFS_PATH").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from(pmd::devices::DEFAULT_SYSFS_ROOT));
     // A root that was asked for and is not there is a mistake, not "no devices".
@@ -34,6 +91,14 @@ fn main() -> ExitCode {
             root.display()
         );
         return ExitCode::from(2);
+    }
+    if let Some(spec) = &args.check {
+        if given {
+            // The port lock and the ports themselves look up devices under PMD_SYSFS_ROOT:
+            // make them see the tree that was asked for. Nothing else runs yet.
+            std::env::set_var(pmd::devices::SYSFS_ROOT_ENV, &root);
+        }
+        return check(&args, spec, root);
     }
     let devices = match pmd::devices::list(&root) {
         Ok(d) => d,

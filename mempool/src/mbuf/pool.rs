@@ -82,6 +82,15 @@ impl MbufPoolConfig {
         self
     }
 
+    /// Bytes of memory the pool will map (before rounding up to whole pages), or `None` when
+    /// the layout cannot be made (creating the pool then fails and says why): what the
+    /// locked-memory limit and the free hugepages must hold.
+    pub fn memory_bytes(&self) -> Option<usize> {
+        let buf_len = u16::try_from(u32::from(self.headroom) + u32::from(self.data_room)).ok()?;
+        let (obj_size, align) = mbuf_object(buf_len);
+        self.pool.memory_bytes_with(obj_size, align)
+    }
+
     /// Registration hook (see [`PoolConfig::on_chunk`]).
     pub fn on_chunk(
         mut self,
@@ -90,6 +99,15 @@ impl MbufPoolConfig {
         self.pool = self.pool.on_chunk(hook);
         self
     }
+}
+
+/// Size and minimum alignment of an mbuf object whose buffer (headroom and data room) is
+/// `buf_len` bytes: the header, then the buffer.
+fn mbuf_object(buf_len: u16) -> (usize, usize) {
+    (
+        MBUF_HEADER_BYTES + usize::from(buf_len),
+        align_of::<MbufHeader>(),
+    )
 }
 
 /// A pool of mbufs, shared between threads behind an `Arc`.
@@ -130,10 +148,8 @@ impl MbufPool {
                 max: u32::from(u16::MAX),
             });
         };
-        pool.set_mbuf_layout(
-            MBUF_HEADER_BYTES + usize::from(buf_len),
-            align_of::<MbufHeader>(),
-        );
+        let (obj_size, align) = mbuf_object(buf_len);
+        pool.set_mbuf_layout(obj_size, align);
         let mp = Mempool::new(pool)?;
         let pool_ptr = Arc::as_ptr(&mp);
         for index in 0..mp.capacity() {
@@ -508,5 +524,24 @@ mod tests {
         // SAFETY: we own all four; none is used afterwards.
         unsafe { p.free_bulk(&mut c, &raws) };
         assert_eq!(p.in_use(), 0);
+    }
+
+    #[test]
+    fn memory_bytes_is_what_the_pool_maps() {
+        let cfg = || {
+            MbufPoolConfig::new("bytes", 100)
+                .data_room(9024)
+                .page_policy(PagePolicy::Normal)
+        };
+        let want = cfg().memory_bytes().unwrap();
+        let p = MbufPool::new(cfg()).unwrap();
+        assert_eq!(want, 100 * p.obj_size());
+        assert_eq!(p.obj_size() % 64, 0);
+        assert!(p.chunks().iter().map(|c| c.len).sum::<usize>() >= want);
+        // Headroom and data room past 65535 bytes: no layout, no size.
+        let big = MbufPoolConfig::new("big", 1)
+            .headroom(u16::MAX)
+            .data_room(2);
+        assert_eq!(big.memory_bytes(), None);
     }
 }

@@ -14,8 +14,9 @@
 //!   a time with [`EngineCore::step`].
 //!
 //! Used by the models (`emu::mana::Model`, `emu::mlx5::Model`) and by anything that puts an
-//! engine behind queues it owns itself (the fake rdma-core, always threaded: a verbs
-//! application's queues carry no kick).
+//! engine behind queues it owns itself (the fake rdma-core: threaded, until the verbs
+//! provider asks it for kick handles through its own symbols, see `sys::fake_kick`; then
+//! inline).
 #![deny(unsafe_code)]
 
 use crate::ethdev::DeviceKick;

@@ -1,7 +1,8 @@
 //! The only FFI and raw memory access in the project: rdma-core verbs, the direct-verbs APIs
 //! `manadv.h` / `mlx5dv.h` (bindgen, see `build.rs`), all with feature `verbs` only;
 //! [`DevMem`] for queue memory; [`barrier`]s; ioctl helpers for netdevs ([`net`]); AF_PACKET rings ([`packet_ring`]); per-port
-//! lock files ([`lockfile`]); [`event`] descriptors (eventfd, poll) for port events.
+//! lock files ([`lockfile`]); [`event`] descriptors (eventfd, poll) for port events; whether
+//! a shared library loads ([`dl`]).
 //!
 //! Verbs come from two places. `rdma-sys` supplies the types and the functions libibverbs
 //! exports (`ibv_open_device`, `ibv_alloc_pd`, …). The `static inline` functions of
@@ -31,7 +32,10 @@ pub mod dv {
 
 pub mod barrier;
 pub mod clock;
+pub mod dl;
 pub mod event;
+#[cfg(feature = "verbs")]
+pub mod fake_kick;
 #[cfg(all(test, feature = "verbs"))]
 mod layout;
 pub mod lockfile;

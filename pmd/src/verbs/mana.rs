@@ -376,7 +376,7 @@ impl Provider for ManaProvider {
                 cq_count: m.cq_count,
                 cq_id: m.cq_id,
                 owner: Arc::clone(&owner),
-                kick: None,
+                kick: self.ctx.fake_kick(false, m.sq_id),
             });
             self.tx.push(owner);
         }
@@ -437,7 +437,7 @@ impl Provider for ManaProvider {
                 cq_count: m.cq_count,
                 cq_id: m.cq_id,
                 owner: Arc::clone(&owner),
-                kick: None,
+                kick: self.ctx.fake_kick(true, m.rq_id),
             });
         }
         self.rx = Some(owner);

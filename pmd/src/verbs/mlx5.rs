@@ -470,11 +470,11 @@ impl Provider for Mlx5Provider {
                 min_inline: self.min_inline,
                 cq: m.cq,
                 owner: Arc::clone(&owner),
+                kick: self.ctx.fake_kick(false, qp.number()),
                 state: Arc::new(QpState {
                     qp,
                     port: self.port,
                 }),
-                kick: None,
             });
             self.tx.push(owner);
         }
@@ -555,7 +555,7 @@ impl Provider for Mlx5Provider {
                 cqe_compression: compress,
                 owner: Arc::clone(&owner),
                 state: Arc::new(WqState { wq: Arc::clone(wq) }),
-                kick: None,
+                kick: self.ctx.fake_kick(true, wq.number()),
             });
         }
         tracing::debug!(target: "pmd::verbs", port = %self.name(), queues = n, compress, promiscuous = req.promiscuous, "rx queues steered");

@@ -147,6 +147,17 @@ impl Context {
         &self.name
     }
 
+    /// The kick of queue `queue_id` of this context (a send queue's id, or with `is_rx` a
+    /// receive queue's) when the loaded libibverbs is the project's fake rdma-core, whose
+    /// device model then runs on the polling thread (`sys::fake_kick`); `None` on real
+    /// rdma-core, where the NIC needs no CPU.
+    pub fn fake_kick(&self, is_rx: bool, queue_id: u32) -> crate::ethdev::Kick {
+        // SAFETY: the context is open while `self` exists; the handle does not need it to
+        // stay open (the fake keeps what the kick needs itself).
+        let h = unsafe { crate::sys::fake_kick::open(self.as_ptr().cast(), is_rx, queue_id) }?;
+        Some(Arc::new(FakeKick(h)))
+    }
+
     /// The context's asynchronous event file descriptor.
     pub fn async_fd(&self) -> i32 {
         // SAFETY: the context is open while `self` exists; `async_fd` is set at open.
@@ -733,6 +744,12 @@ impl Qp {
         }))
     }
 
+    /// The QP number the kernel assigned.
+    pub fn number(&self) -> u32 {
+        // SAFETY: the QP is live while `self` exists.
+        unsafe { (*self.ptr.as_ptr()).qp_num }
+    }
+
     /// The raw QP.
     pub fn as_ptr(&self) -> *mut ibv_qp {
         self.ptr.as_ptr()
@@ -883,4 +900,14 @@ pub(crate) fn fork_status() -> rdma_sys::ibv_fork_status {
 pub(crate) fn has_symbol(name: &CStr) -> bool {
     // SAFETY: `name` is NUL-terminated; `dlsym` only looks the symbol up.
     !unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }.is_null()
+}
+
+/// A queue's kick through the fake rdma-core ([`Context::fake_kick`]).
+struct FakeKick(crate::sys::fake_kick::Handle);
+
+impl crate::ethdev::DeviceKick for FakeKick {
+    #[inline]
+    fn kick(&self) {
+        self.0.kick();
+    }
 }

@@ -1101,6 +1101,37 @@ pub fn forget(st: &mut State, a: usize) {
     }
 }
 
+/// The queue of context `ctx` that a kick handle names (`crate::kick`): for TX the send QP
+/// whose `sq_id` is `id`, for RX a WQ of an RSS QP's table whose `wq_id` is `id` (the ids
+/// `manadv_init_obj` reports); its vPort `(device, port)` and the engine's queue. `None`
+/// if the context has no such queue on the NIC.
+pub fn kick_target(
+    st: &State,
+    ctx: usize,
+    rx: bool,
+    id: u32,
+) -> Option<(u32, u32, pmd::emu::thread::QueueId)> {
+    use pmd::emu::thread::QueueId;
+    st.objects
+        .iter()
+        .filter(|(_, e)| e.ctx == ctx && e.kind == Kind::Qp)
+        .find_map(|(&a, _)| {
+            // SAFETY: a registered QP of a MANA context is a live `Qp` box.
+            let q = unsafe { &*(a as *const Qp) };
+            let queue = match (rx, q.rss) {
+                (false, None) => (q.sqid == id).then_some(QueueId::Sq(id)),
+                (true, Some(t)) => {
+                    // SAFETY: the table and its WQs cannot be destroyed while the QP uses
+                    // them.
+                    let has = unsafe { (*t).wqs.iter().any(|&w| (*w).wqid == id) };
+                    has.then_some(QueueId::Rq(id))
+                }
+                _ => None,
+            };
+            queue.map(|queue| (q.device, q.port, queue))
+        })
+}
+
 // ---- manadv --------------------------------------------------------------------------------
 
 export!("MANA_1.0" fn manadv_set_context_attr(ibv_ctx: *mut ibv_context, type_: manadv_set_ctx_attr_type, attr: *mut c_void) -> c_int {

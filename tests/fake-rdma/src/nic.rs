@@ -10,7 +10,9 @@
 //! when the last one goes, or when the contexts that held them are closed; except when the
 //! device is serviced (`events.rs`): its contexts' queues leave at once, and the engine
 //! keeps running with none, its wire open (the port stays when the VF goes), dropping what
-//! arrives, until a queue is created on the device again.
+//! arrives, until a queue is created on the device again. The engine runs inline (the
+//! application's polling threads drive it, its thread stopped) from the first kick handle
+//! opened on one of its queues (`crate::kick`).
 //!
 //! What reaches the engine, and when (the hardware objects `mana_ib` creates):
 //! * a send QP adds its SQ and send CQ when it is created (`mana_ib_create_qp_raw` creates
@@ -33,8 +35,10 @@
 //! (hardware keeps its pinned pages alive instead: a program that frees registered memory
 //! and still has buffers of it posted would make the engine write into freed memory).
 
+use crate::kick::{Live, Runner};
 use crate::verbs::{device_name, Device};
-use pmd::emu::mana::{CqSpec, DoorbellPage, Engine, EngineThread, RqSpec, SqSpec};
+use pmd::emu::mana::{CqSpec, DoorbellPage, Engine, RqSpec, SqSpec};
+use pmd::emu::thread::EngineCore;
 use pmd::emu::wire;
 use pmd::sys::DevMem;
 use std::collections::{BTreeMap, BTreeSet};
@@ -77,7 +81,7 @@ struct MrRec {
 
 /// The engine of one vPort and how many queues it serves.
 struct PortNic {
-    thread: EngineThread,
+    runner: Runner<Engine>,
     queues: usize,
 }
 
@@ -165,14 +169,17 @@ impl Nics {
                 let mem = unsafe { DevMem::from_raw(m.addr as *mut u8, m.len) };
                 let _ = e.add_mr(lkey, m.iova, mem);
             }
-            let thread =
-                EngineThread::spawn(e, &format!("fakenic-{}-{port}", dev.index)).map_err(|e| {
+            let runner =
+                Runner::spawn(e, format!("fakenic-{}-{port}", dev.index)).map_err(|e| {
                     eprintln!("fake-rdma: {call}: starting the device model's thread: {e}");
                     libc::ENOMEM
                 })?;
-            self.engines.insert(key, PortNic { thread, queues: 0 });
+            self.engines.insert(key, PortNic { runner, queues: 0 });
         }
-        Ok(self.engines.get_mut(&key).expect("inserted above"))
+        let nic = self.engines.get_mut(&key).expect("inserted above");
+        // An inline engine kept through a servicing: its queues' kicks drive it again.
+        nic.runner.set_queueless(false);
+        Ok(nic)
     }
 
     /// Device `dev` is being serviced: its engines keep running with no queue (the vPort's
@@ -186,12 +193,23 @@ impl Nics {
     /// held by a servicing).
     fn stop_if_idle(&mut self, key: (u32, u32)) {
         if self.held.contains(&key.0) {
+            if let Some(n) = self.engines.get_mut(&key).filter(|n| n.queues == 0) {
+                // Kept with no queue: an inline engine needs a thread meanwhile.
+                n.runner.set_queueless(true);
+            }
             return;
         }
         if self.engines.get(&key).is_some_and(|n| n.queues == 0) {
-            // Dropping the thread stops and joins it (its step, if any, is over).
+            // Dropping the runner stops and joins its thread (its step, if any, is over),
+            // then drops the engine and its wire (kick handles keep an empty core).
             self.engines.remove(&key);
         }
+    }
+
+    /// The engine of `port` on `dev`, switched to inline (see `crate::kick`), for a kick
+    /// handle; `None` if it does not run.
+    pub fn go_inline(&mut self, dev: u32, port: u32) -> Option<Arc<EngineCore<Live<Engine>>>> {
+        Some(self.engines.get_mut(&(dev, port))?.runner.go_inline())
     }
 
     /// A send QP's SQ and send CQ, on `port` of `dev`, rung on `ctx`'s doorbell page `db`.
@@ -226,7 +244,7 @@ impl Nics {
             vp_offset,
             cq: cq_spec(cq),
         };
-        let r = nic.thread.core().lock().add_sq(spec);
+        let r = nic.runner.core().lock().add_sq(spec);
         match r {
             Ok(()) => {
                 nic.queues += 1;
@@ -245,7 +263,7 @@ impl Nics {
     pub fn remove_tx(&mut self, dev: u32, port: u32, sq_id: u32) {
         let key = (dev, port);
         if let Some(nic) = self.engines.get_mut(&key) {
-            if nic.thread.core().lock().remove_sq(sq_id).is_ok() {
+            if nic.runner.core().lock().remove_sq(sq_id).is_ok() {
                 nic.queues -= 1;
             }
         }
@@ -275,7 +293,7 @@ impl Nics {
         let doorbell = self.page(ctx, db);
         let key = (dev.index, port);
         let nic = self.engine(dev, port, call)?;
-        let mut e = nic.thread.core().lock();
+        let mut e = nic.runner.core().lock();
         let mut added = Vec::new();
         let mut r = Ok(());
         for &(rq, cq) in rqs {
@@ -321,7 +339,7 @@ impl Nics {
     pub fn remove_rss(&mut self, dev: u32, port: u32, rq_ids: &[u32]) {
         let key = (dev, port);
         if let Some(nic) = self.engines.get_mut(&key) {
-            let mut e = nic.thread.core().lock();
+            let mut e = nic.runner.core().lock();
             for &id in rq_ids {
                 if e.remove_rq(id).is_ok() {
                     nic.queues -= 1;
@@ -341,7 +359,7 @@ impl Nics {
             // removes this view from every engine under its lock first (`remove_mr`). The
             // engine touches it only for buffers the application posted.
             let mem = unsafe { DevMem::from_raw(addr as *mut u8, len) };
-            let _ = nic.thread.core().lock().add_mr(lkey, iova, mem);
+            let _ = nic.runner.core().lock().add_mr(lkey, iova, mem);
         }
         self.mrs.insert(
             lkey,
@@ -359,7 +377,7 @@ impl Nics {
     pub fn remove_mr(&mut self, lkey: u32) {
         if let Some(m) = self.mrs.remove(&lkey) {
             for (_, nic) in self.engines.iter().filter(|((d, _), _)| *d == m.dev) {
-                nic.thread.core().lock().remove_mr(lkey);
+                nic.runner.core().lock().remove_mr(lkey);
             }
         }
     }
@@ -382,5 +400,13 @@ impl Nics {
     /// Running engines (for the tests' "nothing left" checks).
     pub fn running(&self) -> usize {
         self.engines.len()
+    }
+
+    /// Engines that a thread of the fake runs (not inline).
+    pub fn threads(&self) -> usize {
+        self.engines
+            .values()
+            .filter(|n| n.runner.has_thread())
+            .count()
     }
 }

@@ -7,7 +7,9 @@
 //! whichever contexts create queues on it. It starts (on its own thread, `fakenic-D-1`)
 //! with the first queue it serves and stops with the last one, or when the contexts that
 //! held them close; a servicing (`events.rs`) takes the queues away at once but keeps the
-//! engine and its wire, with no queue, until a queue is created on the device again.
+//! engine and its wire, with no queue, until a queue is created on the device again. It runs
+//! inline (its thread stopped) from the first kick handle opened on one of its queues
+//! (`crate::kick`).
 //!
 //! What reaches the engine, and when (the hardware objects' states in `mlx5_ib`):
 //! * a raw QP's SQ and its send CQ when the QP goes RTR → RTS (`modify_raw_packet_qp`:
@@ -28,11 +30,12 @@
 //! record at `dbrec[0]`); the BlueFlame / UAR page is plain memory nobody reads (spec
 //! mlx5.md §3.1: a driver always writes the record before the UAR).
 
+use crate::kick::{Live, Runner};
 use crate::mlx5::cq::Cq;
 use crate::mlx5::flow::Steering;
 use crate::verbs::{device_name, Device};
 use pmd::emu::mlx5::{CqSpec, Engine, RqSpec, RxHashFields, SqSpec};
-use pmd::emu::thread::EngineThread;
+use pmd::emu::thread::EngineCore;
 use pmd::emu::wire::{self, Wire};
 use pmd::sys::DevMem;
 use std::collections::{BTreeMap, BTreeSet};
@@ -180,7 +183,7 @@ struct MrRec {
 /// One device's port.
 #[derive(Default)]
 struct PortNic {
-    thread: Option<EngineThread<Engine>>,
+    runner: Option<Runner<Engine>>,
     queues: usize,
     steering: Arc<Mutex<Steering>>,
     rss: Option<([u8; 40], u32, Vec<u32>)>,
@@ -214,7 +217,7 @@ impl Mlx5Nics {
         // A queue again after a servicing: the engine that kept the wire serves it.
         self.held.remove(&dev.index);
         let port = self.ports.entry(dev.index).or_default();
-        if port.thread.is_none() {
+        if port.runner.is_none() {
             let spec = &dev.view.ports[0].wire;
             let w = wire::open(spec).map_err(|e| {
                 eprintln!(
@@ -233,13 +236,16 @@ impl Mlx5Nics {
                 let mem = unsafe { DevMem::from_raw(m.addr as *mut u8, m.len) };
                 let _ = e.add_mr(lkey, m.iova, Arc::new(mem));
             }
-            let thread =
-                EngineThread::spawn(e, &format!("fakenic-{}-1", dev.index)).map_err(|e| {
-                    eprintln!("fake-rdma: {call}: starting the device model's thread: {e}");
-                    libc::ENOMEM
-                })?;
-            port.thread = Some(thread);
+            let runner = Runner::spawn(e, format!("fakenic-{}-1", dev.index)).map_err(|e| {
+                eprintln!("fake-rdma: {call}: starting the device model's thread: {e}");
+                libc::ENOMEM
+            })?;
+            port.runner = Some(runner);
             port.rss = None;
+        }
+        // An inline engine kept through a servicing: its queues' kicks drive it again.
+        if let Some(r) = &mut port.runner {
+            r.set_queueless(false);
         }
         Ok(port)
     }
@@ -251,16 +257,28 @@ impl Mlx5Nics {
     }
 
     fn stop_if_idle(&mut self, dev: u32) {
-        if self.held.contains(&dev) {
-            return;
-        }
+        let held = self.held.contains(&dev);
         if let Some(p) = self.ports.get_mut(&dev) {
             if p.queues == 0 {
-                // Dropping the thread stops and joins it.
-                p.thread = None;
-                p.rss = None;
+                if held {
+                    // Kept with no queue: an inline engine needs a thread meanwhile.
+                    if let Some(r) = &mut p.runner {
+                        r.set_queueless(true);
+                    }
+                } else {
+                    // Dropping the runner stops and joins its thread, then drops the
+                    // engine and its wire (kick handles keep an empty core).
+                    p.runner = None;
+                    p.rss = None;
+                }
             }
         }
+    }
+
+    /// The engine of `dev`, switched to inline (see `crate::kick`), for a kick handle;
+    /// `None` if it does not run.
+    pub fn go_inline(&mut self, dev: u32) -> Option<Arc<EngineCore<Live<Engine>>>> {
+        Some(self.ports.get_mut(&dev)?.runner.as_mut()?.go_inline())
     }
 
     /// A QP's SQ and send CQ, served from now on.
@@ -293,7 +311,7 @@ impl Mlx5Nics {
         };
         let port = self.engine(dev, call)?;
         let r = port
-            .thread
+            .runner
             .as_ref()
             .expect("started")
             .core()
@@ -319,7 +337,7 @@ impl Mlx5Nics {
     /// (`to_reset` false: the QP went RTR→RTS again); with `zero`, the QP's doorbell record
     /// is zeroed under the same lock (libmlx5's part of the RESET).
     pub fn sq_state(&mut self, dev: u32, sqn: u32, to_reset: bool, zero: Option<*mut u32>) {
-        let Some(t) = self.ports.get(&dev).and_then(|p| p.thread.as_ref()) else {
+        let Some(t) = self.ports.get(&dev).and_then(|p| p.runner.as_ref()) else {
             return;
         };
         let mut e = t.core().lock();
@@ -340,7 +358,7 @@ impl Mlx5Nics {
     /// Removes SQ `sqn` (under the engine lock), stopping the engine with its last queue.
     pub fn remove_sq(&mut self, dev: u32, sqn: u32) {
         if let Some(p) = self.ports.get_mut(&dev) {
-            if let Some(t) = &p.thread {
+            if let Some(t) = &p.runner {
                 if t.core().lock().remove_sq(sqn).is_ok() {
                     p.queues -= 1;
                 }
@@ -381,7 +399,7 @@ impl Mlx5Nics {
         };
         let port = self.engine(dev, call)?;
         let r = {
-            let mut e = port.thread.as_ref().expect("started").core().lock();
+            let mut e = port.runner.as_ref().expect("started").core().lock();
             e.add_rq(spec)
                 .and_then(|()| e.set_rx_compression(rq.rqn, compression))
         };
@@ -400,7 +418,7 @@ impl Mlx5Nics {
     /// RQ `rqn` to RESET (its counter restarts at 0, an RQ in error leaves it) or back to
     /// RDY (`to_reset` false).
     pub fn rq_state(&mut self, dev: u32, rqn: u32, to_reset: bool) {
-        if let Some(t) = self.ports.get(&dev).and_then(|p| p.thread.as_ref()) {
+        if let Some(t) = self.ports.get(&dev).and_then(|p| p.runner.as_ref()) {
             let mut e = t.core().lock();
             let _ = if to_reset {
                 e.rq_to_reset(rqn)
@@ -413,7 +431,7 @@ impl Mlx5Nics {
     /// Removes RQ `rqn` (under the engine lock), stopping the engine with its last queue.
     pub fn remove_rq(&mut self, dev: u32, rqn: u32) {
         if let Some(p) = self.ports.get_mut(&dev) {
-            if let Some(t) = &p.thread {
+            if let Some(t) = &p.runner {
                 if t.core().lock().remove_rq(rqn).is_ok() {
                     p.queues -= 1;
                 }
@@ -427,7 +445,7 @@ impl Mlx5Nics {
     pub fn set_steering(&mut self, dev: u32, s: Steering, rss: Option<([u8; 40], u32, Vec<u32>)>) {
         let port = self.ports.entry(dev).or_default();
         // The RSS setting first, so a frame the new rules admit finds it.
-        if let Some(t) = &port.thread {
+        if let Some(t) = &port.runner {
             if port.rss != rss {
                 let mut e = t.core().lock();
                 match &rss {
@@ -451,7 +469,7 @@ impl Mlx5Nics {
     /// through WQE addresses `iova..` under `lkey`, in the device's engine (now and when it
     /// starts).
     pub fn add_mr(&mut self, dev: u32, ctx: usize, lkey: u32, iova: u64, addr: usize, len: usize) {
-        if let Some(t) = self.ports.get(&dev).and_then(|p| p.thread.as_ref()) {
+        if let Some(t) = self.ports.get(&dev).and_then(|p| p.runner.as_ref()) {
             // SAFETY: `ibv_reg_mr` checked that the range is mapped; the application keeps
             // it mapped until `ibv_dereg_mr` (the verbs contract), which removes this view
             // from the engine under its lock first (`remove_mr`).
@@ -473,7 +491,7 @@ impl Mlx5Nics {
     /// Deregisters `lkey` from its engine (under its lock) and forgets it.
     pub fn remove_mr(&mut self, lkey: u32) {
         if let Some(m) = self.mrs.remove(&lkey) {
-            if let Some(t) = self.ports.get(&m.dev).and_then(|p| p.thread.as_ref()) {
+            if let Some(t) = self.ports.get(&m.dev).and_then(|p| p.runner.as_ref()) {
                 t.core().lock().remove_mr(lkey);
             }
         }
@@ -495,6 +513,14 @@ impl Mlx5Nics {
 
     /// Running engines (for the tests' "nothing left" checks).
     pub fn running(&self) -> usize {
-        self.ports.values().filter(|p| p.thread.is_some()).count()
+        self.ports.values().filter(|p| p.runner.is_some()).count()
+    }
+
+    /// Engines that a thread of the fake runs (not inline).
+    pub fn threads(&self) -> usize {
+        self.ports
+            .values()
+            .filter(|p| p.runner.as_ref().is_some_and(Runner::has_thread))
+            .count()
     }
 }

@@ -161,6 +161,8 @@ pub enum Kind {
     Qp,
     /// A flow steering rule.
     Flow,
+    /// A kick handle (`fake_rdma_kick_open`, the fake's own; registered with no context).
+    Kick,
 }
 
 impl Kind {
@@ -176,6 +178,7 @@ impl Kind {
             Kind::IndTable => "rwq_ind_table",
             Kind::Qp => "qp",
             Kind::Flow => "flow",
+            Kind::Kick => "kick",
         }
     }
 }
@@ -185,7 +188,7 @@ impl Kind {
 pub struct Entry {
     /// Its kind.
     pub kind: Kind,
-    /// Address of its context's `ibv_context`.
+    /// Address of its context's `ibv_context` (0 for a kick handle, which outlives it).
     pub ctx: usize,
 }
 

@@ -692,6 +692,18 @@ pub extern "C" fn fake_rdma_engines() -> c_int {
     .unwrap_or(c_int::MAX)
 }
 
+/// Device-model engines of this process that run on a thread of the fake (`fakenic-D-P`):
+/// [`fake_rdma_engines`] less the inline ones (`crate::kick`); unversioned, for tests.
+#[no_mangle]
+pub extern "C" fn fake_rdma_engine_threads() -> c_int {
+    let g = lock();
+    c_int::try_from(
+        g.as_ref()
+            .map_or(0, |s| s.nics.threads() + s.mlx5_nics.threads()),
+    )
+    .unwrap_or(c_int::MAX)
+}
+
 /// Writes a JSON object with the live objects by kind (`{"cq":1,...}`) to stderr; for
 /// humans debugging a leak.
 #[no_mangle]

@@ -105,6 +105,42 @@ fn hex(bytes: &[u8]) -> String {
 /// the teardown no engine or engine thread is left, and nothing is alive.
 #[test]
 fn frames_cross_port_1s_wire_through_the_device_model() {
+    let t = frames_cross_port_1s_wire("traffic");
+    assert!(
+        t.contains("ok   one device-model engine for port 1, on its thread"),
+        "{t}"
+    );
+}
+
+/// The same with the engine inline (`fake_rdma_kick_open` on the three queues): its
+/// thread stops at the first handle, unknown queue ids get no handle, the program's own
+/// kicks move the frames both ways, and the handles, kicked and closed after the queues
+/// and the context went, leave nothing alive.
+#[test]
+fn an_inline_engine_moves_frames_on_the_programs_kicks() {
+    let t = frames_cross_port_1s_wire("inline");
+    for want in [
+        "ok   the fake exports the kick symbols",
+        "ok   before any handle the engine runs on its thread (1, 1, 1)",
+        "ok   no handle, no switch: the engine keeps its thread",
+        "ok   a TX handle: the engine runs inline, its thread gone (1, 0, 0)",
+        "ok   handles count as live objects",
+        "ok   one device-model engine for port 1, inline (1, 0, 0)",
+        "ok   handles closed after the context: nothing alive (0)",
+        "fake-rdma: at exit: 0 live objects",
+    ] {
+        assert!(t.contains(want), "{want}: {t}");
+    }
+    assert_eq!(
+        t.matches("errno 2 (want NULL errno 2)").count(),
+        5,
+        "five unknown queues: {t}"
+    );
+}
+
+/// Runs `mana_bringup MODE` (traffic or inline) with the peer end of port 1's wire
+/// answering its frame; returns its output, checked for the frames and a clean end.
+fn frames_cross_port_1s_wire(mode: &str) -> String {
     let fake = Fake::new(Some(
         "mana_0/1:mac=02:00:00:00:10:01,wire=shm:fake-mana_0-1,vp_offset=7",
     ));
@@ -115,7 +151,7 @@ fn frames_cross_port_1s_wire_through_the_device_model() {
     .expect("the peer end of port 1's wire");
     let mut child = fake
         .cmd(c_program())
-        .arg("traffic")
+        .arg(mode)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -148,10 +184,6 @@ fn frames_cross_port_1s_wire_through_the_device_model() {
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     assert!(!t.contains("FAIL"), "{t}");
-    assert!(
-        t.contains("ok   one device-model engine for port 1, on its thread"),
-        "{t}"
-    );
     assert!(t.contains("ok   tx: one frame sent"), "{t}");
     assert!(
         t.contains(&format!("rx1: 60 bytes:{}\n", hex(&answer))),
@@ -160,6 +192,7 @@ fn frames_cross_port_1s_wire_through_the_device_model() {
     assert!(t.contains("engines 0 threads 0\n"), "{t}");
     assert_eq!(accounting(&o), (6, 6, 0), "{t}");
     assert!(t.contains("\nOK\n"), "{t}");
+    t
 }
 
 fn errno_table(profile: &str) {

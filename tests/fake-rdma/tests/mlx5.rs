@@ -195,8 +195,9 @@ fn next_frame(peer: &mut Shm, child: &mut std::process::Child) -> Vec<u8> {
 /// away and ours and the broadcast land in the posted buffers of RQ 0; the SQ goes through
 /// RESET and starts again at WQE 0; the WQ goes through RESET and its next frame lands in
 /// WQE 0 again; with only an ALL_DEFAULT rule left, a frame for another MAC is taken.
-/// Nothing is left at the end.
-fn traffic(part: Option<&str>) {
+/// Nothing is left at the end. `mode`: `traffic` (the engine on its thread) or `kicked`
+/// (inline: the program's kick handles drive it); returns the program's output.
+fn traffic(part: Option<&str>, mode: &str) -> String {
     let wire = format!("fake-mlx5-{}", part.unwrap_or("cx5"));
     let fake = Fake::new(Some(&format!(
         "mlx5_0/1:mac={MAC},wire=shm:{wire}{}",
@@ -206,7 +207,7 @@ fn traffic(part: Option<&str>) {
         .expect("the peer end of port 1's wire");
     let mut child = fake
         .cmd(c_program())
-        .arg("traffic")
+        .arg(mode)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -267,21 +268,48 @@ fn traffic(part: Option<&str>) {
         t.contains(&format!("rx3: 60 bytes:{}\n", hex(&other))),
         "{t}"
     );
-    assert!(
-        t.contains("ok   one device-model engine for mlx5_0, on its thread (1, 1)"),
-        "{t}"
-    );
     assert!(t.contains("engines 0 threads 0\n"), "{t}");
+    t
 }
 
 #[test]
 fn frames_cross_the_wire_through_an_mlx5_port_with_steering_and_queue_resets() {
-    traffic(None);
+    let t = traffic(None, "traffic");
+    assert!(
+        t.contains("ok   one device-model engine for mlx5_0, on its thread (1, 1)"),
+        "{t}"
+    );
+}
+
+/// The same with the engine inline (`fake_rdma_kick_open` on the SQ by `qp_num` and the
+/// RQs by `wq_num`): its thread stops at the first handle, queues it does not serve get
+/// none, the handles keep working through the queues' resets, and closed after the
+/// context they leave nothing alive.
+#[test]
+fn an_inline_mlx5_engine_moves_frames_on_the_programs_kicks() {
+    let t = traffic(None, "kicked");
+    for want in [
+        "ok   the fake exports the kick symbols",
+        "ok   before any handle the engine runs on its thread (1)",
+        "ok   no handle, no switch: the engine keeps its thread",
+        "ok   a TX handle: the engine runs inline, its thread gone (1, 0, 0)",
+        "ok   handles count as live objects",
+        "ok   one device-model engine for mlx5_0, inline (1, 0, 0)",
+        "ok   handles closed after the context: nothing alive (0)",
+        "fake-rdma: at exit: 0 live objects",
+    ] {
+        assert!(t.contains(want), "{want}: {t}");
+    }
+    assert_eq!(
+        t.matches("errno 2 (want NULL errno 2)").count(),
+        4,
+        "four queues without a handle: {t}"
+    );
 }
 
 #[test]
 fn a_connectx4_takes_sends_with_the_18_byte_inline_header() {
-    traffic(Some("0x1013"));
+    traffic(Some("0x1013"), "traffic");
 }
 
 /// A ConnectX-4 needs an 18-byte inline header in every SEND (its `eth_min_inline` is L2):

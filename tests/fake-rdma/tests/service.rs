@@ -71,6 +71,29 @@ fn assert_clean(fake: &Fake, dev: &str, o: &Output) {
 
 #[test]
 fn a_mana_device_serviced_disassociates_its_context_and_comes_back() {
+    mana_service("traffic");
+}
+
+/// The same with the engine inline (kick handles on the queues, `fake_rdma_kick_open`):
+/// the servicing leaves it with no queue and a thread of its own, which drops the frame
+/// that arrives meanwhile; the new queues get it inline again, and the program's kicks
+/// move the frames.
+#[test]
+fn an_inline_mana_engine_survives_a_servicing() {
+    let o = mana_service("traffic-inline");
+    let t = text(&o);
+    for want in [
+        "ok   kick handles on the queues: the engine runs inline (0 engine threads)",
+        "ok   during the service the queueless inline engine has a thread (1)",
+        "ok   new queues: the engine is inline again (0 threads)",
+    ] {
+        assert!(t.contains(want), "{want}: {t}");
+    }
+}
+
+/// `service mana DIR MODE` (traffic or traffic-inline) with the peer end of port 1's wire:
+/// a frame sent during the servicing is lost, the frames after it cross.
+fn mana_service(mode: &str) -> Output {
     let fake = Fake::new(Some(
         "mana_0/1:mac=02:00:00:00:10:01,wire=shm:fake-mana_0-1",
     ));
@@ -84,7 +107,7 @@ fn a_mana_device_serviced_disassociates_its_context_and_comes_back() {
         .cmd(c_program())
         .arg("mana")
         .arg(ibdev(&fake, "mana_0"))
-        .arg("traffic")
+        .arg(mode)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -137,6 +160,7 @@ fn a_mana_device_serviced_disassociates_its_context_and_comes_back() {
     let hex: String = answer.iter().map(|b| format!(" {b:02x}")).collect();
     assert!(t.contains(&format!("rx: 60 bytes:{hex}\n")), "{t}");
     assert_clean(&fake, "mana_0", &o);
+    o
 }
 
 #[test]

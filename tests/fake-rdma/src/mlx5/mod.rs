@@ -566,6 +566,35 @@ pub fn forget(st: &mut State, a: usize) {
     }
 }
 
+/// The queue of context `ctx` that a kick handle names (`crate::kick`): for TX the raw
+/// QP whose `qp_num` is `id` (its SQ number) once its SQ is served (RTS), for RX the WQ
+/// whose `wq_num` is `id` (its RQ number) once it is served (it was RDY); its device and
+/// the engine's queue. `None` if the context has no such queue on the NIC.
+pub fn kick_target(
+    st: &State,
+    ctx: usize,
+    rx: bool,
+    id: u32,
+) -> Option<(u32, pmd::emu::thread::QueueId)> {
+    use pmd::emu::thread::QueueId;
+    let kind = if rx { Kind::Wq } else { Kind::Qp };
+    st.objects
+        .iter()
+        .filter(|(_, e)| e.ctx == ctx && e.kind == kind)
+        .find_map(|(&a, _)| {
+            if rx {
+                // SAFETY: a registered WQ of an mlx5 context is a live `Wq` box.
+                let w = unsafe { &*(a as *const wq::Wq) };
+                (w.served && w.wq.wq_num == id).then_some((w.device, QueueId::Rq(id)))
+            } else {
+                // SAFETY: a registered QP of an mlx5 context is a live `Qp` box.
+                let q = unsafe { &*(a as *const qp::Qp) };
+                (q.served && q.rss.is_none() && q.qp.qp_num == id && q.sqn != 0)
+                    .then_some((q.device, QueueId::Sq(q.sqn)))
+            }
+        })
+}
+
 /// Unmaps the context's UAR pages at close.
 pub fn close(ctx: &mut Ctx) {
     if let Some(m) = ctx.mlx5.as_deref_mut() {

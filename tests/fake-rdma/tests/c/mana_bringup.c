@@ -7,6 +7,10 @@
  *        mana_bringup errno     the error table: every check prints "ok" or "FAIL"
  *        mana_bringup traffic   bring-up, then one frame out and one in through the queues
  *                               (the peer end of port 1's wire answers the frame it sees)
+ *        mana_bringup inline    as traffic, with the engine inline: kick handles on the three
+ *                               queues (fake_rdma_kick_open), the device's work done by this
+ *                               thread's kicks; the handles are kicked and closed after the
+ *                               queues and the context are gone
  * Every mode prints "allocs A frees F live L" at the end (live = the fake's live objects,
  * -1 when not on the fake), and before that "engines E threads T" after the teardown (the
  * fake's device-model engines and their threads). */
@@ -88,6 +92,28 @@ static int engine_threads(void)
 	}
 	closedir(d);
 	return n;
+}
+
+/* the fake's engines that run on a thread of their own (not inline), -1 when not on the fake */
+static int fake_threads(void)
+{
+	int (*f)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fake_rdma_engine_threads");
+	return f ? f() : -1;
+}
+
+/* The fake's inline engines (fake-only symbols: real rdma-core has none). With handles
+ * open, every wait for the device kicks them, as a PMD's bursts do. */
+static void *(*kick_open)(struct ibv_context *, int, uint32_t);
+static void (*kick)(void *);
+static void (*kick_close)(void *);
+static void *kicks[3];
+static int nkicks;
+
+static void kick_all(void)
+{
+	int i;
+	for (i = 0; i < nkicks; i++)
+		kick(kicks[i]);
 }
 
 static const char *profile(void)
@@ -385,13 +411,21 @@ static int traffic(struct world *w)
 	double deadline;
 	int i, got = -1;
 
-	CHECK(engines() == 1 && engine_threads() == 1,
-	      "one device-model engine for port 1, on its thread (%d, %d)", engines(),
-	      engine_threads());
+	if (nkicks)
+		CHECK(engines() == 1 && engine_threads() == 0 && fake_threads() == 0,
+		      "one device-model engine for port 1, inline (%d, %d, %d)", engines(),
+		      engine_threads(), fake_threads());
+	else
+		CHECK(engines() == 1 && engine_threads() == 1,
+		      "one device-model engine for port 1, on its thread (%d, %d)", engines(),
+		      engine_threads());
 	/* one 2048-byte buffer on each RQ (registered memory at 4 KiB and 8 KiB) */
 	for (i = 0; i < 2; i++) {
 		write_wqe(w->mw[i].buf, 0, 0, mem + 4096 * (i + 1), lkey, 2048);
 		ring_doorbell(w->mw[i].db_page, RQ_DB, w->mw[i].wq_id, WQE_BYTES);
+		/* the RQs share the page's RQ slot: an inline device sees each doorbell at the
+		 * next kick (a PMD's next burst), before the next queue's overwrites it */
+		kick_all();
 	}
 	/* one frame out of registered memory at 0 */
 	memcpy(mem, tx_frame, sizeof(tx_frame));
@@ -399,13 +433,14 @@ static int traffic(struct world *w)
 		  ((w->mq.sq_id >> 10) & 0x3fff) << 10 | (w->mq.tx_vp_offset & 0xff) << 24, mem, lkey,
 		  sizeof(tx_frame));
 	ring_doorbell(w->mq.db_page, SQ_DB, w->mq.sq_id, WQE_BYTES);
-	for (deadline = now() + 10; !first_cqe(&w->mc, cqe) && now() < deadline;)
+	for (deadline = now() + 10; (kick_all(), !first_cqe(&w->mc, cqe)) && now() < deadline;)
 		usleep(100);
 	memcpy(&info, cqe + 60, 4);
 	CHECK((cqe[0] & 0x3f) == CQE_TX_OKAY && (info & 0xffffff) == w->mq.sq_id,
 	      "tx: one frame sent, its CQE is TX_OKAY for the SQ (type %d)", cqe[0] & 0x3f);
 	/* the peer answers; the frame lands in an RX buffer with a CQE */
 	for (deadline = now() + 20; got < 0 && now() < deadline;) {
+		kick_all();
 		for (i = 0; i < 2 && got < 0; i++)
 			if (first_cqe(&w->rc[i], cqe))
 				got = i;
@@ -424,6 +459,41 @@ static int traffic(struct world *w)
 		printf(" %02x", mem[4096 * (got + 1) + k]);
 	printf("\n");
 	return fails == 0;
+}
+
+/* Kick handles on the TX queue and both RX queues: the engine goes inline (its thread
+ * stopped), unknown ids get none. */
+static int open_kicks(struct world *w)
+{
+	int i, before = live();
+
+	kick_open = (void *(*)(struct ibv_context *, int, uint32_t))dlsym(RTLD_DEFAULT,
+									  "fake_rdma_kick_open");
+	kick = (void (*)(void *))dlsym(RTLD_DEFAULT, "fake_rdma_kick");
+	kick_close = (void (*)(void *))dlsym(RTLD_DEFAULT, "fake_rdma_kick_close");
+	CHECK(kick_open && kick && kick_close, "the fake exports the kick symbols");
+	if (!kick_open || !kick || !kick_close)
+		return 0;
+	CHECK(engines() == 1 && engine_threads() == 1 && fake_threads() == 1,
+	      "before any handle the engine runs on its thread (%d, %d, %d)", engines(),
+	      engine_threads(), fake_threads());
+	WANT_NULL(ENOENT, kick_open(w->ctx, 0, w->mq.sq_id + 1000));
+	WANT_NULL(ENOENT, kick_open(w->ctx, 1, w->mq.sq_id));
+	WANT_NULL(ENOENT, kick_open(w->ctx, 0, w->mw[0].wq_id));
+	WANT_NULL(ENOENT, kick_open(w->ctx, 1, 0));
+	WANT_NULL(ENOENT, kick_open(NULL, 0, w->mq.sq_id));
+	CHECK(fake_threads() == 1, "no handle, no switch: the engine keeps its thread");
+	kicks[0] = kick_open(w->ctx, 0, w->mq.sq_id);
+	CHECK(kicks[0] && engines() == 1 && engine_threads() == 0 && fake_threads() == 0,
+	      "a TX handle: the engine runs inline, its thread gone (%d, %d, %d)", engines(),
+	      engine_threads(), fake_threads());
+	for (i = 0; i < 2; i++)
+		kicks[1 + i] = kick_open(w->ctx, 1, w->mw[i].wq_id);
+	CHECK(kicks[1] && kicks[2] && kicks[1] != kicks[2], "a handle per RX queue");
+	CHECK(live() == before + 3, "handles count as live objects (%d, was %d)", live(), before);
+	nkicks = 3;
+	kick(NULL); /* nothing */
+	return kicks[0] && kicks[1] && kicks[2];
 }
 
 static void errno_table(struct world *w)
@@ -587,15 +657,27 @@ int main(int argc, char **argv)
 		ok = fails == 0;
 	} else {
 		ok = bringup(&w);
-		if (ok && strcmp(mode, "traffic") == 0)
+		if (ok && strcmp(mode, "inline") == 0)
+			ok = open_kicks(&w);
+		if (ok && (strcmp(mode, "traffic") == 0 || strcmp(mode, "inline") == 0))
 			ok = traffic(&w);
 	}
 	teardown(&w);
+	kick_all(); /* the queues are gone: nothing to do */
 	free(w.mem);
 	printf("engines %d threads %d\n", engines(), engine_threads());
 	printf("before close: live %d\n", live());
 	ibv_close_device(w.ctx);
 	printf("after close: engines %d threads %d\n", engines(), engine_threads());
+	if (nkicks) {
+		/* handles outlive their queues, context and engine; closing them leaves nothing */
+		kick_all();
+		for (i = 0; i < nkicks; i++)
+			kick_close(kicks[i]);
+		kick_close(NULL);
+		CHECK(live() == 0, "handles closed after the context: nothing alive (%d)", live());
+		ok = ok && fails == 0;
+	}
 	printf("allocs %d frees %d live %d\n", allocs, frees, live());
 	if (ok && allocs == frees && live() <= 0)
 		printf("OK\n");

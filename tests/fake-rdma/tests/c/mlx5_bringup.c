@@ -9,6 +9,9 @@
  *        mlx5_bringup errno     one case per rule of the errno table
  *        mlx5_bringup traffic   bring-up, then frames out and in through the queues, with a
  *                               peer on the port's wire (the Rust test; protocol below)
+ *        mlx5_bringup kicked    as traffic, with the engine inline: kick handles on the SQ and
+ *                               both RQs (fake_rdma_kick_open), the device's work done by
+ *                               this thread's kicks, through the queues' resets too
  *        mlx5_bringup inline0   bring-up, then one SEND WQE without an inline header; prints
  *                               the TX CQE's opcode
  *        mlx5_bringup manadv    manadv_set_context_attr(BUF_ALLOCATORS) on an mlx5 context
@@ -170,6 +173,28 @@ static int engine_threads(void)
 	}
 	closedir(d);
 	return n;
+}
+
+/* the fake's engines that run on a thread of their own (not inline), -1 when not on the fake */
+static int fake_threads(void)
+{
+	int (*f)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fake_rdma_engine_threads");
+	return f ? f() : -1;
+}
+
+/* The fake's inline engines (fake-only symbols: real rdma-core has none). With handles
+ * open, every wait for the device kicks them, as a PMD's bursts do. */
+static void *(*kick_open)(struct ibv_context *, int, uint32_t);
+static void (*kick)(void *);
+static void (*kick_close)(void *);
+static void *kicks[3];
+static int nkicks;
+
+static void kick_all(void)
+{
+	int i;
+	for (i = 0; i < nkicks; i++)
+		kick(kicks[i]);
 }
 
 static int main_profile(void)
@@ -637,6 +662,7 @@ static int wait_cqe(const struct mlx5dv_cq *cq, uint32_t ci, uint8_t out[64], do
 {
 	double deadline = now() + secs;
 	while (now() < deadline) {
+		kick_all();
 		if (cqe_at(cq, ci, out))
 			return 1;
 		usleep(100);
@@ -697,6 +723,7 @@ static int rx_poll(struct mlx5dv_cq *cq, uint32_t *ci, int want, uint16_t *wqe, 
 	while (got < want && now() < deadline) {
 		uint8_t *base = cq->buf;
 		uint32_t n, i, mask = cq->cqe_cnt - 1;
+		kick_all();
 		if (!cqe_at(cq, *ci, t)) {
 			usleep(100);
 			continue;
@@ -771,8 +798,14 @@ static int traffic(struct world *w)
 	uint32_t len[4], ci = 0;
 	int i, sessions = 0;
 
-	CHECK(engines() == 1 && engine_threads() == 1,
-	      "one device-model engine for mlx5_0, on its thread (%d, %d)", engines(), engine_threads());
+	if (nkicks)
+		CHECK(engines() == 1 && engine_threads() == 0 && fake_threads() == 0,
+		      "one device-model engine for mlx5_0, inline (%d, %d, %d)", engines(),
+		      engine_threads(), fake_threads());
+	else
+		CHECK(engines() == 1 && engine_threads() == 1,
+		      "one device-model engine for mlx5_0, on its thread (%d, %d)", engines(),
+		      engine_threads());
 	post_rx(w, 0, 0, rx0);
 	post_rx(w, 0, 1, rx1);
 	set_rq_record(w, 0, 2);
@@ -788,6 +821,7 @@ static int traffic(struct world *w)
 	}
 	printf("rx: %d compressed session(s)\n", sessions);
 	usleep(100000);
+	kick_all();
 	CHECK(!cqe_at(&w->rc[0], 2, cqe) && !cqe_at(&w->rc[1], 0, cqe),
 	      "the frame for another MAC reached no RQ");
 
@@ -829,6 +863,38 @@ static int traffic(struct world *w)
 	CHECK(wqe[0] == 1, "rx 3: WQE 1");
 	print_frame("rx3", rx1, len[0]);
 	return fails == 0;
+}
+
+/* Kick handles on the SQ (by qp_num) and both RQs (by wq_num): the engine goes inline,
+ * queues the device does not serve get none. */
+static int open_kicks(struct world *w)
+{
+	int i, before = live();
+
+	kick_open = (void *(*)(struct ibv_context *, int, uint32_t))dlsym(RTLD_DEFAULT,
+									  "fake_rdma_kick_open");
+	kick = (void (*)(void *))dlsym(RTLD_DEFAULT, "fake_rdma_kick");
+	kick_close = (void (*)(void *))dlsym(RTLD_DEFAULT, "fake_rdma_kick_close");
+	CHECK(kick_open && kick && kick_close, "the fake exports the kick symbols");
+	if (!kick_open || !kick || !kick_close)
+		return 0;
+	CHECK(fake_threads() == 1, "before any handle the engine runs on its thread (%d)",
+	      fake_threads());
+	WANT_NULL(ENOENT, kick_open(w->ctx, 0, w->tx2->qp_num)); /* never went to RTS */
+	WANT_NULL(ENOENT, kick_open(w->ctx, 0, w->tx->qp_num + 1000));
+	WANT_NULL(ENOENT, kick_open(w->ctx, 1, w->tx->qp_num));
+	WANT_NULL(ENOENT, kick_open(w->ctx, 0, w->wq[0]->wq_num));
+	CHECK(fake_threads() == 1, "no handle, no switch: the engine keeps its thread");
+	kicks[0] = kick_open(w->ctx, 0, w->tx->qp_num);
+	CHECK(kicks[0] && engines() == 1 && engine_threads() == 0 && fake_threads() == 0,
+	      "a TX handle: the engine runs inline, its thread gone (%d, %d, %d)", engines(),
+	      engine_threads(), fake_threads());
+	for (i = 0; i < 2; i++)
+		kicks[1 + i] = kick_open(w->ctx, 1, w->wq[i]->wq_num);
+	CHECK(kicks[1] && kicks[2] && kicks[1] != kicks[2], "a handle per RX queue");
+	CHECK(live() == before + 3, "handles count as live objects (%d, was %d)", live(), before);
+	nkicks = 3;
+	return kicks[0] && kicks[1] && kicks[2];
 }
 
 /* one SEND without an inline header: fine on ConnectX-5, an error on ConnectX-4 */
@@ -1299,7 +1365,9 @@ int main(int argc, char **argv)
 		       manadv_set_context_attr(w.ctx, MANADV_CTX_ATTR_BUF_ALLOCATORS, &al));
 	} else {
 		ok = bringup(&w, part);
-		if (ok && strcmp(mode, "traffic") == 0)
+		if (ok && strcmp(mode, "kicked") == 0)
+			ok = open_kicks(&w);
+		if (ok && (strcmp(mode, "traffic") == 0 || strcmp(mode, "kicked") == 0))
 			ok = traffic(&w);
 		if (ok && strcmp(mode, "inline0") == 0)
 			ok = inline0(&w);
@@ -1312,6 +1380,14 @@ int main(int argc, char **argv)
 		ibv_close_device(mana);
 	ibv_close_device(w.ctx);
 	printf("after close: engines %d threads %d\n", engines(), engine_threads());
+	if (nkicks) {
+		/* handles outlive their queues, context and engine; closing them leaves nothing */
+		kick_all();
+		for (i = 0; i < nkicks; i++)
+			kick_close(kicks[i]);
+		CHECK(live() == 0, "handles closed after the context: nothing alive (%d)", live());
+		ok = ok && fails == 0;
+	}
 	printf("allocs %d frees %d live %d\n", allocs, frees, live());
 	if (ok && allocs == frees && live() <= 0 && !bad_frees && !wrong_data)
 		printf("OK\n");

@@ -11,6 +11,10 @@
  *   IBDEV_DIR  the device's sysfs directory (where the knob is), <root>/class/infiniband/DEV
  *   traffic    (mana) after the device is back: one frame out of port 1 and one in, with a
  *              peer on port 1's wire (the Rust test); "ready for traffic" says when
+ *   traffic-inline  (mana) as traffic, with the engine inline: kick handles on the queues
+ *              (fake_rdma_kick_open) before the servicing and on the new ones after it, the
+ *              device's work done by this thread's kicks; during the servicing the queueless
+ *              engine has a thread again
  *   quit       asks for a 60 s service and exits as soon as its context got DEVICE_FATAL
  *   once       stops once the device is back (no new context: its netdev may hold it)
  * Prints "ok ..." / "FAIL ..." per check, then "allocs A frees F live L" and "OK" when
@@ -92,6 +96,35 @@ static int engines(void)
 {
 	int (*f)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fake_rdma_engines");
 	return f ? f() : -1;
+}
+
+/* the fake's engines that run on a thread of their own (not inline) */
+static int fake_threads(void)
+{
+	int (*f)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fake_rdma_engine_threads");
+	return f ? f() : -1;
+}
+
+/* The fake's inline engines (fake-only symbols): handles on the MANA queues, kicked
+ * wherever the program waits for the device. */
+static int inl, nkicks;
+static void *kicks[3];
+
+static void kick_all(void)
+{
+	void (*kick)(void *) = (void (*)(void *))dlsym(RTLD_DEFAULT, "fake_rdma_kick");
+	int i;
+	for (i = 0; kick && i < nkicks; i++)
+		kick(kicks[i]);
+}
+
+static void close_kicks(void)
+{
+	void (*kick_close)(void *) = (void (*)(void *))dlsym(RTLD_DEFAULT, "fake_rdma_kick_close");
+	int i;
+	for (i = 0; kick_close && i < nkicks; i++)
+		kick_close(kicks[i]);
+	nkicks = 0;
 }
 
 static double now(void)
@@ -285,6 +318,26 @@ static int bringup(struct world *w)
 	return 1;
 }
 
+/* Kick handles on the TX queue and both RX queues of `w` (MANA): the engine runs inline. */
+static void open_kicks(struct world *w)
+{
+	void *(*kick_open)(struct ibv_context *, int, uint32_t) =
+		(void *(*)(struct ibv_context *, int, uint32_t))dlsym(RTLD_DEFAULT,
+								      "fake_rdma_kick_open");
+	int i;
+	if (!kick_open) {
+		CHECK(0, "the fake exports fake_rdma_kick_open");
+		return;
+	}
+	kicks[0] = kick_open(w->ctx, 0, w->mq.sq_id);
+	for (i = 0; i < 2; i++)
+		kicks[1 + i] = kick_open(w->ctx, 1, w->mw[i].wq_id);
+	nkicks = 3;
+	CHECK(kicks[0] && kicks[1] && kicks[2] && fake_threads() == 0,
+	      "kick handles on the queues: the engine runs inline (%d engine threads)",
+	      fake_threads());
+}
+
 /* Every object destroyed (DPDK's order), each destroy returning 0. */
 static void teardown(struct world *w)
 {
@@ -462,6 +515,7 @@ static void traffic(struct world *w)
 	for (i = 0; i < 2; i++) {
 		write_wqe(w->mw[i].buf, 0, 0, mem + 4096 * (i + 1), lkey, 2048);
 		ring_doorbell(w->mw[i].db_page, 0x400, w->mw[i].wq_id, 32);
+		kick_all(); /* inline: the device sees each RQ doorbell before the next one */
 	}
 	memcpy(mem, tx_frame, sizeof(tx_frame));
 	write_wqe(w->mq.sq_buf, w->mc.cq_id << 8,
@@ -469,11 +523,12 @@ static void traffic(struct world *w)
 		  sizeof(tx_frame));
 	printf("ready for traffic\n");
 	ring_doorbell(w->mq.db_page, 0, w->mq.sq_id, 32);
-	for (deadline = now() + 10; !first_cqe(&w->mc, cqe) && now() < deadline;)
+	for (deadline = now() + 10; (kick_all(), !first_cqe(&w->mc, cqe)) && now() < deadline;)
 		usleep(100);
 	CHECK((cqe[0] & 0x3f) == 32, "tx after the service: the frame went out (CQE type %d)",
 	      cqe[0] & 0x3f);
 	for (deadline = now() + 20; got < 0 && now() < deadline;) {
+		kick_all();
 		for (i = 0; i < 2 && got < 0; i++)
 			if (first_cqe(&w->rc[i], cqe))
 				got = i;
@@ -519,6 +574,9 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	CHECK(engines() == 1, "one engine serves the queues (%d)", engines());
+	inl = argc > 3 && strcmp(argv[3], "traffic-inline") == 0;
+	if (inl)
+		open_kicks(&w);
 
 	/* 2. the servicing: DEVICE_FATAL, element 0 */
 	quit = argc > 3 && strcmp(argv[3], "quit") == 0;
@@ -533,6 +591,14 @@ int main(int argc, char **argv)
 		return fails == 0 ? 0 : 1;
 	}
 	while_serviced(&w, dev);
+	if (inl) {
+		/* the queues are gone: nobody kicks the engine that keeps the wire */
+		CHECK(fake_threads() == 1,
+		      "during the service the queueless inline engine has a thread (%d)",
+		      fake_threads());
+		kick_all(); /* handles of destroyed queues: harmless */
+		close_kicks();
+	}
 
 	/* 3. destroys succeed (out of order too), the buffers go back, nothing is left */
 	ctx = w.ctx;
@@ -567,7 +633,12 @@ int main(int argc, char **argv)
 	if (!w.ctx || !bringup(&w))
 		return 1;
 	CHECK(engines() == 1, "one engine serves the new queues (%d)", engines());
-	if (argc > 3 && strcmp(argv[3], "traffic") == 0)
+	if (inl) {
+		CHECK(fake_threads() == 0, "new queues: the engine is inline again (%d threads)",
+		      fake_threads());
+		open_kicks(&w);
+	}
+	if (argc > 3 && (strcmp(argv[3], "traffic") == 0 || inl))
 		traffic(&w);
 
 	/* 6. a second service works too; then the context is torn down in order */
@@ -579,6 +650,7 @@ int main(int argc, char **argv)
 	ctx = w.ctx;
 	teardown(&w);
 	WANT_RET(0, ibv_close_device(ctx));
+	close_kicks(); /* after their queues and context */
 	back = wait_back(5, &third);
 	CHECK(back != NULL, "listed again after the second service");
 	w.ctx = back ? ibv_open_device(back) : NULL;
