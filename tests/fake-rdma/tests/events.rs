@@ -10,7 +10,7 @@ mod common;
 use common::{bin, live_at_exit, text, Fake};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -20,25 +20,7 @@ const PORT2: &str = "mana:dev=mana_0,port=2";
 /// `async_events.c`, compiled once per test process against the real headers and libraries.
 fn c_program() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("fake-rdma-events-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let exe = dir.join("async_events");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/async_events.c");
-        let out = Command::new("cc")
-            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
-            .arg(&exe)
-            .arg(&src)
-            .args(["-libverbs"])
-            .output()
-            .expect("run cc");
-        assert!(
-            out.status.success(),
-            "cc async_events.c (needs libibverbs-dev): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        exe
-    })
+    EXE.get_or_init(|| common::compile_c("async_events", &["-pthread"], &["-libverbs"]))
 }
 
 /// The sysfs directory of `mana_0` in `fake`'s world (where the knobs live).

@@ -20,25 +20,7 @@ use common::{fake_so, profile_dir, Fake};
 /// linked against the real libraries.
 fn c_program() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("fake-rdma-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let exe = dir.join("mana_bringup");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mana_bringup.c");
-        let out = Command::new("cc")
-            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-            .arg(&exe)
-            .arg(&src)
-            .args(["-libverbs", "-lmana", "-lmlx5", "-ldl"])
-            .output()
-            .expect("run cc");
-        assert!(
-            out.status.success(),
-            "cc mana_bringup.c (needs libibverbs-dev): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        exe
-    })
+    EXE.get_or_init(|| common::compile_c("mana_bringup", &[], common::C_LIBS))
 }
 
 fn text(o: &Output) -> String {

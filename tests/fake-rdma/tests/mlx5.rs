@@ -21,25 +21,7 @@ use common::{fake_so, live_at_exit, profile_dir, text, Fake};
 /// the real libraries.
 fn c_program() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("fake-rdma-mlx5-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let exe = dir.join("mlx5_bringup");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mlx5_bringup.c");
-        let out = Command::new("cc")
-            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-            .arg(&exe)
-            .arg(&src)
-            .args(["-libverbs", "-lmana", "-lmlx5", "-ldl"])
-            .output()
-            .expect("run cc");
-        assert!(
-            out.status.success(),
-            "cc mlx5_bringup.c (needs libibverbs-dev): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        exe
-    })
+    EXE.get_or_init(|| common::compile_c("mlx5_bringup", &[], common::C_LIBS))
 }
 
 /// `allocs A frees F live L` from the program's output.

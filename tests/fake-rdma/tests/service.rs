@@ -12,32 +12,14 @@ use common::{live_at_exit, text, Fake};
 use integration_tests::{Netns, IF};
 use pmd::emu::wire::{Shm, Wire as _};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// `service.c`, compiled once per test process against the real headers and libraries.
 fn c_program() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("fake-rdma-service-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let exe = dir.join("service");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/service.c");
-        let out = Command::new("cc")
-            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-            .arg(&exe)
-            .arg(&src)
-            .args(["-libverbs", "-lmana", "-lmlx5", "-ldl"])
-            .output()
-            .expect("run cc");
-        assert!(
-            out.status.success(),
-            "cc service.c (needs libibverbs-dev): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        exe
-    })
+    EXE.get_or_init(|| common::compile_c("service", &[], common::C_LIBS))
 }
 
 fn ibdev(fake: &Fake, dev: &str) -> PathBuf {

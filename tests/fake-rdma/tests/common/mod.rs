@@ -27,6 +27,34 @@ pub fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// Compiles `tests/c/NAME.c` against the real rdma-core headers and links it against the
+/// real libraries with `cflags` and `libs` (once per test process: call it from a
+/// `OnceLock`); returns the executable.
+pub fn compile_c(name: &str, cflags: &[&str], libs: &[&str]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fake-rdma-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-Wextra", "-Werror"])
+        .args(cflags)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .args(libs)
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc {name}.c (needs libibverbs-dev): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// The libraries the bring-up programs link.
+pub const C_LIBS: &[&str] = &["-libverbs", "-lmana", "-lmlx5", "-ldl"];
+
 /// A binary of the workspace (`l2fwd`, `pktgen`, `pmd-devices`), built by
 /// `cargo test --workspace`.
 pub fn bin(name: &str) -> PathBuf {
