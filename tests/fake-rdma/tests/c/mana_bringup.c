@@ -27,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "check.h"
 
 static int allocs, frees, alloc_null, alloc_misaligned, fails;
 static size_t sizes[32];
@@ -122,35 +123,8 @@ static const char *profile(void)
 	return p && *p ? p : "v44";
 }
 
-#define CHECK(cond, ...)                                                                  \
-	do {                                                                              \
-		if (cond) {                                                               \
-			printf("ok   " __VA_ARGS__);                                          \
-		} else {                                                                  \
-			printf("FAIL " __VA_ARGS__);                                          \
-			fails++;                                                          \
-		}                                                                         \
-		printf("\n");                                                             \
-	} while (0)
 
-/* a call that returns NULL with errno `want` */
-#define WANT_NULL(want, call)                                                             \
-	do {                                                                              \
-		void *p_;                                                                 \
-		int e_;                                                                   \
-		errno = 0;                                                                \
-		p_ = (void *)(call);                                                      \
-		e_ = errno;                                                               \
-		CHECK(!p_ && e_ == (want), "%s -> %p errno %d (want NULL errno %d)", #call, \
-		      p_, e_, (want));                                                    \
-	} while (0)
 
-/* a call that returns `want` */
-#define WANT_RET(want, call)                                                              \
-	do {                                                                              \
-		int r_ = (call);                                                          \
-		CHECK(r_ == (want), "%s -> %d (want %d)", #call, r_, (want));             \
-	} while (0)
 
 static uint8_t key[40] = { 0x2c, 0xc6, 0x81, 0xd1, 0x5b, 0xdb, 0xf4, 0xf7, 0xfc, 0xa2,
 			   0x83, 0x19, 0xdb, 0x1a, 0x3e, 0x94, 0x6b, 0x9e, 0x38, 0xd9,

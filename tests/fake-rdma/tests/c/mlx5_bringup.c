@@ -33,31 +33,11 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "check.h"
 
 static int fails;
 
-#define CHECK(cond, ...)                                                                  \
-	do {                                                                              \
-		if (cond) {                                                               \
-			printf("ok   " __VA_ARGS__);                                          \
-		} else {                                                                  \
-			printf("FAIL " __VA_ARGS__);                                          \
-			fails++;                                                          \
-		}                                                                         \
-		printf("\n");                                                             \
-	} while (0)
 
-/* a call that returns NULL with errno `want` */
-#define WANT_NULL(want, call)                                                             \
-	do {                                                                              \
-		void *p_;                                                                 \
-		int e_;                                                                   \
-		errno = 0;                                                                \
-		p_ = (void *)(call);                                                      \
-		e_ = errno;                                                               \
-		CHECK(!p_ && e_ == (want), "%s -> %p errno %d (want NULL errno %d)", #call, \
-		      p_, e_, (want));                                                    \
-	} while (0)
 
 /* a call that returns NULL and leaves errno as it was (libmlx5 sets none there) */
 #define WANT_NULL_ERRNO_KEPT(call)                                                        \
@@ -71,12 +51,6 @@ static int fails;
 		      #call, p_, e_);                                                     \
 	} while (0)
 
-/* a call that returns `want` */
-#define WANT_RET(want, call)                                                              \
-	do {                                                                              \
-		int r_ = (call);                                                          \
-		CHECK(r_ == (want), "%s -> %d (want %d)", #call, r_, (want));             \
-	} while (0)
 
 /* ---- the application's queue-buffer allocator (mlx5dv_ctx_allocators) ---------------- */
 

@@ -33,39 +33,13 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "check.h"
 
 static int fails, allocs, frees;
 static const char *dir, *name;
 
-#define CHECK(cond, ...)                                                                  \
-	do {                                                                              \
-		if (cond) {                                                               \
-			printf("ok   " __VA_ARGS__);                                          \
-		} else {                                                                  \
-			printf("FAIL " __VA_ARGS__);                                          \
-			fails++;                                                          \
-		}                                                                         \
-		printf("\n");                                                             \
-	} while (0)
 
-/* a call that returns NULL with errno `want` */
-#define WANT_NULL(want, call)                                                             \
-	do {                                                                              \
-		void *p_;                                                                 \
-		int e_;                                                                   \
-		errno = 0;                                                                \
-		p_ = (void *)(call);                                                      \
-		e_ = errno;                                                               \
-		CHECK(!p_ && e_ == (want), "%s -> %p errno %d (want NULL errno %d)", #call, \
-		      p_, e_, (want));                                                    \
-	} while (0)
 
-/* a call that returns `want` */
-#define WANT_RET(want, call)                                                              \
-	do {                                                                              \
-		int r_ = (call);                                                          \
-		CHECK(r_ == (want), "%s -> %d (want %d)", #call, r_, (want));             \
-	} while (0)
 
 /* the application's queue-buffer allocator (manadv / mlx5dv BUF_ALLOCATORS) */
 static void *q_alloc(size_t size, void *data)
