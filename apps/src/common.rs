@@ -346,8 +346,15 @@ impl EventWatch {
     /// like link changes.
     pub fn wait(&mut self, ports: &mut [Port], timeout: Duration) -> Option<String> {
         let got = if self.poll_failed {
-            std::thread::sleep(timeout);
-            Vec::new()
+            // Without poll, still drive the recoveries (each looks for its device when due).
+            std::thread::sleep(timeout.min(pmd::port::recovery::RETRY_INTERVAL));
+            let mut got = Vec::new();
+            for (i, p) in ports.iter_mut().enumerate() {
+                if p.state() == PortState::Recovering {
+                    got.extend(p.take_events().into_iter().map(|e| (i, e)));
+                }
+            }
+            got
         } else {
             wait_events(ports, timeout).unwrap_or_else(|e| {
                 eprintln!(

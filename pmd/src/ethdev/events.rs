@@ -78,8 +78,9 @@ pub enum PortEvent {
     /// recovers (`mana:`, `mlx5:`) follows it with [`PortEvent::Recovering`]; any other must
     /// be closed and opened again.
     DeviceFatal,
-    /// The device was removed: its event channel reports an error instead of events. After
-    /// this the device's event descriptor is gone (a recovering port keeps its own).
+    /// The device was removed: its event channel reports an error instead of events. The
+    /// port's descriptor no longer watches it (a recovering port's wakes its waiter while it
+    /// looks for the device).
     DeviceRemoved,
     /// The port lost its device (after [`PortEvent::DeviceFatal`] or
     /// [`PortEvent::DeviceRemoved`]) and waits for it to come back: bursts return 0 (TX

@@ -98,13 +98,15 @@ impl RxQueue {
     #[cold]
     #[inline(never)]
     fn catch_up(&mut self, w: u64) -> bool {
-        if let Some(next) = self.ctl.next_rx(w, self.gen, self.queue) {
+        if let Some((gen, next)) = self.ctl.next_rx(w, self.gen, self.queue) {
             // The old queue goes here, on its own core: the buffers it had posted go back
             // to the pool, and its device objects once no handle holds them.
             self.imp = next;
-            self.gen = generation(w);
+            self.gen = gen;
         }
-        if running(w) {
+        // Run only on a word of the queue's own generation (a newer one may have been
+        // published since `w` was loaded: the next burst sees it).
+        if running(w) && generation(w) == self.gen {
             self.seen = w;
             true
         } else {
@@ -164,11 +166,11 @@ impl TxQueue {
     #[cold]
     #[inline(never)]
     fn catch_up(&mut self, w: u64) -> bool {
-        if let Some(next) = self.ctl.next_tx(w, self.gen, self.queue) {
+        if let Some((gen, next)) = self.ctl.next_tx(w, self.gen, self.queue) {
             self.imp = next;
-            self.gen = generation(w);
+            self.gen = gen;
         }
-        if running(w) {
+        if running(w) && generation(w) == self.gen {
             self.seen = w;
             true
         } else {
@@ -215,6 +217,10 @@ pub struct Port {
     /// Extended counters and `imissed` of the device generations before this one.
     xstats_base: Vec<(String, u64)>,
     imissed_base: u64,
+    /// The port's own event descriptor (an epoll set over the driver's descriptor and, while
+    /// recovering, a timer): the same for the port's whole life, whatever device is behind
+    /// it. `None`: the driver reports no events and the port does not recover.
+    events: Option<PortEvents>,
     /// Recoveries completed, and the last one.
     recoveries: u64,
     last_recovery: Option<recovery::Completed>,
@@ -259,6 +265,7 @@ impl Port {
                 Box::new(move || probe::probe(id, &again)),
                 spec.recover_timeout.unwrap_or(DEFAULT_RECOVER_TIMEOUT),
             ));
+            port.ensure_events();
         }
         Ok(port)
     }
@@ -269,7 +276,31 @@ impl Port {
     /// `mana:` and `mlx5:` ports, with the spec's probe and `recover-timeout=`.
     pub fn with_recovery(mut self, reopen: Reopen, timeout: std::time::Duration) -> Self {
         self.reopen = Some((reopen, timeout));
+        self.ensure_events();
         self
+    }
+
+    /// Makes the port's own event descriptor, watching the driver's. Without one (no
+    /// descriptors left), the driver's is handed out as it is, and a recovery is driven only
+    /// by [`wait_events`] and calls of [`Port::take_events`].
+    fn ensure_events(&mut self) {
+        if self.events.is_none() {
+            match PortEvents::new() {
+                Ok(e) => self.events = Some(e),
+                Err(e) => {
+                    tracing::warn!(target: "pmd::port", port = self.id, "{}: no event descriptor of its own ({e}): handing out the device's", self.name);
+                    return;
+                }
+            }
+        }
+        self.watch_driver();
+    }
+
+    /// Watches the current driver's descriptor (instead of the previous driver's).
+    fn watch_driver(&mut self) {
+        if let Some(ev) = &mut self.events {
+            ev.watch(self.driver.event_fd());
+        }
     }
 
     /// Hands the port a lock taken by hand (a port built with [`Port::from_driver`] has
@@ -283,7 +314,7 @@ impl Port {
     /// provider). `name` is what logs and errors call the port.
     pub fn from_driver(id: u16, name: String, driver: Box<dyn PortDriver>) -> Self {
         tracing::info!(target: "pmd::port", port = id, name = %name, mac = %driver.mac(), "port opened");
-        Self {
+        let mut port = Self {
             id,
             name,
             spec: None,
@@ -303,8 +334,13 @@ impl Port {
             imissed_base: 0,
             recoveries: 0,
             last_recovery: None,
+            events: None,
             lock: None,
+        };
+        if port.driver.event_fd().is_some() {
+            port.ensure_events();
         }
+        port
     }
 
     /// The common case in one call: opens `spec`, configures it with `cfg`, takes the handles
@@ -598,10 +634,15 @@ impl Port {
 
     /// A descriptor that becomes readable when the port has [`PortEvent`]s to take
     /// (level-triggered, non-blocking), for poll(2) or epoll(7); `None` when the port reports
-    /// no events (a `null` port), or no longer (after [`PortEvent::DeviceRemoved`]). It stays
-    /// valid while the port is open; never read it, call [`Port::take_events`].
+    /// no events (a `null` port). It is the port's own (an epoll set over the device's
+    /// descriptor): the same across a recovery, when it is also readable every
+    /// [`recovery::RETRY_INTERVAL`] so that the thread that waits on it looks for the device.
+    /// It stays valid while the port is open; never read it, call [`Port::take_events`].
     pub fn event_fd(&self) -> Option<RawFd> {
-        self.driver.event_fd()
+        match &self.events {
+            Some(e) => Some(e.fd()),
+            None => self.driver.event_fd(),
+        }
     }
 
     /// The events since the last call, oldest first, and clears the descriptor. Slow path
@@ -615,10 +656,21 @@ impl Port {
     pub fn take_events(&mut self) -> Vec<PortEvent> {
         let mut out = Vec::new();
         self.driver.take_events(&mut out);
+        // A driver whose device was removed stops handing out its descriptor (it would stay
+        // readable for ever): stop watching it too.
+        let fd = self.driver.event_fd();
+        if let Some(ev) = &mut self.events {
+            if ev.member != fd {
+                ev.watch(fd);
+            }
+        }
         if out.iter().any(PortEvent::is_fatal) && self.recovery.is_none() {
             self.begin_recovery(&mut out);
         }
         if self.recovery.is_some() {
+            if let Some(ev) = &self.events {
+                ev.tick();
+            }
             self.try_recover(&mut out);
         }
         for e in &out {
@@ -667,6 +719,10 @@ impl Port {
             mac: self.driver.mac(),
         });
         let old = std::mem::replace(&mut self.driver, gone);
+        if let Some(ev) = &mut self.events {
+            ev.watch(None);
+            ev.recovering(true);
+        }
         recovery::sum_into(&mut self.xstats_base, old.xstats());
         self.imissed_base = self.imissed_base.wrapping_add(old.imissed());
         // The driver's objects go now; a queue's, when its handle has let go of it.
@@ -694,9 +750,13 @@ impl Port {
             Ok(()) => {
                 let r = self.recovery.take().expect("recovering");
                 let downtime = r.since.elapsed();
+                self.watch_driver();
+                if let Some(ev) = &mut self.events {
+                    ev.recovering(false);
+                }
                 self.recoveries += 1;
                 self.last_recovery = Some(recovery::Completed {
-                    at: now,
+                    at: Instant::now(),
                     deadline: r.deadline,
                 });
                 tracing::warn!(
@@ -735,9 +795,16 @@ impl Port {
                             r.last_error.as_deref().unwrap_or("the port is busy")
                         )
                     } else {
+                        let timeout = self.reopen.as_ref().map_or(0.0, |r| r.1.as_secs_f64());
+                        // A loss right after a recovery keeps that recovery's deadline.
+                        let carried = if (waited.as_secs_f64() + 0.05) < timeout {
+                            ", the deadline of the recovery just before"
+                        } else {
+                            ""
+                        };
                         format!(
                             "{}: the device (MAC {}) did not come back within {:.1} s \
-                             (recover-timeout); {} attempts, the last: {}",
+                             (recover-timeout {timeout:.1} s{carried}); {} attempts, the last: {}",
                             self.name,
                             self.driver.mac(),
                             waited.as_secs_f64(),
@@ -748,6 +815,9 @@ impl Port {
                     tracing::error!(target: "pmd::port", port = self.id, "{why}");
                     self.failure = Some(why);
                     self.recovery = None;
+                    if let Some(ev) = &mut self.events {
+                        ev.recovering(false);
+                    }
                     self.state = PortState::Failed;
                     out.push(PortEvent::RecoveryFailed);
                 } else {
@@ -904,4 +974,68 @@ fn clamp_rings(cfg: &PortConfig, caps: &Caps) -> PortConfig {
         }
     }
     eff
+}
+
+/// A port's own event descriptor: an epoll set over its driver's descriptor and a timer
+/// that ticks while the port recovers.
+#[derive(Debug)]
+struct PortEvents {
+    set: crate::sys::event::EpollSet,
+    timer: crate::sys::event::TimerFd,
+    /// The driver descriptor in the set.
+    member: Option<RawFd>,
+}
+
+impl PortEvents {
+    fn new() -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        let set = crate::sys::event::EpollSet::new()?;
+        let timer = crate::sys::event::TimerFd::new()?;
+        set.add(timer.as_raw_fd())?;
+        Ok(Self {
+            set,
+            timer,
+            member: None,
+        })
+    }
+
+    fn fd(&self) -> RawFd {
+        use std::os::fd::AsRawFd;
+        self.set.as_raw_fd()
+    }
+
+    /// Watches `fd` (a driver's) instead of the one watched so far.
+    fn watch(&mut self, fd: Option<RawFd>) {
+        if let Some(old) = self.member.take() {
+            // It may be closed already (it then left the set by itself).
+            let _ = self.set.remove(old);
+        }
+        if let Some(fd) = fd {
+            match self.set.add(fd) {
+                Ok(()) => self.member = Some(fd),
+                Err(e) => {
+                    tracing::warn!(target: "pmd::port", "watching the device's event descriptor failed ({e}): its events are seen only when something else wakes the port");
+                }
+            }
+        }
+    }
+
+    /// Ticks every retry interval while recovering, so that a thread waiting on the port's
+    /// descriptor drives the recovery; silent otherwise.
+    fn recovering(&self, on: bool) {
+        let every = if on {
+            recovery::RETRY_INTERVAL
+        } else {
+            Duration::ZERO
+        };
+        if let Err(e) = self.timer.arm(every) {
+            tracing::warn!(target: "pmd::port", "recovery timer: {e}");
+        }
+        self.timer.clear();
+    }
+
+    /// Takes a tick of the timer.
+    fn tick(&self) {
+        self.timer.clear();
+    }
 }

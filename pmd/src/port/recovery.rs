@@ -86,11 +86,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// What a port shares with the queue handles of one configuration (see the module docs).
 #[derive(Default)]
 pub struct QueueCtl {
-    /// Bit 0: running; bits 1..: generation.
+    /// Bit 0: running; bits 1..: generation. Written under the `slots` lock, after the
+    /// slots.
     pub(super) word: AtomicU64,
-    /// Queues of the newest generation that their handles have not taken yet.
-    rx: Mutex<Vec<Option<Box<dyn RxBurst>>>>,
-    tx: Mutex<Vec<Option<Box<dyn TxBurst>>>>,
+    /// The newest generation and its queues that their handles have not taken yet. A handle
+    /// takes its queue and the generation it belongs to together, under this lock, so it
+    /// never labels a queue with a generation it loaded earlier from the word.
+    slots: Mutex<Slots>,
+}
+
+#[derive(Default)]
+struct Slots {
+    gen: u64,
+    rx: Vec<Option<Box<dyn RxBurst>>>,
+    tx: Vec<Option<Box<dyn TxBurst>>>,
 }
 
 impl std::fmt::Debug for QueueCtl {
@@ -117,54 +126,62 @@ impl QueueCtl {
 
     /// Sets or clears "running", same generation.
     pub(super) fn set_running(&self, on: bool) {
-        let g = self.gen();
-        self.word.store(g << 1 | u64::from(on), Ordering::Release);
+        let s = lock(&self.slots);
+        self.word
+            .store(s.gen << 1 | u64::from(on), Ordering::Release);
     }
 
     /// Starts a new generation with no queues (handles drop theirs), not running.
     pub(super) fn retire(&self) {
-        lock(&self.rx).iter_mut().for_each(|s| *s = None);
-        lock(&self.tx).iter_mut().for_each(|s| *s = None);
-        let g = self.gen() + 1;
-        self.word.store(g << 1, Ordering::Release);
+        self.publish(Vec::new(), Vec::new(), false);
     }
 
     /// Starts a new generation whose queue `i` is `rx[i]` / `tx[i]` for the handles that
-    /// were taken (`None` where the port still holds the handle's queue itself).
+    /// were taken (`None`, or missing, where there is none for the handle: it then holds a
+    /// detached queue).
     pub(super) fn publish(
         &self,
         rx: Vec<Option<Box<dyn RxBurst>>>,
         tx: Vec<Option<Box<dyn TxBurst>>>,
         run: bool,
     ) {
-        *lock(&self.rx) = rx;
-        *lock(&self.tx) = tx;
-        let g = self.gen() + 1;
-        // Release: a handle that sees the new generation sees the slots filled.
-        self.word.store(g << 1 | u64::from(run), Ordering::Release);
+        let mut s = lock(&self.slots);
+        s.gen += 1;
+        // What the previous generation left untaken goes now, on this (control) thread.
+        s.rx = rx;
+        s.tx = tx;
+        // Release: a handle that sees the new generation sees the slots filled (it also
+        // takes them under the lock).
+        self.word
+            .store(s.gen << 1 | u64::from(run), Ordering::Release);
     }
 
-    /// For an RX handle of generation `gen` that saw `w`: its queue of the newer generation
-    /// (a detached one if there is none), or `None` when its generation is current.
-    pub(super) fn next_rx(&self, w: u64, gen: u64, queue: u16) -> Option<Box<dyn RxBurst>> {
+    /// For an RX handle holding a queue of generation `gen` that saw `w`: `None` when `w`
+    /// is of that generation; else the newest generation and the handle's queue of it (a
+    /// detached one if there is none), taken together.
+    pub(super) fn next_rx(&self, w: u64, gen: u64, queue: u16) -> Option<(u64, Box<dyn RxBurst>)> {
         if generation(w) == gen {
             return None;
         }
-        let next = lock(&self.rx)
-            .get_mut(usize::from(queue))
-            .and_then(Option::take);
-        Some(next.unwrap_or_else(|| Box::new(Detached)))
+        let mut s = lock(&self.slots);
+        if s.gen == gen {
+            return None;
+        }
+        let next = s.rx.get_mut(usize::from(queue)).and_then(Option::take);
+        Some((s.gen, next.unwrap_or_else(|| Box::new(Detached))))
     }
 
     /// As [`QueueCtl::next_rx`], for a TX handle.
-    pub(super) fn next_tx(&self, w: u64, gen: u64, queue: u16) -> Option<Box<dyn TxBurst>> {
+    pub(super) fn next_tx(&self, w: u64, gen: u64, queue: u16) -> Option<(u64, Box<dyn TxBurst>)> {
         if generation(w) == gen {
             return None;
         }
-        let next = lock(&self.tx)
-            .get_mut(usize::from(queue))
-            .and_then(Option::take);
-        Some(next.unwrap_or_else(|| Box::new(Detached)))
+        let mut s = lock(&self.slots);
+        if s.gen == gen {
+            return None;
+        }
+        let next = s.tx.get_mut(usize::from(queue)).and_then(Option::take);
+        Some((s.gen, next.unwrap_or_else(|| Box::new(Detached))))
     }
 }
 
@@ -306,11 +323,17 @@ mod tests {
         assert_eq!((c.gen(), running(c.word())), (1, false));
         c.publish(vec![None], vec![None], true);
         assert_eq!((c.gen(), running(c.word())), (2, true));
-        // A handle of generation 0 gets a queue (a detached one: the slot was empty).
+        // A handle of generation 0 gets a queue (a detached one: the slot was empty), with
+        // the generation it belongs to.
         let mut b = Burst::with_capacity(4);
-        let mut q = c.next_rx(c.word(), 0, 0).expect("newer generation");
+        let (g, mut q) = c.next_rx(c.word(), 0, 0).expect("newer generation");
+        assert_eq!(g, 2);
         assert_eq!(q.rx_burst(&mut b), 0);
         assert!(c.next_rx(c.word(), 2, 0).is_none());
+        // One that loaded the word of generation 1 before the publish still gets the
+        // newest queue, labelled 2, not 1.
+        let w1 = 1 << 1;
+        assert_eq!(c.next_rx(w1, 0, 0).map(|(g, _)| g), Some(2));
     }
 
     #[test]

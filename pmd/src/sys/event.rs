@@ -55,6 +55,131 @@ impl AsFd for EventFd {
     }
 }
 
+/// An epoll(7) set, itself a descriptor that is readable while one of its members is
+/// (level-triggered): what a port hands out as its one event descriptor, whatever sits
+/// behind it over the port's life (a device's, a timer's).
+#[derive(Debug)]
+pub struct EpollSet(OwnedFd);
+
+impl EpollSet {
+    /// An empty set (`EPOLL_CLOEXEC`).
+    ///
+    /// # Errors
+    /// epoll_create1(2) failed (descriptor limit).
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: epoll_create1(2) takes a flag and returns a new descriptor or -1.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by epoll_create1(2), is open and owned by nobody else.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLERR | libc::EPOLLHUP) as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: our own epoll descriptor; `ev` is a valid event the kernel copies (and
+        // ignores for EPOLL_CTL_DEL); `fd` is the caller's descriptor, which epoll only
+        // refers to (a closed one leaves the set by itself).
+        let r = unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &raw mut ev) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Watches `fd` for readability (level-triggered).
+    ///
+    /// # Errors
+    /// epoll_ctl(2) failed (`fd` not open, or already in the set).
+    pub fn add(&self, fd: RawFd) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_ADD, fd)
+    }
+
+    /// Stops watching `fd` (before it is closed, or when it is no longer the port's).
+    ///
+    /// # Errors
+    /// epoll_ctl(2) failed (`fd` not in the set).
+    pub fn remove(&self, fd: RawFd) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_DEL, fd)
+    }
+}
+
+impl AsRawFd for EpollSet {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// A non-blocking timerfd(2) on the monotonic clock: readable each time its period has
+/// passed, until [`TimerFd::clear`].
+#[derive(Debug)]
+pub struct TimerFd(OwnedFd);
+
+impl TimerFd {
+    /// A new, disarmed timer (`TFD_NONBLOCK | TFD_CLOEXEC`).
+    ///
+    /// # Errors
+    /// timerfd_create(2) failed (descriptor limit).
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: timerfd_create(2) takes a clock id and flags and returns a new descriptor
+        // or -1.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by timerfd_create(2), is open and owned by nobody
+        // else.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Fires every `every` from now on (`Duration::ZERO`: disarmed).
+    ///
+    /// # Errors
+    /// timerfd_settime(2) failed.
+    pub fn arm(&self, every: Duration) -> io::Result<()> {
+        let ts = libc::timespec {
+            tv_sec: every.as_secs() as libc::time_t,
+            tv_nsec: libc::c_long::from(every.subsec_nanos()),
+        };
+        let spec = libc::itimerspec {
+            it_interval: ts,
+            it_value: ts,
+        };
+        // SAFETY: our own timer descriptor; `spec` is a valid itimerspec read by the call;
+        // the old value is not asked for (NULL).
+        let r = unsafe {
+            libc::timerfd_settime(self.0.as_raw_fd(), 0, &raw const spec, std::ptr::null_mut())
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Makes the descriptor unreadable until the next expiry (reads the expiry count).
+    pub fn clear(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a local from our own non-blocking timerfd; EAGAIN when
+        // it has not expired, which is what we want too.
+        let _ = unsafe { libc::read(self.0.as_raw_fd(), (&raw mut v).cast(), 8) };
+    }
+}
+
+impl AsRawFd for TimerFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
 /// Waits up to `timeout` until one of `fds` is readable or in error (`POLLIN`, `POLLERR`,
 /// `POLLHUP`), and says which are. With no descriptors it just sleeps for `timeout`. A
 /// signal cuts the wait short and reports nothing ready.

@@ -125,9 +125,22 @@ impl ManaProvider {
         // "net/mana: check vendor ID when probing RDMA device").
         let mut skipped = Vec::new();
         let mut chosen = None;
+        let mut first_error = None;
         for (dev, port, netdev) in &candidates {
-            let ctx = Context::open(dev).map_err(verbs)?;
-            let attr = ctx.query_device_ex().map_err(verbs)?;
+            // A candidate that cannot be opened (a sibling device this process may not use,
+            // or one not back yet) does not fail the others.
+            let opened = Context::open(dev).and_then(|ctx| {
+                let attr = ctx.query_device_ex()?;
+                Ok((ctx, attr))
+            });
+            let (ctx, attr) = match opened {
+                Ok(x) => x,
+                Err(e) => {
+                    skipped.push(format!("{dev} ({e})"));
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            };
             match not_raw_packet(&attr) {
                 Some(why) => {
                     tracing::info!(target: "pmd::verbs", device = %dev, "skipping {dev}: {why}");
@@ -149,6 +162,10 @@ impl ManaProvider {
             }
         }
         let Some((dev, port, netdev, ctx, attr)) = chosen else {
+            // One candidate that failed to open: its own error, as before.
+            if let (1, Some(e)) = (candidates.len(), first_error) {
+                return Err(verbs(e));
+            }
             return Err(SetupError::NoPort(format!(
                 "{sel} matches no raw-packet MANA device: {} (these are RDMA devices; the \
                  function's raw-packet device is the one with vendor part id 2)",
