@@ -138,15 +138,59 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!(" {b:02x}")).collect()
 }
 
-/// The next frame on the peer's end, or the program's output if it never comes.
-fn next_frame(peer: &mut Shm, child: &mut std::process::Child) -> Vec<u8> {
+/// Where each thread of process `pid` is (name, state, kernel wait channel): for a program
+/// that stopped sending.
+fn threads_of(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return String::from("(its threads cannot be read)\n");
+    };
+    let mut out = String::new();
+    for t in tasks.flatten() {
+        let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+        let stat = read("stat");
+        // `pid (comm) S ...`: the state follows the last parenthesis.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, r)| r.get(..1))
+            .unwrap_or("?");
+        out += &format!(
+            "  thread {} {:?}: state {state}, waiting in {:?}\n",
+            t.file_name().to_string_lossy(),
+            read("comm").trim(),
+            read("wchan")
+        );
+    }
+    out
+}
+
+/// The next frame on the peer's end (`what`: which one, for the message). If it never comes,
+/// the panic says why: the program exited first (with its status), or it still ran after 30 s
+/// (with where its threads were); then its output.
+fn next_frame(peer: &mut Shm, child: &mut std::process::Child, what: &str) -> Vec<u8> {
     let mut buf = [0u8; 2048];
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let start = Instant::now();
     loop {
         if let Some(n) = peer.recv(&mut buf) {
             return buf[..n].to_vec();
         }
-        if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+        let exited = child.try_wait().unwrap();
+        // A frame sent just before the program exited is on the wire now.
+        if exited.is_some() {
+            if let Some(n) = peer.recv(&mut buf) {
+                return buf[..n].to_vec();
+            }
+        }
+        if exited.is_some() || start.elapsed() > Duration::from_secs(30) {
+            let why = match exited {
+                Some(status) => {
+                    format!("the program exited ({status}) after {:?}", start.elapsed())
+                }
+                None => format!(
+                    "the program still runs after {:?}:\n{}",
+                    start.elapsed(),
+                    threads_of(child.id())
+                ),
+            };
             let _ = child.kill();
             let _ = child.wait();
             let mut out = String::new();
@@ -166,7 +210,7 @@ fn next_frame(peer: &mut Shm, child: &mut std::process::Child) -> Vec<u8> {
                 let mut p = pipe;
                 let _ = p.read_to_string(&mut out);
             }
-            panic!("no frame on the wire:\n{out}");
+            panic!("no frame on the wire for {what}: {why}\n{out}");
         }
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -201,7 +245,7 @@ fn traffic(part: Option<&str>, mode: &str) -> String {
         f
     };
     assert_eq!(
-        next_frame(&mut peer, &mut child),
+        next_frame(&mut peer, &mut child, "tx #1"),
         sent(1),
         "tx #1 on the wire"
     );
@@ -211,12 +255,12 @@ fn traffic(part: Option<&str>, mode: &str) -> String {
     assert!(peer.send(&stranger) && peer.send(&ours) && peer.send(&bcast));
     peer.flush();
     assert_eq!(
-        next_frame(&mut peer, &mut child),
+        next_frame(&mut peer, &mut child, "tx #2"),
         sent(2),
         "tx #2 (after the SQ's reset)"
     );
     assert_eq!(
-        next_frame(&mut peer, &mut child),
+        next_frame(&mut peer, &mut child, "tx #3"),
         sent(3),
         "tx #3 (after the WQ's reset)"
     );
@@ -224,7 +268,7 @@ fn traffic(part: Option<&str>, mode: &str) -> String {
     assert!(peer.send(&ours2));
     peer.flush();
     assert_eq!(
-        next_frame(&mut peer, &mut child),
+        next_frame(&mut peer, &mut child, "tx #4"),
         sent(4),
         "tx #4 (ALL_DEFAULT rule)"
     );

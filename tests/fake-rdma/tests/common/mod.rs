@@ -4,17 +4,34 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
-/// The cdylib cargo built next to this test (`target/<profile>/deps/libfake_rdma.so`).
+/// Runs `f` (a use of a build output: the fake's cdylib, a tool) until it does not fail for
+/// want of the file, for up to a minute. Another cargo command on the same target directory
+/// may be relinking it: cargo releases its lock before it runs the tests, and `cargo build`
+/// and `cargo test` link the fake with different features of pmd, so each relinks it, and
+/// the file is missing for a second or two meanwhile.
+pub fn while_relinked<T>(what: &str, mut f: impl FnMut() -> std::io::Result<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+/// The cdylib cargo built next to this test (`target/<profile>/deps/libfake_rdma.so`), once
+/// it is there (see [`while_relinked`]).
 pub fn fake_so() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let deps = exe.parent().expect("deps directory");
     let so = deps.join("libfake_rdma.so");
-    assert!(
-        so.exists(),
-        "{} missing: cargo test builds the cdylib",
-        so.display()
-    );
+    let what = format!("{}: cargo test builds the cdylib", so.display());
+    while_relinked(&what, || so.metadata());
     so
 }
 
@@ -84,7 +101,9 @@ impl Fake {
         let lib = dir.path().join("lib");
         std::fs::create_dir(&lib).unwrap();
         std::fs::create_dir(dir.path().join("shm")).unwrap();
-        std::fs::copy(fake_so(), lib.join("libibverbs.so.1")).unwrap();
+        while_relinked("copying the fake", || {
+            std::fs::copy(fake_so(), lib.join("libibverbs.so.1"))
+        });
         std::os::unix::fs::symlink("libibverbs.so.1", lib.join("libmana.so.1")).unwrap();
         std::os::unix::fs::symlink("libibverbs.so.1", lib.join("libmlx5.so.1")).unwrap();
         let tool = Path::new(env!("CARGO_BIN_EXE_fake-rdma-world"));
@@ -94,7 +113,7 @@ impl Fake {
             Some(p) => world.env("FAKE_RDMA_PORTS", p),
             None => world.env_remove("FAKE_RDMA_PORTS"),
         };
-        let out = world.output().expect("run fake-rdma-world");
+        let out = while_relinked("run fake-rdma-world", || world.output());
         assert!(
             out.status.success(),
             "fake-rdma-world: {}",
