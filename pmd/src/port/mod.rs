@@ -841,12 +841,12 @@ impl Port {
                 ),
             });
         }
-        let (Some(cfg), Some(pool)) = (self.config.clone(), self.pool.clone()) else {
-            // Lost before it was configured: the device alone is enough.
-            self.driver = driver;
-            self.state = PortState::Opened;
-            return Ok(());
-        };
+        // A recovery starts only on a configured port (`begin_recovery`).
+        let cfg = self
+            .config
+            .clone()
+            .expect("a recovering port was configured");
+        let pool = self.pool.clone().expect("a recovering port was configured");
         let setup = QueueSetup::continuing(self.id, &self.rx_counters, &self.tx_counters);
         let queues = driver.configure(&cfg, &pool, &setup)?;
         let was_started = self.recovery.as_ref().is_some_and(|r| r.was_started);

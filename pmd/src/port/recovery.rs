@@ -160,19 +160,15 @@ impl QueueCtl {
     /// is of that generation; else the newest generation and the handle's queue of it (a
     /// detached one if there is none), taken together.
     pub(super) fn next_rx(&self, w: u64, gen: u64, queue: u16) -> Option<(u64, Box<dyn RxBurst>)> {
-        if generation(w) == gen {
-            return None;
-        }
-        let mut s = lock(&self.slots);
-        if s.gen == gen {
-            return None;
-        }
-        let next = s.rx.get_mut(usize::from(queue)).and_then(Option::take);
-        Some((s.gen, next.unwrap_or_else(|| Box::new(Detached))))
+        self.next(w, gen, |s| take(&mut s.rx, queue))
     }
 
     /// As [`QueueCtl::next_rx`], for a TX handle.
     pub(super) fn next_tx(&self, w: u64, gen: u64, queue: u16) -> Option<(u64, Box<dyn TxBurst>)> {
+        self.next(w, gen, |s| take(&mut s.tx, queue))
+    }
+
+    fn next<T>(&self, w: u64, gen: u64, pick: impl FnOnce(&mut Slots) -> T) -> Option<(u64, T)> {
         if generation(w) == gen {
             return None;
         }
@@ -180,8 +176,30 @@ impl QueueCtl {
         if s.gen == gen {
             return None;
         }
-        let next = s.tx.get_mut(usize::from(queue)).and_then(Option::take);
-        Some((s.gen, next.unwrap_or_else(|| Box::new(Detached))))
+        Some((s.gen, pick(&mut s)))
+    }
+}
+
+/// Queue `queue` of `slots` (a detached one if there is none).
+fn take<T: ?Sized>(slots: &mut [Option<Box<T>>], queue: u16) -> Box<T>
+where
+    Detached: Into<Box<T>>,
+{
+    slots
+        .get_mut(usize::from(queue))
+        .and_then(Option::take)
+        .unwrap_or_else(|| Detached.into())
+}
+
+impl From<Detached> for Box<dyn RxBurst> {
+    fn from(d: Detached) -> Self {
+        Box::new(d)
+    }
+}
+
+impl From<Detached> for Box<dyn TxBurst> {
+    fn from(d: Detached) -> Self {
+        Box::new(d)
     }
 }
 
