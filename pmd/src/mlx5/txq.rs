@@ -1,8 +1,8 @@
 //! mlx5 TX queue: SEND and TSO WQEs straight into the SQ ring (WQEBBs of 64 bytes, wrapping
 //! like any other WQE, §2.1), the doorbell record then the 8-byte UAR write once per burst
-//! (§3.1), and completion moderation (§2.8): only the last WQE of a burst asks for a CQE,
-//! and only once 32 packets were queued since the previous request; a CQE for WQE index `w`
-//! completes every WQE up to and including `w`.
+//! (§3.1), and completion moderation (§2.8): only the last WQE a burst posted asks for a
+//! CQE, and only once 32 packets were queued since the previous request or the rings could
+//! not take another WQE; a CQE for WQE index `w` completes every WQE up to and including `w`.
 //!
 //! Where the device needs no inline header, runs of single-segment packets with the same
 //! checksum flags go out in enhanced multi-packet WQEs (eMPW, §2.7): one title (control and
@@ -40,6 +40,8 @@ pub const COMP_THRESH: u32 = 32;
 const VLAN_INLINE: usize = 18;
 /// Most packets in one eMPW WQE (`MLX5_EMPW_MAX_PACKETS`, §2.7).
 pub const EMPW_MAX: usize = 32;
+/// WQEBBs of the largest WQE the queue builds ([`DPDK_MAX_DS`] units).
+const MAX_WQE_BBS: u32 = wqebbs(DPDK_MAX_DS) as u32;
 /// Largest TSO header (`MLX5_MAX_TSO_HEADER`).
 const MAX_TSO_HEADER: usize = 192;
 /// Bursts a queue whose recovery failed lets pass before it tries again (each try is a
@@ -421,6 +423,8 @@ impl TxQueue {
         let want = pkts.len().min(self.desc.free() as usize);
         self.posted.clear();
         let mut last_ctrl = None;
+        // Where the last WQE posted starts (its first WQEBB, free-running).
+        let mut last_at = 0u32;
         let mut i = 0;
         while i < want {
             let wqe_index = self.wq.head() as u16;
@@ -434,23 +438,12 @@ impl TxQueue {
             };
             match built {
                 Build::Wqe(bytes) => {
-                    // Ask for a completion on the last WQE of the burst once enough packets
-                    // wait for one (§2.8).
-                    let request =
-                        i + npkts == want && self.unrequested + npkts as u32 >= COMP_THRESH;
-                    if request {
-                        if let Some(mut c) = CtrlSeg::new_checked(&mut self.wqe[..SEG_BYTES]) {
-                            c.set_ce(CE_ALWAYS);
-                        }
-                    }
+                    let at = self.wq.head();
                     let Some(bbs) = self.wq.post(&self.wqe[..bytes]) else {
                         break;
                     };
-                    self.unrequested = if request {
-                        0
-                    } else {
-                        self.unrequested + npkts as u32
-                    };
+                    last_at = at;
+                    self.unrequested += npkts as u32;
                     let mut ctrl = [0u8; 8];
                     ctrl.copy_from_slice(&self.wqe[..8]);
                     last_ctrl = Some(ctrl);
@@ -485,10 +478,32 @@ impl TxQueue {
             });
         }
         if let Some(ctrl) = last_ctrl {
+            self.request_completion(last_at);
             self.ring(ctrl);
             kick::run(&self.kick);
         }
         taken
+    }
+
+    /// Asks for a completion on the last WQE posted (at WQEBB `at`), after the burst's WQEs
+    /// are in the ring, when one is due (§2.8): once [`COMP_THRESH`] packets wait for one, or
+    /// when the rings could not take the next packet's WQE whatever it is (fewer WQEBBs free
+    /// than the largest WQE, or no descriptor free). So whenever the queue cannot post, a
+    /// completion is on its way for some WQE in flight, and the queue drains: the request is
+    /// decided on the WQE actually posted last, not on the one the burst meant to post last.
+    #[inline]
+    fn request_completion(&mut self, at: u32) {
+        if self.unrequested < COMP_THRESH && self.wq.free() >= MAX_WQE_BBS && self.desc.free() > 0 {
+            return;
+        }
+        self.unrequested = 0;
+        // `fm_ce_se` is the last byte of the control segment's third dword (big-endian): CE
+        // in bits 3:2.
+        let mem = self.wq.mem();
+        let off = (at as usize * WQEBB_BYTES + 11) & (mem.len() - 1);
+        let mut b = [0u8; 1];
+        mem.read(off, &mut b);
+        mem.write(off, &[(b[0] & !0x0c) | (CE_ALWAYS << 2)]);
     }
 
     /// The doorbell (§3.1): the SQ record (producer counter in WQEBBs) after the WQE writes,
@@ -1117,5 +1132,138 @@ mod tests {
         drop(b);
         drop(q);
         assert_eq!(pool.in_use(), 0);
+    }
+
+    impl Nic {
+        /// The device's side after a doorbell: walks the WQEs posted since `*seen` (a WQEBB
+        /// counter) up to the SQ record and writes a CQE for each that asks for one (CE =
+        /// ALWAYS). Returns the CQEs written.
+        fn step(&mut self, seen: &mut u32) -> u32 {
+            let rec = self.sq_record();
+            let mut n = 0;
+            while (*seen & 0xffff) != rec {
+                let w = self.wqe(*seen % WQE_CNT, 16);
+                let c = CtrlSeg::new_checked(&w[..]).unwrap();
+                assert_eq!(c.wqe_index(), *seen as u16, "WQEs back to back");
+                if c.ce() == CE_ALWAYS {
+                    self.complete(c.wqe_index());
+                    n += 1;
+                }
+                *seen = seen.wrapping_add(crate::hw::mlx5::wqebbs(usize::from(c.ds())) as u32);
+            }
+            n
+        }
+    }
+
+    /// Packet shapes for the stall tests: 0 single segment, 1 three segments (two WQEBBs
+    /// without inline), 2 TSO over two segments, 3 VLAN insertion, 4 twenty segments (six
+    /// WQEBBs), 5 single segment with checksum flags (another eMPW run).
+    fn shaped(pool: &Arc<MbufPool>, shape: u32, seed: u8) -> Mbuf {
+        let segs = match shape {
+            1 => 3,
+            2 => 2,
+            4 => 20,
+            _ => 1,
+        };
+        let mut m = frame(pool, 60 + usize::from(seed % 8), seed);
+        for k in 1..segs {
+            m.chain(frame(pool, 100, seed.wrapping_add(k))).unwrap();
+        }
+        match shape {
+            2 => {
+                m.set_ol_flags(OffloadFlags::TX_TCP_SEG | OffloadFlags::TX_IPV4);
+                m.set_tx_offload(mempool::TxOffload {
+                    l2_len: 14,
+                    l3_len: 20,
+                    l4_len: 20,
+                    tso_segsz: 1448,
+                });
+            }
+            3 => {
+                m.set_ol_flags(OffloadFlags::TX_VLAN);
+                m.set_vlan_tci(7);
+            }
+            5 => m.set_ol_flags(OffloadFlags::TX_IP_CKSUM),
+            _ => {}
+        }
+        m
+    }
+
+    /// The reviewer's case: an SQ of 64 WQEBBs with 64 descriptors, a burst of 64
+    /// three-segment packets (two WQEBBs each, no inline). 32 fit; the last one posted must
+    /// ask for the completion, or nothing ever completes and every later burst sends 0.
+    #[test]
+    fn a_burst_that_fills_the_sq_midway_still_asks_for_a_completion() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-tx-stall", 2048)).unwrap();
+        let (mut q, mut nic) = queue(&pool, 0);
+        let mut seen = 0u32;
+        let mut b = Burst::with_capacity(64);
+        for k in 0..64 {
+            b.push(shaped(&pool, 1, k)).unwrap();
+        }
+        assert_eq!(q.tx_burst(&mut b), 32, "32 WQEs of two WQEBBs fill the SQ");
+        let w = nic.wqe(62, 16);
+        assert_eq!(CtrlSeg::new_checked(&w[..]).unwrap().ce(), CE_ALWAYS);
+        assert_eq!(nic.step(&mut seen), 1);
+        assert_eq!(
+            q.tx_burst(&mut b),
+            32,
+            "the completion made room for the rest"
+        );
+        nic.step(&mut seen);
+        q.reclaim();
+        assert_eq!(q.in_flight(), 0);
+        drop(q);
+        assert_eq!(pool.in_use(), 0);
+    }
+
+    /// Every mix of WQE shapes (SEND, multi-segment, TSO, VLAN, eMPW runs, with and without
+    /// inline headers) and burst sizes, with a device that completes only what is asked for:
+    /// the queue never stops sending (no burst offered packets three times in a row without
+    /// taking one), and once the offered packets are all taken, a last full-ring burst
+    /// completes and frees every earlier packet; the pool ends whole.
+    #[test]
+    fn no_mix_of_wqe_sizes_leaves_the_queue_stalled() {
+        for min_inline in [0u16, 18] {
+            for seed in 0..40u32 {
+                let pool = MbufPool::new(MbufPoolConfig::new("mlx5-tx-mix", 8192)).unwrap();
+                let (mut q, mut nic) = queue(&pool, min_inline);
+                let mut seen = 0u32;
+                let mut rng =
+                    0x9e37_79b9u32 ^ seed.wrapping_mul(0x85eb_ca6b) ^ u32::from(min_inline);
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 17;
+                    rng ^= rng << 5;
+                    rng
+                };
+                let (mut offered, mut idle) = (0u32, 0u32);
+                let mut b = Burst::with_capacity(64);
+                while offered < 600 || !b.is_empty() {
+                    while b.len() < 1 + (next() % 64) as usize && offered < 600 {
+                        // Shapes weighted by the seed: some runs mostly big WQEs.
+                        let shape = match (next() % 8, seed % 4) {
+                            (s, 0) => s % 6,
+                            (s, 1) if s < 5 => 4,
+                            (s, 2) if s < 5 => 1,
+                            (s, _) => s % 6,
+                        };
+                        b.push(shaped(&pool, shape, offered as u8)).unwrap();
+                        offered += 1;
+                    }
+                    let took = q.tx_burst(&mut b);
+                    nic.step(&mut seen);
+                    idle = if took == 0 { idle + 1 } else { 0 };
+                    assert!(
+                        idle < 3,
+                        "stalled: inline {min_inline}, seed {seed}, {} in flight, {offered} offered",
+                        q.in_flight()
+                    );
+                }
+                drop(b);
+                drop(q);
+                assert_eq!(pool.in_use(), 0, "inline {min_inline}, seed {seed}");
+            }
+        }
     }
 }

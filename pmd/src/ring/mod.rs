@@ -92,6 +92,12 @@ impl WorkQueue {
         }
     }
 
+    /// The ring's memory.
+    #[inline]
+    pub fn mem(&self) -> &DevMem {
+        &self.mem
+    }
+
     /// Ring size in bytes.
     pub fn size_bytes(&self) -> u32 {
         self.size_bytes
