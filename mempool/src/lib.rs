@@ -110,7 +110,7 @@ pub use cache::PoolCache;
 pub use chunk::{ChunkInfo, ChunkKeys, Registration};
 pub use error::{BoxError, Error};
 pub use mbuf::{
-    ChainError, Mbuf, MbufCache, MbufError, MbufPool, MbufPoolConfig, RawMbuf, Segments,
+    ChainError, Mbuf, MbufCache, MbufError, MbufFifo, MbufPool, MbufPoolConfig, RawMbuf, Segments,
     SharedMbuf, TxOffload,
 };
 pub use offload::{CksumStatus, OffloadFlags};

@@ -53,12 +53,14 @@
 #![deny(unsafe_code)]
 
 mod error;
+mod fifo;
 mod handle;
 mod header;
 mod pool;
 mod shared;
 
 pub use error::{ChainError, MbufError};
+pub use fifo::MbufFifo;
 pub use handle::{Mbuf, RawMbuf, Segments, TxOffload};
 pub use header::{
     DEFAULT_DATA_ROOM, DEFAULT_HEADROOM, MBUF_HEADER_BYTES, PORT_INVALID, USER_AREA_BYTES,

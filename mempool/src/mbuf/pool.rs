@@ -403,6 +403,12 @@ impl MbufPool {
         cache.inner.put_bulk(&idx[..n]);
     }
 
+    /// The pool's object store, to tell its mbufs from others' by their header's `pool`.
+    #[inline]
+    pub(super) fn mempool_ptr(&self) -> *const Mempool {
+        Arc::as_ptr(&self.mp)
+    }
+
     #[inline]
     fn check_cache(&self, cache: &MbufCache) {
         assert!(

@@ -24,12 +24,14 @@ use crate::hw::mlx5::doorbell::{self, SND_DBR};
 use crate::hw::mlx5::wqe::{
     eth_seg_units, CtrlSeg, DataSeg, EthSeg, CE_ALWAYS, CE_FIRST_ERROR, CS_L3, CS_L4, SEG_BYTES,
 };
-use crate::hw::mlx5::{wqebbs, Opcode, CQE_BYTES, DPDK_MAX_DS, DS_BYTES, WQEBB_BYTES};
-use crate::ring::{DescRing, Polled, WorkQueue};
+use crate::hw::mlx5::{
+    wqebbs, Opcode, CQE_BYTES, DPDK_MAX_DS, DS_BYTES, DS_PER_WQEBB, WQEBB_BYTES,
+};
+use crate::ring::{Polled, WorkQueue};
 use crate::sys::barrier::{mmio_flush_writes, udma_to_device_barrier};
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
-use mempool::{ChunkKeys, Mbuf, MbufPool, OffloadFlags};
+use mempool::{ChunkKeys, Mbuf, MbufFifo, MbufPool, OffloadFlags};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -38,6 +40,14 @@ pub const COMP_THRESH: u32 = 32;
 /// Inline bytes a software-inserted VLAN tag needs: 12 MAC bytes, the 4-byte tag, the
 /// EtherType (§2.3).
 const VLAN_INLINE: usize = 18;
+/// The offload flags an eMPW WQE's packets must share.
+const EMPW_FLAGS: OffloadFlags = OffloadFlags::from_bits_retain(
+    OffloadFlags::TX_TCP_SEG.bits()
+        | OffloadFlags::TX_VLAN.bits()
+        | OffloadFlags::TX_IP_CKSUM.bits()
+        | OffloadFlags::TX_TCP_CKSUM.bits()
+        | OffloadFlags::TX_UDP_CKSUM.bits(),
+);
 /// Most packets in one eMPW WQE (`MLX5_EMPW_MAX_PACKETS`, §2.7).
 pub const EMPW_MAX: usize = 32;
 /// WQEBBs of the largest WQE the queue builds ([`DPDK_MAX_DS`] units).
@@ -70,6 +80,8 @@ pub struct TxXstats {
     pub recoveries: AtomicU64,
     /// Recovery attempts that failed (a state change refused).
     pub recovery_failures: AtomicU64,
+    /// Requester CQEs for a WQE that asked for no completion (ignored).
+    pub unexpected_cqes: AtomicU64,
     /// Packets whose buffer is in no registered chunk.
     pub no_mkey: AtomicU64,
     /// Packets needing more units than a WQE holds.
@@ -96,6 +108,7 @@ impl TxXstats {
             ("tx_error_drops", &self.error_drops),
             ("tx_recoveries", &self.recoveries),
             ("tx_recovery_failures", &self.recovery_failures),
+            ("tx_unexpected_cqes", &self.unexpected_cqes),
             ("tx_no_mkey", &self.no_mkey),
             ("tx_too_many_segs", &self.too_many_segs),
             ("tx_short_header", &self.short_header),
@@ -120,8 +133,17 @@ impl TxXstats {
     }
 }
 
-/// One in-flight packet: its mbuf, the WQE index (first WQEBB) and the WQEBBs it used.
-type Desc = (Mbuf, u16, u8);
+/// A completion requested (CE = ALWAYS on WQE `wqe`): when its CQE arrives, the SQ is
+/// consumed up to `wq_head` and the descriptors up to `desc_head` (free-running counters as
+/// they were when the request was made).
+#[derive(Debug, Clone, Copy, Default)]
+struct Req {
+    wqe: u16,
+    wq_head: u32,
+    desc_head: u32,
+    /// Bytes of the packets posted since the previous request, up to this one.
+    bytes: u64,
+}
 
 /// An mlx5 TX queue, owned by one core.
 pub struct TxQueue {
@@ -135,9 +157,19 @@ pub struct TxQueue {
     /// Single-segment packets go out in enhanced multi-packet WQEs (§2.7): only where the
     /// device needs no inline header.
     empw: bool,
-    desc: DescRing<Desc>,
-    /// Packets queued since the last completion request.
+    /// The packets in flight, in posting order (freed in bulk by completions).
+    desc: MbufFifo,
+    /// Per descriptor (by its free-running position in `desc`): the index of the WQE it went
+    /// out in (its first WQEBB; the packets of an eMPW WQE share it).
+    wqe_of: Box<[u16]>,
+    /// Completion requests in flight, oldest at `req_tail` (each covers at least one
+    /// descriptor, so there are never more than descriptors).
+    reqs: Box<[Req]>,
+    req_head: u32,
+    req_tail: u32,
+    /// Packets queued since the last completion request, and their bytes.
     unrequested: u32,
+    unrequested_bytes: u64,
     pool: Arc<MbufPool>,
     keys: ChunkKeys,
     counters: Arc<Counters>,
@@ -153,8 +185,8 @@ pub struct TxQueue {
     /// The device's work on this thread (a device model's inline engine; `None` on hardware).
     kick: Kick,
     done: Vec<Mbuf>,
-    /// Per packet of the current burst: (WQE index, WQEBBs), or `None` when dropped.
-    posted: Vec<Option<(u16, u8)>>,
+    /// Per packet of the current burst: its WQE index, or `None` when dropped.
+    posted: Vec<Option<u16>>,
     wqe: [u8; DPDK_MAX_DS * DS_BYTES + WQEBB_BYTES],
 }
 
@@ -167,6 +199,21 @@ impl std::fmt::Debug for TxQueue {
             self.desc.len()
         )
     }
+}
+
+/// What [`TxQueue::post_empw`] did.
+enum Empw {
+    /// An eMPW WQE with this many packets went out; the first 8 bytes of its control segment
+    /// (for the doorbell).
+    Posted {
+        pkts: usize,
+        bytes: u64,
+        ctrl: [u8; 8],
+    },
+    /// The first packet cannot go in an eMPW WQE.
+    NotEligible,
+    /// The SQ is full.
+    NoRoom,
 }
 
 enum Build {
@@ -206,8 +253,13 @@ impl TxQueue {
             sqn: raw.sqn,
             min_inline: usize::from(raw.min_inline),
             empw: raw.min_inline == 0,
-            desc: DescRing::new(n),
+            desc: MbufFifo::new(&pool, n),
+            wqe_of: vec![0; n as usize].into_boxed_slice(),
+            reqs: vec![Req::default(); n as usize].into_boxed_slice(),
+            req_head: 0,
+            req_tail: 0,
             unrequested: 0,
+            unrequested_bytes: 0,
             pool,
             keys,
             counters,
@@ -250,7 +302,6 @@ impl TxQueue {
     /// and whether an error CQE was among them.
     fn complete(&mut self) -> (u32, bool) {
         let mut n = 0u32;
-        let (mut ok_pkts, mut ok_bytes, mut errs) = (0u64, 0u64, 0u64);
         let mut failed = false;
         while !self.desc.is_empty() {
             let off = match self.cq.poll() {
@@ -262,40 +313,85 @@ impl TxQueue {
             let Some(c) = Cqe::new_checked(&b[..]) else {
                 break;
             };
-            let err = c.opcode() != CqeOpcode::Req;
-            if err {
-                self.xstats.count_error(c.syndrome());
-                crate::dp_trace!(sq = self.sqn, syndrome = ?c.syndrome(), "tx error completion\n{}", crate::hw::hexdump(&b));
-            }
-            let upto = c.wqe_counter();
-            // A CQE for WQE `upto` completes every WQE up to it, in order; an error CQE says
-            // the WQEs before `upto` were sent and `upto` was not.
-            while let Some((m, idx, bbs)) = self.desc.pop() {
-                self.wq.complete(u32::from(bbs));
-                // The packets of an eMPW WQE share its index; the last one carries its
-                // WQEBBs (the others 0).
-                let last = idx == upto && bbs > 0;
-                // Every packet of a failed WQE failed (an eMPW WQE carries several).
-                if err && idx == upto {
-                    errs += 1;
-                } else {
-                    ok_pkts += 1;
-                    ok_bytes += u64::from(m.pkt_len());
-                }
-                self.done.push(m);
-                if last {
-                    break;
-                }
-            }
             n += 1;
-            if err {
-                // Everything after it is flushed or was never read: the recovery's.
+            if c.opcode() != CqeOpcode::Req {
+                self.complete_error(&b);
                 failed = true;
                 break;
             }
+            self.complete_request(c.wqe_counter());
         }
         if n > 0 {
             self.write_cq_ci();
+        }
+        (n, failed)
+    }
+
+    /// A requester CQE for WQE `upto`: every WQE up to it was sent. Finds the request made on
+    /// it (a CQE for a WQE the queue asked nothing for is counted and ignored: it names no
+    /// packets the queue can trust), consumes the SQ and frees the descriptors up to it, in
+    /// one bulk return to the per-core cache.
+    #[inline]
+    fn complete_request(&mut self, upto: u16) {
+        let mask = self.reqs.len() as u32 - 1;
+        let mut k = self.req_tail;
+        while k != self.req_head && self.reqs[(k & mask) as usize].wqe != upto {
+            k = k.wrapping_add(1);
+        }
+        if k == self.req_head {
+            TxXstats::bump(&self.xstats.unexpected_cqes);
+            return;
+        }
+        // Requests before it were completed by this CQE too (a CQE covers every WQE up to it).
+        let mut bytes = 0u64;
+        while self.req_tail != k {
+            bytes += self.reqs[(self.req_tail & mask) as usize].bytes;
+            self.req_tail = self.req_tail.wrapping_add(1);
+        }
+        let r = self.reqs[(k & mask) as usize];
+        self.req_tail = k.wrapping_add(1);
+        bytes += r.bytes;
+        self.wq.complete_to(r.wq_head);
+        let count = r.desc_head.wrapping_sub(self.desc.popped());
+        let desc = &mut self.desc;
+        with_cache(&self.pool, |cache| desc.free_front(count, cache));
+        self.counters.add(u64::from(count), bytes);
+    }
+
+    /// An error CQE (`b`) for WQE `upto`: the packets of the WQEs before it were sent, those
+    /// of `upto` failed (an eMPW WQE carries several); the rest is the recovery's.
+    #[cold]
+    fn complete_error(&mut self, b: &[u8; CQE_BYTES]) {
+        let Some(c) = Cqe::new_checked(&b[..]) else {
+            return;
+        };
+        self.xstats.count_error(c.syndrome());
+        crate::dp_trace!(sq = self.sqn, syndrome = ?c.syndrome(), "tx error completion\n{}", crate::hw::hexdump(b));
+        let upto = c.wqe_counter();
+        let (mut ok_pkts, mut ok_bytes, mut errs) = (0u64, 0u64, 0u64);
+        // Only if the failed WQE is in flight: a CQE naming another is no proof of anything.
+        let mask = self.wqe_of.len() as u32 - 1;
+        let wqe_at = |k: u32| self.wqe_of[(k & mask) as usize];
+        let (from, to) = (self.desc.popped(), self.desc.pushed());
+        if (from..to).any(|k| wqe_at(k) == upto) {
+            let mut k = from;
+            while wqe_at(k) != upto {
+                k += 1;
+            }
+            let ok = k - from;
+            while k != to && wqe_at(k) == upto {
+                k += 1;
+            }
+            errs = u64::from(k - from - ok);
+            for i in 0..k - from {
+                if let Some(m) = self.desc.pop() {
+                    if i < ok {
+                        ok_pkts += 1;
+                        ok_bytes += u64::from(m.pkt_len());
+                    }
+                    self.done.push(m);
+                }
+            }
         }
         self.free_done();
         self.counters.add(ok_pkts, ok_bytes);
@@ -303,7 +399,6 @@ impl TxQueue {
             self.counters.add_errors(errs);
             self.xstats.error_drops.fetch_add(errs, Ordering::Relaxed);
         }
-        (n, failed)
     }
 
     /// `SET_CI` ← the CQ's consumer counter (§5.4).
@@ -361,7 +456,9 @@ impl TxQueue {
             self.write_cq_ci();
         }
         let mut dropped = 0u64;
-        while let Some((m, _, _)) = self.desc.pop() {
+        self.req_tail = self.req_head;
+        self.unrequested_bytes = 0;
+        while let Some(m) = self.desc.pop() {
             dropped += 1;
             self.done.push(m);
         }
@@ -428,41 +525,52 @@ impl TxQueue {
         let mut i = 0;
         while i < want {
             let wqe_index = self.wq.head() as u16;
-            let (built, npkts) = if self.empw {
-                match self.build_empw(&pkts.as_slice()[i..want], wqe_index) {
-                    0 => (self.build_wqe(&pkts.as_slice()[i], wqe_index), 1),
-                    n => (Build::Wqe(wqebbs(2 + n) * WQEBB_BYTES), n),
+            if self.empw {
+                match self.post_empw(&pkts.as_slice()[i..want]) {
+                    Empw::Posted {
+                        pkts: n,
+                        bytes,
+                        ctrl,
+                    } => {
+                        last_at = u32::from(wqe_index);
+                        last_ctrl = Some(ctrl);
+                        self.unrequested += n as u32;
+                        self.unrequested_bytes += bytes;
+                        self.posted.extend(std::iter::repeat_n(Some(wqe_index), n));
+                        i += n;
+                        continue;
+                    }
+                    Empw::NoRoom => break,
+                    Empw::NotEligible => {}
                 }
-            } else {
-                (self.build_wqe(&pkts.as_slice()[i], wqe_index), 1)
-            };
-            match built {
+            }
+            match self.build_wqe(&pkts.as_slice()[i], wqe_index) {
                 Build::Wqe(bytes) => {
                     let at = self.wq.head();
-                    let Some(bbs) = self.wq.post(&self.wqe[..bytes]) else {
+                    if self.wq.post(&self.wqe[..bytes]).is_none() {
                         break;
-                    };
+                    }
                     last_at = at;
-                    self.unrequested += npkts as u32;
+                    self.unrequested += 1;
+                    self.unrequested_bytes += u64::from(pkts.as_slice()[i].pkt_len());
                     let mut ctrl = [0u8; 8];
                     ctrl.copy_from_slice(&self.wqe[..8]);
                     last_ctrl = Some(ctrl);
-                    for k in 0..npkts {
-                        let b = if k + 1 == npkts { bbs as u8 } else { 0 };
-                        self.posted.push(Some((wqe_index, b)));
-                    }
+                    self.posted.push(Some(wqe_index));
                 }
                 Build::Drop => self.posted.push(None),
             }
-            i += npkts;
+            i += 1;
         }
         let taken = self.posted.len();
         let mut dropped = 0u64;
         for (m, p) in pkts.drain_front(taken).zip(&self.posted) {
             match p {
                 // At most `free()` packets were taken: the ring has room for each.
-                Some((idx, bbs)) => {
-                    let _ = self.desc.push((m, *idx, *bbs));
+                Some(idx) => {
+                    let mask = self.wqe_of.len() as u32 - 1;
+                    self.wqe_of[(self.desc.pushed() & mask) as usize] = *idx;
+                    let _ = self.desc.push(m);
                 }
                 None => {
                     dropped += 1;
@@ -497,6 +605,14 @@ impl TxQueue {
             return;
         }
         self.unrequested = 0;
+        let mask = self.reqs.len() as u32 - 1;
+        self.reqs[(self.req_head & mask) as usize] = Req {
+            wqe: at as u16,
+            wq_head: self.wq.head(),
+            desc_head: self.desc.pushed(),
+            bytes: std::mem::take(&mut self.unrequested_bytes),
+        };
+        self.req_head = self.req_head.wrapping_add(1);
         // `fm_ce_se` is the last byte of the control segment's third dword (big-endian): CE
         // in bits 3:2.
         let mem = self.wq.mem();
@@ -522,55 +638,90 @@ impl TxQueue {
         mmio_flush_writes();
     }
 
-    /// Writes an eMPW WQE for the longest run at the start of `pkts` that can share one
+    /// Posts an eMPW WQE for the longest run at the start of `pkts` that can share one
     /// (single segment, no TSO, no VLAN, the same checksum flags, buffers in registered
-    /// chunks; at most [`EMPW_MAX`]); returns how many packets it carries (0: none can, the
-    /// first goes out as a SEND).
-    fn build_empw(&mut self, pkts: &[Mbuf], wqe_index: u16) -> usize {
+    /// chunks; at most [`EMPW_MAX`] and what the SQ has room for). The pointer descriptors go
+    /// straight into the ring, then the title (control and Ethernet segments); a WQE that
+    /// could reach the end of the ring is built aside and copied (wrapping).
+    #[inline]
+    fn post_empw(&mut self, pkts: &[Mbuf]) -> Empw {
+        let free = self.wq.free() as usize;
+        if free == 0 {
+            return Empw::NoRoom;
+        }
+        // Title (2 units) plus one unit per packet, 4 units per WQEBB.
+        let room = (free * DS_PER_WQEBB - 2).min(EMPW_MAX).min(pkts.len());
+        let size = self.wq.mem().len();
+        let start = self.wq.head_bytes() as usize & (size - 1);
+        let in_place = start + (2 + room) * SEG_BYTES <= size;
         let mut n = 0;
-        let mut cs0 = None;
-        for m in pkts.iter().take(EMPW_MAX) {
-            let flags = m.ol_flags();
-            if m.nb_segs() != 1
+        let mut bytes = 0u64;
+        // The flags that matter here: those of the first packet, which no other may differ
+        // from (TSO and VLAN insertion never go in an eMPW WQE).
+        let mut f0 = None;
+        for m in &pkts[..room] {
+            let f = m.ol_flags() & EMPW_FLAGS;
+            if *f0.get_or_insert(f) != f
+                || f.intersects(OffloadFlags::TX_TCP_SEG | OffloadFlags::TX_VLAN)
+                || m.nb_segs() != 1
                 || m.is_empty()
-                || flags.intersects(OffloadFlags::TX_TCP_SEG | OffloadFlags::TX_VLAN)
             {
                 break;
             }
-            let cs = cs_flags(flags);
-            if *cs0.get_or_insert(cs) != cs {
-                break;
-            }
-            let addr = m.data().as_ptr() as usize;
+            let data = m.data();
+            let addr = data.as_ptr() as usize;
             let Some(key) = self.keys.key_for_addr(addr) else {
                 break;
             };
-            let at = 2 * SEG_BYTES + n * SEG_BYTES;
-            if let Some(mut d) = DataSeg::new_checked(&mut self.wqe[at..at + SEG_BYTES]) {
-                d.set(addr as u64, key, m.len() as u32);
+            let d = DataSeg::bytes(addr as u64, key, data.len() as u32);
+            bytes += data.len() as u64;
+            let at = (2 + n) * SEG_BYTES;
+            if in_place {
+                self.wq.mem().write(start + at, &d);
+            } else {
+                self.wqe[at..at + SEG_BYTES].copy_from_slice(&d);
             }
             n += 1;
         }
-        if n > 0 {
-            let ds = 2 + n;
-            if let Some(mut c) = CtrlSeg::new_checked(&mut self.wqe[..SEG_BYTES]) {
-                c.write(
-                    Opcode::Empw,
-                    0,
-                    wqe_index,
-                    self.sqn,
-                    ds as u8,
-                    CE_FIRST_ERROR,
-                );
-            }
-            if let Some(mut e) = EthSeg::new_checked(&mut self.wqe[SEG_BYTES..2 * SEG_BYTES]) {
-                e.write(cs0.unwrap_or(0), 0, &[]);
-            }
-            // The tail of the last WQEBB is ignored by the device; keep it clean.
-            let end = wqebbs(ds) * WQEBB_BYTES;
-            self.wqe[ds * SEG_BYTES..end].fill(0);
+        if n == 0 {
+            return Empw::NotEligible;
         }
-        n
+        let ds = 2 + n;
+        let mut title = [0u8; 2 * SEG_BYTES];
+        if let Some(mut c) = CtrlSeg::new_checked(&mut title[..SEG_BYTES]) {
+            c.write(
+                Opcode::Empw,
+                0,
+                self.wq.head() as u16,
+                self.sqn,
+                ds as u8,
+                CE_FIRST_ERROR,
+            );
+        }
+        if let Some(mut e) = EthSeg::new_checked(&mut title[SEG_BYTES..]) {
+            e.write(f0.map_or(0, cs_flags), 0, &[]);
+        }
+        // The tail of the last WQEBB is ignored by the device; keep it clean.
+        let bbs = wqebbs(ds);
+        let end = bbs * WQEBB_BYTES;
+        if in_place {
+            let mem = self.wq.mem();
+            mem.write(start, &title);
+            mem.fill(start + ds * SEG_BYTES, end - ds * SEG_BYTES, 0);
+            self.wq.advance(bbs as u32);
+        } else {
+            self.wqe[..2 * SEG_BYTES].copy_from_slice(&title);
+            self.wqe[ds * SEG_BYTES..end].fill(0);
+            // Room was checked: the copy cannot fail.
+            let _ = self.wq.post(&self.wqe[..end]);
+        }
+        let mut ctrl = [0u8; 8];
+        ctrl.copy_from_slice(&title[..8]);
+        Empw::Posted {
+            pkts: n,
+            bytes,
+            ctrl,
+        }
     }
 
     /// Writes the WQE for `m` into `self.wqe`.
@@ -695,9 +846,7 @@ impl Drop for TxQueue {
         // No recovery here: the queue is going away (and its QP may be gone already).
         let _ = self.complete();
         let desc = &mut self.desc;
-        with_cache(&self.pool, |cache| {
-            desc.drain().for_each(|(m, _, _)| m.free_to(cache))
-        });
+        with_cache(&self.pool, |cache| desc.free_front(u32::MAX, cache));
     }
 }
 

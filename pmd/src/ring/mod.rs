@@ -147,6 +147,21 @@ impl WorkQueue {
         Some(units)
     }
 
+    /// Advances `head` over `units` the caller wrote in place (through [`WorkQueue::mem`],
+    /// at [`WorkQueue::head_bytes`]), after checking [`WorkQueue::free`].
+    #[inline]
+    pub fn advance(&mut self, units: u32) {
+        debug_assert!(units <= self.free());
+        self.head = self.head.wrapping_add(units);
+    }
+
+    /// Moves the tail to `pos` (a producer position the device has consumed up to).
+    #[inline]
+    pub fn complete_to(&mut self, pos: u32) {
+        debug_assert!(pos.wrapping_sub(self.tail) <= self.head.wrapping_sub(self.tail));
+        self.tail = pos;
+    }
+
     /// Marks `units` at the tail as consumed by the device.
     #[inline]
     pub fn complete(&mut self, units: u32) {
@@ -213,6 +228,18 @@ impl<T> DescRing<T> {
         self.capacity() - self.len()
     }
 
+    /// Entries pushed so far (free-running).
+    #[inline]
+    pub fn pushed(&self) -> u32 {
+        self.head
+    }
+
+    /// Entries popped so far (free-running).
+    #[inline]
+    pub fn popped(&self) -> u32 {
+        self.tail
+    }
+
     /// Appends `v`; gives it back when full.
     ///
     /// # Errors
@@ -236,6 +263,22 @@ impl<T> DescRing<T> {
         let v = self.slots[(self.tail & self.mask) as usize].take();
         self.tail = self.tail.wrapping_add(1);
         v
+    }
+
+    /// The oldest entry.
+    #[inline]
+    pub fn front(&self) -> Option<&T> {
+        if self.is_empty() {
+            return None;
+        }
+        self.slots[(self.tail & self.mask) as usize].as_ref()
+    }
+
+    /// The entries, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &T> + '_ {
+        (0..self.len()).filter_map(move |k| {
+            self.slots[(self.tail.wrapping_add(k) & self.mask) as usize].as_ref()
+        })
     }
 
     /// Removes every entry, oldest first.

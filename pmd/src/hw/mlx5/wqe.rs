@@ -254,6 +254,19 @@ impl<T: AsRef<[u8]>> DataSeg<T> {
     }
 }
 
+impl DataSeg<[u8; SEG_BYTES]> {
+    /// The 16 bytes of a pointer segment for `len` bytes at `addr` through `lkey`, to store
+    /// into a ring in one piece.
+    #[inline]
+    pub fn bytes(addr: u64, lkey: u32, len: u32) -> [u8; SEG_BYTES] {
+        let mut b = [0u8; SEG_BYTES];
+        b[..4].copy_from_slice(&(len & !INLINE_SEG).to_be_bytes());
+        b[4..8].copy_from_slice(&lkey.to_be_bytes());
+        b[8..].copy_from_slice(&addr.to_be_bytes());
+        b
+    }
+}
+
 impl<T: AsRef<[u8]> + AsMut<[u8]>> DataSeg<T> {
     /// Writes `len` bytes at `addr` through `lkey`.
     #[inline]

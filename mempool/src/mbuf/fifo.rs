@@ -1,0 +1,258 @@
+//! [`MbufFifo`]: the mbufs a TX queue has handed to a device, in posting order, freed in bulk
+//! when their completion arrives.
+//!
+//! A transmit completion frees a run of packets at once. Freeing each through its chain walk
+//! costs a call, a header read and a cache put per mbuf; DPDK returns a completion's mbufs with
+//! one bulk put. The fifo does the same safely: when a packet is pushed it looks at the header
+//! once (one segment of the fifo's own pool?) and keeps only the object index for those, so the
+//! completion hands a run of indices to the per-core cache in one copy, without touching the
+//! headers again (their free-state invariant already holds: one segment, refcnt 1). Anything
+//! else (chains, mbufs of another pool) keeps its header pointer and goes back through the
+//! chain walk.
+#![allow(unsafe_code)]
+
+use std::mem::ManuallyDrop;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use super::handle::Mbuf;
+use super::header::{free_chain, MbufHeader, NO_SEG};
+use super::pool::{MbufCache, MbufPool};
+
+/// Tag of a slot whose mbuf is not a single segment of the fifo's pool: its header pointer
+/// is in `chains` at the same position. Object indices stay below it (pools hold fewer than
+/// 2^31 objects).
+const CHAIN: u32 = 1 << 31;
+
+/// A bounded FIFO of owned mbufs (a power-of-two number of slots), for a TX queue's packets in
+/// flight. Every mbuf in it is owned by it: popped, freed in bulk, or freed when it drops.
+pub struct MbufFifo {
+    pool: Arc<MbufPool>,
+    /// The object index of a single segment of `pool`, else [`CHAIN`].
+    slots: Box<[u32]>,
+    /// Header pointers of the [`CHAIN`] slots, by position.
+    chains: Box<[usize]>,
+    head: u32,
+    tail: u32,
+    mask: u32,
+}
+
+// SAFETY: the fifo owns the mbufs its slots name exclusively (as `Mbuf` does, which is Send);
+// moving it moves that ownership.
+unsafe impl Send for MbufFifo {}
+
+impl std::fmt::Debug for MbufFifo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MbufFifo({} of {})", self.len(), self.capacity())
+    }
+}
+
+impl MbufFifo {
+    /// A fifo of `n` slots whose fast path is for mbufs of `pool`.
+    ///
+    /// # Panics
+    /// If `n` is not a power of two.
+    pub fn new(pool: &Arc<MbufPool>, n: u32) -> Self {
+        assert!(n.is_power_of_two(), "mbuf fifo of {n} slots");
+        assert!(pool.capacity() < CHAIN, "pool too large for an mbuf fifo");
+        Self {
+            pool: Arc::clone(pool),
+            slots: vec![0; n as usize].into_boxed_slice(),
+            chains: vec![0; n as usize].into_boxed_slice(),
+            head: 0,
+            tail: 0,
+            mask: n - 1,
+        }
+    }
+
+    /// Slots.
+    pub fn capacity(&self) -> u32 {
+        self.mask + 1
+    }
+
+    /// Mbufs held.
+    #[inline]
+    pub fn len(&self) -> u32 {
+        self.head.wrapping_sub(self.tail)
+    }
+
+    /// Whether it holds nothing.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.head == self.tail
+    }
+
+    /// Free slots.
+    #[inline]
+    pub fn free(&self) -> u32 {
+        self.capacity() - self.len()
+    }
+
+    /// Mbufs pushed so far (free-running): the position the next push takes.
+    #[inline]
+    pub fn pushed(&self) -> u32 {
+        self.head
+    }
+
+    /// Mbufs taken out so far (free-running): the position of the oldest.
+    #[inline]
+    pub fn popped(&self) -> u32 {
+        self.tail
+    }
+
+    /// Appends `m`; gives it back when full.
+    ///
+    /// # Errors
+    /// `m`, when the fifo is full.
+    #[inline]
+    pub fn push(&mut self, m: Mbuf) -> Result<(), Mbuf> {
+        if self.free() == 0 {
+            return Err(m);
+        }
+        let h = m.h();
+        let at = (self.head & self.mask) as usize;
+        self.slots[at] = if h.next == NO_SEG && ptr::eq(h.pool, self.pool.mempool_ptr()) {
+            h.index
+        } else {
+            self.chains[at] = m.hdr.as_ptr() as usize;
+            CHAIN
+        };
+        // The fifo owns it now.
+        let _ = ManuallyDrop::new(m);
+        self.head = self.head.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Removes the oldest mbuf.
+    #[inline]
+    pub fn pop(&mut self) -> Option<Mbuf> {
+        if self.is_empty() {
+            return None;
+        }
+        let at = (self.tail & self.mask) as usize;
+        self.tail = self.tail.wrapping_add(1);
+        Some(self.take(at))
+    }
+
+    /// Frees the `n` oldest mbufs (all of them if fewer) through `cache`: a run of single
+    /// segments of the fifo's pool in one bulk put, others one chain at a time.
+    ///
+    /// # Panics
+    /// When `cache` belongs to another pool.
+    #[inline]
+    pub fn free_front(&mut self, n: u32, cache: &mut MbufCache) {
+        assert!(
+            ptr::eq(Arc::as_ptr(cache.pool()), Arc::as_ptr(&self.pool)),
+            "mbuf cache of pool '{}' used with a fifo of pool '{}'",
+            cache.pool().name(),
+            self.pool.name()
+        );
+        let n = n.min(self.len());
+        let at = (self.tail & self.mask) as usize;
+        let first = (n as usize).min(self.slots.len() - at);
+        self.free_run(at, first, cache);
+        self.free_run(0, n as usize - first, cache);
+        self.tail = self.tail.wrapping_add(n);
+    }
+
+    /// Frees slots `at..at + n` (not wrapping): in one bulk put when they are all single
+    /// segments of the pool (the common case), else one by one.
+    #[inline]
+    fn free_run(&mut self, at: usize, n: usize, cache: &mut MbufCache) {
+        let run = &self.slots[at..at + n];
+        if run.iter().fold(0, |acc, &s| acc | s) & CHAIN == 0 {
+            cache.inner.put_bulk(run);
+            return;
+        }
+        for k in at..at + n {
+            if self.slots[k] == CHAIN {
+                // SAFETY: a CHAIN slot's pointer is the header of a chain the fifo owns
+                // (`push`); the slot is being consumed (the caller moves `tail` past it), so
+                // the chain is freed once.
+                unsafe { free_chain(Self::ptr_of(self.chains[k]), Some(&mut cache.inner)) };
+            } else {
+                cache.inner.put(self.slots[k]);
+            }
+        }
+    }
+
+    /// The header pointer of a pointer slot.
+    #[inline]
+    fn ptr_of(p: usize) -> NonNull<MbufHeader> {
+        debug_assert!(p != 0);
+        // SAFETY: `chains` holds the non-null header pointer of an owned `Mbuf` (`push`).
+        unsafe { NonNull::new_unchecked(p as *mut MbufHeader) }
+    }
+
+    /// The owned mbuf a consumed slot names.
+    #[inline]
+    fn take(&self, at: usize) -> Mbuf {
+        let slot = self.slots[at];
+        if slot == CHAIN {
+            Mbuf {
+                hdr: Self::ptr_of(self.chains[at]),
+            }
+        } else {
+            // SAFETY: an index slot names a single segment of `pool` the fifo owned (`push`);
+            // the slot was just consumed, so ownership passes to the returned handle once.
+            unsafe { self.pool.from_raw(super::RawMbuf(slot)) }
+        }
+    }
+}
+
+impl Drop for MbufFifo {
+    fn drop(&mut self) {
+        while let Some(m) = self.pop() {
+            drop(m);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mbuf::test_pool as pool;
+    use crate::{MbufPoolConfig, PagePolicy};
+
+    #[test]
+    fn single_segments_go_back_in_bulk_and_chains_one_by_one() {
+        let p = pool(64);
+        let other = pool(8);
+        let mut c = p.cache();
+        let mut f = MbufFifo::new(&p, 16);
+        for k in 0..10u8 {
+            let mut m = c.alloc().unwrap();
+            m.extend_from_slice(&[k; 60]).unwrap();
+            if k == 3 {
+                m.chain(c.alloc().unwrap()).unwrap();
+            }
+            f.push(if k == 5 { other.alloc().unwrap() } else { m })
+                .unwrap();
+        }
+        // Nine of `p` (one a chain of two; the fifth was dropped for one of `other`).
+        assert_eq!((f.len(), p.in_use(), other.in_use()), (10, 10, 1));
+        let m = f.pop().unwrap();
+        assert_eq!(m.data()[0], 0, "oldest first, data intact");
+        m.free_to(&mut c);
+        f.free_front(4, &mut c);
+        assert_eq!(p.in_use(), 10 - 1 - 5, "the chain of two went too");
+        f.free_front(100, &mut c);
+        assert!(f.is_empty());
+        assert_eq!((p.in_use(), other.in_use()), (0, 0));
+    }
+
+    #[test]
+    fn a_full_fifo_refuses_and_a_dropped_one_frees_everything() {
+        let p =
+            MbufPool::new(MbufPoolConfig::new("fifo", 16).page_policy(PagePolicy::Normal)).unwrap();
+        let mut f = MbufFifo::new(&p, 4);
+        for _ in 0..4 {
+            f.push(p.alloc().unwrap()).unwrap();
+        }
+        let extra = f.push(p.alloc().unwrap()).unwrap_err();
+        drop(extra);
+        assert_eq!(f.pushed().wrapping_sub(f.popped()), 4);
+        drop(f);
+        assert_eq!(p.in_use(), 0);
+    }
+}
