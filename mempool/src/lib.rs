@@ -110,8 +110,8 @@ pub use cache::PoolCache;
 pub use chunk::{ChunkInfo, ChunkKeys, Registration};
 pub use error::{BoxError, Error};
 pub use mbuf::{
-    ChainError, Mbuf, MbufCache, MbufError, MbufFifo, MbufPool, MbufPoolConfig, RawMbuf, Segments,
-    SharedMbuf, TxOffload,
+    ChainError, Mbuf, MbufCache, MbufError, MbufFifo, MbufPool, MbufPoolConfig, RawMbuf, RxBufs,
+    RxFields, Segments, SharedMbuf, TxOffload,
 };
 pub use offload::{CksumStatus, OffloadFlags};
 pub use pool::{

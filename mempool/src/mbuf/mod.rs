@@ -57,6 +57,7 @@ mod fifo;
 mod handle;
 mod header;
 mod pool;
+mod rxbufs;
 mod shared;
 
 pub use error::{ChainError, MbufError};
@@ -66,6 +67,7 @@ pub use header::{
     DEFAULT_DATA_ROOM, DEFAULT_HEADROOM, MBUF_HEADER_BYTES, PORT_INVALID, USER_AREA_BYTES,
 };
 pub use pool::{MbufCache, MbufPool, MbufPoolConfig};
+pub use rxbufs::{RxBufs, RxFields};
 pub use shared::SharedMbuf;
 
 /// A small pool on 4 KiB pages for the unit tests of this module.

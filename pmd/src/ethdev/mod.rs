@@ -327,9 +327,43 @@ pub fn finish_rx(
     m.set_port(port);
 }
 
+/// What [`finish_rx`] would write, as the fields a received buffer's header is written with
+/// in one pass (`mempool::RxBufs::pop_received`), and whether the tag must then go back into
+/// the frame ([`reinsert_vlan`]).
+#[inline]
+pub fn rx_fields(
+    mut fl: mempool::OffloadFlags,
+    hash: Option<u32>,
+    vlan: Option<u16>,
+    vlan_strip: bool,
+    port: u16,
+) -> (mempool::RxFields, bool) {
+    use mempool::OffloadFlags;
+    let mut f = mempool::RxFields {
+        port,
+        ..Default::default()
+    };
+    if let Some(h) = hash {
+        fl.insert(OffloadFlags::RX_RSS_HASH);
+        f.rss_hash = h;
+    }
+    let mut reinsert = false;
+    if let Some(tci) = vlan {
+        fl.insert(OffloadFlags::RX_VLAN);
+        f.vlan_tci = tci;
+        if vlan_strip {
+            fl.insert(OffloadFlags::RX_VLAN_STRIPPED);
+        } else {
+            reinsert = true;
+        }
+    }
+    f.ol_flags = fl;
+    (f, reinsert)
+}
+
 /// Puts a stripped 802.1Q tag back into the frame (the device stripped it, the port did not
 /// ask for VLAN stripping).
-fn reinsert_vlan(m: &mut mempool::Mbuf, vid: u16) {
+pub fn reinsert_vlan(m: &mut mempool::Mbuf, vid: u16) {
     if m.len() < 12 {
         return;
     }

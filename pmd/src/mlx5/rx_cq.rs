@@ -161,8 +161,10 @@ impl RxCq {
     /// The next completion, consumed.
     #[inline]
     pub fn next(&mut self) -> RxPolled {
-        if let Some(p) = self.session_next() {
-            return p;
+        if self.session.is_some() {
+            if let Some(p) = self.session_next() {
+                return p;
+            }
         }
         let off = match self.cq.poll() {
             Polled::Entry(off) => off,

@@ -16,21 +16,22 @@
 use super::provider::RawRq;
 use super::rx_cq::{Recovery, RxCompletion, RxCq, RxPolled};
 use crate::ethdev::{
-    finish_rx, free_one, kick, Burst, Counters, Kick, PortConfig, QueueOwner, RxBurst, RxOffloads,
+    free_one, kick, reinsert_vlan, rx_fields, Burst, Counters, Kick, PortConfig, QueueOwner,
+    RxBurst, RxOffloads,
 };
 use crate::hw::mlx5::cqe::MiniCqeFormat;
 use crate::hw::mlx5::doorbell::{self, RCV_DBR};
-use crate::hw::mlx5::wqe::{DataSeg, INVALID_LKEY, SEG_BYTES};
-use crate::ring::{DescRing, WorkQueue};
+use crate::hw::mlx5::wqe::{data_seg_head, DataSeg, INVALID_LKEY, SEG_BYTES};
+use crate::ring::WorkQueue;
 use crate::sys::barrier::udma_to_device_barrier;
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
-use mempool::{ChunkKeys, Mbuf, MbufPool};
+use mempool::{ChunkKeys, MbufPool, RxBufs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Mbufs allocated per refill step.
-const REFILL_BULK: usize = 32;
+const REFILL_BULK: u32 = 32;
 /// Largest RQ WQE stride we build (16 scatter entries).
 const MAX_STRIDE: usize = 256;
 
@@ -110,7 +111,8 @@ pub struct RxQueue {
     dbrec: Arc<DevMem>,
     stride: usize,
     rqn: u32,
-    desc: DescRing<Mbuf>,
+    /// The posted buffers, oldest first: one per WQE, in WQE order.
+    bufs: RxBufs,
     pool: Arc<MbufPool>,
     keys: ChunkKeys,
     counters: Arc<Counters>,
@@ -123,7 +125,8 @@ pub struct RxQueue {
     port_id: u16,
     data_room: u32,
     vlan_strip: bool,
-    scratch: Vec<Option<Mbuf>>,
+    /// A WQE with an empty first entry and the others closing the scatter list (§4.1).
+    template: [u8; MAX_STRIDE],
 }
 
 impl std::fmt::Debug for RxQueue {
@@ -132,7 +135,7 @@ impl std::fmt::Debug for RxQueue {
             f,
             "mlx5::RxQueue(rq {:#x}, {} posted)",
             self.rqn,
-            self.desc.len()
+            self.bufs.len()
         )
     }
 }
@@ -170,7 +173,7 @@ impl RxQueue {
             dbrec: raw.dbrec,
             stride,
             rqn: raw.rqn,
-            desc: DescRing::new(n),
+            bufs: RxBufs::new(&pool, n),
             pool,
             keys,
             counters,
@@ -181,13 +184,13 @@ impl RxQueue {
             port_id,
             data_room,
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
-            scratch: (0..REFILL_BULK).map(|_| None).collect(),
+            template: wqe_template(stride),
         }
     }
 
     /// Buffers posted and not yet consumed.
     pub fn posted(&self) -> u32 {
-        self.desc.len()
+        self.bufs.len()
     }
 
     /// Posts buffers on every free descriptor.
@@ -195,21 +198,10 @@ impl RxQueue {
     /// # Errors
     /// How many buffers could not be posted for lack of mbufs.
     pub fn fill(&mut self) -> Result<(), u32> {
-        match self.refill(self.desc.free()) {
+        match self.refill(self.bufs.free()) {
             0 => Ok(()),
             missing => Err(missing),
         }
-    }
-
-    /// A WQE with an empty first entry and the others closing the scatter list (§4.1).
-    fn wqe_template(&self) -> [u8; MAX_STRIDE] {
-        let mut wqe = [0u8; MAX_STRIDE];
-        for at in (SEG_BYTES..self.stride).step_by(SEG_BYTES) {
-            if let Some(mut d) = DataSeg::new_checked(&mut wqe[at..at + SEG_BYTES]) {
-                d.set(0, INVALID_LKEY, 0);
-            }
-        }
-        wqe
     }
 
     /// The RQ record ← the WQEs posted, after a barrier that makes them visible first.
@@ -224,40 +216,70 @@ impl RxQueue {
 
     /// Posts up to `n` buffers and writes the RQ record once; returns how many were missing.
     fn refill(&mut self, n: u32) -> u32 {
-        let mut left = n.min(self.desc.free());
-        let mut wqe = self.wqe_template();
+        let mut left = n.min(self.bufs.free());
         let mut posted = false;
         while left > 0 {
-            let k = (left as usize).min(REFILL_BULK);
-            let pool = &self.pool;
-            let slots = &mut self.scratch[..k];
-            if !with_cache(pool, |cache| pool.alloc_mbufs(cache, slots)) {
+            let k = left.min(REFILL_BULK);
+            let from = self.bufs.pushed();
+            let (bufs, pool) = (&mut self.bufs, &self.pool);
+            if !with_cache(pool, |cache| bufs.refill(cache, k)) {
                 break;
             }
-            let mut unkeyed = 0u64;
-            for m in self.scratch[..k].iter_mut().filter_map(Option::take) {
-                let Some(key) = self.keys.key_of(m.raw().index()) else {
-                    RxXstats::bump(&self.xstats.no_mkey);
-                    unkeyed += 1;
-                    free_one(&self.pool, m);
-                    continue;
-                };
-                if let Some(mut d) = DataSeg::new_checked(&mut wqe[..SEG_BYTES]) {
-                    d.set(m.data_addr() as u64, key, self.data_room);
-                }
-                // The descriptor ring is no larger than the RQ: both have room.
-                let ok = self.wq.post(&wqe[..self.stride]).is_some();
-                debug_assert!(ok);
-                let _ = self.desc.push(m);
-                posted = true;
+            let done = self.post_wqes(from, k);
+            posted |= done > 0;
+            if done < k {
+                // A buffer in no registered chunk: it and the ones after it go back.
+                RxXstats::bump(&self.xstats.no_mkey);
+                self.counters.add_errors(1);
+                let (bufs, pool) = (&mut self.bufs, &self.pool);
+                with_cache(pool, |cache| {
+                    bufs.give_back_from(from.wrapping_add(done), cache)
+                });
+                break;
             }
-            self.counters.add_errors(unkeyed);
-            left -= k as u32;
+            left -= k;
         }
         if posted {
             self.write_record();
         }
         left
+    }
+
+    /// Writes the WQEs of the `n` buffers from position `from` of `bufs` at the RQ's producer
+    /// position, straight into the ring (one 16-byte data segment each; a longer stride's
+    /// closing entries with it), and advances it. Returns how many were written: fewer when a
+    /// buffer is in no registered chunk.
+    #[inline]
+    fn post_wqes(&mut self, from: u32, n: u32) -> u32 {
+        let mem = self.wq.mem();
+        let mask = mem.len() - 1;
+        let start = self.wq.head_bytes() as usize;
+        let wide = self.stride > SEG_BYTES;
+        // A pool in one chunk (the usual case) has one key: the segment's first word (length
+        // and key) is then the same for every buffer.
+        let single = match self.keys.keys() {
+            [key] => Some(data_seg_head(*key, self.data_room)),
+            _ => None,
+        };
+        let mut k = 0;
+        while k < n {
+            let pos = from.wrapping_add(k);
+            let head = match single {
+                Some(h) => h,
+                None => match self.keys.key_of(self.bufs.index_at(pos)) {
+                    Some(key) => data_seg_head(key, self.data_room),
+                    None => break,
+                },
+            };
+            let off = (start + k as usize * self.stride) & mask;
+            mem.write_2x64(off, head, (self.bufs.data_addr(pos) as u64).to_be());
+            if wide {
+                mem.write(off + SEG_BYTES, &self.template[SEG_BYTES..self.stride]);
+            }
+            k += 1;
+        }
+        self.wq.advance(k);
+        k
     }
 
     /// Whether a recovery failed and the queue delivers nothing until a retry succeeds.
@@ -277,54 +299,49 @@ impl RxQueue {
             return;
         }
         self.wq.restart();
-        // Every buffer again, oldest first, from WQE 0: the descriptor ring keeps its order.
-        let mut wqe = self.wqe_template();
-        for _ in 0..self.desc.len() {
-            let Some(m) = self.desc.pop() else { break };
-            // Every buffer held was keyed when it was first posted.
-            let key = self.keys.key_of(m.raw().index()).unwrap_or(INVALID_LKEY);
-            if let Some(mut d) = DataSeg::new_checked(&mut wqe[..SEG_BYTES]) {
-                d.set(m.data_addr() as u64, key, self.data_room);
-            }
-            let ok = self.wq.post(&wqe[..self.stride]).is_some();
-            debug_assert!(ok);
-            let _ = self.desc.push(m);
-        }
+        // Every buffer again, oldest first, from WQE 0: they keep their order.
+        let (from, n) = (self.bufs.popped(), self.bufs.len());
+        let done = self.post_wqes(from, n);
+        debug_assert_eq!(done, n, "every buffer held was keyed when first posted");
         self.write_record();
-        let missing = self.refill(self.desc.free());
+        let missing = self.refill(self.bufs.free());
         if missing > 0 {
             self.counters.add_nombuf(u64::from(missing));
         }
         self.recovery.done(&self.xstats);
     }
 
+    /// Takes the oldest posted buffer as the packet completion `c` describes and puts it in
+    /// `out` (or frees it and counts an error when the length does not fit the buffer).
+    /// `false` when no buffer is posted.
     #[inline]
-    fn take_desc(&mut self) -> Option<Mbuf> {
-        let m = self.desc.pop()?;
-        self.wq.complete(1);
-        Some(m)
-    }
-
-    /// Gives `m` its length and what the completion said, and puts it in `out` (or frees it
-    /// and counts an error when the length does not fit the buffer).
-    #[inline]
-    fn deliver(&self, mut m: Mbuf, c: &RxCompletion, out: &mut Burst, bytes: &mut u64) {
-        if m.set_data_len(c.byte_cnt as usize).is_err() {
-            RxXstats::bump(&self.xstats.too_long);
-            self.counters.add_errors(1);
-            free_one(&self.pool, m);
-            return;
-        }
-        finish_rx(
-            &mut m,
+    fn deliver(&mut self, c: &RxCompletion, out: &mut Burst, bytes: &mut u64) -> bool {
+        let (fields, reinsert) = rx_fields(
             c.meta.fl,
             c.meta.hashed.then_some(c.hash),
             c.meta.vlan,
             self.vlan_strip,
             self.port_id,
         );
-        *bytes += u64::from(m.pkt_len());
-        let _ = out.push(m);
+        let Some(r) = self.bufs.pop_received(c.byte_cnt, &fields) else {
+            return false;
+        };
+        self.wq.complete(1);
+        match r {
+            Ok(mut m) => {
+                if reinsert {
+                    reinsert_vlan(&mut m, fields.vlan_tci);
+                }
+                *bytes += u64::from(m.pkt_len());
+                let _ = out.push(m);
+            }
+            Err(m) => {
+                RxXstats::bump(&self.xstats.too_long);
+                self.counters.add_errors(1);
+                free_one(&self.pool, m);
+            }
+        }
+        true
     }
 
     /// See [`crate::ethdev::RxBurst::rx_burst`].
@@ -347,8 +364,9 @@ impl RxQueue {
                 RxPolled::Empty => break,
                 RxPolled::Packet(c) => {
                     // Completions come in WQE order, one per WQE (§4.1).
-                    let Some(m) = self.take_desc() else { break };
-                    self.deliver(m, &c, out, &mut bytes);
+                    if !self.deliver(&c, out, &mut bytes) {
+                        break;
+                    }
                 }
                 RxPolled::Bad { critical, flush } => {
                     self.xstats.bad(critical);
@@ -363,7 +381,8 @@ impl RxQueue {
                         break;
                     }
                     errors += 1;
-                    if let Some(m) = self.take_desc() {
+                    if let Some(m) = self.bufs.pop() {
+                        self.wq.complete(1);
                         free_one(&self.pool, m);
                     }
                 }
@@ -378,10 +397,10 @@ impl RxQueue {
         let delivered = out.len() - start;
         self.counters.add(delivered as u64, bytes);
         self.counters.add_errors(errors);
-        let want = self.desc.free();
+        let want = self.bufs.free();
         // A queue that is down posts nothing until a recovery succeeds (which posts all).
-        let low = want > 0 && self.posted() < REFILL_BULK as u32;
-        if !self.recovery.is_down() && (want >= REFILL_BULK as u32 || low) {
+        let low = want > 0 && self.posted() < REFILL_BULK;
+        if !self.recovery.is_down() && (want >= REFILL_BULK || low) {
             let missing = self.refill(want);
             if missing > 0 {
                 self.counters.add_nombuf(u64::from(missing));
@@ -398,13 +417,16 @@ impl RxBurst for RxQueue {
     }
 }
 
-impl Drop for RxQueue {
-    fn drop(&mut self) {
-        let desc = &mut self.desc;
-        with_cache(&self.pool, |cache| {
-            desc.drain().for_each(|m| m.free_to(cache))
-        });
+/// A WQE of `stride` bytes with an empty first entry and the others closing the scatter list
+/// (§4.1).
+fn wqe_template(stride: usize) -> [u8; MAX_STRIDE] {
+    let mut wqe = [0u8; MAX_STRIDE];
+    for at in (SEG_BYTES..stride).step_by(SEG_BYTES) {
+        if let Some(mut d) = DataSeg::new_checked(&mut wqe[at..at + SEG_BYTES]) {
+            d.set(0, INVALID_LKEY, 0);
+        }
     }
+    wqe
 }
 
 #[cfg(test)]
@@ -416,7 +438,7 @@ mod tests {
     use crate::mlx5::txq::RECOVERY_RETRY_BURSTS;
     use crate::mlx5::RawCq;
     use mempool::OffloadFlags;
-    use mempool::{MbufPoolConfig, Registration};
+    use mempool::{Mbuf, MbufPoolConfig, Registration};
 
     const N: u32 = 64;
     const CQN: u32 = 64;

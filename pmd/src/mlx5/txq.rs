@@ -22,7 +22,8 @@ use crate::ethdev::{kick, Burst, Counters, Kick, QueueOwner, TxBurst};
 use crate::hw::mlx5::cqe::{Cqe, CqeOpcode, Syndrome};
 use crate::hw::mlx5::doorbell::{self, SND_DBR};
 use crate::hw::mlx5::wqe::{
-    eth_seg_units, CtrlSeg, DataSeg, EthSeg, CE_ALWAYS, CE_FIRST_ERROR, CS_L3, CS_L4, SEG_BYTES,
+    data_seg_words, eth_seg_units, CtrlSeg, DataSeg, EthSeg, CE_ALWAYS, CE_FIRST_ERROR, CS_L3,
+    CS_L4, SEG_BYTES,
 };
 use crate::hw::mlx5::{
     wqebbs, Opcode, CQE_BYTES, DPDK_MAX_DS, DS_BYTES, DS_PER_WQEBB, WQEBB_BYTES,
@@ -673,12 +674,13 @@ impl TxQueue {
             let Some(key) = self.keys.key_for_addr(addr) else {
                 break;
             };
-            let d = DataSeg::bytes(addr as u64, key, data.len() as u32);
             bytes += data.len() as u64;
             let at = (2 + n) * SEG_BYTES;
             if in_place {
-                self.wq.mem().write(start + at, &d);
+                let (lo, hi) = data_seg_words(addr as u64, key, data.len() as u32);
+                self.wq.mem().write_2x64(start + at, lo, hi);
             } else {
+                let d = DataSeg::bytes(addr as u64, key, data.len() as u32);
                 self.wqe[at..at + SEG_BYTES].copy_from_slice(&d);
             }
             n += 1;

@@ -44,6 +44,23 @@ impl std::fmt::Debug for DevMem {
     }
 }
 
+/// The panic of an access outside a [`DevMem`], out of line: the hot paths' range checks then
+/// cost a compare and a never-taken branch, with nothing prepared for the message.
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn out_of_range(off: usize, n: usize, ptr: *mut u8, len: usize) -> ! {
+    panic!("{n} bytes at offset {off} outside DevMem({ptr:p}, {len} bytes)")
+}
+
+/// The panic of an unaligned atomic access, out of line (see [`out_of_range`]).
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn unaligned(bits: u32, off: usize) -> ! {
+    panic!("unaligned {bits}-bit atomic at {off}")
+}
+
 impl DevMem {
     /// `len` bytes of zeroed, page-aligned anonymous memory (what the MANA queue allocator
     /// contract asks for: page-aligned, zero-filled, pinnable, §1.3 of the spec).
@@ -204,10 +221,9 @@ impl DevMem {
 
     #[inline]
     fn check(&self, off: usize, n: usize) {
-        assert!(
-            off <= self.len && n <= self.len - off,
-            "{n} bytes at offset {off} outside {self:?}"
-        );
+        if !(off <= self.len && n <= self.len - off) {
+            out_of_range(off, n, self.ptr, self.len);
+        }
     }
 
     /// Copies `out.len()` bytes at `off` out of the memory.
@@ -253,6 +269,23 @@ impl DevMem {
             // Volatile, so that the compiler keeps the 4-byte stores (and so the 4-byte loads
             // feeding them) instead of merging them into wider moves, which would stall again.
             unsafe { std::ptr::write_volatile(self.ptr.add(off + 4 * k).cast::<u32>(), v) };
+        }
+    }
+
+    /// Stores the 16 bytes `lo` (first, native byte order) then `hi` at `off`: a descriptor
+    /// built in registers goes to the ring in two 8-byte stores, with one range check.
+    ///
+    /// # Panics
+    /// If the range is outside the memory.
+    #[inline]
+    pub fn write_2x64(&self, off: usize, lo: u64, hi: u64) {
+        self.check(off, 16);
+        // SAFETY: `off..off + 16` is inside the memory (checked), valid for writes
+        // (constructor invariant); unaligned stores need no alignment.
+        unsafe {
+            let p = self.ptr.add(off).cast::<u64>();
+            p.write_unaligned(lo);
+            p.add(1).write_unaligned(hi);
         }
     }
 
@@ -302,10 +335,9 @@ impl DevMem {
     #[inline]
     fn atomic32(&self, off: usize) -> &AtomicU32 {
         self.check(off, 4);
-        assert!(
-            (self.ptr as usize + off).is_multiple_of(4),
-            "unaligned 32-bit atomic at {off}"
-        );
+        if !(self.ptr as usize + off).is_multiple_of(4) {
+            unaligned(32, off);
+        }
         // SAFETY: in range and 4-byte aligned (checked); the memory lives as long as `self`,
         // which bounds the returned reference; all other accesses to this word are atomic or
         // raw copies ordered by the queue protocol.
@@ -315,10 +347,9 @@ impl DevMem {
     #[inline]
     fn atomic64(&self, off: usize) -> &AtomicU64 {
         self.check(off, 8);
-        assert!(
-            (self.ptr as usize + off).is_multiple_of(8),
-            "unaligned 64-bit atomic at {off}"
-        );
+        if !(self.ptr as usize + off).is_multiple_of(8) {
+            unaligned(64, off);
+        }
         // SAFETY: as in `atomic32`, with 8-byte alignment checked.
         unsafe { AtomicU64::from_ptr(self.ptr.add(off).cast()) }
     }

@@ -254,6 +254,20 @@ impl<T: AsRef<[u8]>> DataSeg<T> {
     }
 }
 
+/// A pointer segment as the two 8-byte words [`crate::sys::DevMem::write_2x64`] stores: the
+/// byte count and key (first word, native order, bytes big-endian as the device reads them),
+/// then the address.
+#[inline]
+pub fn data_seg_words(addr: u64, lkey: u32, len: u32) -> (u64, u64) {
+    (data_seg_head(lkey, len), addr.to_be())
+}
+
+/// The first word of [`data_seg_words`] (constant for a queue's RX buffers).
+#[inline]
+pub fn data_seg_head(lkey: u32, len: u32) -> u64 {
+    u64::from((len & !INLINE_SEG).to_be()) | (u64::from(lkey.to_be()) << 32)
+}
+
 impl DataSeg<[u8; SEG_BYTES]> {
     /// The 16 bytes of a pointer segment for `len` bytes at `addr` through `lkey`, to store
     /// into a ring in one piece.
@@ -366,6 +380,20 @@ pub mod mprq_byte_cnt {
     pub const STRIDES: Bits32 = Bits32::be(0, 29, 16);
     /// Packet length.
     pub const LEN: Bits32 = Bits32::be(0, 15, 0);
+}
+
+#[cfg(test)]
+mod seg_word_tests {
+    use super::*;
+
+    #[test]
+    fn the_two_words_are_the_segment_bytes() {
+        let (lo, hi) = data_seg_words(0x1122_3344_5566_7788, 0xabcdef, 60);
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&lo.to_ne_bytes());
+        b[8..].copy_from_slice(&hi.to_ne_bytes());
+        assert_eq!(b, DataSeg::bytes(0x1122_3344_5566_7788, 0xabcdef, 60));
+    }
 }
 
 #[cfg(test)]

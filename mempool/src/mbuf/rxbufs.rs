@@ -1,0 +1,319 @@
+//! [`RxBufs`]: the buffers an RX queue has posted to a device, in posting order.
+//!
+//! Refilling takes free objects from the per-core cache in one bulk copy of their indices,
+//! without touching their headers (free objects already hold the free-state invariant: one
+//! segment, refcnt 1); the driver reads each one's data address to post it. When the device
+//! has filled the oldest, [`RxBufs::pop_received`] writes the header once, with what the
+//! completion said, instead of a reset followed by the driver's own stores (what DPDK's
+//! vector RX paths do with their raw bulk allocation and one rearm store).
+#![allow(unsafe_code)]
+
+use std::sync::Arc;
+
+use super::handle::{Mbuf, RawMbuf};
+use super::header::{MbufHeader, MBUF_HEADER_BYTES};
+use super::pool::{MbufCache, MbufPool};
+use crate::offload::OffloadFlags;
+
+/// What a completion says of a received packet, written into its header by
+/// [`RxBufs::pop_received`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RxFields {
+    /// Offload flags (checksum status, hash and VLAN flags).
+    pub ol_flags: OffloadFlags,
+    /// RSS hash (meaningful with `RX_RSS_HASH`).
+    pub rss_hash: u32,
+    /// VLAN TCI (meaningful with `RX_VLAN`).
+    pub vlan_tci: u16,
+    /// Receiving port.
+    pub port: u16,
+}
+
+/// A bounded FIFO of posted receive buffers (a power-of-two number of slots), each a free
+/// object of one pool that the fifo owns until it is popped.
+pub struct RxBufs {
+    pool: Arc<MbufPool>,
+    slots: Box<[u32]>,
+    head: u32,
+    tail: u32,
+    mask: u32,
+    /// Data room of every buffer (from the data offset at the headroom to the end).
+    room: u32,
+    /// The data address of object 0, and the distance between objects.
+    addr0: usize,
+    obj_size: usize,
+}
+
+impl std::fmt::Debug for RxBufs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RxBufs({} of {})", self.len(), self.capacity())
+    }
+}
+
+impl RxBufs {
+    /// Room for `n` buffers of `pool`.
+    ///
+    /// # Panics
+    /// If `n` is not a power of two.
+    pub fn new(pool: &Arc<MbufPool>, n: u32) -> Self {
+        assert!(n.is_power_of_two(), "rx buffer ring of {n} slots");
+        Self {
+            pool: Arc::clone(pool),
+            slots: vec![0; n as usize].into_boxed_slice(),
+            head: 0,
+            tail: 0,
+            mask: n - 1,
+            room: u32::from(pool.data_room()),
+            addr0: pool.rx_data_addr(RawMbuf(0)),
+            obj_size: pool.obj_size(),
+        }
+    }
+
+    /// Slots.
+    pub fn capacity(&self) -> u32 {
+        self.mask + 1
+    }
+
+    /// Buffers held.
+    #[inline]
+    pub fn len(&self) -> u32 {
+        self.head.wrapping_sub(self.tail)
+    }
+
+    /// Whether it holds nothing.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.head == self.tail
+    }
+
+    /// Free slots.
+    #[inline]
+    pub fn free(&self) -> u32 {
+        self.capacity() - self.len()
+    }
+
+    /// Buffers added so far (free-running): the position the next one takes.
+    #[inline]
+    pub fn pushed(&self) -> u32 {
+        self.head
+    }
+
+    /// Buffers taken out so far (free-running): the position of the oldest.
+    #[inline]
+    pub fn popped(&self) -> u32 {
+        self.tail
+    }
+
+    /// The data room of every buffer: the most a packet can be.
+    pub fn room(&self) -> u32 {
+        self.room
+    }
+
+    /// Adds `n` buffers from `cache` (at most the free slots) in one bulk get, or nothing
+    /// and returns `false` when the pool cannot supply them. Their headers are not touched.
+    ///
+    /// # Panics
+    /// When `cache` belongs to another pool, or `n` exceeds the free slots.
+    #[inline]
+    pub fn refill(&mut self, cache: &mut MbufCache, n: u32) -> bool {
+        assert!(
+            std::ptr::eq(Arc::as_ptr(cache.pool()), Arc::as_ptr(&self.pool)),
+            "mbuf cache of pool '{}' used with rx buffers of pool '{}'",
+            cache.pool().name(),
+            self.pool.name()
+        );
+        assert!(
+            n <= self.free(),
+            "{n} rx buffers into {} free slots",
+            self.free()
+        );
+        let at = (self.head & self.mask) as usize;
+        let first = (n as usize).min(self.slots.len() - at);
+        let rest = n as usize - first;
+        if rest == 0 {
+            if !cache.inner.get_bulk(&mut self.slots[at..at + first]) {
+                return false;
+            }
+        } else {
+            let mut tmp = [0u32; 64];
+            let mut done = 0;
+            // Across the wrap: through a small buffer, in pieces, all or nothing.
+            while done < n as usize {
+                let k = (n as usize - done).min(tmp.len());
+                if !cache.inner.get_bulk(&mut tmp[..k]) {
+                    for i in 0..done {
+                        let s = self.slots[(self.head as usize + i) & self.mask as usize];
+                        cache.inner.put(s);
+                    }
+                    return false;
+                }
+                for (i, &v) in tmp[..k].iter().enumerate() {
+                    self.slots[(self.head as usize + done + i) & self.mask as usize] = v;
+                }
+                done += k;
+            }
+        }
+        self.head = self.head.wrapping_add(n);
+        true
+    }
+
+    /// The object index of the buffer at free-running position `pos` (one held: from
+    /// [`RxBufs::popped`] to [`RxBufs::pushed`]), for its chunk's memory key.
+    #[inline]
+    pub fn index_at(&self, pos: u32) -> u32 {
+        debug_assert!(pos.wrapping_sub(self.tail) < self.len());
+        self.slots[(pos & self.mask) as usize]
+    }
+
+    /// Where the device writes the packet in the buffer at position `pos`: its data room,
+    /// after the headroom.
+    #[inline]
+    pub fn data_addr(&self, pos: u32) -> usize {
+        self.addr0 + self.index_at(pos) as usize * self.obj_size
+    }
+
+    /// Removes the buffers added last, from position `from` on (a refill that could not post
+    /// them all), back into `cache`.
+    pub fn give_back_from(&mut self, from: u32, cache: &mut MbufCache) {
+        while self.head != from && self.head != self.tail {
+            self.head = self.head.wrapping_sub(1);
+            cache
+                .inner
+                .put(self.slots[(self.head & self.mask) as usize]);
+        }
+    }
+
+    /// Removes the oldest buffer as a received packet of `len` bytes at the start of its data
+    /// room, its header written once: data offset at the headroom, one segment, lengths
+    /// `len`, `fields`, timestamp and TX offload lengths cleared. `None` when empty.
+    ///
+    /// # Errors
+    /// `Err(mbuf)` (reset, length 0) when `len` exceeds the data room: the caller counts
+    /// and frees it.
+    #[inline]
+    pub fn pop_received(&mut self, len: u32, fields: &RxFields) -> Option<Result<Mbuf, Mbuf>> {
+        if self.is_empty() {
+            return None;
+        }
+        let idx = self.slots[(self.tail & self.mask) as usize];
+        self.tail = self.tail.wrapping_add(1);
+        // SAFETY: `idx` is a free object of `pool` the fifo owned since `refill` took it from
+        // the cache; its slot was just consumed, so ownership passes to this handle once.
+        let mut m = unsafe { self.pool.from_raw(RawMbuf(idx)) };
+        let ok = len <= self.room;
+        let h: &mut MbufHeader = m.h_mut();
+        // Free objects keep next = none, one segment, refcnt 1; the rest is written here.
+        h.data_off = h.headroom;
+        h.port = fields.port;
+        h.ol_flags = if ok { fields.ol_flags.bits() } else { 0 };
+        let len = if ok { len } else { 0 };
+        h.pkt_len = len;
+        h.data_len = len as u16;
+        h.vlan_tci = fields.vlan_tci;
+        h.rss_hash = fields.rss_hash;
+        h.timestamp = 0;
+        h.l2_len = 0;
+        h.l4_len = 0;
+        h.l3_len = 0;
+        h.tso_segsz = 0;
+        Some(if ok { Ok(m) } else { Err(m) })
+    }
+
+    /// Removes the oldest buffer, reset (length 0): to drop it or post it again.
+    #[inline]
+    pub fn pop(&mut self) -> Option<Mbuf> {
+        self.pop_received(0, &RxFields::default()).map(|r| match r {
+            Ok(m) | Err(m) => m,
+        })
+    }
+}
+
+impl Drop for RxBufs {
+    fn drop(&mut self) {
+        while let Some(m) = self.pop() {
+            drop(m);
+        }
+    }
+}
+
+const _: () = assert!(MBUF_HEADER_BYTES == 128);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mbuf::test_pool as pool;
+    use crate::{CksumStatus, MbufPoolConfig, PagePolicy};
+
+    #[test]
+    fn buffers_come_back_as_packets_with_their_fields_and_nothing_stale() {
+        let p = pool(64);
+        let mut c = p.cache();
+        // Dirty some objects first: a previous life with offsets, flags and TX lengths.
+        for _ in 0..8 {
+            let mut m = c.alloc().unwrap();
+            m.extend_from_slice(&[1; 100]).unwrap();
+            m.adj(10).unwrap();
+            m.set_ol_flags(OffloadFlags::TX_TCP_SEG);
+            m.set_timestamp(7);
+            m.set_tx_offload(crate::TxOffload {
+                l2_len: 14,
+                l3_len: 20,
+                l4_len: 20,
+                tso_segsz: 1000,
+            });
+            m.free_to(&mut c);
+        }
+        let mut r = RxBufs::new(&p, 8);
+        assert!(r.refill(&mut c, 6));
+        assert_eq!((r.len(), p.in_use()), (6, 6));
+        let addr = r.data_addr(r.popped());
+        let mut fl = OffloadFlags::RX_RSS_HASH;
+        fl.set_rx_ip_cksum(CksumStatus::Good);
+        let f = RxFields {
+            ol_flags: fl,
+            rss_hash: 0x1234,
+            vlan_tci: 5,
+            port: 3,
+        };
+        let m = r.pop_received(60, &f).unwrap().unwrap();
+        assert_eq!(m.data_addr(), addr);
+        assert_eq!((m.len(), m.pkt_len(), m.nb_segs()), (60, 60, 1));
+        assert_eq!((m.ol_flags(), m.rss_hash(), m.port()), (fl, 0x1234, 3));
+        assert_eq!(
+            (m.timestamp(), m.tx_offload()),
+            (0, crate::TxOffload::default())
+        );
+        assert_eq!(m.headroom(), usize::from(p.headroom()));
+        let too_long = r.pop_received(r.room() + 1, &f).unwrap().unwrap_err();
+        assert_eq!(
+            (too_long.len(), too_long.ol_flags()),
+            (0, OffloadFlags::empty())
+        );
+        drop((m, too_long));
+        // Wrap: 4 held, 6 more in a ring of 8 is too many; 4 is fine and wraps.
+        assert!(r.refill(&mut c, 4));
+        let from = r.pushed().wrapping_sub(2);
+        r.give_back_from(from, &mut c);
+        assert_eq!(r.len(), 6);
+        drop(r);
+        drop(c);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    #[test]
+    fn a_refill_the_pool_cannot_supply_takes_nothing() {
+        let p = MbufPool::new(
+            MbufPoolConfig::new("rxbufs", 8)
+                .cache_size(0)
+                .page_policy(PagePolicy::Normal),
+        )
+        .unwrap();
+        let mut c = p.cache();
+        let mut r = RxBufs::new(&p, 16);
+        assert!(r.refill(&mut c, 6));
+        assert!(!r.refill(&mut c, 4));
+        assert_eq!((r.len(), p.in_use()), (6, 6));
+        drop(r);
+        assert_eq!(p.in_use(), 0);
+    }
+}
