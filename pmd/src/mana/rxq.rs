@@ -6,20 +6,21 @@
 use super::cq::CompletionQueue;
 use super::{QueueOwner, RawRxQueue, Xstats};
 use crate::ethdev::{
-    finish_rx, free_one, kick, Burst, Counters, Kick, PortConfig, RxBurst, RxOffloads,
+    free_one, kick, reinsert_vlan, rx_fields, Burst, Counters, Kick, PortConfig, RxBurst,
+    RxOffloads,
 };
 use crate::hw::mana::cqe::{Cqe, CqeType, RX_PPI_COUNT};
 use crate::hw::mana::doorbell;
-use crate::hw::mana::wqe::{Sge, WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
+use crate::hw::mana::wqe::{WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
 use crate::hw::mana::{BU_BYTES, CQE_BYTES};
-use crate::ring::{DescRing, Polled, WorkQueue};
+use crate::ring::{Polled, WorkQueue};
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
-use mempool::{ChunkKeys, CksumStatus, Mbuf, MbufPool, OffloadFlags};
+use mempool::{ChunkKeys, CksumStatus, MbufPool, OffloadFlags, RxBufs, RxFields};
 use std::sync::Arc;
 
 /// Mbufs allocated per refill step.
-const REFILL_BULK: usize = 32;
+const REFILL_BULK: u32 = 32;
 /// An RX WQE with one SGE: header, 8-byte OOB (left zero), SGE = 32 bytes, 1 BU (§5).
 const RX_WQE_BYTES: usize = BU_BYTES;
 
@@ -29,8 +30,8 @@ pub struct RxQueue {
     cq: CompletionQueue,
     db: Arc<DevMem>,
     rq_id: u32,
-    /// Posted buffers, in posting order.
-    desc: DescRing<Mbuf>,
+    /// Posted buffers, in posting order (one per 1-BU WQE).
+    bufs: RxBufs,
     pool: Arc<MbufPool>,
     keys: ChunkKeys,
     counters: Arc<Counters>,
@@ -45,7 +46,6 @@ pub struct RxQueue {
     /// A CQE whose packets were not all delivered (the caller's burst was full), and the
     /// index of the next packet in it.
     backlog: Option<([u8; CQE_BYTES], usize)>,
-    scratch: Vec<Option<Mbuf>>,
 }
 
 impl std::fmt::Debug for RxQueue {
@@ -86,7 +86,7 @@ impl RxQueue {
             cq: CompletionQueue::new(raw.cq, raw.cq_count),
             db: raw.db_page,
             rq_id: raw.rq_id,
-            desc: DescRing::new(n),
+            bufs: RxBufs::new(&pool, n),
             pool,
             keys,
             counters,
@@ -97,13 +97,12 @@ impl RxQueue {
             data_room,
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
             backlog: None,
-            scratch: (0..REFILL_BULK).map(|_| None).collect(),
         }
     }
 
     /// Receive buffers posted to the device and not yet consumed.
     pub fn posted(&self) -> u32 {
-        self.desc.len()
+        self.bufs.len()
     }
 
     /// Posts buffers on every free descriptor; `Err(missing)` if the pool ran dry.
@@ -111,7 +110,7 @@ impl RxQueue {
     /// # Errors
     /// How many buffers could not be posted.
     pub fn fill(&mut self) -> Result<(), u32> {
-        let want = self.desc.free();
+        let want = self.bufs.free();
         let missing = self.refill(want);
         if missing == 0 {
             Ok(())
@@ -123,45 +122,30 @@ impl RxQueue {
     /// Posts up to `n` new buffers, rings the doorbell once if any were posted, and returns
     /// how many could not be posted for lack of mbufs.
     fn refill(&mut self, n: u32) -> u32 {
-        let mut left = n.min(self.desc.free());
+        let mut left = n.min(self.bufs.free());
         let mut posted = false;
-        let mut wqe = [0u8; RX_WQE_BYTES];
-        if let Some(mut h) = WqeHeader::new_checked(&mut wqe[..WQE_HEADER_BYTES]) {
-            h.init(SHORT_OOB_BYTES, 1);
-        }
         while left > 0 {
-            let k = (left as usize).min(REFILL_BULK);
-            let pool = &self.pool;
-            let slots = &mut self.scratch[..k];
-            if !with_cache(pool, |cache| pool.alloc_mbufs(cache, slots)) {
+            let k = left.min(REFILL_BULK);
+            let from = self.bufs.pushed();
+            let (bufs, pool) = (&mut self.bufs, &self.pool);
+            if !with_cache(pool, |cache| bufs.refill(cache, k)) {
                 break;
             }
-            let mut unkeyed = 0u32;
-            for m in self.scratch[..k].iter_mut().filter_map(Option::take) {
-                let addr = m.data_addr();
+            let done = self.post_wqes(from, k);
+            posted |= done > 0;
+            if done < k {
                 // Every pool chunk was registered at configure time; a buffer outside them
-                // would be posted with a key the device rejects: count it and drop it.
-                let Some(key) = self.keys.key_of(m.raw().index()) else {
-                    Xstats::bump(&self.xstats.rx_no_mkey);
-                    unkeyed += 1;
-                    free_one(&self.pool, m);
-                    continue;
-                };
-                if let Some(mut s) =
-                    Sge::new_checked(&mut wqe[WQE_HEADER_BYTES + SHORT_OOB_BYTES..])
-                {
-                    s.set(addr as u64, key, self.data_room);
-                }
-                // The descriptor ring and the RQ have the same number of 1-BU slots and
-                // `left` is within the free descriptors, so both have room.
-                let posted_wqe = self.wq.post(&wqe).is_some();
-                debug_assert!(posted_wqe);
-                let _ = self.desc.push(m);
+                // would be posted with a key the device rejects: counted (an error, not a
+                // pool shortage), and it and the ones after it go back.
+                Xstats::bump(&self.xstats.rx_no_mkey);
+                self.counters.add_errors(1);
+                let (bufs, pool) = (&mut self.bufs, &self.pool);
+                with_cache(pool, |cache| {
+                    bufs.give_back_from(from.wrapping_add(done), cache)
+                });
+                break;
             }
-            posted |= unkeyed < k as u32;
-            left -= k as u32;
-            // Not a pool shortage (the queue cannot use these buffers at all): errors.
-            self.counters.add_errors(u64::from(unkeyed));
+            left -= k;
         }
         if posted {
             // One doorbell per refill, with the absolute producer position (§6.3).
@@ -173,12 +157,43 @@ impl RxQueue {
         left
     }
 
-    /// Takes the next posted buffer (the device fills RQ WQEs strictly in order).
+    /// Writes the 1-BU WQEs (header, zero OOB, one SGE, §5) of the `n` buffers from position
+    /// `from` of `bufs` straight into the RQ at its producer position, 16 bytes per store,
+    /// and advances it. Returns how many were written: fewer when a buffer is in no
+    /// registered chunk.
     #[inline]
-    fn take_desc(&mut self) -> Option<Mbuf> {
-        let m = self.desc.pop()?;
-        self.wq.complete(1);
-        Some(m)
+    fn post_wqes(&mut self, from: u32, n: u32) -> u32 {
+        let mem = self.wq.mem();
+        let mask = mem.len() - 1;
+        let start = self.wq.head_bytes() as usize;
+        let mut hdr = [0u8; WQE_HEADER_BYTES];
+        if let Some(mut h) = WqeHeader::new_checked(&mut hdr[..]) {
+            h.init(SHORT_OOB_BYTES, 1);
+        }
+        let hdr = u64::from_le_bytes(hdr);
+        let size = u64::from(self.data_room) << 32;
+        let single = match self.keys.keys() {
+            [key] => Some(*key),
+            _ => None,
+        };
+        let mut k = 0;
+        while k < n {
+            let pos = from.wrapping_add(k);
+            let Some(key) = single.or_else(|| self.keys.key_of(self.bufs.index_at(pos))) else {
+                break;
+            };
+            let off = (start + k as usize * RX_WQE_BYTES) & mask;
+            // Header and the (zero) OOB, then the SGE: address, key, size (little-endian).
+            mem.write_2x64(off, hdr.to_le(), 0);
+            mem.write_2x64(
+                off + WQE_HEADER_BYTES + SHORT_OOB_BYTES,
+                (self.bufs.data_addr(pos) as u64).to_le(),
+                (u64::from(key) | size).to_le(),
+            );
+            k += 1;
+        }
+        self.wq.advance(k);
+        k
     }
 
     /// See [`crate::ethdev::RxBurst::rx_burst`].
@@ -218,6 +233,9 @@ impl RxQueue {
                 t @ (CqeType::RxOkay | CqeType::RxCoalesced4) => {
                     // Counted once, when first read (not again for a backlogged rest).
                     coalesced += u64::from(t == CqeType::RxCoalesced4 && first == 0);
+                    // What the CQE says of all its packets; the hash is per packet.
+                    let (mut fields, reinsert) = self.fields_of(&c);
+                    let hashed = fields.ol_flags.contains(OffloadFlags::RX_RSS_HASH);
                     for k in first..RX_PPI_COUNT {
                         let len = c.rx_pkt_len(k);
                         if len == 0 {
@@ -227,16 +245,27 @@ impl RxQueue {
                             self.backlog = Some((cqe, k));
                             break 'cqes;
                         }
-                        let Some(mut m) = self.take_desc() else { break };
-                        if m.set_data_len(usize::from(len)).is_err() {
-                            errors += 1;
-                            free_one(&self.pool, m);
-                            continue;
+                        if hashed {
+                            fields.rss_hash = c.rx_pkt_hash(k);
                         }
-                        self.annotate(&mut m, &c, k);
-                        bytes += u64::from(m.pkt_len());
-                        let _ = out.push(m);
-                        delivered += 1;
+                        let Some(r) = self.bufs.pop_received(u32::from(len), &fields) else {
+                            break;
+                        };
+                        self.wq.complete(1);
+                        match r {
+                            Ok(mut m) => {
+                                if reinsert {
+                                    reinsert_vlan(&mut m, fields.vlan_tci);
+                                }
+                                bytes += u64::from(m.pkt_len());
+                                let _ = out.push(m);
+                                delivered += 1;
+                            }
+                            Err(m) => {
+                                errors += 1;
+                                free_one(&self.pool, m);
+                            }
+                        }
                     }
                 }
                 t => {
@@ -246,7 +275,8 @@ impl RxQueue {
                     if t == CqeType::RxTruncated {
                         Xstats::bump(&self.xstats.rx_cqe_truncated);
                     }
-                    if let Some(m) = self.take_desc() {
+                    if let Some(m) = self.bufs.pop() {
+                        self.wq.complete(1);
                         free_one(&self.pool, m);
                     }
                 }
@@ -257,8 +287,8 @@ impl RxQueue {
         if coalesced > 0 {
             Xstats::add(&self.xstats.rx_coalesced_cqes, coalesced);
         }
-        let want = self.desc.free();
-        if want >= REFILL_BULK as u32 || (want > 0 && self.posted() < REFILL_BULK as u32) {
+        let want = self.bufs.free();
+        if want >= REFILL_BULK || (want > 0 && self.posted() < REFILL_BULK) {
             let missing = self.refill(want);
             if missing > 0 {
                 self.counters.add_nombuf(u64::from(missing));
@@ -267,9 +297,10 @@ impl RxQueue {
         delivered
     }
 
-    /// Fills in what the completion says about packet `k`.
+    /// What the completion says of its packets (the hash flag with a zero hash: the hash is
+    /// per packet), and whether a stripped tag goes back into the frame.
     #[inline]
-    fn annotate(&self, m: &mut Mbuf, c: &Cqe<&[u8]>, k: usize) {
+    fn fields_of(&self, c: &Cqe<&[u8]>) -> (RxFields, bool) {
         let mut fl = OffloadFlags::empty();
         let cs = c.rx_csum();
         if cs.outer_ip_bad {
@@ -291,8 +322,8 @@ impl RxQueue {
         });
         // The hash type is read as a bit mask (Linux's reading; §11 item 2): any type means
         // the hash is valid.
-        let hash = (c.rx_hash_type() != 0).then(|| c.rx_pkt_hash(k));
-        finish_rx(m, fl, hash, c.rx_vlan(), self.vlan_strip, self.port_id);
+        let hash = (c.rx_hash_type() != 0).then_some(0);
+        rx_fields(fl, hash, c.rx_vlan(), self.vlan_strip, self.port_id)
     }
 }
 
@@ -300,15 +331,6 @@ impl RxBurst for RxQueue {
     #[inline]
     fn rx_burst(&mut self, out: &mut Burst) -> usize {
         RxQueue::rx_burst(self, out)
-    }
-}
-
-impl Drop for RxQueue {
-    fn drop(&mut self) {
-        let desc = &mut self.desc;
-        with_cache(&self.pool, |cache| {
-            desc.drain().for_each(|m| m.free_to(cache))
-        });
     }
 }
 
