@@ -1,25 +1,36 @@
 //! MANA TX queue: builds GDMA WQEs straight into the circular SQ, rings one doorbell per
-//! burst, and frees exactly the mbufs whose WQEs completed, in order.
+//! burst, and frees exactly the mbufs whose WQEs completed, in order, in bulk.
 //!
-//! Every WQE asks for a completion (the suppress bit stays clear): the spec leaves open how
-//! the device reports errors inside a run of suppressed WQEs (§8.2, §11 item 16), and one CQE
-//! per WQE makes the completion of descriptor `tail` unambiguous. The CQ has at least as
-//! many entries as the descriptor ring, so it cannot overflow.
+//! Completions are suppressed on every WQE of a burst but the last one actually posted
+//! (§4.1 `suppress_txcqe_gen`, what DPDK does, §8.2): the device writes one TX_OKAY CQE per
+//! burst, which completes every descriptor up to that WQE. A failed WQE gets an error CQE
+//! whether suppressed or not (DPDK's 2026 rule, §8.2, §11 item 16): the queue finds the
+//! descriptor by the CQE's WQE offset within the oldest run (the descriptors before it were
+//! sent, it failed); when the offset names none of them it falls back to DPDK's reading (the
+//! oldest descriptor failed). Since the last WQE of every burst asks for a completion, no
+//! WQE is ever left waiting for one: a queue that is full always has a CQE coming. The CQ
+//! has at least as many entries as the descriptor ring (one CQE per WQE at most), so it
+//! cannot overflow.
 #![deny(unsafe_code)]
 
 use super::cq::CompletionQueue;
 use super::{QueueOwner, RawTxQueue, Xstats};
 use crate::ethdev::{kick, Burst, Counters, Kick, TxBurst};
-use crate::hw::mana::cqe::{CqeHeader, CqeType, CQE_HEADER_BYTES};
+use crate::hw::mana::cqe::{Cqe, CqeHeader, CqeType, CQE_HEADER_BYTES};
 use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{Sge, TxOob, TxOobFields, WqeHeader, SGE_BYTES, WQE_HEADER_BYTES};
-use crate::hw::mana::{BU_BYTES, MAX_SQ_WQE_BYTES, MAX_TX_SGES};
+use crate::hw::mana::{BU_BYTES, CQE_BYTES, MAX_SQ_WQE_BYTES, MAX_TX_SGES};
 use crate::net::parse::{pseudo_sum, IpVersion};
-use crate::ring::{DescRing, Polled, WorkQueue};
+use crate::ring::{Polled, WorkQueue};
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
-use mempool::{ChunkKeys, Mbuf, MbufPool, OffloadFlags};
+use mempool::{ChunkKeys, Mbuf, MbufFifo, MbufPool, OffloadFlags};
 use std::sync::Arc;
+
+/// `suppress_txcqe_gen` in the first byte of the TX OOB (§4.1).
+const SUPPRESS_BIT: u8 = 0x80;
+/// The 27 bits of a TX CQE's WQE offset (§7.5), in BUs.
+const TX_WQE_OFFSET_MASK: u32 = 0x07ff_ffff;
 
 /// A MANA TX queue, owned by one core.
 pub struct TxQueue {
@@ -29,8 +40,18 @@ pub struct TxQueue {
     sq_id: u32,
     cq_id: u32,
     vp_offset: u16,
-    /// In-flight packets and the size of their WQE in BUs, in posting order.
-    desc: DescRing<(Mbuf, u8)>,
+    /// In-flight packets, in posting order (freed in bulk).
+    desc: MbufFifo,
+    /// Per descriptor (by free-running position): the first BU of its WQE, the SQ position
+    /// after it (free-running BUs), and its packet's length.
+    d_at: Box<[u32]>,
+    d_end: Box<[u32]>,
+    d_len: Box<[u32]>,
+    /// Runs in flight, oldest first: the descriptor position each ends at (exclusive); the
+    /// last WQE of each asked for a completion.
+    reqs: Box<[u32]>,
+    req_head: u32,
+    req_tail: u32,
     pool: Arc<MbufPool>,
     keys: ChunkKeys,
     counters: Arc<Counters>,
@@ -41,9 +62,9 @@ pub struct TxQueue {
     kick: Kick,
     /// Completed packets waiting to be freed in one go.
     done: Vec<Mbuf>,
-    /// Per packet of the current burst: the WQE size it was posted with, or `None` when it
-    /// was dropped as unsendable.
-    posted: Vec<Option<u8>>,
+    /// Per packet of the current burst: its WQE's first BU and the SQ position after it, or
+    /// `None` when it was dropped as unsendable.
+    posted: Vec<Option<(u32, u32)>>,
     wqe: [u8; MAX_SQ_WQE_BYTES],
 }
 
@@ -86,7 +107,13 @@ impl TxQueue {
             sq_id: raw.sq_id,
             cq_id: raw.cq_id,
             vp_offset: raw.tx_vp_offset,
-            desc: DescRing::new(n),
+            desc: MbufFifo::new(&pool, n),
+            d_at: vec![0; n as usize].into_boxed_slice(),
+            d_end: vec![0; n as usize].into_boxed_slice(),
+            d_len: vec![0; n as usize].into_boxed_slice(),
+            reqs: vec![0; n as usize].into_boxed_slice(),
+            req_head: 0,
+            req_tail: 0,
             pool,
             keys,
             counters,
@@ -107,7 +134,6 @@ impl TxQueue {
     /// Processes completions: frees completed packets, counts errors. Returns how many.
     pub fn reclaim(&mut self) -> u32 {
         let mut n = 0u32;
-        let (mut ok_pkts, mut ok_bytes, mut errs) = (0u64, 0u64, 0u64);
         while !self.desc.is_empty() {
             let off = match self.cq.poll() {
                 Polled::Entry(off) => off,
@@ -120,31 +146,81 @@ impl TxQueue {
             let mut hdr = [0u8; CQE_HEADER_BYTES];
             self.cq.read(off, &mut hdr);
             let t = CqeHeader::new_checked(&hdr[..]).map_or(CqeType::Unknown(0), |h| h.cqe_type());
-            if let Some((m, bu)) = self.desc.pop() {
-                self.wq.complete(u32::from(bu));
-                if t == CqeType::TxOkay {
-                    ok_pkts += 1;
-                    ok_bytes += u64::from(m.pkt_len());
-                } else {
-                    crate::dp_trace!(sq = self.sq_id, cqe = ?t, "tx error completion");
-                    errs += 1;
-                    Xstats::bump(&self.xstats.tx_cqe_errors);
-                }
-                self.done.push(m);
+            if t == CqeType::TxOkay {
+                self.complete_run();
+            } else {
+                self.complete_error(off, t);
             }
             n += 1;
         }
-        if !self.done.is_empty() {
-            let done = &mut self.done;
-            with_cache(&self.pool, |cache| {
-                for m in done.drain(..) {
-                    m.free_to(cache);
-                }
-            });
-        }
-        self.counters.add(ok_pkts, ok_bytes);
-        self.counters.add_errors(errs);
         n
+    }
+
+    /// A TX_OKAY CQE: the oldest run was sent, every descriptor of it.
+    #[inline]
+    fn complete_run(&mut self) {
+        if self.req_tail == self.req_head {
+            // A success for a WQE that asked for none: nothing can be trusted from it.
+            Xstats::bump(&self.xstats.tx_unexpected_cqes);
+            return;
+        }
+        let mask = self.reqs.len() as u32 - 1;
+        let end = self.reqs[(self.req_tail & mask) as usize];
+        self.req_tail = self.req_tail.wrapping_add(1);
+        self.complete_to(end, 0);
+    }
+
+    /// Frees the descriptors up to position `end` (exclusive), the last `failed` of them
+    /// failed (counted as errors), the others sent; the SQ is consumed up to the last one.
+    #[inline]
+    fn complete_to(&mut self, end: u32, failed: u32) {
+        let mask = self.reqs.len() as u32 - 1;
+        let from = self.desc.popped();
+        let count = end.wrapping_sub(from);
+        if count == 0 || count > self.desc.len() {
+            return;
+        }
+        let ok = count - failed;
+        let bytes: u64 = (0..ok)
+            .map(|k| u64::from(self.d_len[(from.wrapping_add(k) & mask) as usize]))
+            .sum();
+        self.wq
+            .complete_to(self.d_end[(end.wrapping_sub(1) & mask) as usize]);
+        let desc = &mut self.desc;
+        with_cache(&self.pool, |cache| desc.free_front(count, cache));
+        self.counters.add(u64::from(ok), bytes);
+        self.counters.add_errors(u64::from(failed));
+    }
+
+    /// An error CQE (type `t`) at CQ offset `off`: one WQE failed, suppressed or not. It is
+    /// the descriptor of the oldest run whose WQE starts at the CQE's WQE offset (those before
+    /// it were sent); if the offset names none, the oldest descriptor (DPDK's reading, §8.2).
+    #[cold]
+    fn complete_error(&mut self, off: usize, t: CqeType) {
+        crate::dp_trace!(sq = self.sq_id, cqe = ?t, "tx error completion");
+        // (The type is only traced: every error type fails the WQE alike.)
+        let _ = t;
+        Xstats::bump(&self.xstats.tx_cqe_errors);
+        let mut b = [0u8; CQE_BYTES];
+        self.cq.read(off, &mut b);
+        let wqe_bu = Cqe::new_checked(&b[..]).map(|c| c.tx_wqe_offset());
+        let mask = self.reqs.len() as u32 - 1;
+        let from = self.desc.popped();
+        let end = if self.req_tail != self.req_head {
+            self.reqs[(self.req_tail & mask) as usize]
+        } else {
+            self.desc.pushed()
+        };
+        let failed = (0..end.wrapping_sub(from))
+            .map(|k| from.wrapping_add(k))
+            .find(|&k| Some(self.d_at[(k & mask) as usize] & TX_WQE_OFFSET_MASK) == wqe_bu)
+            .unwrap_or(from);
+        let upto = failed.wrapping_add(1);
+        if upto == end && self.req_tail != self.req_head {
+            // The run's last WQE failed: no TX_OKAY will come for it.
+            self.req_tail = self.req_tail.wrapping_add(1);
+        }
+        self.complete_to(upto, 1);
     }
 
     /// See [`crate::ethdev::TxBurst::tx_burst`].
@@ -158,25 +234,31 @@ impl TxQueue {
         for i in 0..pkts.len().min(room) {
             match self.build_wqe(&mut pkts.as_mut_slice()[i]) {
                 Build::Wqe(bytes) => {
-                    let Some(bu) = self.wq.post(&self.wqe[..bytes]) else {
+                    let at = self.wq.head();
+                    if self.wq.post(&self.wqe[..bytes]).is_none() {
                         break;
-                    };
-                    self.posted.push(Some(bu as u8));
+                    }
+                    self.posted.push(Some((at, self.wq.head())));
                 }
                 // Unsendable: taken (and freed, counted) so it cannot block the queue.
                 Build::Drop => self.posted.push(None),
             }
         }
         let taken = self.posted.len();
-        let mut posted = false;
+        let mut last_at = None;
         // Move the taken packets into the descriptor ring, in order.
         let mut errs = 0;
-        for (m, bu) in pkts.drain_front(taken).zip(&self.posted) {
-            match bu {
+        let mask = self.reqs.len() as u32 - 1;
+        for (m, p) in pkts.drain_front(taken).zip(&self.posted) {
+            match p {
                 // At most `room` packets were taken, so the ring has space for each.
-                Some(bu) => {
-                    posted = true;
-                    let _ = self.desc.push((m, *bu));
+                Some((at, end)) => {
+                    last_at = Some(*at);
+                    let k = (self.desc.pushed() & mask) as usize;
+                    self.d_at[k] = *at;
+                    self.d_end[k] = *end;
+                    self.d_len[k] = m.pkt_len();
+                    let _ = self.desc.push(m);
                 }
                 None => {
                     errs += 1;
@@ -191,7 +273,16 @@ impl TxQueue {
                 done.drain(..).for_each(|m| m.free_to(cache))
             });
         }
-        if posted {
+        if let Some(at) = last_at {
+            // The last WQE posted asks for the completion of the whole run: its OOB's
+            // suppress bit (dword 0 bit 7, after the 8-byte header) cleared in the ring.
+            let mem = self.wq.mem();
+            let off = (at as usize * BU_BYTES + WQE_HEADER_BYTES) & (mem.len() - 1);
+            let mut b = [0u8; 1];
+            mem.read(off, &mut b);
+            mem.write(off, &[b[0] & !SUPPRESS_BIT]);
+            self.reqs[(self.req_head & mask) as usize] = self.desc.pushed();
+            self.req_head = self.req_head.wrapping_add(1);
             // One doorbell per burst, with the absolute producer position (§6.3).
             self.db.ring_doorbell(
                 doorbell::SQ_OFFSET,
@@ -207,6 +298,8 @@ impl TxQueue {
     fn build_wqe(&mut self, m: &mut Mbuf) -> Build {
         let flags = m.ol_flags();
         let mut f = TxOobFields {
+            // Every WQE suppressed; the burst's last one is then asked (`tx_burst`).
+            suppress_cqe: true,
             vcq_num: self.cq_id,
             sq_id: self.sq_id,
             vp_offset: self.vp_offset,
@@ -378,8 +471,6 @@ impl Drop for TxQueue {
         // Completions that arrived are accounted; what is still in flight is freed unsent.
         self.reclaim();
         let desc = &mut self.desc;
-        with_cache(&self.pool, |cache| {
-            desc.drain().for_each(|(m, _)| m.free_to(cache))
-        });
+        with_cache(&self.pool, |cache| desc.free_front(u32::MAX, cache));
     }
 }

@@ -19,6 +19,8 @@ pub struct Xstats {
     pub rx_no_mkey: AtomicU64,
     /// TX CQEs with an error type.
     pub tx_cqe_errors: AtomicU64,
+    /// TX_OKAY CQEs with no completion request in flight (ignored).
+    pub tx_unexpected_cqes: AtomicU64,
     /// Times a CQ was found lapped by the device.
     pub cq_overflows: AtomicU64,
     /// Packets dropped at TX because they had more segments than a WQE holds.
@@ -46,13 +48,14 @@ impl Xstats {
         c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
     }
 
-    fn fields(&self) -> [(&'static str, &AtomicU64); 10] {
+    fn fields(&self) -> [(&'static str, &AtomicU64); 11] {
         [
             ("rx_cqe_errors", &self.rx_cqe_errors),
             ("rx_cqe_truncated", &self.rx_cqe_truncated),
             ("rx_coalesced_cqes", &self.rx_coalesced_cqes),
             ("rx_no_mkey", &self.rx_no_mkey),
             ("tx_cqe_errors", &self.tx_cqe_errors),
+            ("tx_unexpected_cqes", &self.tx_unexpected_cqes),
             ("cq_overflows", &self.cq_overflows),
             ("tx_too_many_segs", &self.tx_too_many_segs),
             ("tx_no_mkey", &self.tx_no_mkey),
@@ -93,6 +96,6 @@ mod tests {
         assert_eq!(get("tx_bad_tso"), Some(2));
         assert_eq!(get("tx_bad_offload"), Some(1));
         assert_eq!(get("rx_no_mkey"), Some(0));
-        assert_eq!(v.len(), 10);
+        assert_eq!(v.len(), 11);
     }
 }

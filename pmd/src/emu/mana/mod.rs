@@ -680,6 +680,8 @@ impl Provider for Model {
             ("dev_rx_fault_drops".into(), s.rx_fault_drops),
             // Fewer than frames with `cqe-coalesce=1`.
             ("dev_rx_cqes".into(), s.rx_cqes),
+            // One per burst: the driver suppresses all but the last WQE's.
+            ("dev_tx_cqes".into(), s.tx_cqes),
             ("dev_bad_doorbells".into(), s.bad_doorbells),
         ];
         v.extend(

@@ -36,7 +36,9 @@ impl Engine {
     /// after the field setters' 4-byte stores (a store-forwarding stall per completion).
     #[inline]
     pub(super) fn complete(&mut self, cq: CqOf, body: &[u8; CQE_BYTES], wq: u32, is_sq: bool) {
-        if !is_sq {
+        if is_sq {
+            self.stats.tx_cqes += 1;
+        } else {
             self.stats.rx_cqes += 1;
         }
         let delay = u64::from(self.faults.completion_delay_steps);

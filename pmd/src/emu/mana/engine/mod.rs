@@ -83,6 +83,8 @@ pub struct ModelStats {
     pub bad_doorbells: u64,
     /// RX CQEs written (fewer than frames when coalescing).
     pub rx_cqes: u64,
+    /// TX CQEs written (one per unsuppressed WQE and one per failed WQE, §8.2).
+    pub tx_cqes: u64,
 }
 
 /// A completion queue handed to the engine: its ring (`count` entries of 64 bytes) and id.
