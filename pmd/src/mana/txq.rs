@@ -18,7 +18,9 @@ use super::{QueueOwner, RawTxQueue, Xstats};
 use crate::ethdev::{kick, Burst, Counters, Kick, TxBurst};
 use crate::hw::mana::cqe::{Cqe, CqeHeader, CqeType, CQE_HEADER_BYTES};
 use crate::hw::mana::doorbell;
-use crate::hw::mana::wqe::{Sge, TxOob, TxOobFields, WqeHeader, SGE_BYTES, WQE_HEADER_BYTES};
+use crate::hw::mana::wqe::{
+    Sge, TxOob, TxOobFields, WqeHeader, SGE_BYTES, SHORT_OOB_BYTES, WQE_HEADER_BYTES,
+};
 use crate::hw::mana::{BU_BYTES, CQE_BYTES, MAX_SQ_WQE_BYTES, MAX_TX_SGES};
 use crate::net::parse::{pseudo_sum, IpVersion};
 use crate::ring::{Polled, WorkQueue};
@@ -240,6 +242,19 @@ impl TxQueue {
                     }
                     self.posted.push(Some((at, self.wq.head())));
                 }
+                Build::Small(w) => {
+                    if self.wq.free() == 0 {
+                        break;
+                    }
+                    // One BU, contiguous in the ring: straight in, two 16-byte stores.
+                    let at = self.wq.head();
+                    let mem = self.wq.mem();
+                    let off = self.wq.head_bytes() as usize & (mem.len() - 1);
+                    mem.write_2x64(off, w[0].to_le(), w[1].to_le());
+                    mem.write_2x64(off + 16, w[2].to_le(), w[3].to_le());
+                    self.wq.advance(1);
+                    self.posted.push(Some((at, self.wq.head())));
+                }
                 // Unsendable: taken (and freed, counted) so it cannot block the queue.
                 Build::Drop => self.posted.push(None),
             }
@@ -367,6 +382,22 @@ impl TxQueue {
             return Build::Drop;
         }
         let oob = f.oob_bytes();
+        if nsge == 1 && lso.is_none() && oob == SHORT_OOB_BYTES {
+            // The common WQE, one BU (§3.1): header, short OOB, one SGE, as four words.
+            let data = m.data();
+            let addr = data.as_ptr() as usize;
+            let Some(key) = self.keys.key_for_addr(addr) else {
+                Xstats::bump(&self.xstats.tx_no_mkey);
+                return Build::Drop;
+            };
+            let [dw0, dw1] = f.first_dwords();
+            return Build::Small([
+                SMALL_WQE_HEADER,
+                u64::from(dw0) | (u64::from(dw1) << 32),
+                addr as u64,
+                u64::from(key) | ((data.len() as u64) << 32),
+            ]);
+        }
         let sge_off = WQE_HEADER_BYTES + oob;
         let bytes = crate::hw::mana::wqe::wqe_bytes(oob, nsge);
         let w = &mut self.wqe[..bytes];
@@ -412,9 +443,16 @@ impl TxBurst for TxQueue {
 }
 
 enum Build {
+    /// A WQE of this many bytes in the staging buffer.
     Wqe(usize),
+    /// A one-BU WQE (header, short OOB, one SGE) as four little-endian words.
+    Small([u64; 4]),
     Drop,
 }
+
+/// The header of a one-BU WQE: no last-vbytes, one SGE, an 8-byte OOB (§3.1: `num_sge` in
+/// dword 1 bits 7:0, the OOB size in dwords in bits 10:8).
+const SMALL_WQE_HEADER: u64 = (1 | ((SHORT_OOB_BYTES as u64 / 4) << 8)) << 32;
 
 /// Zeroes the IPv4 total length and header checksum (IPv6: payload length) and stores the
 /// pseudo-header sum computed with length 0 in the TCP checksum (Linux's LSO convention,
@@ -472,5 +510,19 @@ impl Drop for TxQueue {
         self.reclaim();
         let desc = &mut self.desc;
         with_cache(&self.pool, |cache| desc.free_front(u32::MAX, cache));
+    }
+}
+
+#[cfg(test)]
+mod small_wqe_tests {
+    use super::*;
+
+    #[test]
+    fn the_small_header_is_what_the_header_writer_writes() {
+        let mut b = [0u8; WQE_HEADER_BYTES];
+        WqeHeader::new_checked(&mut b[..])
+            .unwrap()
+            .init(SHORT_OOB_BYTES, 1);
+        assert_eq!(u64::from_le_bytes(b), SMALL_WQE_HEADER);
     }
 }

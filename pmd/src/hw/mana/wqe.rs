@@ -381,20 +381,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> TxOob<T> {
     #[inline]
     pub fn write(&mut self, f: &TxOobFields) {
         let long = f.oob_bytes() == LONG_OOB_BYTES;
-        // Whole dwords are assembled in registers, then stored once each.
-        let mut dw0 = txo::PACKET_FORMAT.insert(0, u32::from(long));
-        dw0 = txo::IS_OUTER_IPV4.insert(dw0, u32::from(f.outer_ipv4));
-        dw0 = txo::IS_OUTER_IPV6.insert(dw0, u32::from(f.outer_ipv6));
-        dw0 = txo::COMP_IPHDR_CSUM.insert(dw0, u32::from(f.ip_csum));
-        dw0 = txo::COMP_TCP_CSUM.insert(dw0, u32::from(f.tcp_csum));
-        dw0 = txo::COMP_UDP_CSUM.insert(dw0, u32::from(f.udp_csum));
-        dw0 = txo::SUPPRESS_TXCQE_GEN.insert(dw0, u32::from(f.suppress_cqe));
-        dw0 = txo::VCQ_NUM.insert(dw0, f.vcq_num);
-        let mut dw1 = txo::TRANS_OFF.insert(0, u32::from(f.trans_off));
-        dw1 = txo::VSQ_FRAME.insert(dw1, vsq_frame(f.sq_id));
-        if f.vp_offset <= 0xff {
-            dw1 = txo::SHORT_VP_OFFSET.insert(dw1, u32::from(f.vp_offset));
-        }
+        let [dw0, dw1] = f.first_dwords();
         let b = self.0.as_mut();
         set_le32(b, 0, dw0);
         set_le32(b, 4, dw1);
@@ -416,6 +403,29 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> TxOob<T> {
             set_le32(b, 16, 0);
             set_le32(b, 20, 0);
         }
+    }
+}
+
+impl TxOobFields {
+    /// Dwords 0 and 1 of the OOB (the whole short format, §4.1), assembled in registers.
+    #[inline]
+    pub fn first_dwords(&self) -> [u32; 2] {
+        let f = self;
+        let long = f.oob_bytes() == LONG_OOB_BYTES;
+        let mut dw0 = txo::PACKET_FORMAT.insert(0, u32::from(long));
+        dw0 = txo::IS_OUTER_IPV4.insert(dw0, u32::from(f.outer_ipv4));
+        dw0 = txo::IS_OUTER_IPV6.insert(dw0, u32::from(f.outer_ipv6));
+        dw0 = txo::COMP_IPHDR_CSUM.insert(dw0, u32::from(f.ip_csum));
+        dw0 = txo::COMP_TCP_CSUM.insert(dw0, u32::from(f.tcp_csum));
+        dw0 = txo::COMP_UDP_CSUM.insert(dw0, u32::from(f.udp_csum));
+        dw0 = txo::SUPPRESS_TXCQE_GEN.insert(dw0, u32::from(f.suppress_cqe));
+        dw0 = txo::VCQ_NUM.insert(dw0, f.vcq_num);
+        let mut dw1 = txo::TRANS_OFF.insert(0, u32::from(f.trans_off));
+        dw1 = txo::VSQ_FRAME.insert(dw1, vsq_frame(f.sq_id));
+        if f.vp_offset <= 0xff {
+            dw1 = txo::SHORT_VP_OFFSET.insert(dw1, u32::from(f.vp_offset));
+        }
+        [dw0, dw1]
     }
 }
 
