@@ -9,7 +9,9 @@ use crate::ethdev::{
     free_one, kick, reinsert_vlan, rx_fields, Burst, Counters, Kick, PortConfig, RxBurst,
     RxOffloads,
 };
-use crate::hw::mana::cqe::{Cqe, CqeType, RX_PPI_COUNT};
+use crate::hw::mana::cqe::{
+    Cqe, CqeType, RxCsum, RxFlagsWord, RxSingle, RX_HEAD_BYTES, RX_PPI_COUNT,
+};
 use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
 use crate::hw::mana::{BU_BYTES, CQE_BYTES};
@@ -46,6 +48,8 @@ pub struct RxQueue {
     /// A CQE whose packets were not all delivered (the caller's burst was full), and the
     /// index of the next packet in it.
     backlog: Option<([u8; CQE_BYTES], usize)>,
+    /// Checksum flags by a CQE's checksum bits.
+    csum_flags: Box<[OffloadFlags; 128]>,
 }
 
 impl std::fmt::Debug for RxQueue {
@@ -97,6 +101,7 @@ impl RxQueue {
             data_room,
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
             backlog: None,
+            csum_flags: csum_table(),
         }
     }
 
@@ -208,16 +213,24 @@ impl RxQueue {
         'cqes: while out.spare() > 0 {
             // The completion is read once, straight into this buffer (the common case);
             // one left over from the last burst is copied in.
-            let mut cqe = [0u8; CQE_BYTES];
-            let first = match self.backlog.take() {
-                Some((b, k)) => {
-                    cqe = b;
-                    k
-                }
+            let (cqe, first) = match self.backlog.take() {
+                Some(left) => left,
                 None => match self.cq.poll() {
                     Polled::Entry(off) => {
+                        // The common completion, one packet: its first 32 bytes say all.
+                        let mut head = [0u8; RX_HEAD_BYTES];
+                        self.cq.read(off, &mut head);
+                        if let Some(p) = RxSingle::parse(&head) {
+                            match self.deliver_single(p, out, &mut bytes) {
+                                Some(true) => delivered += 1,
+                                Some(false) => errors += 1,
+                                None => break,
+                            }
+                            continue;
+                        }
+                        let mut cqe = [0u8; CQE_BYTES];
                         self.cq.read(off, &mut cqe);
-                        0
+                        (cqe, 0)
                     }
                     Polled::Empty => break,
                     Polled::Overflow => {
@@ -301,8 +314,66 @@ impl RxQueue {
     /// per packet), and whether a stripped tag goes back into the frame.
     #[inline]
     fn fields_of(&self, c: &Cqe<&[u8]>) -> (RxFields, bool) {
+        self.fields_of_flags(RxFlagsWord(c.rx_flags_dword()))
+    }
+
+    /// [`RxQueue::fields_of`] from the CQE's flags dword.
+    #[inline]
+    fn fields_of_flags(&self, w: RxFlagsWord) -> (RxFields, bool) {
+        let fl = self.csum_flags[csum_index(w.csum_bits())];
+        // The hash type is read as a bit mask (Linux's reading; §11 item 2): any type means
+        // the hash is valid.
+        let hash = (w.hash_type() != 0).then_some(0);
+        rx_fields(fl, hash, w.vlan(), self.vlan_strip, self.port_id)
+    }
+
+    /// Delivers the packet of a single-packet RX_OKAY CQE into `out` (or frees and counts it
+    /// when its length does not fit). `false` when no buffer is posted.
+    #[inline]
+    fn deliver_single(&mut self, p: RxSingle, out: &mut Burst, bytes: &mut u64) -> Option<bool> {
+        let (mut fields, reinsert) = self.fields_of_flags(p.flags);
+        if fields.ol_flags.contains(OffloadFlags::RX_RSS_HASH) {
+            fields.rss_hash = p.hash;
+        }
+        let r = self.bufs.pop_received(u32::from(p.len), &fields)?;
+        self.wq.complete(1);
+        Some(match r {
+            Ok(mut m) => {
+                if reinsert {
+                    reinsert_vlan(&mut m, fields.vlan_tci);
+                }
+                *bytes += u64::from(m.pkt_len());
+                let _ = out.push(m);
+                true
+            }
+            Err(m) => {
+                free_one(&self.pool, m);
+                false
+            }
+        })
+    }
+}
+
+/// The index into [`csum_table`] of a CQE's checksum bits ([`Cqe::rx_csum_bits`]).
+#[inline]
+fn csum_index(bits: u8) -> usize {
+    usize::from(bits & 0x7f)
+}
+
+/// The checksum flags for each of the 128 combinations of a CQE's checksum bits, worked out
+/// once by [`csum_flags`].
+fn csum_table() -> Box<[OffloadFlags; 128]> {
+    let mut t = Box::new([OffloadFlags::empty(); 128]);
+    for (i, f) in t.iter_mut().enumerate() {
+        *f = csum_flags(&RxCsum::from_bits(i as u8));
+    }
+    t
+}
+
+/// The checksum flags for the checksum results `cs` (§7.6).
+fn csum_flags(cs: &RxCsum) -> OffloadFlags {
+    {
         let mut fl = OffloadFlags::empty();
-        let cs = c.rx_csum();
         if cs.outer_ip_bad {
             fl.insert(OffloadFlags::RX_OUTER_IP_CKSUM_BAD);
         }
@@ -320,10 +391,7 @@ impl RxQueue {
         } else {
             CksumStatus::Unknown
         });
-        // The hash type is read as a bit mask (Linux's reading; §11 item 2): any type means
-        // the hash is valid.
-        let hash = (c.rx_hash_type() != 0).then_some(0);
-        rx_fields(fl, hash, c.rx_vlan(), self.vlan_strip, self.port_id)
+        fl
     }
 }
 
@@ -331,6 +399,34 @@ impl RxBurst for RxQueue {
     #[inline]
     fn rx_burst(&mut self, out: &mut Burst) -> usize {
         RxQueue::rx_burst(self, out)
+    }
+}
+
+#[cfg(test)]
+mod csum_table_tests {
+    use super::*;
+
+    /// The table gives, for every combination of a CQE's checksum bits (outer good/bad, IP,
+    /// TCP, UDP good/bad), the flags the direct reading of the CQE gives.
+    #[test]
+    fn the_table_agrees_with_the_cqe_for_every_combination() {
+        let t = csum_table();
+        let bits = [13u32, 14, 25, 26, 27, 28, 29, 30];
+        for combo in 0u32..1 << bits.len() {
+            let mut cqe = [0u8; CQE_BYTES];
+            let dw = bits
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| combo & (1 << i) != 0)
+                .fold(0u32, |a, (_, b)| a | (1 << b));
+            cqe[4..8].copy_from_slice(&dw.to_le_bytes());
+            let c = Cqe::new_checked(&cqe[..]).unwrap();
+            assert_eq!(
+                t[csum_index(c.rx_csum_bits())],
+                csum_flags(&c.rx_csum()),
+                "bits {dw:#x}"
+            );
+        }
     }
 }
 

@@ -231,6 +231,12 @@ impl<T: AsRef<[u8]>> Cqe<T> {
         let b = self.0.as_ref();
         (field::RX_VLAN_TAGGED.get(b) != 0).then(|| field::RX_VLAN_ID.get(b) as u16)
     }
+    /// RX: the seven checksum bits that carry a verdict, packed: bit 0 outer IP failed, then
+    /// IP ok, IP failed, TCP ok, TCP failed, UDP ok, UDP failed (see [`RxCsum::from_bits`]).
+    #[inline]
+    pub fn rx_csum_bits(&self) -> u8 {
+        RxFlagsWord(le32(self.0.as_ref(), 4)).csum_bits()
+    }
     /// RX: the checksum result flags.
     pub fn rx_csum(&self) -> RxCsum {
         let b = self.0.as_ref();
@@ -245,6 +251,11 @@ impl<T: AsRef<[u8]>> Cqe<T> {
             udp_ok: f(field::RX_UDP_CSUM_SUCCEED),
             udp_bad: f(field::RX_UDP_CSUM_FAIL),
         }
+    }
+    /// RX: the flags dword (OOB dword 1) whole, see [`RxFlagsWord`].
+    #[inline]
+    pub fn rx_flags_dword(&self) -> u32 {
+        le32(self.0.as_ref(), 4)
     }
     /// RX: the 9-bit NDIS hash type ([`hash_type`]).
     pub fn rx_hash_type(&self) -> u16 {
@@ -304,6 +315,78 @@ pub struct RxCsum {
     pub udp_ok: bool,
     /// UDP checksum bad.
     pub udp_bad: bool,
+}
+
+/// Bytes of an RX CQE that describe a single packet: header, flags and PPIs 0 and 1 (§7.4).
+pub const RX_HEAD_BYTES: usize = 32;
+
+/// An RX CQE's flags dword (OOB dword 1, §7.4): VLAN, checksum results, hash type, read
+/// once for all of the CQE's packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxFlagsWord(pub u32);
+
+impl RxFlagsWord {
+    /// The checksum verdict bits, packed as [`Cqe::rx_csum_bits`].
+    #[inline]
+    pub fn csum_bits(self) -> u8 {
+        (((self.0 >> 14) & 1) | (((self.0 >> 25) & 0x3f) << 1)) as u8
+    }
+    /// The 9-bit NDIS hash type.
+    #[inline]
+    pub fn hash_type(self) -> u16 {
+        ((self.0 >> 16) & 0x1ff) as u16
+    }
+    /// The VLAN id, if the frame had a tag (which the device stripped).
+    #[inline]
+    pub fn vlan(self) -> Option<u16> {
+        (self.0 & (1 << 12) != 0).then_some((self.0 & 0xfff) as u16)
+    }
+}
+
+/// An RX_OKAY CQE that carries one packet (PPI 1 empty), read from its first
+/// [`RX_HEAD_BYTES`]: the common completion, decoded without reading the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxSingle {
+    /// The flags dword.
+    pub flags: RxFlagsWord,
+    /// The packet's length (not 0).
+    pub len: u16,
+    /// Its Toeplitz hash.
+    pub hash: u32,
+}
+
+impl RxSingle {
+    /// The single packet of `head` (a CQE's first bytes), or `None` when it is another type,
+    /// carries no packet or more than one.
+    #[inline]
+    pub fn parse(head: &[u8; RX_HEAD_BYTES]) -> Option<Self> {
+        let ty = le32(head, 0) & 0x3f;
+        let len = le32(head, field::PPI_BASE) as u16;
+        let next = le32(head, field::PPI_BASE + field::PPI_STRIDE) as u16;
+        (ty == u32::from(u8::from(CqeType::RxOkay)) && len != 0 && next == 0).then(|| Self {
+            flags: RxFlagsWord(le32(head, 4)),
+            len,
+            hash: le32(head, field::PPI_BASE + field::PPI_HASH),
+        })
+    }
+}
+
+impl RxCsum {
+    /// The results [`Cqe::rx_csum_bits`] packed (the outer-IP-good bit, which no flag
+    /// depends on, is not among them and reads false).
+    pub fn from_bits(b: u8) -> Self {
+        let f = |i: u8| b & (1 << i) != 0;
+        Self {
+            outer_ip_ok: false,
+            outer_ip_bad: f(0),
+            ip_ok: f(1),
+            ip_bad: f(2),
+            tcp_ok: f(3),
+            tcp_bad: f(4),
+            udp_ok: f(5),
+            udp_bad: f(6),
+        }
+    }
 }
 
 #[cfg(any(test, feature = "emu"))]
@@ -372,6 +455,46 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Cqe<T> {
 
 #[cfg(test)]
 mod tests {
+    /// The single-packet head decode agrees with the full accessors, and declines every CQE
+    /// it cannot describe (other types, two packets, no packet).
+    #[test]
+    fn rx_single_agrees_with_the_full_cqe() {
+        use super::*;
+        for (t, lens, vlan, hash_type) in [
+            (CqeType::RxOkay, [60u16, 0], Some(7u16), 0x1b6u16),
+            (CqeType::RxOkay, [1514, 0], None, 0),
+            (CqeType::RxOkay, [60, 64], None, 0x1b6),
+            (CqeType::RxOkay, [0, 0], None, 0),
+            (CqeType::RxCoalesced4, [60, 0], None, 0x1b6),
+            (CqeType::RxTruncated, [60, 0], None, 0),
+        ] {
+            let mut b = [0u8; CQE_BYTES];
+            let mut c = Cqe::new_checked(&mut b[..]).unwrap();
+            c.set_header(t, CLIENT_TYPE_COMPLETION, 0);
+            c.set_rx_vlan(vlan);
+            c.set_rx_csum(RxCsum {
+                ip_ok: true,
+                udp_ok: true,
+                ..Default::default()
+            });
+            c.set_rx_hash_type(hash_type);
+            c.set_rx_pkt(0, lens[0], 0x9e37_79b9);
+            c.set_rx_pkt(1, lens[1], 5);
+            let head: [u8; RX_HEAD_BYTES] = b[..RX_HEAD_BYTES].try_into().unwrap();
+            let c = Cqe::new_checked(&b[..]).unwrap();
+            match RxSingle::parse(&head) {
+                Some(p) => {
+                    assert!(t == CqeType::RxOkay && lens[0] != 0 && lens[1] == 0);
+                    assert_eq!((p.len, p.hash), (c.rx_pkt_len(0), c.rx_pkt_hash(0)));
+                    assert_eq!(p.flags.vlan(), c.rx_vlan());
+                    assert_eq!(p.flags.hash_type(), c.rx_hash_type());
+                    assert_eq!(p.flags.csum_bits(), c.rx_csum_bits());
+                }
+                None => assert!(t != CqeType::RxOkay || lens[0] == 0 || lens[1] != 0),
+            }
+        }
+    }
+
     use super::*;
     use proptest::prelude::*;
 
