@@ -19,7 +19,8 @@ use super::rxq::RxXstats;
 use super::txq::RECOVERY_RETRY_BURSTS;
 use crate::ethdev::Counters;
 use crate::hw::mlx5::cqe::{
-    csum_ok, mini_slot, op_own, Cqe, CqeFormat, CqeOpcode, MiniCqe, MiniCqeFormat, Syndrome,
+    csum_ok, hdr_type, mini_slot, op_own, Cqe, CqeFormat, CqeOpcode, MiniCqe, MiniCqeFormat,
+    Syndrome,
 };
 use crate::hw::mlx5::doorbell::{self, CQ_SET_CI, RCV_DBR};
 use crate::hw::mlx5::{CQE_BYTES, MINI_CQE_BYTES};
@@ -42,7 +43,7 @@ pub(super) struct RxMeta {
 }
 
 impl RxMeta {
-    fn of(c: &Cqe<&[u8]>) -> Self {
+    pub(super) fn of(c: &Cqe<&[u8]>) -> Self {
         let mut fl = OffloadFlags::empty();
         let ok = c.hds_ip_ext();
         // The device reports good checksums only; a clear bit means "not checked" (§5.1).
@@ -78,6 +79,61 @@ pub(super) struct RxCompletion {
     pub stride_idx: Option<u16>,
     /// The rest.
     pub meta: RxMeta,
+}
+
+/// A normal RESP_SEND CQE (the common completion of a cyclic RQ), read in place: the few
+/// fields a delivery needs, and a key into the queue's flag table ([`RxMeta::flags_key`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct NormalRx {
+    /// The packet's length.
+    pub byte_cnt: u32,
+    /// The RSS hash (meaningful when the key says hashed).
+    pub hash: u32,
+    /// Bit 0 L3 checksum good, bit 1 L4 good, bit 2 hashed, bit 3 a VLAN tag was stripped.
+    pub key: u8,
+    /// The stripped tag (meaningful when the key says so).
+    pub vlan: u16,
+}
+
+/// What [`RxCq::next_normal`] found.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum FastPolled {
+    /// A normal packet CQE.
+    Normal(NormalRx),
+    /// Anything else, decoded by [`RxCq::next`]'s rules.
+    Other(RxPolled),
+}
+
+impl RxMeta {
+    /// The flags-table key of a CQE's checksum bits, hash type and VLAN bit (see
+    /// [`NormalRx::key`]).
+    #[inline]
+    pub fn flags_key(hds_ip_ext: u8, hash_type: u8, l4_l3_hdr_type: u8) -> u8 {
+        u8::from(hds_ip_ext & csum_ok::L3 != 0)
+            | (u8::from(hds_ip_ext & csum_ok::L4 != 0) << 1)
+            | (u8::from(hash_type != 0) << 2)
+            | (u8::from(l4_l3_hdr_type & hdr_type::CVLAN != 0) << 3)
+    }
+
+    /// The meta a key stands for (its VLAN tag aside: `vlan` is `Some(0)` when present).
+    pub fn of_key(key: u8) -> Self {
+        let mut fl = OffloadFlags::empty();
+        fl.set_rx_ip_cksum(if key & 1 != 0 {
+            CksumStatus::Good
+        } else {
+            CksumStatus::Unknown
+        });
+        fl.set_rx_l4_cksum(if key & 2 != 0 {
+            CksumStatus::Good
+        } else {
+            CksumStatus::Unknown
+        });
+        Self {
+            fl,
+            hashed: key & 4 != 0,
+            vlan: (key & 8 != 0).then_some(0),
+        }
+    }
 }
 
 /// What [`RxCq::next`] found.
@@ -158,6 +214,31 @@ impl RxCq {
         }
     }
 
+    /// The next completion, consumed; a normal packet CQE read in place, without building
+    /// its meta (the queue looks its flags up by [`NormalRx::key`]).
+    #[inline]
+    pub fn next_normal(&mut self) -> FastPolled {
+        if self.session.is_some() {
+            return FastPolled::Other(self.next());
+        }
+        let off = match self.cq.poll() {
+            Polled::Entry(off) => off,
+            Polled::Empty | Polled::Overflow => return FastPolled::Other(RxPolled::Empty),
+        };
+        let mut b = [0u8; CQE_BYTES];
+        self.cq.read(off, &mut b);
+        let c = Cqe::new_checked(&b[..]).expect("64 bytes");
+        if c.op_own() & 0xfc == (u8::from(CqeOpcode::RespSend) << 4) {
+            return FastPolled::Normal(NormalRx {
+                byte_cnt: c.byte_cnt(),
+                hash: c.rx_hash_res(),
+                key: RxMeta::flags_key(c.hds_ip_ext(), c.rx_hash_type(), c.l4_l3_hdr_type()),
+                vlan: c.vlan_info(),
+            });
+        }
+        FastPolled::Other(self.decode(&b))
+    }
+
     /// The next completion, consumed.
     #[inline]
     pub fn next(&mut self) -> RxPolled {
@@ -172,6 +253,12 @@ impl RxCq {
         };
         let mut b = [0u8; CQE_BYTES];
         self.cq.read(off, &mut b);
+        self.decode(&b)
+    }
+
+    /// What the CQE `b`, just consumed, says.
+    #[inline]
+    fn decode(&mut self, b: &[u8; CQE_BYTES]) -> RxPolled {
         let c = Cqe::new_checked(&b[..]).expect("64 bytes");
         match (c.opcode(), c.format()) {
             (CqeOpcode::RespSend, CqeFormat::Normal) => RxPolled::Packet(RxCompletion {
@@ -192,7 +279,7 @@ impl RxCq {
                 self.session_next().unwrap_or(RxPolled::Empty)
             }
             (op, _) => {
-                crate::dp_trace!(opcode = ?op, "rx error completion\n{}", crate::hw::hexdump(&b));
+                crate::dp_trace!(opcode = ?op, "rx error completion\n{}", crate::hw::hexdump(b));
                 let syndrome = c.syndrome();
                 RxPolled::Bad {
                     critical: op == CqeOpcode::RespErr

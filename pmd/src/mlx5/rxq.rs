@@ -14,7 +14,7 @@
 #![deny(unsafe_code)]
 
 use super::provider::RawRq;
-use super::rx_cq::{Recovery, RxCompletion, RxCq, RxPolled};
+use super::rx_cq::{FastPolled, NormalRx, Recovery, RxCompletion, RxCq, RxMeta, RxPolled};
 use crate::ethdev::{
     free_one, kick, reinsert_vlan, rx_fields, Burst, Counters, Kick, PortConfig, QueueOwner,
     RxBurst, RxOffloads,
@@ -26,7 +26,7 @@ use crate::ring::WorkQueue;
 use crate::sys::barrier::udma_to_device_barrier;
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
-use mempool::{ChunkKeys, MbufPool, RxBufs};
+use mempool::{ChunkKeys, MbufPool, OffloadFlags, RxBufs, RxFields};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -127,6 +127,9 @@ pub struct RxQueue {
     vlan_strip: bool,
     /// A WQE with an empty first entry and the others closing the scatter list (§4.1).
     template: [u8; MAX_STRIDE],
+    /// The offload flags of a delivered packet by [`NormalRx::key`] (what [`rx_fields`]
+    /// makes of the CQE's meta, worked out once).
+    flags: [OffloadFlags; 16],
 }
 
 impl std::fmt::Debug for RxQueue {
@@ -185,6 +188,7 @@ impl RxQueue {
             data_room,
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
             template: wqe_template(stride),
+            flags: flags_table(cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP)),
         }
     }
 
@@ -344,6 +348,36 @@ impl RxQueue {
         true
     }
 
+    /// [`RxQueue::deliver`] for a normal CQE read in place: its flags from the queue's table.
+    #[inline]
+    fn deliver_normal(&mut self, c: &NormalRx, out: &mut Burst, bytes: &mut u64) -> bool {
+        let fields = RxFields {
+            ol_flags: self.flags[usize::from(c.key & 15)],
+            rss_hash: if c.key & 4 != 0 { c.hash } else { 0 },
+            vlan_tci: if c.key & 8 != 0 { c.vlan } else { 0 },
+            port: self.port_id,
+        };
+        let Some(r) = self.bufs.pop_received(c.byte_cnt, &fields) else {
+            return false;
+        };
+        self.wq.complete(1);
+        match r {
+            Ok(mut m) => {
+                if c.key & 8 != 0 && !self.vlan_strip {
+                    reinsert_vlan(&mut m, c.vlan);
+                }
+                *bytes += u64::from(m.pkt_len());
+                let _ = out.push(m);
+            }
+            Err(m) => {
+                RxXstats::bump(&self.xstats.too_long);
+                self.counters.add_errors(1);
+                free_one(&self.pool, m);
+            }
+        }
+        true
+    }
+
     /// See [`crate::ethdev::RxBurst::rx_burst`].
     #[inline]
     pub fn rx_burst(&mut self, out: &mut Burst) -> usize {
@@ -360,7 +394,17 @@ impl RxQueue {
         let mut errors = 0u64;
         let sessions0 = self.cq.sessions;
         while out.spare() > 0 {
-            match self.cq.next() {
+            let polled = match self.cq.next_normal() {
+                FastPolled::Normal(c) => {
+                    // Completions come in WQE order, one per WQE (§4.1).
+                    if !self.deliver_normal(&c, out, &mut bytes) {
+                        break;
+                    }
+                    continue;
+                }
+                FastPolled::Other(p) => p,
+            };
+            match polled {
                 RxPolled::Empty => break,
                 RxPolled::Packet(c) => {
                     // Completions come in WQE order, one per WQE (§4.1).
@@ -415,6 +459,18 @@ impl RxBurst for RxQueue {
     fn rx_burst(&mut self, out: &mut Burst) -> usize {
         RxQueue::rx_burst(self, out)
     }
+}
+
+/// The offload flags by [`NormalRx::key`]: what [`rx_fields`] gives for each key's meta.
+fn flags_table(vlan_strip: bool) -> [OffloadFlags; 16] {
+    let mut t = [OffloadFlags::empty(); 16];
+    for (k, f) in t.iter_mut().enumerate() {
+        let m = RxMeta::of_key(k as u8);
+        *f = rx_fields(m.fl, m.hashed.then_some(0), m.vlan, vlan_strip, 0)
+            .0
+            .ol_flags;
+    }
+    t
 }
 
 /// A WQE of `stride` bytes with an empty first entry and the others closing the scatter list
@@ -899,5 +955,44 @@ mod tests {
         drop(got);
         drop(q);
         assert_eq!(pool.in_use(), 0);
+    }
+}
+
+#[cfg(test)]
+mod flags_table_tests {
+    use super::*;
+    use crate::hw::mlx5::cqe::{hdr_type, Cqe, CqeFields};
+    use crate::hw::mlx5::CQE_BYTES;
+
+    /// For every combination of checksum bits, hash type and VLAN bit, with and without
+    /// VLAN stripping, the table gives the flags the full decoding (`RxMeta::of`, then
+    /// `rx_fields`) gives.
+    #[test]
+    fn the_table_agrees_with_the_full_decoding() {
+        for strip in [false, true] {
+            let t = flags_table(strip);
+            for bits in 0u8..64 {
+                let f = CqeFields {
+                    opcode: 2,
+                    hds_ip_ext: bits & 7,
+                    rx_hash_type: if bits & 8 != 0 { 0x3c } else { 0 },
+                    l4_l3_hdr_type: if bits & 16 != 0 { hdr_type::CVLAN } else { 0 }
+                        | if bits & 32 != 0 { hdr_type::L3_IPV4 } else { 0 },
+                    vlan_info: 100,
+                    rx_hash_res: 7,
+                    byte_cnt: 60,
+                    ..Default::default()
+                };
+                let mut b = [0u8; CQE_BYTES];
+                Cqe::new_checked(&mut b[..]).unwrap().write(&f);
+                let c = Cqe::new_checked(&b[..]).unwrap();
+                let m = RxMeta::of(&c);
+                let want = rx_fields(m.fl, m.hashed.then_some(7), m.vlan, strip, 0)
+                    .0
+                    .ol_flags;
+                let key = RxMeta::flags_key(c.hds_ip_ext(), c.rx_hash_type(), c.l4_l3_hdr_type());
+                assert_eq!(t[usize::from(key)], want, "bits {bits:#x} strip {strip}");
+            }
+        }
     }
 }

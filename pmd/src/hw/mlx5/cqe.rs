@@ -195,6 +195,11 @@ impl<T: AsRef<[u8]>> Cqe<T> {
     pub fn l4_l3_hdr_type(&self) -> u8 {
         self.0.as_ref()[L4_L3_HDR_TYPE]
     }
+    /// The VLAN info field whole (the stripped TCI where [`hdr_type::CVLAN`] is set).
+    #[inline]
+    pub fn vlan_info(&self) -> u16 {
+        be16(self.0.as_ref(), VLAN_INFO)
+    }
     /// The stripped VLAN TCI, when a C-VLAN was present.
     pub fn vlan(&self) -> Option<u16> {
         (self.l4_l3_hdr_type() & hdr_type::CVLAN != 0).then(|| be16(self.0.as_ref(), VLAN_INFO))
