@@ -186,8 +186,9 @@ pub struct TxQueue {
     /// The device's work on this thread (a device model's inline engine; `None` on hardware).
     kick: Kick,
     done: Vec<Mbuf>,
-    /// Per packet of the current burst: its WQE index, or `None` when dropped.
-    posted: Vec<Option<u16>>,
+    /// The current burst in runs, in order: this many packets went out in the WQE at this
+    /// index (an eMPW WQE carries several), or were dropped (`None`).
+    posted: Vec<(u32, Option<u16>)>,
     wqe: [u8; DPDK_MAX_DS * DS_BYTES + WQEBB_BYTES],
 }
 
@@ -537,7 +538,7 @@ impl TxQueue {
                         last_ctrl = Some(ctrl);
                         self.unrequested += n as u32;
                         self.unrequested_bytes += bytes;
-                        self.posted.extend(std::iter::repeat_n(Some(wqe_index), n));
+                        self.posted.push((n as u32, Some(wqe_index)));
                         i += n;
                         continue;
                     }
@@ -557,28 +558,32 @@ impl TxQueue {
                     let mut ctrl = [0u8; 8];
                     ctrl.copy_from_slice(&self.wqe[..8]);
                     last_ctrl = Some(ctrl);
-                    self.posted.push(Some(wqe_index));
+                    self.posted.push((1, Some(wqe_index)));
                 }
-                Build::Drop => self.posted.push(None),
+                Build::Drop => self.posted.push((1, None)),
             }
             i += 1;
         }
-        let taken = self.posted.len();
+        let taken = i;
         let mut dropped = 0u64;
-        for (m, p) in pkts.drain_front(taken).zip(&self.posted) {
-            match p {
+        let mask = self.wqe_of.len() as u32 - 1;
+        let mut taken_pkts = pkts.drain_front(taken);
+        for &(n, idx) in &self.posted {
+            match idx {
                 // At most `free()` packets were taken: the ring has room for each.
                 Some(idx) => {
-                    let mask = self.wqe_of.len() as u32 - 1;
-                    self.wqe_of[(self.desc.pushed() & mask) as usize] = *idx;
-                    let _ = self.desc.push(m);
+                    for m in taken_pkts.by_ref().take(n as usize) {
+                        self.wqe_of[(self.desc.pushed() & mask) as usize] = idx;
+                        let _ = self.desc.push(m);
+                    }
                 }
                 None => {
-                    dropped += 1;
-                    self.done.push(m);
+                    dropped += u64::from(n);
+                    self.done.extend(taken_pkts.by_ref().take(n as usize));
                 }
             }
         }
+        drop(taken_pkts);
         if dropped > 0 {
             self.counters.add_errors(dropped);
             let done = &mut self.done;
