@@ -123,6 +123,35 @@ impl MbufFifo {
         Ok(())
     }
 
+    /// Appends every mbuf of `ms`, in order: [`MbufFifo::push`] for a run, with the pool
+    /// identity and the room checked once.
+    ///
+    /// # Panics
+    /// If `ms` holds more mbufs than the fifo has free slots (nothing is taken then).
+    #[inline]
+    pub fn push_all(&mut self, ms: impl ExactSizeIterator<Item = Mbuf>) {
+        assert!(
+            ms.len() <= self.free() as usize,
+            "{} mbufs into a fifo with {} free slots",
+            ms.len(),
+            self.free()
+        );
+        let mp = self.pool.mempool_ptr();
+        for m in ms {
+            let h = m.h();
+            let at = (self.head & self.mask) as usize;
+            self.slots[at] = if h.next == NO_SEG && ptr::eq(h.pool, mp) {
+                h.index
+            } else {
+                self.chains[at] = m.hdr.as_ptr() as usize;
+                CHAIN
+            };
+            // The fifo owns it now.
+            let _ = ManuallyDrop::new(m);
+            self.head = self.head.wrapping_add(1);
+        }
+    }
+
     /// Removes the oldest mbuf.
     #[inline]
     pub fn pop(&mut self) -> Option<Mbuf> {
@@ -239,6 +268,28 @@ mod tests {
         f.free_front(100, &mut c);
         assert!(f.is_empty());
         assert_eq!((p.in_use(), other.in_use()), (0, 0));
+    }
+
+    #[test]
+    fn push_all_takes_a_run_in_order() {
+        let p = pool(64);
+        let mut c = p.cache();
+        let mut f = MbufFifo::new(&p, 8);
+        let mut v = Vec::new();
+        for k in 0..6u8 {
+            let mut m = c.alloc().unwrap();
+            m.extend_from_slice(&[k; 10]).unwrap();
+            if k == 2 {
+                m.chain(c.alloc().unwrap()).unwrap();
+            }
+            v.push(m);
+        }
+        f.push_all(v.drain(..));
+        assert_eq!(f.len(), 6);
+        for k in 0..6u8 {
+            assert_eq!(f.pop().unwrap().data()[0], k);
+        }
+        assert_eq!(p.in_use(), 0);
     }
 
     #[test]

@@ -572,10 +572,11 @@ impl TxQueue {
             match idx {
                 // At most `free()` packets were taken: the ring has room for each.
                 Some(idx) => {
-                    for m in taken_pkts.by_ref().take(n as usize) {
-                        self.wqe_of[(self.desc.pushed() & mask) as usize] = idx;
-                        let _ = self.desc.push(m);
+                    let at = self.desc.pushed();
+                    for k in 0..n {
+                        self.wqe_of[(at.wrapping_add(k) & mask) as usize] = idx;
                     }
+                    self.desc.push_all(taken_pkts.by_ref().take(n as usize));
                 }
                 None => {
                     dropped += u64::from(n);
