@@ -189,6 +189,15 @@ impl ChunkKeys {
             .and_then(|c| self.keys.get(c).copied())
     }
 
+    /// For a pool in one chunk: the address range it spans (`base`, bytes) and its key, so a
+    /// datapath can look a buffer's key up with one compare.
+    pub fn single(&self) -> Option<(usize, usize, u32)> {
+        match &self.keys[..] {
+            [key] => Some((self.layout.base, self.layout.span, *key)),
+            _ => None,
+        }
+    }
+
     /// The keys, one per chunk, in chunk order.
     pub fn keys(&self) -> &[u32] {
         &self.keys

@@ -32,6 +32,8 @@ pub struct MbufFifo {
     slots: Box<[u32]>,
     /// Header pointers of the [`CHAIN`] slots, by position.
     chains: Box<[usize]>,
+    /// [`CHAIN`] slots held: while 0, a run is freed without looking at its slots.
+    held_chains: u32,
     head: u32,
     tail: u32,
     mask: u32,
@@ -59,6 +61,7 @@ impl MbufFifo {
             pool: Arc::clone(pool),
             slots: vec![0; n as usize].into_boxed_slice(),
             chains: vec![0; n as usize].into_boxed_slice(),
+            held_chains: 0,
             head: 0,
             tail: 0,
             mask: n - 1,
@@ -115,6 +118,7 @@ impl MbufFifo {
             h.index
         } else {
             self.chains[at] = m.hdr.as_ptr() as usize;
+            self.held_chains += 1;
             CHAIN
         };
         // The fifo owns it now.
@@ -144,6 +148,7 @@ impl MbufFifo {
                 h.index
             } else {
                 self.chains[at] = m.hdr.as_ptr() as usize;
+                self.held_chains += 1;
                 CHAIN
             };
             // The fifo owns it now.
@@ -189,12 +194,13 @@ impl MbufFifo {
     #[inline]
     fn free_run(&mut self, at: usize, n: usize, cache: &mut MbufCache) {
         let run = &self.slots[at..at + n];
-        if run.iter().fold(0, |acc, &s| acc | s) & CHAIN == 0 {
+        if self.held_chains == 0 {
             cache.inner.put_bulk(run);
             return;
         }
         for k in at..at + n {
             if self.slots[k] == CHAIN {
+                self.held_chains -= 1;
                 // SAFETY: a CHAIN slot's pointer is the header of a chain the fifo owns
                 // (`push`); the slot is being consumed (the caller moves `tail` past it), so
                 // the chain is freed once.
@@ -215,9 +221,10 @@ impl MbufFifo {
 
     /// The owned mbuf a consumed slot names.
     #[inline]
-    fn take(&self, at: usize) -> Mbuf {
+    fn take(&mut self, at: usize) -> Mbuf {
         let slot = self.slots[at];
         if slot == CHAIN {
+            self.held_chains -= 1;
             Mbuf {
                 hdr: Self::ptr_of(self.chains[at]),
             }

@@ -160,9 +160,12 @@ pub struct TxQueue {
     empw: bool,
     /// The packets in flight, in posting order (freed in bulk by completions).
     desc: MbufFifo,
-    /// Per descriptor (by its free-running position in `desc`): the index of the WQE it went
-    /// out in (its first WQEBB; the packets of an eMPW WQE share it).
-    wqe_of: Box<[u16]>,
+    /// The WQEs in flight, oldest at `wqe_tail`: each one's index (its first WQEBB) and the
+    /// position in `desc` of its first packet (an eMPW WQE carries several). Only an error
+    /// completion reads them, to tell the failed WQE's packets from those sent before it.
+    wqes: Box<[(u16, u32)]>,
+    wqe_head: u32,
+    wqe_tail: u32,
     /// Completion requests in flight, oldest at `req_tail` (each covers at least one
     /// descriptor, so there are never more than descriptors).
     reqs: Box<[Req]>,
@@ -173,6 +176,8 @@ pub struct TxQueue {
     unrequested_bytes: u64,
     pool: Arc<MbufPool>,
     keys: ChunkKeys,
+    /// A pool in one chunk: its range and key (one compare per buffer).
+    one_chunk: Option<(usize, usize, u32)>,
     counters: Arc<Counters>,
     xstats: Arc<TxXstats>,
     /// The QP's state machine, for error recovery.
@@ -256,13 +261,16 @@ impl TxQueue {
             min_inline: usize::from(raw.min_inline),
             empw: raw.min_inline == 0,
             desc: MbufFifo::new(&pool, n),
-            wqe_of: vec![0; n as usize].into_boxed_slice(),
+            wqes: vec![(0, 0); n as usize].into_boxed_slice(),
+            wqe_head: 0,
+            wqe_tail: 0,
             reqs: vec![Req::default(); n as usize].into_boxed_slice(),
             req_head: 0,
             req_tail: 0,
             unrequested: 0,
             unrequested_bytes: 0,
             pool,
+            one_chunk: keys.single(),
             keys,
             counters,
             xstats,
@@ -310,18 +318,18 @@ impl TxQueue {
                 Polled::Entry(off) => off,
                 Polled::Empty | Polled::Overflow => break,
             };
-            let mut b = [0u8; CQE_BYTES];
-            self.cq.read(off, &mut b);
-            let Some(c) = Cqe::new_checked(&b[..]) else {
-                break;
-            };
+            // A requester CQE's last 8 bytes say all: SQ number, WQE counter, op_own (§5.1).
+            let mut tail = [0u8; 8];
+            self.cq.read(off + CQE_BYTES - 8, &mut tail);
             n += 1;
-            if c.opcode() != CqeOpcode::Req {
+            if CqeOpcode::from(tail[7] >> 4) != CqeOpcode::Req {
+                let mut b = [0u8; CQE_BYTES];
+                self.cq.read(off, &mut b);
                 self.complete_error(&b);
                 failed = true;
                 break;
             }
-            self.complete_request(c.wqe_counter());
+            self.complete_request(u16::from_be_bytes([tail[4], tail[5]]));
         }
         if n > 0 {
             self.write_cq_ci();
@@ -358,6 +366,16 @@ impl TxQueue {
         let desc = &mut self.desc;
         with_cache(&self.pool, |cache| desc.free_front(count, cache));
         self.counters.add(u64::from(count), bytes);
+        // The WQEs that held them are done.
+        let wmask = self.wqes.len() as u32 - 1;
+        while self.wqe_tail != self.wqe_head
+            && (self.wqes[(self.wqe_tail & wmask) as usize].1)
+                .wrapping_sub(r.desc_head)
+                .cast_signed()
+                < 0
+        {
+            self.wqe_tail = self.wqe_tail.wrapping_add(1);
+        }
     }
 
     /// An error CQE (`b`) for WQE `upto`: the packets of the WQEs before it were sent, those
@@ -372,20 +390,22 @@ impl TxQueue {
         let upto = c.wqe_counter();
         let (mut ok_pkts, mut ok_bytes, mut errs) = (0u64, 0u64, 0u64);
         // Only if the failed WQE is in flight: a CQE naming another is no proof of anything.
-        let mask = self.wqe_of.len() as u32 - 1;
-        let wqe_at = |k: u32| self.wqe_of[(k & mask) as usize];
+        let mask = self.wqes.len() as u32 - 1;
+        let entry = |k: u32| self.wqes[(k & mask) as usize];
         let (from, to) = (self.desc.popped(), self.desc.pushed());
-        if (from..to).any(|k| wqe_at(k) == upto) {
-            let mut k = from;
-            while wqe_at(k) != upto {
-                k += 1;
-            }
-            let ok = k - from;
-            while k != to && wqe_at(k) == upto {
-                k += 1;
-            }
-            errs = u64::from(k - from - ok);
-            for i in 0..k - from {
+        let failed = (0..self.wqe_head.wrapping_sub(self.wqe_tail))
+            .map(|j| self.wqe_tail.wrapping_add(j))
+            .find(|&j| entry(j).0 == upto);
+        if let Some(j) = failed {
+            let start = entry(j).1;
+            let end = if j.wrapping_add(1) != self.wqe_head {
+                entry(j.wrapping_add(1)).1
+            } else {
+                to
+            };
+            let ok = start.wrapping_sub(from);
+            errs = u64::from(end.wrapping_sub(start));
+            for i in 0..end.wrapping_sub(from) {
                 if let Some(m) = self.desc.pop() {
                     if i < ok {
                         ok_pkts += 1;
@@ -459,6 +479,7 @@ impl TxQueue {
         }
         let mut dropped = 0u64;
         self.req_tail = self.req_head;
+        self.wqe_tail = self.wqe_head;
         self.unrequested_bytes = 0;
         while let Some(m) = self.desc.pop() {
             dropped += 1;
@@ -566,16 +587,15 @@ impl TxQueue {
         }
         let taken = i;
         let mut dropped = 0u64;
-        let mask = self.wqe_of.len() as u32 - 1;
+        let mask = self.wqes.len() as u32 - 1;
         let mut taken_pkts = pkts.drain_front(taken);
         for &(n, idx) in &self.posted {
             match idx {
-                // At most `free()` packets were taken: the ring has room for each.
+                // At most `free()` packets were taken: the ring has room for each (and each
+                // WQE carries one at least, so the WQE ring too).
                 Some(idx) => {
-                    let at = self.desc.pushed();
-                    for k in 0..n {
-                        self.wqe_of[(at.wrapping_add(k) & mask) as usize] = idx;
-                    }
+                    self.wqes[(self.wqe_head & mask) as usize] = (idx, self.desc.pushed());
+                    self.wqe_head = self.wqe_head.wrapping_add(1);
                     self.desc.push_all(taken_pkts.by_ref().take(n as usize));
                 }
                 None => {
@@ -677,8 +697,12 @@ impl TxQueue {
             }
             let data = m.data();
             let addr = data.as_ptr() as usize;
-            let Some(key) = self.keys.key_for_addr(addr) else {
-                break;
+            let key = match self.one_chunk {
+                Some((base, span, key)) if addr.wrapping_sub(base) < span => key,
+                _ => match self.keys.key_for_addr(addr) {
+                    Some(key) => key,
+                    None => break,
+                },
             };
             bytes += data.len() as u64;
             let at = (2 + n) * SEG_BYTES;
