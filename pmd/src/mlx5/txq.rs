@@ -195,6 +195,8 @@ pub struct TxQueue {
     /// index (an eMPW WQE carries several), or were dropped (`None`).
     posted: Vec<(u32, Option<u16>)>,
     wqe: [u8; DPDK_MAX_DS * DS_BYTES + WQEBB_BYTES],
+    /// An inline header with a VLAN tag put in (TSO headers and the device's minimum).
+    vlan_hdr: [u8; MAX_TSO_HEADER],
 }
 
 impl std::fmt::Debug for TxQueue {
@@ -283,6 +285,7 @@ impl TxQueue {
             done: Vec::with_capacity(n as usize),
             posted: Vec::with_capacity(n as usize),
             wqe: [0; DPDK_MAX_DS * DS_BYTES + WQEBB_BYTES],
+            vlan_hdr: [0; MAX_TSO_HEADER],
         }
     }
 
@@ -786,28 +789,28 @@ impl TxQueue {
             };
             (Opcode::Send, 0, need)
         };
-        // Inline header bytes, and where the pointer data starts in the first segment.
-        let mut hdr = [0u8; MAX_TSO_HEADER];
-        let (inl, data_from) = match vlan {
+        // Inline header bytes (the frame's own, or composed with the tag in `vlan_hdr`), and
+        // where the pointer data starts in the first segment.
+        let vlan_hdr = &mut self.vlan_hdr;
+        let (hdr, inl, data_from): (&[u8], usize, usize) = match vlan {
             Some(tci) if hdr_len > 0 => {
                 let take = hdr_len - 4;
                 if first.len() < take {
                     TxXstats::bump(&self.xstats.short_header);
                     return Build::Drop;
                 }
-                hdr[..12].copy_from_slice(&first[..12]);
-                hdr[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
-                hdr[14..16].copy_from_slice(&tci.to_be_bytes());
-                hdr[16..hdr_len].copy_from_slice(&first[12..take]);
-                (hdr_len, take)
+                vlan_hdr[..12].copy_from_slice(&first[..12]);
+                vlan_hdr[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
+                vlan_hdr[14..16].copy_from_slice(&tci.to_be_bytes());
+                vlan_hdr[16..hdr_len].copy_from_slice(&first[12..take]);
+                (&vlan_hdr[..hdr_len], hdr_len, take)
             }
             _ => {
                 if first.len() < hdr_len {
                     TxXstats::bump(&self.xstats.short_header);
                     return Build::Drop;
                 }
-                hdr[..hdr_len].copy_from_slice(&first[..hdr_len]);
-                (hdr_len, hdr_len)
+                (&first[..hdr_len], hdr_len, hdr_len)
             }
         };
         let eth_units = eth_seg_units(inl);
