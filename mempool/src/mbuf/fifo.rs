@@ -141,9 +141,10 @@ impl MbufFifo {
             self.free()
         );
         let mp = self.pool.mempool_ptr();
+        let mut head = self.head;
         for m in ms {
             let h = m.h();
-            let at = (self.head & self.mask) as usize;
+            let at = (head & self.mask) as usize;
             self.slots[at] = if h.next == NO_SEG && ptr::eq(h.pool, mp) {
                 h.index
             } else {
@@ -153,8 +154,9 @@ impl MbufFifo {
             };
             // The fifo owns it now.
             let _ = ManuallyDrop::new(m);
-            self.head = self.head.wrapping_add(1);
+            head = head.wrapping_add(1);
         }
+        self.head = head;
     }
 
     /// Removes the oldest mbuf.

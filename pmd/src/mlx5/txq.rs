@@ -683,19 +683,21 @@ impl TxQueue {
         let room = (free * DS_PER_WQEBB - 2).min(EMPW_MAX).min(pkts.len());
         let size = self.wq.mem().len();
         let start = self.wq.head_bytes() as usize & (size - 1);
-        let in_place = start + (2 + room) * SEG_BYTES <= size;
+        // Where the WQE cannot reach the end of the ring, it goes straight in.
+        let window = self.wq.mem().window(start, (2 + room) * SEG_BYTES);
         let mut n = 0;
         let mut bytes = 0u64;
         // The flags that matter here: those of the first packet, which no other may differ
         // from (TSO and VLAN insertion never go in an eMPW WQE).
-        let mut f0 = None;
+        let Some(first) = pkts.first() else {
+            return Empw::NotEligible;
+        };
+        let f0 = first.ol_flags() & EMPW_FLAGS;
+        if f0.intersects(OffloadFlags::TX_TCP_SEG | OffloadFlags::TX_VLAN) {
+            return Empw::NotEligible;
+        }
         for m in &pkts[..room] {
-            let f = m.ol_flags() & EMPW_FLAGS;
-            if *f0.get_or_insert(f) != f
-                || f.intersects(OffloadFlags::TX_TCP_SEG | OffloadFlags::TX_VLAN)
-                || m.nb_segs() != 1
-                || m.is_empty()
-            {
+            if m.ol_flags() & EMPW_FLAGS != f0 || m.nb_segs() != 1 || m.is_empty() {
                 break;
             }
             let data = m.data();
@@ -709,9 +711,9 @@ impl TxQueue {
             };
             bytes += data.len() as u64;
             let at = (2 + n) * SEG_BYTES;
-            if in_place {
+            if let Some(w) = &window {
                 let (lo, hi) = data_seg_words(addr as u64, key, data.len() as u32);
-                self.wq.mem().write_2x64(start + at, lo, hi);
+                w.write_2x64(at, lo, hi);
             } else {
                 let d = DataSeg::bytes(addr as u64, key, data.len() as u32);
                 self.wqe[at..at + SEG_BYTES].copy_from_slice(&d);
@@ -734,12 +736,12 @@ impl TxQueue {
             );
         }
         if let Some(mut e) = EthSeg::new_checked(&mut title[SEG_BYTES..]) {
-            e.write(f0.map_or(0, cs_flags), 0, &[]);
+            e.write(cs_flags(f0), 0, &[]);
         }
         // The tail of the last WQEBB is ignored by the device; keep it clean.
         let bbs = wqebbs(ds);
         let end = bbs * WQEBB_BYTES;
-        if in_place {
+        if window.is_some() {
             let mem = self.wq.mem();
             mem.write(start, &title);
             mem.fill(start + ds * SEG_BYTES, end - ds * SEG_BYTES, 0);

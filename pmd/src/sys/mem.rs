@@ -44,6 +44,36 @@ impl std::fmt::Debug for DevMem {
     }
 }
 
+/// A checked range of a [`DevMem`] (see [`DevMem::window`]): stores into it check only
+/// against the window's length.
+#[derive(Debug)]
+pub struct DevWindow<'a> {
+    ptr: *mut u8,
+    len: usize,
+    _mem: std::marker::PhantomData<&'a DevMem>,
+}
+
+impl DevWindow<'_> {
+    /// [`DevMem::write_2x64`] at `off` of the window.
+    ///
+    /// # Panics
+    /// If the 16 bytes are not inside the window.
+    #[inline]
+    pub fn write_2x64(&self, off: usize, lo: u64, hi: u64) {
+        if off > self.len.wrapping_sub(16) || self.len < 16 {
+            out_of_range(off, 16, self.ptr, self.len);
+        }
+        // SAFETY: `off..off + 16` is inside the window (checked), which is inside the memory
+        // (checked by `DevMem::window`), valid for writes while the `DevMem` lives (the
+        // window borrows it); unaligned stores need no alignment.
+        unsafe {
+            let p = self.ptr.add(off).cast::<u64>();
+            p.write_unaligned(lo);
+            p.add(1).write_unaligned(hi);
+        }
+    }
+}
+
 /// The panic of an access outside a [`DevMem`], out of line: the hot paths' range checks then
 /// cost a compare and a never-taken branch, with nothing prepared for the message.
 #[cold]
@@ -287,6 +317,18 @@ impl DevMem {
             p.write_unaligned(lo);
             p.add(1).write_unaligned(hi);
         }
+    }
+
+    /// A window of `len` bytes at `off`, range-checked once, for a run of stores into it
+    /// ([`DevWindow::write_2x64`]); `None` if it does not fit the memory.
+    #[inline]
+    pub fn window(&self, off: usize, len: usize) -> Option<DevWindow<'_>> {
+        (off <= self.len && len <= self.len - off).then(|| DevWindow {
+            // (In range, checked just above.)
+            ptr: self.ptr.wrapping_add(off),
+            len,
+            _mem: std::marker::PhantomData,
+        })
     }
 
     /// Copies `n` bytes from `src_off` of `src` to `off` of this memory (a DMA between two
@@ -557,6 +599,24 @@ pub fn allocate_file(file: &std::fs::File, len: usize) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_window_takes_stores_inside_it_only() {
+        let m = DevMem::anon(4096).unwrap();
+        assert!(m.window(4096 - 32, 33).is_none());
+        assert!(m.window(4097, 0).is_none());
+        let w = m.window(64, 48).unwrap();
+        w.write_2x64(32, 1, 2);
+        let mut b = [0u8; 16];
+        m.read(96, &mut b);
+        assert_eq!(b[..8], 1u64.to_ne_bytes());
+        assert_eq!(b[8..], 2u64.to_ne_bytes());
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.write_2x64(33, 0, 0)));
+        assert!(r.is_err(), "a store past the window's end");
+        let tiny = m.window(0, 8).unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tiny.write_2x64(0, 0, 0)));
+        assert!(r.is_err(), "a window shorter than one store");
+    }
     use super::*;
 
     #[test]

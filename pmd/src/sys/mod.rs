@@ -45,7 +45,7 @@ pub mod packet_ring;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use mem::DevMem;
+pub use mem::{DevMem, DevWindow};
 
 /// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`): what a benchmark on a
 /// shared machine measures instead of wall time, which also counts the time other processes
