@@ -182,6 +182,22 @@ impl RxQueue {
             _ => None,
         };
         let mut k = 0;
+        // The run's WQEs, when they do not reach the end of the ring and the pool has one key
+        // (the usual case): stored through a window checked once.
+        if let (Some(w), Some(key)) = (mem.window(start & mask, n as usize * RX_WQE_BYTES), single)
+        {
+            let sge_hi = (u64::from(key) | size).to_le();
+            while k < n {
+                let at = k as usize * RX_WQE_BYTES;
+                w.write_2x64(at, hdr.to_le(), 0);
+                w.write_2x64(
+                    at + WQE_HEADER_BYTES + SHORT_OOB_BYTES,
+                    (self.bufs.data_addr(from.wrapping_add(k)) as u64).to_le(),
+                    sge_hi,
+                );
+                k += 1;
+            }
+        }
         while k < n {
             let pos = from.wrapping_add(k);
             let Some(key) = single.or_else(|| self.keys.key_of(self.bufs.index_at(pos))) else {

@@ -266,6 +266,19 @@ impl RxQueue {
             _ => None,
         };
         let mut k = 0;
+        // The run's WQEs, when they do not reach the end of the ring and are one segment
+        // each (the usual case): stored through a window checked once.
+        if let (false, Some(w), Some(head)) = (
+            wide,
+            mem.window(start & mask, n as usize * SEG_BYTES),
+            single,
+        ) {
+            while k < n {
+                let addr = self.bufs.data_addr(from.wrapping_add(k)) as u64;
+                w.write_2x64(k as usize * SEG_BYTES, head, addr.to_be());
+                k += 1;
+            }
+        }
         while k < n {
             let pos = from.wrapping_add(k);
             let head = match single {
@@ -275,8 +288,9 @@ impl RxQueue {
                     None => break,
                 },
             };
+            let addr = (self.bufs.data_addr(pos) as u64).to_be();
             let off = (start + k as usize * self.stride) & mask;
-            mem.write_2x64(off, head, (self.bufs.data_addr(pos) as u64).to_be());
+            mem.write_2x64(off, head, addr);
             if wide {
                 mem.write(off + SEG_BYTES, &self.template[SEG_BYTES..self.stride]);
             }
