@@ -403,6 +403,12 @@ impl MbufPool {
         cache.inner.put_bulk(&idx[..n]);
     }
 
+    /// In audit builds, panics unless object `idx` is in use (owned by someone).
+    #[inline]
+    pub(super) fn audit_in_use(&self, idx: u32, what: &str) {
+        self.mp.audit_check(idx, what);
+    }
+
     /// The pool's object store, to tell its mbufs from others' by their header's `pool`.
     #[inline]
     pub(super) fn mempool_ptr(&self) -> *const Mempool {

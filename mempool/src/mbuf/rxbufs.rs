@@ -8,6 +8,7 @@
 //! vector RX paths do with their raw bulk allocation and one rearm store).
 #![allow(unsafe_code)]
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::handle::{Mbuf, RawMbuf};
@@ -42,6 +43,10 @@ pub struct RxBufs {
     /// The data address of object 0, and the distance between objects.
     addr0: usize,
     obj_size: usize,
+    /// The header address of object 0 (the pool's region base, never null).
+    hdr0: usize,
+    /// Objects in the pool (every slot's index is below it).
+    count: u32,
 }
 
 impl std::fmt::Debug for RxBufs {
@@ -66,6 +71,8 @@ impl RxBufs {
             room: u32::from(pool.data_room()),
             addr0: pool.rx_data_addr(RawMbuf(0)),
             obj_size: pool.obj_size(),
+            hdr0: pool.buf_addr(RawMbuf(0)) - MBUF_HEADER_BYTES,
+            count: pool.capacity(),
         }
     }
 
@@ -197,9 +204,18 @@ impl RxBufs {
         }
         let idx = self.slots[(self.tail & self.mask) as usize];
         self.tail = self.tail.wrapping_add(1);
-        // SAFETY: `idx` is a free object of `pool` the fifo owned since `refill` took it from
-        // the cache; its slot was just consumed, so ownership passes to this handle once.
-        let mut m = unsafe { self.pool.from_raw(RawMbuf(idx)) };
+        debug_assert!(idx < self.count);
+        self.pool.audit_in_use(idx, "RxBufs::pop_received");
+        let hdr = (self.hdr0 + idx as usize * self.obj_size) as *mut MbufHeader;
+        // `idx` is a free object of `pool` the fifo owned since `refill` took it from the
+        // cache; its slot was just consumed, so ownership passes to this handle once. Its
+        // header is at the region base plus `idx` objects (the pool's own arithmetic, with the
+        // base and size read once at creation).
+        let mut m = Mbuf {
+            // SAFETY: the region base is not null and `idx` is below the object count, so the
+            // address is inside the region and not null.
+            hdr: unsafe { NonNull::new_unchecked(hdr) },
+        };
         let ok = len <= self.room;
         let h: &mut MbufHeader = m.h_mut();
         // Free objects keep next = none, one segment, refcnt 1; the rest is written here.

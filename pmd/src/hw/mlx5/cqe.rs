@@ -80,8 +80,10 @@ pub const fn op_own(opcode: u8, format: u8, owner: bool) -> u8 {
 
 /// Whether the entry at consumer counter `ci` of a CQ of `count` entries (a power of two) is
 /// software's: opcode not INVALID and owner bit equal to the lap parity of `ci` (§5.2).
+#[inline]
 pub const fn sw_owned(op_own: u8, ci: u32, count: u32) -> bool {
-    (op_own >> 4) != 15 && (op_own & 1) as u32 == (ci / count) & 1
+    // The lap parity, `(ci / count) & 1`, is bit log2(count) of `ci`: no division.
+    (op_own >> 4) != 15 && (op_own & 1 != 0) == (ci & count != 0)
 }
 
 /// `rx_hash_type` bits (byte 16, §5.1).
@@ -156,42 +158,52 @@ impl<T: AsRef<[u8]>> Cqe<T> {
         self.0
     }
     /// `op_own`.
+    #[inline]
     pub fn op_own(&self) -> u8 {
         self.0.as_ref()[OP_OWN]
     }
     /// Opcode.
+    #[inline]
     pub fn opcode(&self) -> CqeOpcode {
         CqeOpcode::from(self.op_own() >> 4)
     }
     /// Format.
+    #[inline]
     pub fn format(&self) -> CqeFormat {
         CqeFormat::from((self.op_own() >> 2) & 3)
     }
     /// Owner bit.
+    #[inline]
     pub fn owner(&self) -> bool {
         self.op_own() & 1 != 0
     }
     /// `wqe_id` (MPRQ: the WQE counter).
+    #[inline]
     pub fn wqe_id(&self) -> u16 {
         be16(self.0.as_ref(), WQE_ID)
     }
     /// RSS hash result.
+    #[inline]
     pub fn rx_hash_res(&self) -> u32 {
         be32(self.0.as_ref(), RX_HASH_RES)
     }
     /// RSS hash type ([`hash_type`]).
+    #[inline]
     pub fn rx_hash_type(&self) -> u8 {
         self.0.as_ref()[RX_HASH_TYPE]
     }
     /// Raw L4 checksum the device computed.
+    #[inline]
     pub fn csum(&self) -> u16 {
         be16(self.0.as_ref(), CSUM)
     }
     /// Checksum-OK bits ([`csum_ok`]).
+    #[inline]
     pub fn hds_ip_ext(&self) -> u8 {
         self.0.as_ref()[HDS_IP_EXT]
     }
     /// Header types and the VLAN-present bit ([`hdr_type`]).
+    #[inline]
     pub fn l4_l3_hdr_type(&self) -> u8 {
         self.0.as_ref()[L4_L3_HDR_TYPE]
     }
@@ -201,43 +213,53 @@ impl<T: AsRef<[u8]>> Cqe<T> {
         be16(self.0.as_ref(), VLAN_INFO)
     }
     /// The stripped VLAN TCI, when a C-VLAN was present.
+    #[inline]
     pub fn vlan(&self) -> Option<u16> {
         (self.l4_l3_hdr_type() & hdr_type::CVLAN != 0).then(|| be16(self.0.as_ref(), VLAN_INFO))
     }
     /// LRO segments (0 without LRO).
+    #[inline]
     pub fn lro_num_seg(&self) -> u8 {
         self.0.as_ref()[LRO_NUM_SEG]
     }
     /// RX flow metadata.
+    #[inline]
     pub fn metadata(&self) -> u32 {
         be32(self.0.as_ref(), METADATA)
     }
     /// `byte_cnt`: RX packet length; MPRQ packed (see `wqe::mprq_byte_cnt`); compressed
     /// title: the session's completion count.
+    #[inline]
     pub fn byte_cnt(&self) -> u32 {
         be32(self.0.as_ref(), BYTE_CNT)
     }
     /// Timestamp.
+    #[inline]
     pub fn timestamp(&self) -> u64 {
         be64(self.0.as_ref(), TIMESTAMP)
     }
     /// TX: the completed WQE's opcode (byte 56).
+    #[inline]
     pub fn sop(&self) -> u8 {
         self.0.as_ref()[SOP_DROP_QPN]
     }
     /// TX: the SQ number; RX: the flow tag (24 bits).
+    #[inline]
     pub fn qpn_or_flow_tag(&self) -> u32 {
         be32(self.0.as_ref(), SOP_DROP_QPN) & 0x00ff_ffff
     }
     /// TX: the WQE index of the completed WQE; RX: the RQ WQE counter; MPRQ: stride index.
+    #[inline]
     pub fn wqe_counter(&self) -> u16 {
         be16(self.0.as_ref(), WQE_COUNTER)
     }
     /// Error CQE: the syndrome.
+    #[inline]
     pub fn syndrome(&self) -> Syndrome {
         Syndrome::from(self.0.as_ref()[SYNDROME])
     }
     /// Error CQE: the vendor syndrome.
+    #[inline]
     pub fn vendor_err_synd(&self) -> u8 {
         self.0.as_ref()[VENDOR_ERR_SYND]
     }
@@ -366,6 +388,7 @@ impl<T: AsRef<[u8]>> MiniCqe<T> {
         be16(self.0.as_ref(), 2)
     }
     /// The byte count.
+    #[inline]
     pub fn byte_cnt(&self) -> u32 {
         be32(self.0.as_ref(), 4)
     }
