@@ -316,3 +316,86 @@ mod tests {
         assert_eq!(p.in_use(), 0);
     }
 }
+
+#[cfg(test)]
+mod model_tests {
+    use super::*;
+    use crate::mbuf::test_pool as pool;
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Push one mbuf: 0 single segment, 1 a chain of two, 2 from another pool.
+        Push(u8),
+        /// Push a run of single segments.
+        PushAll(u8),
+        Pop,
+        FreeFront(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..3).prop_map(Op::Push),
+            (1u8..6).prop_map(Op::PushAll),
+            Just(Op::Pop),
+            (0u8..8).prop_map(Op::FreeFront),
+        ]
+    }
+
+    proptest! {
+        /// Against a plain queue of tags: every mbuf comes out in order with its data (pop) or
+        /// goes back to its own pool (free_front, drop), whatever mix of single segments,
+        /// chains and foreign mbufs; both pools end whole.
+        #[test]
+        fn the_fifo_behaves_as_a_queue_and_loses_nothing(ops in proptest::collection::vec(op(), 1..80)) {
+            let p = pool(256);
+            let other = pool(64);
+            let mut c = p.cache();
+            let mut f = MbufFifo::new(&p, 16);
+            let mut model: VecDeque<u8> = VecDeque::new();
+            let mut tag = 0u8;
+            let mut make = |kind: u8, c: &mut MbufCache| {
+                tag = tag.wrapping_add(1);
+                let mut m = if kind == 2 { other.alloc().unwrap() } else { c.alloc().unwrap() };
+                m.extend_from_slice(&[tag; 8]).unwrap();
+                if kind == 1 {
+                    m.chain(c.alloc().unwrap()).unwrap();
+                }
+                (tag, m)
+            };
+            for o in ops {
+                match o {
+                    Op::Push(kind) => {
+                        let (t, m) = make(kind, &mut c);
+                        match f.push(m) {
+                            Ok(()) => model.push_back(t),
+                            Err(m) => { prop_assert_eq!(model.len(), 16); drop(m); }
+                        }
+                    }
+                    Op::PushAll(n) => {
+                        let room = (f.free() as usize).min(usize::from(n));
+                        let run: Vec<_> = (0..room).map(|_| make(0, &mut c)).collect();
+                        model.extend(run.iter().map(|(t, _)| *t));
+                        f.push_all(run.into_iter().map(|(_, m)| m));
+                    }
+                    Op::Pop => match (f.pop(), model.pop_front()) {
+                        (Some(m), Some(t)) => { prop_assert_eq!(m.data()[0], t); m.free_to(&mut c); }
+                        (None, None) => {}
+                        (a, b) => prop_assert!(false, "fifo {:?} model {:?}", a.is_some(), b),
+                    },
+                    Op::FreeFront(n) => {
+                        f.free_front(u32::from(n), &mut c);
+                        for _ in 0..usize::from(n).min(model.len()) {
+                            model.pop_front();
+                        }
+                    }
+                }
+                prop_assert_eq!(f.len() as usize, model.len());
+            }
+            drop(f);
+            drop(c);
+            prop_assert_eq!((p.in_use(), other.in_use()), (0, 0));
+        }
+    }
+}
