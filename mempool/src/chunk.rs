@@ -184,18 +184,13 @@ impl ChunkKeys {
     /// Key of the chunk that holds `addr`; `None` when the address is not in the pool.
     #[inline]
     pub fn key_for_addr(&self, addr: usize) -> Option<u32> {
+        // A pool in one chunk (the usual case): one compare.
+        if let [key] = self.keys[..] {
+            return (addr.wrapping_sub(self.layout.base) < self.layout.span).then_some(key);
+        }
         self.layout
             .chunk_of_addr(addr)
             .and_then(|c| self.keys.get(c).copied())
-    }
-
-    /// For a pool in one chunk: the address range it spans (`base`, bytes) and its key, so a
-    /// datapath can look a buffer's key up with one compare.
-    pub fn single(&self) -> Option<(usize, usize, u32)> {
-        match &self.keys[..] {
-            [key] => Some((self.layout.base, self.layout.span, *key)),
-            _ => None,
-        }
     }
 
     /// The keys, one per chunk, in chunk order.

@@ -60,47 +60,10 @@
 #define POOL_MBUFS 8192u
 #define POOL_CACHE 512u
 
-static const uint8_t FRAME[60] = {
-	0x02, 0x00, 0x00, 0x00, 0x00, 0x01, 0x02, 0x00, 0x00, 0x00, 0xaa, 0x01, 0x08, 0x00, 0x45,
-	0x00, 0x00, 0x2e, 0x00, 0x00, 0x00, 0x00, 0x40, 0x11, 0x24, 0xc0, 0xa9, 0xfe, 0x01, 0x01,
-	0xa9, 0xfe, 0x01, 0x02, 0x04, 0x00, 0x23, 0x28, 0x00, 0x1a, 0x3a, 0x41, 0x00, 0x01, 0x02,
-	0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10, 0x11,
-};
+#include "harness.h"
 
 /* rx.c's static refill (mana_alloc_and_post_rx_wqes), reached through mana_rx_tu.c. */
 int perf_rx_initial_post(struct mana_rxq *rxq, uint32_t count);
-
-static inline uint64_t
-rdtsc(void)
-{
-	uint32_t lo, hi;
-	__asm__ volatile("lfence\n\trdtsc\n\tlfence" : "=a"(lo), "=d"(hi) : : "memory");
-	return ((uint64_t)hi << 32) | lo;
-}
-
-static double
-tsc_hz(void)
-{
-	struct timespec a, b, d = { 0, 200000000 };
-	clock_gettime(CLOCK_MONOTONIC, &a);
-	uint64_t c0 = rdtsc();
-	nanosleep(&d, NULL);
-	uint64_t c1 = rdtsc();
-	clock_gettime(CLOCK_MONOTONIC, &b);
-	return (double)(c1 - c0) / ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9);
-}
-
-/* Queue memory: anonymous 4 KiB pages, zero-filled (what the Rust side's DevMem::anon gives). */
-static void *
-anon(size_t len)
-{
-	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED) {
-		perror("mmap");
-		exit(1);
-	}
-	return p;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* The device double (identical logic in bench/src/bin/datapath/mana.rs) */
@@ -195,39 +158,6 @@ rx_dev_step(struct rx_dev *d)
 }
 
 /* ---------------------------------------------------------------------------------------- */
-
-static int
-cmp_u32(const void *a, const void *b)
-{
-	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-	return x < y ? -1 : x > y;
-}
-
-static void
-report(const char *path, uint32_t *ticks, size_t n, double hz)
-{
-	uint64_t total = 0, kept_total = 0;
-	size_t kept = 0;
-	for (size_t i = 0; i < n; i++)
-		total += ticks[i];
-	qsort(ticks, n, sizeof(*ticks), cmp_u32);
-	/* Bursts over 10x the median were interrupted or preempted: left out of the trimmed mean. */
-	uint64_t limit = 10 * (uint64_t)ticks[(n - 1) / 2];
-	for (size_t i = 0; i < n; i++)
-		if (ticks[i] <= limit) {
-			kept_total += ticks[i];
-			kept++;
-		}
-	double pkts = (double)n * BURST;
-#define Q(f) ((double)ticks[(size_t)((double)(n - 1) * (f))] / BURST)
-	printf("RESULT side=dpdk path=%s bursts=%zu pkts=%.0f trim_cyc_pkt=%.3f trimmed_bursts=%zu "
-	       "mean_cyc_pkt=%.3f med_cyc_pkt=%.3f "
-	       "p10_cyc_pkt=%.3f p90_cyc_pkt=%.3f p99_cyc_pkt=%.3f max_cyc_pkt=%.3f tsc_hz=%.0f\n",
-	       path, n, pkts, (double)kept_total / ((double)kept * BURST), n - kept,
-	       (double)total / pkts, Q(0.5), Q(0.1), Q(0.9), Q(0.99), Q(1.0), hz);
-#undef Q
-	fflush(stdout);
-}
 
 static struct mana_priv priv;
 static struct rte_eth_dev_data dev_data;

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use super::handle::Mbuf;
 use super::header::{free_chain, MbufHeader, NO_SEG};
+use super::index_ring::IndexRing;
 use super::pool::{MbufCache, MbufPool};
 
 /// Tag of a slot whose mbuf is not a single segment of the fifo's pool: its header pointer
@@ -29,14 +30,11 @@ const CHAIN: u32 = 1 << 31;
 pub struct MbufFifo {
     pool: Arc<MbufPool>,
     /// The object index of a single segment of `pool`, else [`CHAIN`].
-    slots: Box<[u32]>,
+    ring: IndexRing,
     /// Header pointers of the [`CHAIN`] slots, by position.
     chains: Box<[usize]>,
     /// [`CHAIN`] slots held: while 0, a run is freed without looking at its slots.
     held_chains: u32,
-    head: u32,
-    tail: u32,
-    mask: u32,
 }
 
 // SAFETY: the fifo owns the mbufs its slots name exclusively (as `Mbuf` does, which is Send);
@@ -55,52 +53,48 @@ impl MbufFifo {
     /// # Panics
     /// If `n` is not a power of two.
     pub fn new(pool: &Arc<MbufPool>, n: u32) -> Self {
-        assert!(n.is_power_of_two(), "mbuf fifo of {n} slots");
         assert!(pool.capacity() < CHAIN, "pool too large for an mbuf fifo");
         Self {
             pool: Arc::clone(pool),
-            slots: vec![0; n as usize].into_boxed_slice(),
+            ring: IndexRing::new(n, "mbuf fifo"),
             chains: vec![0; n as usize].into_boxed_slice(),
             held_chains: 0,
-            head: 0,
-            tail: 0,
-            mask: n - 1,
         }
     }
 
     /// Slots.
     pub fn capacity(&self) -> u32 {
-        self.mask + 1
+        self.ring.capacity()
     }
 
     /// Mbufs held.
     #[inline]
     pub fn len(&self) -> u32 {
-        self.head.wrapping_sub(self.tail)
+        self.ring.len()
     }
 
     /// Whether it holds nothing.
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.head == self.tail
+        self.ring.is_empty()
     }
 
     /// Free slots.
     #[inline]
     pub fn free(&self) -> u32 {
-        self.capacity() - self.len()
+        self.ring.free()
     }
 
     /// Mbufs pushed so far (free-running): the position the next push takes.
     #[inline]
     pub fn pushed(&self) -> u32 {
-        self.head
+        self.ring.head
     }
 
     /// Mbufs taken out so far (free-running): the position of the oldest.
     #[inline]
     pub fn popped(&self) -> u32 {
-        self.tail
+        self.ring.tail
     }
 
     /// Appends `m`; gives it back when full.
@@ -112,18 +106,9 @@ impl MbufFifo {
         if self.free() == 0 {
             return Err(m);
         }
-        let h = m.h();
-        let at = (self.head & self.mask) as usize;
-        self.slots[at] = if h.next == NO_SEG && ptr::eq(h.pool, self.pool.mempool_ptr()) {
-            h.index
-        } else {
-            self.chains[at] = m.hdr.as_ptr() as usize;
-            self.held_chains += 1;
-            CHAIN
-        };
-        // The fifo owns it now.
-        let _ = ManuallyDrop::new(m);
-        self.head = self.head.wrapping_add(1);
+        let mp = self.pool.mempool_ptr();
+        self.store(self.ring.head, m, mp);
+        self.ring.head = self.ring.head.wrapping_add(1);
         Ok(())
     }
 
@@ -141,22 +126,29 @@ impl MbufFifo {
             self.free()
         );
         let mp = self.pool.mempool_ptr();
-        let mut head = self.head;
+        let mut head = self.ring.head;
         for m in ms {
-            let h = m.h();
-            let at = (head & self.mask) as usize;
-            self.slots[at] = if h.next == NO_SEG && ptr::eq(h.pool, mp) {
-                h.index
-            } else {
-                self.chains[at] = m.hdr.as_ptr() as usize;
-                self.held_chains += 1;
-                CHAIN
-            };
-            // The fifo owns it now.
-            let _ = ManuallyDrop::new(m);
+            self.store(head, m, mp);
             head = head.wrapping_add(1);
         }
-        self.head = head;
+        self.ring.head = head;
+    }
+
+    /// Takes `m` into the slot of position `pos` (a free one; the caller moves `head`): its
+    /// index when it is one segment of the pool `mp`, else [`CHAIN`] and its header pointer.
+    #[inline]
+    fn store(&mut self, pos: u32, m: Mbuf, mp: *const crate::pool::Mempool) {
+        let h = m.h();
+        let at = self.ring.at(pos);
+        self.ring.slots[at] = if h.next == NO_SEG && ptr::eq(h.pool, mp) {
+            h.index
+        } else {
+            self.chains[at] = m.hdr.as_ptr() as usize;
+            self.held_chains += 1;
+            CHAIN
+        };
+        // The fifo owns it now.
+        let _ = ManuallyDrop::new(m);
     }
 
     /// Removes the oldest mbuf.
@@ -165,8 +157,8 @@ impl MbufFifo {
         if self.is_empty() {
             return None;
         }
-        let at = (self.tail & self.mask) as usize;
-        self.tail = self.tail.wrapping_add(1);
+        let at = self.ring.at(self.ring.tail);
+        self.ring.tail = self.ring.tail.wrapping_add(1);
         Some(self.take(at))
     }
 
@@ -184,31 +176,31 @@ impl MbufFifo {
             self.pool.name()
         );
         let n = n.min(self.len());
-        let at = (self.tail & self.mask) as usize;
-        let first = (n as usize).min(self.slots.len() - at);
+        let at = self.ring.at(self.ring.tail);
+        let first = (n as usize).min(self.ring.slots.len() - at);
         self.free_run(at, first, cache);
         self.free_run(0, n as usize - first, cache);
-        self.tail = self.tail.wrapping_add(n);
+        self.ring.tail = self.ring.tail.wrapping_add(n);
     }
 
     /// Frees slots `at..at + n` (not wrapping): in one bulk put when they are all single
     /// segments of the pool (the common case), else one by one.
     #[inline]
     fn free_run(&mut self, at: usize, n: usize, cache: &mut MbufCache) {
-        let run = &self.slots[at..at + n];
+        let run = &self.ring.slots[at..at + n];
         if self.held_chains == 0 {
             cache.inner.put_bulk(run);
             return;
         }
         for k in at..at + n {
-            if self.slots[k] == CHAIN {
+            if self.ring.slots[k] == CHAIN {
                 self.held_chains -= 1;
                 // SAFETY: a CHAIN slot's pointer is the header of a chain the fifo owns
                 // (`push`); the slot is being consumed (the caller moves `tail` past it), so
                 // the chain is freed once.
                 unsafe { free_chain(Self::ptr_of(self.chains[k]), Some(&mut cache.inner)) };
             } else {
-                cache.inner.put(self.slots[k]);
+                cache.inner.put(self.ring.slots[k]);
             }
         }
     }
@@ -224,7 +216,7 @@ impl MbufFifo {
     /// The owned mbuf a consumed slot names.
     #[inline]
     fn take(&mut self, at: usize) -> Mbuf {
-        let slot = self.slots[at];
+        let slot = self.ring.slots[at];
         if slot == CHAIN {
             self.held_chains -= 1;
             Mbuf {

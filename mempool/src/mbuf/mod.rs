@@ -56,6 +56,7 @@ mod error;
 mod fifo;
 mod handle;
 mod header;
+mod index_ring;
 mod pool;
 mod rxbufs;
 mod shared;

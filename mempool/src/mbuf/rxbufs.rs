@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use super::handle::{Mbuf, RawMbuf};
 use super::header::{MbufHeader, MBUF_HEADER_BYTES};
+use super::index_ring::IndexRing;
 use super::pool::{MbufCache, MbufPool};
 use crate::offload::OffloadFlags;
 
@@ -34,10 +35,8 @@ pub struct RxFields {
 /// object of one pool that the fifo owns until it is popped.
 pub struct RxBufs {
     pool: Arc<MbufPool>,
-    slots: Box<[u32]>,
-    head: u32,
-    tail: u32,
-    mask: u32,
+    /// The posted buffers' object indices, oldest at `tail`.
+    ring: IndexRing,
     /// Data room of every buffer (from the data offset at the headroom to the end).
     room: u32,
     /// The data address of object 0, and the distance between objects.
@@ -61,13 +60,9 @@ impl RxBufs {
     /// # Panics
     /// If `n` is not a power of two.
     pub fn new(pool: &Arc<MbufPool>, n: u32) -> Self {
-        assert!(n.is_power_of_two(), "rx buffer ring of {n} slots");
         Self {
             pool: Arc::clone(pool),
-            slots: vec![0; n as usize].into_boxed_slice(),
-            head: 0,
-            tail: 0,
-            mask: n - 1,
+            ring: IndexRing::new(n, "rx buffer ring"),
             room: u32::from(pool.data_room()),
             addr0: pool.rx_data_addr(RawMbuf(0)),
             obj_size: pool.obj_size(),
@@ -78,37 +73,37 @@ impl RxBufs {
 
     /// Slots.
     pub fn capacity(&self) -> u32 {
-        self.mask + 1
+        self.ring.capacity()
     }
 
     /// Buffers held.
     #[inline]
     pub fn len(&self) -> u32 {
-        self.head.wrapping_sub(self.tail)
+        self.ring.len()
     }
 
     /// Whether it holds nothing.
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.head == self.tail
+        self.ring.is_empty()
     }
 
     /// Free slots.
     #[inline]
     pub fn free(&self) -> u32 {
-        self.capacity() - self.len()
+        self.ring.free()
     }
 
     /// Buffers added so far (free-running): the position the next one takes.
     #[inline]
     pub fn pushed(&self) -> u32 {
-        self.head
+        self.ring.head
     }
 
     /// Buffers taken out so far (free-running): the position of the oldest.
     #[inline]
     pub fn popped(&self) -> u32 {
-        self.tail
+        self.ring.tail
     }
 
     /// The data room of every buffer: the most a packet can be.
@@ -134,11 +129,11 @@ impl RxBufs {
             "{n} rx buffers into {} free slots",
             self.free()
         );
-        let at = (self.head & self.mask) as usize;
-        let first = (n as usize).min(self.slots.len() - at);
+        let at = self.ring.at(self.ring.head);
+        let first = (n as usize).min(self.ring.slots.len() - at);
         let rest = n as usize - first;
         if rest == 0 {
-            if !cache.inner.get_bulk(&mut self.slots[at..at + first]) {
+            if !cache.inner.get_bulk(&mut self.ring.slots[at..at + first]) {
                 return false;
             }
         } else {
@@ -149,18 +144,19 @@ impl RxBufs {
                 let k = (n as usize - done).min(tmp.len());
                 if !cache.inner.get_bulk(&mut tmp[..k]) {
                     for i in 0..done {
-                        let s = self.slots[(self.head as usize + i) & self.mask as usize];
-                        cache.inner.put(s);
+                        let at = self.ring.at(self.ring.head.wrapping_add(i as u32));
+                        cache.inner.put(self.ring.slots[at]);
                     }
                     return false;
                 }
                 for (i, &v) in tmp[..k].iter().enumerate() {
-                    self.slots[(self.head as usize + done + i) & self.mask as usize] = v;
+                    let at = self.ring.at(self.ring.head.wrapping_add((done + i) as u32));
+                    self.ring.slots[at] = v;
                 }
                 done += k;
             }
         }
-        self.head = self.head.wrapping_add(n);
+        self.ring.head = self.ring.head.wrapping_add(n);
         true
     }
 
@@ -168,8 +164,8 @@ impl RxBufs {
     /// [`RxBufs::popped`] to [`RxBufs::pushed`]), for its chunk's memory key.
     #[inline]
     pub fn index_at(&self, pos: u32) -> u32 {
-        debug_assert!(pos.wrapping_sub(self.tail) < self.len());
-        self.slots[(pos & self.mask) as usize]
+        debug_assert!(pos.wrapping_sub(self.ring.tail) < self.len());
+        self.ring.slots[self.ring.at(pos)]
     }
 
     /// Where the device writes the packet in the buffer at position `pos`: its data room,
@@ -182,11 +178,11 @@ impl RxBufs {
     /// Removes the buffers added last, from position `from` on (a refill that could not post
     /// them all), back into `cache`.
     pub fn give_back_from(&mut self, from: u32, cache: &mut MbufCache) {
-        while self.head != from && self.head != self.tail {
-            self.head = self.head.wrapping_sub(1);
+        while self.ring.head != from && self.ring.head != self.ring.tail {
+            self.ring.head = self.ring.head.wrapping_sub(1);
             cache
                 .inner
-                .put(self.slots[(self.head & self.mask) as usize]);
+                .put(self.ring.slots[self.ring.at(self.ring.head)]);
         }
     }
 
@@ -202,8 +198,8 @@ impl RxBufs {
         if self.is_empty() {
             return None;
         }
-        let idx = self.slots[(self.tail & self.mask) as usize];
-        self.tail = self.tail.wrapping_add(1);
+        let idx = self.ring.slots[self.ring.at(self.ring.tail)];
+        self.ring.tail = self.ring.tail.wrapping_add(1);
         debug_assert!(idx < self.count);
         self.pool.audit_in_use(idx, "RxBufs::pop_received");
         let hdr = (self.hdr0 + idx as usize * self.obj_size) as *mut MbufHeader;

@@ -303,33 +303,29 @@ pub fn rx_fill_error(pool: &MbufPool, ring: u16, missing: u32) -> PortError {
 #[inline]
 pub fn finish_rx(
     m: &mut mempool::Mbuf,
-    mut fl: mempool::OffloadFlags,
+    fl: mempool::OffloadFlags,
     hash: Option<u32>,
     vlan: Option<u16>,
     vlan_strip: bool,
     port: u16,
 ) {
-    use mempool::OffloadFlags;
-    if let Some(h) = hash {
-        fl.insert(OffloadFlags::RX_RSS_HASH);
-        m.set_rss_hash(h);
+    let (f, reinsert) = rx_fields(fl, hash, vlan, vlan_strip, port);
+    if hash.is_some() {
+        m.set_rss_hash(f.rss_hash);
     }
-    if let Some(tci) = vlan {
-        fl.insert(OffloadFlags::RX_VLAN);
-        m.set_vlan_tci(tci);
-        if vlan_strip {
-            fl.insert(OffloadFlags::RX_VLAN_STRIPPED);
-        } else {
-            reinsert_vlan(m, tci);
-        }
+    if vlan.is_some() {
+        m.set_vlan_tci(f.vlan_tci);
     }
-    m.set_ol_flags(fl);
+    if reinsert {
+        reinsert_vlan(m, f.vlan_tci);
+    }
+    m.set_ol_flags(f.ol_flags);
     m.set_port(port);
 }
 
 /// What [`finish_rx`] would write, as the fields a received buffer's header is written with
 /// in one pass (`mempool::RxBufs::pop_received`), and whether the tag must then go back into
-/// the frame ([`reinsert_vlan`]).
+/// the frame ([`deliver_rx`] does it).
 #[inline]
 pub fn rx_fields(
     mut fl: mempool::OffloadFlags,
@@ -363,7 +359,7 @@ pub fn rx_fields(
 
 /// Puts a stripped 802.1Q tag back into the frame (the device stripped it, the port did not
 /// ask for VLAN stripping).
-pub fn reinsert_vlan(m: &mut mempool::Mbuf, vid: u16) {
+fn reinsert_vlan(m: &mut mempool::Mbuf, vid: u16) {
     if m.len() < 12 {
         return;
     }
@@ -372,6 +368,33 @@ pub fn reinsert_vlan(m: &mut mempool::Mbuf, vid: u16) {
         d.copy_within(4..16, 0);
         d[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
         d[14..16].copy_from_slice(&vid.to_be_bytes());
+    }
+}
+
+/// The end of an RX delivery (`mempool::RxBufs::pop_received`'s result): a packet goes into
+/// `out` (its stripped tag put back into the frame first when `reinsert` names one); a buffer
+/// whose length did not fit is freed. The delivered packet's length, or `None` when it was
+/// freed (the caller counts that, as an error of its kind).
+#[inline]
+pub fn deliver_rx(
+    r: Result<mempool::Mbuf, mempool::Mbuf>,
+    reinsert: Option<u16>,
+    out: &mut Burst,
+    pool: &std::sync::Arc<MbufPool>,
+) -> Option<u32> {
+    match r {
+        Ok(mut m) => {
+            if let Some(tci) = reinsert {
+                reinsert_vlan(&mut m, tci);
+            }
+            let len = m.pkt_len();
+            let _ = out.push(m);
+            Some(len)
+        }
+        Err(m) => {
+            free_one(pool, m);
+            None
+        }
     }
 }
 

@@ -6,8 +6,7 @@
 use super::cq::CompletionQueue;
 use super::{QueueOwner, RawRxQueue, Xstats};
 use crate::ethdev::{
-    free_one, kick, reinsert_vlan, rx_fields, Burst, Counters, Kick, PortConfig, RxBurst,
-    RxOffloads,
+    deliver_rx, free_one, kick, rx_fields, Burst, Counters, Kick, PortConfig, RxBurst, RxOffloads,
 };
 use crate::hw::mana::cqe::{
     Cqe, CqeType, RxCsum, RxFlagsWord, RxSingle, RX_HEAD_BYTES, RX_PPI_COUNT,
@@ -265,6 +264,7 @@ impl RxQueue {
                     // What the CQE says of all its packets; the hash is per packet.
                     let (mut fields, reinsert) = self.fields_of(&c);
                     let hashed = fields.ol_flags.contains(OffloadFlags::RX_RSS_HASH);
+                    let tag = reinsert.then_some(fields.vlan_tci);
                     for k in first..RX_PPI_COUNT {
                         let len = c.rx_pkt_len(k);
                         if len == 0 {
@@ -281,19 +281,12 @@ impl RxQueue {
                             break;
                         };
                         self.wq.complete(1);
-                        match r {
-                            Ok(mut m) => {
-                                if reinsert {
-                                    reinsert_vlan(&mut m, fields.vlan_tci);
-                                }
-                                bytes += u64::from(m.pkt_len());
-                                let _ = out.push(m);
+                        match deliver_rx(r, tag, out, &self.pool) {
+                            Some(len) => {
+                                bytes += u64::from(len);
                                 delivered += 1;
                             }
-                            Err(m) => {
-                                errors += 1;
-                                free_one(&self.pool, m);
-                            }
+                            None => errors += 1,
                         }
                     }
                 }
@@ -353,20 +346,10 @@ impl RxQueue {
         }
         let r = self.bufs.pop_received(u32::from(p.len), &fields)?;
         self.wq.complete(1);
-        Some(match r {
-            Ok(mut m) => {
-                if reinsert {
-                    reinsert_vlan(&mut m, fields.vlan_tci);
-                }
-                *bytes += u64::from(m.pkt_len());
-                let _ = out.push(m);
-                true
-            }
-            Err(m) => {
-                free_one(&self.pool, m);
-                false
-            }
-        })
+        let tag = reinsert.then_some(fields.vlan_tci);
+        let len = deliver_rx(r, tag, out, &self.pool);
+        *bytes += u64::from(len.unwrap_or(0));
+        Some(len.is_some())
     }
 }
 

@@ -56,8 +56,6 @@ pub struct TxQueue {
     req_tail: u32,
     pool: Arc<MbufPool>,
     keys: ChunkKeys,
-    /// A pool in one chunk: its range and key (one compare per buffer).
-    one_chunk: Option<(usize, usize, u32)>,
     counters: Arc<Counters>,
     xstats: Arc<Xstats>,
     /// Keeps the SQ, CQ and doorbell mapping alive while this handle exists.
@@ -119,7 +117,6 @@ impl TxQueue {
             req_head: 0,
             req_tail: 0,
             pool,
-            one_chunk: keys.single(),
             keys,
             counters,
             xstats,
@@ -389,15 +386,9 @@ impl TxQueue {
             // The common WQE, one BU (§3.1): header, short OOB, one SGE, as four words.
             let data = m.data();
             let addr = data.as_ptr() as usize;
-            let key = match self.one_chunk {
-                Some((base, span, key)) if addr.wrapping_sub(base) < span => key,
-                _ => match self.keys.key_for_addr(addr) {
-                    Some(key) => key,
-                    None => {
-                        Xstats::bump(&self.xstats.tx_no_mkey);
-                        return Build::Drop;
-                    }
-                },
+            let Some(key) = self.keys.key_for_addr(addr) else {
+                Xstats::bump(&self.xstats.tx_no_mkey);
+                return Build::Drop;
             };
             let [dw0, dw1] = f.first_dwords();
             return Build::Small([

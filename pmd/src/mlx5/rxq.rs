@@ -16,8 +16,8 @@
 use super::provider::RawRq;
 use super::rx_cq::{FastPolled, NormalRx, Recovery, RxCompletion, RxCq, RxMeta, RxPolled};
 use crate::ethdev::{
-    free_one, kick, reinsert_vlan, rx_fields, Burst, Counters, Kick, PortConfig, QueueOwner,
-    RxBurst, RxOffloads,
+    deliver_rx, free_one, kick, rx_fields, Burst, Counters, Kick, PortConfig, QueueOwner, RxBurst,
+    RxOffloads,
 };
 use crate::hw::mlx5::cqe::MiniCqeFormat;
 use crate::hw::mlx5::doorbell::{self, RCV_DBR};
@@ -345,18 +345,12 @@ impl RxQueue {
             return false;
         };
         self.wq.complete(1);
-        match r {
-            Ok(mut m) => {
-                if reinsert {
-                    reinsert_vlan(&mut m, fields.vlan_tci);
-                }
-                *bytes += u64::from(m.pkt_len());
-                let _ = out.push(m);
-            }
-            Err(m) => {
+        let tag = reinsert.then_some(fields.vlan_tci);
+        match deliver_rx(r, tag, out, &self.pool) {
+            Some(len) => *bytes += u64::from(len),
+            None => {
                 RxXstats::bump(&self.xstats.too_long);
                 self.counters.add_errors(1);
-                free_one(&self.pool, m);
             }
         }
         true
@@ -375,18 +369,12 @@ impl RxQueue {
             return false;
         };
         self.wq.complete(1);
-        match r {
-            Ok(mut m) => {
-                if c.key & 8 != 0 && !self.vlan_strip {
-                    reinsert_vlan(&mut m, c.vlan);
-                }
-                *bytes += u64::from(m.pkt_len());
-                let _ = out.push(m);
-            }
-            Err(m) => {
+        let tag = (c.key & 8 != 0 && !self.vlan_strip).then_some(c.vlan);
+        match deliver_rx(r, tag, out, &self.pool) {
+            Some(len) => *bytes += u64::from(len),
+            None => {
                 RxXstats::bump(&self.xstats.too_long);
                 self.counters.add_errors(1);
-                free_one(&self.pool, m);
             }
         }
         true

@@ -176,8 +176,6 @@ pub struct TxQueue {
     unrequested_bytes: u64,
     pool: Arc<MbufPool>,
     keys: ChunkKeys,
-    /// A pool in one chunk: its range and key (one compare per buffer).
-    one_chunk: Option<(usize, usize, u32)>,
     counters: Arc<Counters>,
     xstats: Arc<TxXstats>,
     /// The QP's state machine, for error recovery.
@@ -272,7 +270,6 @@ impl TxQueue {
             unrequested: 0,
             unrequested_bytes: 0,
             pool,
-            one_chunk: keys.single(),
             keys,
             counters,
             xstats,
@@ -702,12 +699,8 @@ impl TxQueue {
             }
             let data = m.data();
             let addr = data.as_ptr() as usize;
-            let key = match self.one_chunk {
-                Some((base, span, key)) if addr.wrapping_sub(base) < span => key,
-                _ => match self.keys.key_for_addr(addr) {
-                    Some(key) => key,
-                    None => break,
-                },
+            let Some(key) = self.keys.key_for_addr(addr) else {
+                break;
             };
             bytes += data.len() as u64;
             let at = (2 + n) * SEG_BYTES;
