@@ -40,6 +40,8 @@ command -v valgrind >/dev/null || PMD_SETUP_EXTRA=valgrind "$repo/scripts/setup.
 say "cargo build --release -j1 -p bench --bin datapath"
 (cd "$repo" && nice cargo build --release --quiet -j1 -p bench --bin datapath) || die "cargo build failed"
 bin="${CARGO_TARGET_DIR:-$repo/target}/release/datapath"
+# Unknown paths are refused by the binary itself (it lists the known ones), before valgrind.
+"$bin" --paths "$paths" --bursts 1 --warmup 1 >/dev/null || die "bad --paths $paths"
 
 if [ -n "$keep" ]; then
   mkdir -p "$keep"
