@@ -1,5 +1,5 @@
 /* The two DPDK harnesses' shared parts: the frame, the timer and its frequency, queue
- * memory, and the RESULT line (the same statistic as bench/src/bin/datapath/main.rs).
+ * memory, a TX burst, and the RESULT line (the same statistic as bench/src/bin/datapath/main.rs).
  * Included by mana_dpdk.c and mlx5_dpdk.c, which define BURST first. */
 #ifndef PMD_DATAPATH_HARNESS_H
 #define PMD_DATAPATH_HARNESS_H
@@ -8,7 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <string.h>
 #include <sys/mman.h>
+
+#include <rte_mbuf.h>
 
 /* 60-byte UDP/IPv4 frame, right IP and UDP checksums (64 bytes on the wire with the FCS). */
 static const uint8_t FRAME[60] = {
@@ -80,6 +83,20 @@ report(const char *path, uint32_t *ticks, size_t n, double hz)
 	       (double)total / pkts, Q(0.5), Q(0.1), Q(0.9), Q(0.99), Q(1.0), hz);
 #undef Q
 	fflush(stdout);
+}
+
+/* A TX burst: BURST mbufs from the side's pool (through its per-core cache), the frame in each. */
+static void
+fill_burst(struct rte_mempool *mp, struct rte_mbuf **pkts)
+{
+	if (rte_pktmbuf_alloc_bulk(mp, pkts, BURST)) {
+		fprintf(stderr, "mbuf alloc failed\n");
+		exit(1);
+	}
+	for (unsigned int i = 0; i < BURST; i++) {
+		char *d = rte_pktmbuf_append(pkts[i], sizeof(FRAME));
+		memcpy(d, FRAME, sizeof(FRAME));
+	}
 }
 
 #endif

@@ -162,19 +162,6 @@ rx_dev_step(struct rx_dev *d)
 static struct mana_priv priv;
 static struct rte_eth_dev_data dev_data;
 
-static void
-fill_burst(struct rte_mempool *mp, struct rte_mbuf **pkts)
-{
-	if (rte_pktmbuf_alloc_bulk(mp, pkts, BURST)) {
-		fprintf(stderr, "mbuf alloc failed\n");
-		exit(1);
-	}
-	for (unsigned int i = 0; i < BURST; i++) {
-		char *d = rte_pktmbuf_append(pkts[i], sizeof(FRAME));
-		memcpy(d, FRAME, sizeof(FRAME));
-	}
-}
-
 static uint32_t *
 run_tx(struct rte_mempool *mp, size_t warm, size_t bursts)
 {

@@ -193,19 +193,6 @@ mr_ctrl_setup(struct mlx5_mr_ctrl *mr)
 	mr->head = 1;
 }
 
-static void
-fill_burst(struct rte_mempool *mp, struct rte_mbuf **pkts)
-{
-	if (rte_pktmbuf_alloc_bulk(mp, pkts, BURST)) {
-		fprintf(stderr, "mbuf alloc failed\n");
-		exit(1);
-	}
-	for (unsigned int i = 0; i < BURST; i++) {
-		char *d = rte_pktmbuf_append(pkts[i], sizeof(FRAME));
-		memcpy(d, FRAME, sizeof(FRAME));
-	}
-}
-
 static uint32_t *
 run_tx(struct rte_mempool *mp, size_t warm, size_t bursts)
 {
