@@ -64,8 +64,10 @@ forward() {
     local n=$1 pg_lcores=$2 flows=$3 name="cores$$-$RANDOM"
     local q=""
     [ "$n" -gt 1 ] && q=",rxq=$n,txq=$n"
-    "$bin/l2fwd" --port "$kind:wire=shm:$name-a$q" --port "$kind:wire=shm:$name-b$q" \
-        --lcores "$(span 2 "$n")" --stats-interval 0 --json >"$tmp/l2.json" 2>"$tmp/l2.err" &
+    # A runtime directory (telemetry socket) of its own: two tools run at once.
+    RUNTIME_DIRECTORY="$tmp/run-l2fwd" "$bin/l2fwd" --port "$kind:wire=shm:$name-a$q" \
+        --port "$kind:wire=shm:$name-b$q" --lcores "$(span 2 "$n")" --stats-interval 0 --json \
+        >"$tmp/l2.json" 2>"$tmp/l2.err" &
     local l2=$!
     "$bin/pktgen" --port "$kind:wire=shm:$name-a" --port "$kind:wire=shm:$name-b" \
         --lcores "$pg_lcores" --max --size 60 --flows "$flows" --duration "$secs" --json \
@@ -77,8 +79,8 @@ forward() {
 
 oneway() {
     local name="cores$$-ow-$RANDOM"
-    "$bin/pktgen" --port "$kind:wire=shm:$name" --lcores 2 --rx-only --duration $((secs + 3)) \
-        --link-timeout 20 --json >"$tmp/rx.json" 2>"$tmp/rx.err" &
+    RUNTIME_DIRECTORY="$tmp/run-rx" "$bin/pktgen" --port "$kind:wire=shm:$name" --lcores 2 \
+        --rx-only --duration $((secs + 3)) --link-timeout 20 --json >"$tmp/rx.json" 2>"$tmp/rx.err" &
     local rx=$!
     "$bin/pktgen" --port "$kind:wire=shm:$name" --lcores 0 --max --tx-only --size 60 \
         --duration "$secs" --link-timeout 20 --json >"$tmp/tx.json" 2>"$tmp/tx.err"

@@ -46,7 +46,8 @@ until grep -q "\"event\":\"ready\"" "$tmp/l2.err"; do
 done
 # pktgen on the device model only: not on the fake.
 run_s=$(awk -v n="$resets" -v s="$secs" "BEGIN { print n * (s + 1.0) + 2 }")
-env -u LD_LIBRARY_PATH "$bin/pktgen" --port "emu-$family:wire=shm:$tag-1" \
+# A runtime directory (telemetry socket) of its own: l2fwd runs at the same time.
+env -u LD_LIBRARY_PATH RUNTIME_DIRECTORY="$tmp/run-pktgen" "$bin/pktgen" --port "emu-$family:wire=shm:$tag-1" \
     --port "emu-$family:wire=shm:$tag-2" --rate "$rate" --duration "$run_s" \
     --drain-timeout 2 --json >"$tmp/pg.json" 2>"$tmp/pg.err" &
 pg=$!

@@ -5,6 +5,10 @@
 #   shm_oneway BIN_DIR KIND SECONDS TMP_DIR    pktgen --max --tx-only -> cable -> pktgen --rx-only
 #   shm_forward BIN_DIR KIND SECONDS TMP_DIR   pktgen --max -> cable A -> l2fwd -> cable B -> pktgen
 
+# Two tools run at once: each gets a runtime directory of its own (RUNTIME_DIRECTORY, where
+# the tools put their telemetry socket, as DPDK's EAL does), so that both may use the
+# default --file-prefix; a build from before telemetry ignores it.
+
 # The field FIELD of the last JSON line on stdin.
 shm_json() {
     python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"
@@ -14,8 +18,8 @@ shm_json() {
 # over the sender's sending time.
 shm_oneway() {
     local bin=$1 kind=$2 secs=$3 tmp=$4 n="shm$$-ow-$RANDOM"
-    "$bin/pktgen" --port "$kind:wire=shm:$n" --lcores 1 --rx-only --duration $((secs + 3)) \
-        --link-timeout 10 --json >"$tmp/rx.json" 2>"$tmp/rx.err" &
+    RUNTIME_DIRECTORY="$tmp/run-rx" "$bin/pktgen" --port "$kind:wire=shm:$n" --lcores 1 \
+        --rx-only --duration $((secs + 3)) --link-timeout 10 --json >"$tmp/rx.json" 2>"$tmp/rx.err" &
     local rx=$!
     "$bin/pktgen" --port "$kind:wire=shm:$n" --lcores 0 --max --tx-only --size 60 \
         --duration "$secs" --json >"$tmp/tx.json" 2>"$tmp/tx.err"
@@ -28,8 +32,8 @@ shm_oneway() {
 # Through l2fwd: what pktgen receives back per second of sending.
 shm_forward() {
     local bin=$1 kind=$2 secs=$3 tmp=$4 n="shm$$-fw-$RANDOM"
-    "$bin/l2fwd" --port "$kind:wire=shm:$n-a" --port "$kind:wire=shm:$n-b" --lcores 1 \
-        --stats-interval 0 --json >"$tmp/l2.json" 2>"$tmp/l2.err" &
+    RUNTIME_DIRECTORY="$tmp/run-l2fwd" "$bin/l2fwd" --port "$kind:wire=shm:$n-a" \
+        --port "$kind:wire=shm:$n-b" --lcores 1 --stats-interval 0 --json >"$tmp/l2.json" 2>"$tmp/l2.err" &
     local l2=$!
     "$bin/pktgen" --port "$kind:wire=shm:$n-a" --port "$kind:wire=shm:$n-b" --lcores 0 --max \
         --size 60 --duration "$secs" --json >"$tmp/pg.json" 2>"$tmp/pg.err"

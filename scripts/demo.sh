@@ -10,7 +10,9 @@
 # so the demo is two threads on two cores, one per process, and nothing else spins.
 # pktgen sends 60-byte frames (64 on the wire) for DEMO_SECONDS (default 5) at DEMO_RATE
 # packets/s (default 1000000: five million frames), then both stop cleanly and print their
-# summaries (rate, loss, latency, and where any frame was lost).
+# summaries (rate, loss, latency, and where any frame was lost). While they run, each answers
+# on its telemetry socket: `pmd-telemetry /ethdev/stats,0` asks l2fwd (file prefix rte, the
+# default), `pmd-telemetry --file-prefix pktgen /pmd/lcores` asks pktgen.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -35,7 +37,7 @@ trap 'kill -TERM $l2fwd 2>/dev/null || true' EXIT
 sleep 0.5
 "$bin/pktgen" --port "emu-mana:wire=shm:$name-a" --port "emu-mana:wire=shm:$name-b" \
     --lcores 0 --rate "$rate" --duration "$secs" --flows 64 --size 60 --ring-size 2048 \
-    --drain-timeout 10
+    --drain-timeout 10 --file-prefix pktgen
 kill -INT "$l2fwd"
 wait "$l2fwd"
 trap - EXIT

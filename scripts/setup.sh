@@ -8,7 +8,8 @@
 set -euo pipefail
 
 packages=(pkg-config clang libclang-dev libibverbs-dev librdmacm-dev ibverbs-providers
-          iproute2 iputils-ping binutils util-linux ${PMD_SETUP_EXTRA:-})
+          iproute2 iputils-ping binutils util-linux
+          libpcap-dev tshark dpdk-dev ${PMD_SETUP_EXTRA:-})
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 as_root() {

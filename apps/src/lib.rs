@@ -6,6 +6,7 @@ pub mod cli;
 pub mod common;
 pub mod pktgen;
 pub mod preflight;
+pub mod telemetry;
 
 use pmd::devices::DeviceInfo;
 use serde_json::{json, Value};

@@ -10,7 +10,10 @@ fn run(bin: &str, args: &[&str]) -> (Option<i32>, String) {
         "pktgen" => env!("CARGO_BIN_EXE_pktgen"),
         _ => unreachable!(),
     };
-    let o = Command::new(path).args(args).output().unwrap();
+    let o = integration_tests::own_runtime_dir(&mut Command::new(path))
+        .args(args)
+        .output()
+        .unwrap();
     // stderr, then stdout (where the summary goes).
     (
         o.status.code(),
@@ -224,7 +227,7 @@ fn usage_errors_exit_2_runtime_failures_exit_1() {
             "l2fwd" => env!("CARGO_BIN_EXE_l2fwd"),
             _ => env!("CARGO_BIN_EXE_pktgen"),
         };
-        let o = Command::new(path)
+        let o = integration_tests::own_runtime_dir(&mut Command::new(path))
             .args(*args)
             .current_dir(dir.path())
             .env("PMD_SHM_DIR", dir.path())

@@ -287,14 +287,14 @@ fn a_capture_that_fails_mid_run_fails_the_tool() {
             // l2fwd forwards what it receives from a pktgen beside it, which ends by itself
             // and is waited for.
             _ => format!(
-                "{pg} --port emu-mana:wire=shm:{id}a --port emu-mana:wire=shm:{id}b --count 20000 --rate 20000 --link-timeout 60 >/dev/null 2>&1 & \
+                "{pg} --port emu-mana:wire=shm:{id}a --port emu-mana:wire=shm:{id}b --count 20000 --rate 20000 --link-timeout 60 --file-prefix pktgen >/dev/null 2>&1 & \
                  {l2} --port emu-mana:wire=shm:{id}a,pcap={cap} --port emu-mana:wire=shm:{id}b --duration 60; rc=$?; wait; exit $rc",
                 pg = env!("CARGO_BIN_EXE_pktgen"),
                 l2 = env!("CARGO_BIN_EXE_l2fwd"),
                 cap = cap.display(),
             ),
         };
-        let o = Command::new("unshare")
+        let o = integration_tests::own_runtime_dir(&mut Command::new("unshare"))
             .args(["-Urm", "sh", "-c"])
             .arg(format!(
                 "mount -t tmpfs -o size={size} none {} && {cmd}",

@@ -3,13 +3,20 @@
 
 use std::process::Command;
 
+/// pktgen, with a runtime directory (telemetry socket) of its own.
+fn pktgen() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pktgen"));
+    integration_tests::own_runtime_dir(&mut c);
+    c
+}
+
 /// 10,000 frames of 64 flows into a receiving port with two RX queues (RSS spreads the flows
 /// over both): every frame is counted, none lost, none reordered within its flow.
 #[test]
 fn every_rx_queue_is_polled() {
     let dir = tempfile::tempdir().unwrap();
     let id = format!("rxq{}", std::process::id());
-    let o = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+    let o = pktgen()
         .args(["--port", &format!("emu-mana:wire=loop:{id}")])
         .args(["--port", &format!("emu-mana:wire=loop:{id},rxq=2")])
         .args([
@@ -36,7 +43,7 @@ fn pacing_honours_the_deadline_and_signals_at_any_rate() {
     let id = format!("slow{}", std::process::id());
     let port = format!("emu-mana:wire=loop:{id}");
     let t0 = std::time::Instant::now();
-    let o = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+    let o = pktgen()
         .args(["--port", &port, "--port", &port])
         .args(["--rate", "0.1", "--duration", "2", "--json"])
         .env("PMD_SHM_DIR", dir.path())
@@ -52,7 +59,7 @@ fn pacing_honours_the_deadline_and_signals_at_any_rate() {
     assert_eq!(j["tx_packets"], 1, "{j}");
 
     // 0.05 pps: the next frame is 20 s away; SIGINT ends the run at once.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+    let mut child = pktgen()
         .args(["--port", &port, "--port", &port])
         .args(["--rate", "0.05", "--duration", "60", "--json"])
         .env("PMD_SHM_DIR", dir.path())
@@ -83,7 +90,7 @@ fn ctrl_c_drains_and_measures_the_send_period() {
     let dir = tempfile::tempdir().unwrap();
     let id = format!("cc{}", std::process::id());
     let port = format!("emu-mana:wire=loop:{id}");
-    let child = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+    let child = pktgen()
         .args(["--port", &port, "--port", &port])
         .args(["--rate", "20000", "--duration", "60", "--json"])
         .env("PMD_SHM_DIR", dir.path())
@@ -112,7 +119,7 @@ fn max_loss_fails_a_lossy_run() {
     let dir = tempfile::tempdir().unwrap();
     let id = format!("ml{}", std::process::id());
     let run = |max: &str| {
-        Command::new(env!("CARGO_BIN_EXE_pktgen"))
+        pktgen()
             .args(["--port", &format!("emu-mana:wire=loop:{id}")])
             .args(["--port", &format!("emu-mana:wire=loop:{id}")])
             .args([
@@ -132,7 +139,7 @@ fn max_loss_fails_a_lossy_run() {
     let o = run("0");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // A model port whose frames go nowhere: every frame sent is lost.
-    let o = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+    let o = pktgen()
         .args([
             "--port",
             "emu-mana:wire=none",
@@ -154,7 +161,7 @@ fn max_loss_fails_a_lossy_run() {
         String::from_utf8_lossy(&o.stdout).contains("lost"),
         "the report comes first"
     );
-    let o = Command::new(env!("CARGO_BIN_EXE_pktgen"))
+    let o = pktgen()
         .args(["--port", "null", "--max-loss", "150"])
         .output()
         .unwrap();

@@ -43,12 +43,17 @@ fn as_nobody(dir: &Path, tool: &str) -> Option<Command> {
     if !dst.exists() {
         std::fs::copy(&src, &dst).unwrap();
     }
+    // A runtime directory (telemetry socket) of its own that this user may write in.
+    let run = dir.join(format!("run-{tool}"));
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o777)).unwrap();
     let mut c = Command::new("setpriv");
     c.args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups"])
         .arg(&dst)
         .env("PMD_LOG", "warn")
         // The default places: /dev/hugepages, where this user may not create files.
         .env_remove("PMD_SHM_DIR")
+        .env("RUNTIME_DIRECTORY", &run)
         .current_dir(dir);
     Some(c)
 }

@@ -16,6 +16,8 @@
 //!   lcore       pinned worker threads, main core, stop on SIGINT/SIGTERM/SIGHUP/SIGQUIT
 //!   takeover    port exclusivity: busy=fail|wait|takeover, the netdevs taken down and
 //!               given back on every way out (close, signals, panic)
+//!   telemetry   DPDK telemetry v2 socket: answers about ports, pool and app from its
+//!               own threads (dpdk-telemetry.py works unchanged)
 //!   devices     discovery: RDMA devices, families, ports, netdevs (sysfs)
 //!   ring        queue mechanics shared by every NIC: wrap copy, work queue, owner-bit CQ
 //!   hw          hardware formats as byte views (MANA GDMA), pinned by golden vectors
@@ -74,6 +76,7 @@ macro_rules! dp_trace {
     };
 }
 
+pub mod capture;
 pub mod devices;
 #[cfg(feature = "emu")]
 pub mod emu;
@@ -89,6 +92,7 @@ pub mod port;
 pub mod ring;
 pub mod sys;
 pub mod takeover;
+pub mod telemetry;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

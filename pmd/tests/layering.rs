@@ -12,6 +12,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("net", &[]),
     ("ring", &["sys"]),
     ("ethdev", &["net"]),
+    ("capture", &["sys", "net"]),
     // lcore's stop signals give taken-over netdevs back before a second signal ends the process.
     ("lcore", &["sys", "log", "takeover"]),
     ("devices", &["net", "sys"]),
@@ -29,13 +30,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "verbs",
         &["mana", "mlx5", "ethdev", "hw", "net", "sys", "devices"],
     ),
+    // Answers about ports from its own threads; nothing below uses it.
+    ("telemetry", &["port", "ethdev", "net", "sys", "log"]),
     // The port layer; only the composition root names kinds (see KIND_NAMERS). `sys` for
     // poll(2) over the ports' event descriptors (`port::wait_events`) and the lock files.
     (
         "port",
         &[
             "ethdev", "net", "devices", "log", "mana", "mlx5", "null", "emu", "sys", "takeover",
-            "verbs",
+            "capture", "verbs",
         ],
     ),
 ];

@@ -123,6 +123,7 @@ impl Netns {
         c.args(["netns", "exec", &self.name])
             .arg(prog)
             .env("PMD_LOCK_DIR", self.locks.path());
+        own_runtime_dir(&mut c);
         c
     }
 
@@ -160,6 +161,36 @@ pub fn finish(mut child: Child, limit: Duration) -> (ExitStatus, String) {
         let _ = e.read_to_string(&mut err);
     }
     (status, err)
+}
+
+/// Gives the tool `c` runs a runtime directory of its own (`RUNTIME_DIRECTORY`: where it
+/// puts its telemetry socket, `dpdk/PREFIX/dpdk_telemetry.v2`, as DPDK's EAL does). Tools
+/// that tests run side by side all use the default file prefix; this way their sockets
+/// never meet, nor those of an app running on the machine. The directories are made in one
+/// folder per test process under the temporary directory; the folders of test processes
+/// that are gone are removed when the next one starts.
+pub fn own_runtime_dir(c: &mut Command) -> &mut Command {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    c.env("RUNTIME_DIRECTORY", runtime_root().join(n.to_string()))
+}
+
+/// This test process's folder of runtime directories.
+fn runtime_root() -> &'static std::path::Path {
+    static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        const PREFIX: &str = "pmd-test-run-";
+        let tmp = std::env::temp_dir();
+        for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+            let name = e.file_name();
+            let pid = name.to_str().and_then(|n| n.strip_prefix(PREFIX));
+            if pid.is_some_and(|p| !std::path::Path::new("/proc").join(p).exists()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        tmp.join(format!("{PREFIX}{}", std::process::id()))
+    })
 }
 
 /// Polls `cond` every 20 ms for at most `limit`.

@@ -31,6 +31,10 @@ use std::time::{Duration, Instant};
 /// ports go on forwarding; frames meant for it meanwhile are counted as `down_drops`. A port
 /// that does not recover (a device model, or a device that stayed away past its timeout)
 /// stops l2fwd with exit status 1, unless `--keep-running`.
+///
+/// While it runs, l2fwd answers on DPDK's telemetry socket (`pmd-telemetry`, or DPDK's
+/// `dpdk-telemetry.py`): its ports' counters (`/ethdev/stats,0`), events, pool and lcores.
+/// Two instances at once need two `--file-prefix`es.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -90,6 +94,8 @@ struct Args {
     /// failed and did not come back); l2fwd still exits with status 1 at the end, naming it.
     #[arg(long)]
     keep_running: bool,
+    #[command(flatten)]
+    telemetry: apps::telemetry::TelemetryArgs,
 }
 
 /// Per port counters of one core.
@@ -139,6 +145,8 @@ fn run(args: &Args) -> Result<(), Failure> {
     // is given back however the process stops (first signal: clean stop; second: clean stop without the drain; third: at once).
     let stop = StopFlag::new();
     stop.on_signals().map_err(|e| e.to_string())?;
+    // Before any device is touched, as DPDK's EAL does: a prefix in use fails the start.
+    let mut telemetry = apps::telemetry::start("l2fwd", &args.telemetry)?;
     let PortSet { mut ports, pool } =
         open_ports("l2fwd", &args.ports, &cfg, cores, args.pool_size)?;
     let macs: Vec<[u8; 6]> = ports.iter().map(|p| p.mac().0).collect();
@@ -169,6 +177,8 @@ fn run(args: &Args) -> Result<(), Failure> {
     for port in &mut ports {
         port.start().map_err(|e| e.to_string())?;
     }
+    // pmd-dumpcap's socket: captures of what the ports receive and send, while l2fwd runs.
+    let capture = apps::telemetry::capture("l2fwd", &args.telemetry, &ports)?;
     // Forward anyway when a link stays down: it may come up later (a peer started late).
     if let Err(down) = wait_links(
         "l2fwd",
@@ -184,6 +194,14 @@ fn run(args: &Args) -> Result<(), Failure> {
             .map(|_| (0..np).map(|_| PortCounters::default()).collect())
             .collect(),
     );
+    if let Some(t) = &telemetry {
+        t.watch_pool(&pool).map_err(|e| e.to_string())?;
+        let (c, lcores) = (Arc::clone(&counters), args.lcores.cores().to_vec());
+        t.register("/pmd/lcores", LCORES_HELP, move |_| {
+            Ok(lcores_answer(&c, &lcores))
+        })
+        .map_err(|e| e.to_string())?;
+    }
     if !args.json {
         eprintln!(
             "l2fwd: {np} ports, lcores {}, burst {}, mac updating {}",
@@ -260,11 +278,23 @@ fn run(args: &Args) -> Result<(), Failure> {
             lcache::flush();
         },
         |stop| {
-            fatal = main_loop(args, &counters, t0, stop, &mut ports, &mut events);
+            fatal = main_loop(
+                args,
+                &counters,
+                t0,
+                stop,
+                &mut ports,
+                &mut events,
+                telemetry.as_ref(),
+            );
             stopped_at.set(Some(t0.elapsed()));
+            // Nothing answers the ports' questions from here on: the socket goes now, so
+            // that a client sees the instance go instead of waiting for answers.
+            drop(telemetry.take());
         },
     )
     .map_err(|e| e.to_string())?;
+    drop(capture);
     let secs = stopped_at
         .get()
         .unwrap_or_else(|| t0.elapsed())
@@ -316,6 +346,41 @@ struct Totals {
     down: u64,
 }
 
+const LCORES_HELP: &str = "Per polling core (lcore index, CPU), per port: frames received \
+    (rx) and sent (tx), not taken by a full TX ring (dropped), and meant for a port without \
+    its device (down_drops). No parameter.";
+
+/// `/pmd/lcores`: the counters each polling core keeps (read as the statistics line reads
+/// them; the cores are not involved).
+fn lcores_answer(counters: &[Vec<PortCounters>], cpus: &[usize]) -> pmd::telemetry::Data {
+    use pmd::telemetry::Data;
+    Data::Array(
+        counters
+            .iter()
+            .zip(cpus)
+            .enumerate()
+            .map(|(i, (ports, cpu))| {
+                let ports = ports
+                    .iter()
+                    .enumerate()
+                    .map(|(p, c)| {
+                        Data::dict()
+                            .with("port", p)
+                            .with("rx", c.rx.get())
+                            .with("tx", c.tx.get())
+                            .with("dropped", c.dropped.get())
+                            .with("down_drops", c.down.get())
+                    })
+                    .collect::<Vec<_>>();
+                Data::dict()
+                    .with("lcore", i)
+                    .with("cpu", *cpu)
+                    .with("ports", ports)
+            })
+            .collect(),
+    )
+}
+
 fn totals(counters: &[Vec<PortCounters>], np: usize) -> Vec<Totals> {
     (0..np)
         .map(|p| {
@@ -338,6 +403,7 @@ fn main_loop(
     stop: &StopFlag,
     ports: &mut [Port],
     events: &mut EventWatch,
+    telemetry: Option<&pmd::telemetry::Telemetry>,
 ) -> Option<String> {
     let np = ports.len();
     let deadline = args.duration.map(Duration::from_secs_f64);
@@ -357,6 +423,8 @@ fn main_loop(
             }
             lost.get_or_insert(f);
         }
+        // Telemetry's questions about the ports, answered here where the ports are.
+        apps::telemetry::serve(telemetry, ports, events);
         // A capture that stopped recording (a full disk) stops the run: it is not the
         // capture that was asked for.
         if last_check.elapsed() >= CAPTURE_CHECK {

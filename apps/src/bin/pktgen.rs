@@ -40,6 +40,10 @@ use std::time::{Duration, Instant};
 /// Port events (link down/up, device failure or removal, queue errors) are logged on stderr
 /// as they happen and listed in the `--json` report; a failed or removed device stops the
 /// run, which then exits with status 1 after its report.
+///
+/// While it runs, pktgen answers on DPDK's telemetry socket (`pmd-telemetry`, or DPDK's
+/// `dpdk-telemetry.py`): its ports' counters (`/ethdev/stats,0`), events, pool and lcores.
+/// Two instances at once need two `--file-prefix`es.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -174,6 +178,8 @@ struct Args {
     /// pktgen register memory fork-safe (ibv_fork_init on hardware ports).
     #[arg(long, value_name = "CMD")]
     run: Option<String>,
+    #[command(flatten)]
+    telemetry: apps::telemetry::TelemetryArgs,
 }
 
 /// Counters the main core reads while workers run.
@@ -225,6 +231,50 @@ enum Role {
     Tx(TxSide),
     Rx(RxSide),
     Both(TxSide, Box<RxSide>),
+}
+
+impl Role {
+    /// What the core does, for `/pmd/lcores`.
+    fn name(&self) -> &'static str {
+        match self {
+            Role::Tx(_) => "tx",
+            Role::Rx(_) => "rx",
+            Role::Both(..) => "tx+rx",
+        }
+    }
+}
+
+const LCORES_HELP: &str = "Per polling core (lcore index, CPU, role tx, rx or tx+rx): what \
+    it counts, frames and bytes sent or received, and on receive the sequence gaps and \
+    latency percentiles in ns (as of the last tenth of a second). No parameter.";
+
+/// `/pmd/lcores`: the counters the polling cores publish (read as the statistics line reads
+/// them; the cores are not involved).
+fn lcores_answer(sh: &Shared, cores: &[(usize, &'static str)]) -> pmd::telemetry::Data {
+    use pmd::telemetry::Data;
+    Data::Array(
+        cores
+            .iter()
+            .enumerate()
+            .map(|(i, (cpu, role))| {
+                let mut d = Data::dict();
+                d.add("lcore", i).add("cpu", *cpu).add("role", *role);
+                if role.starts_with("tx") {
+                    d.add("tx_packets", sh.tx_packets.get())
+                        .add("tx_bytes", sh.tx_bytes.get())
+                        .add("tx_done", sh.tx_done.load(Ordering::Relaxed));
+                }
+                if role.ends_with("rx") {
+                    d.add("rx_packets", sh.rx_packets.get())
+                        .add("rx_bytes", sh.rx_bytes.get())
+                        .add("gaps", sh.gaps.load(Ordering::Relaxed))
+                        .add("latency_p50_ns", sh.p50.load(Ordering::Relaxed))
+                        .add("latency_p99_ns", sh.p99.load(Ordering::Relaxed));
+                }
+                d
+            })
+            .collect(),
+    )
 }
 
 enum Outcome {
@@ -399,6 +449,8 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     let signalled = StopFlag::new();
     signalled.on_signals().map_err(|e| e.to_string())?;
     let stop = StopFlag::new();
+    // Before any device is touched, as DPDK's EAL does: a prefix in use fails the start.
+    let mut telemetry = apps::telemetry::start("pktgen", &args.telemetry)?;
     let PortSet { mut ports, pool } =
         open_ports("pktgen", &args.ports, &cfg, ncores, args.pool_size)?;
     if let (Frames::Gen(g), None) = (&mut frames, args.src_mac) {
@@ -413,6 +465,8 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     for p in &mut ports {
         p.start().map_err(|e| e.to_string())?;
     }
+    // pmd-dumpcap's socket: captures of what the ports send and receive, while pktgen runs.
+    let capture = apps::telemetry::capture("pktgen", &args.telemetry, &ports)?;
     // Frames sent into a down link are lost: wait for the peer, or say why not (unless told
     // not to wait: then the warnings were the word).
     if let Err(down) = wait_links(
@@ -473,6 +527,20 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     let shared = Arc::new(Shared::default());
     if args.rx_only {
         shared.tx_done.store(true, Ordering::Release);
+    }
+    if let Some(t) = &telemetry {
+        t.watch_pool(&pool).map_err(|e| e.to_string())?;
+        let sh = Arc::clone(&shared);
+        let cores: Vec<(usize, &'static str)> = lcores
+            .cores()
+            .iter()
+            .zip(roles.iter().map(Role::name))
+            .map(|(c, r)| (*c, r))
+            .collect();
+        t.register("/pmd/lcores", LCORES_HELP, move |_| {
+            Ok(lcores_answer(&sh, &cores))
+        })
+        .map_err(|e| e.to_string())?;
     }
     let epoch = Instant::now();
     if !args.json {
@@ -535,9 +603,23 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
             lcache::flush();
             out
         },
-        |_| fatal = main_loop(args, &shared, &signalled, epoch, &mut ports, &mut events),
+        |_| {
+            fatal = main_loop(
+                args,
+                &shared,
+                &signalled,
+                epoch,
+                &mut ports,
+                &mut events,
+                telemetry.as_ref(),
+            );
+            // Nothing answers the ports' questions from here on: the socket goes now, so
+            // that a client sees the instance go instead of waiting for answers.
+            drop(telemetry.take());
+        },
     )
     .map_err(|e| e.to_string())?;
+    drop(capture);
     let rx = results.into_iter().find_map(|o| match o {
         Outcome::Rx(r) => Some(r),
         Outcome::Tx => None,
@@ -803,6 +885,7 @@ fn main_loop(
     epoch: Instant,
     ports: &mut [Port],
     events: &mut EventWatch,
+    telemetry: Option<&pmd::telemetry::Telemetry>,
 ) -> Option<String> {
     let interval = (args.stats_interval > 0.0 && !args.json)
         .then(|| Duration::from_secs_f64(args.stats_interval));
@@ -822,6 +905,8 @@ fn main_loop(
         if let Some(f) = events.wait(ports, Duration::from_millis(10)) {
             return Some(f);
         }
+        // Telemetry's questions about the ports, answered here where the ports are.
+        apps::telemetry::serve(telemetry, ports, events);
         // A capture that stopped recording (a full disk) stops the run.
         if last_check.elapsed() >= Duration::from_millis(200) {
             last_check = Instant::now();

@@ -5,15 +5,18 @@
 use std::process::{Child, Command, Output};
 use std::time::Duration;
 
-/// The tool `name` (`l2fwd` or `pktgen`) of this build, logging errors only.
+/// The tool `name` (`l2fwd`, `pktgen` or `pmd-telemetry`) of this build, logging errors
+/// only, with a runtime directory of its own (its telemetry socket meets no other tool's).
 pub fn bin(name: &str) -> Command {
     let path = match name {
         "l2fwd" => env!("CARGO_BIN_EXE_l2fwd"),
         "pktgen" => env!("CARGO_BIN_EXE_pktgen"),
+        "pmd-telemetry" => env!("CARGO_BIN_EXE_pmd-telemetry"),
         _ => unreachable!("no tool {name}"),
     };
     let mut c = Command::new(path);
     c.env("PMD_LOG", "error");
+    integration_tests::own_runtime_dir(&mut c);
     c
 }
 

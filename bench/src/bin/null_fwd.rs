@@ -34,9 +34,21 @@ struct Args {
     /// --tool=callgrind`), which are then the same from run to run.
     #[arg(long, value_name = "N")]
     rounds: Option<u64>,
+    /// Capture every frame of both directions of the forwarding (`pmd::capture`, what
+    /// `pmd-dumpcap` turns on in a running app), the rings drained on the forwarding core
+    /// after each round: the cost of a mirrored frame, for `valgrind --tool=callgrind
+    /// --toggle-collect='*Mirror*'` (the drain is not in the mirror functions).
+    #[arg(long)]
+    capture: bool,
 }
 
 type Queues = (RxQueue, TxQueue, RxQueue, TxQueue);
+/// The capture's memory, its ring readers and a frame buffer (`--capture`).
+type Drain = (
+    pmd::sys::DevMem,
+    Vec<pmd::capture::ring::RingReader>,
+    Vec<pmd::capture::ring::Frame>,
+);
 
 fn main() -> ExitCode {
     pmd::log::init("warn");
@@ -74,6 +86,61 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     p0.start()?;
     p1.start()?;
+    let capture = if args.capture {
+        use pmd::capture::bpf::Program;
+        use pmd::capture::ring::{Direction, RingId};
+        let rings = vec![
+            RingId {
+                port: 0,
+                queue: 0,
+                dir: Direction::Rx,
+            },
+            RingId {
+                port: 1,
+                queue: 0,
+                dir: Direction::Tx,
+            },
+            RingId {
+                port: 1,
+                queue: 0,
+                dir: Direction::Rx,
+            },
+            RingId {
+                port: 0,
+                queue: 0,
+                dir: Direction::Tx,
+            },
+        ];
+        let (session, file) = pmd::capture::Session::new(
+            rings,
+            16 << 20,
+            65535,
+            Program::accept_all(),
+            std::process::id(),
+        )?;
+        p0.capture_target()
+            .tap
+            .attach(&session)
+            .map_err(|_| "capture busy")?;
+        p1.capture_target()
+            .tap
+            .attach(&session)
+            .map_err(|_| "capture busy")?;
+        Some((session, file))
+    } else {
+        None
+    };
+    let drain = capture
+        .as_ref()
+        .map(|(_, file)| -> Result<_, Box<dyn std::error::Error>> {
+            let mem = pmd::sys::DevMem::map_file(file, file.metadata()?.len() as usize)?;
+            let (layout, ids) = pmd::capture::ring::Layout::read(&mem)?;
+            let readers: Vec<_> = (0..ids.len())
+                .map(|r| pmd::capture::ring::RingReader::new(&mem, &layout, r))
+                .collect();
+            Ok((mem, readers, Vec::new()))
+        })
+        .transpose()?;
     let stop = StopFlag::new();
     stop.on_signals()?;
     let burst = usize::from(args.burst);
@@ -84,14 +151,21 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let forwarded = launch_each(
         &cores,
         &stop,
-        vec![queues],
-        |lcore, (mut rx0, mut tx0, mut rx1, mut tx1): Queues| {
+        vec![(queues, drain)],
+        |lcore, ((mut rx0, mut tx0, mut rx1, mut tx1), mut drain): (Queues, Option<Drain>)| {
             let mut b = Burst::with_capacity(burst);
             let mut fwd = 0u64;
+            let mut captured = 0u64;
             if let Some(n) = rounds {
                 for _ in 0..n {
                     fwd += forward(&mut rx0, &mut tx1, &mut b, &pool);
                     fwd += forward(&mut rx1, &mut tx0, &mut b, &pool);
+                    if let Some((mem, readers, frames)) = &mut drain {
+                        for r in readers.iter_mut() {
+                            captured += r.drain(mem, usize::MAX, frames).unwrap_or(0) as u64;
+                            frames.clear();
+                        }
+                    }
                 }
                 done.store(true, std::sync::atomic::Ordering::Release);
             }
@@ -100,8 +174,17 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     fwd += forward(&mut rx0, &mut tx1, &mut b, &pool);
                     fwd += forward(&mut rx1, &mut tx0, &mut b, &pool);
                 }
+                if let Some((mem, readers, frames)) = &mut drain {
+                    for r in readers.iter_mut() {
+                        captured += r.drain(mem, usize::MAX, frames).unwrap_or(0) as u64;
+                        frames.clear();
+                    }
+                }
             }
             mempool::lcache::flush();
+            if drain.is_some() {
+                eprintln!("null_fwd: {captured} frames captured");
+            }
             fwd
         },
         |stop| {

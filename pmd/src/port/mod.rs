@@ -51,6 +51,9 @@ pub use recovery::{QueueCtl, Reopen};
 
 use recovery::{generation, running, Gone, Recovery};
 
+use crate::capture::ring::Direction;
+use crate::capture::server::Target as CaptureTarget;
+use crate::capture::{Mirror, Tap};
 use crate::ethdev::{check_config, Counters, PortDriver, QueueSetup, RxBurst, TxBurst};
 use crate::net::MacAddr;
 use mempool::MbufPool;
@@ -71,6 +74,8 @@ pub struct RxQueue {
     gen: u64,
     port: u16,
     queue: u16,
+    /// Live capture of what this queue receives ([`crate::capture`]).
+    mirror: Mirror,
 }
 
 impl std::fmt::Debug for RxQueue {
@@ -92,7 +97,13 @@ impl RxQueue {
         if (w != self.seen && !self.catch_up(w)) || out.spare() == 0 {
             return 0;
         }
-        self.imp.rx_burst(out)
+        let n = self.imp.rx_burst(out);
+        // Live capture: one relaxed load when none is on.
+        if self.mirror.on() {
+            let all = out.as_slice();
+            self.mirror.rx(&all[all.len() - n..]);
+        }
+        n
     }
 
     #[cold]
@@ -133,6 +144,8 @@ pub struct TxQueue {
     gen: u64,
     port: u16,
     queue: u16,
+    /// Live capture of what this queue sends ([`crate::capture`]).
+    mirror: Mirror,
 }
 
 impl std::fmt::Debug for TxQueue {
@@ -153,7 +166,22 @@ impl TxQueue {
         if w != self.seen && !self.catch_up(w) {
             return 0;
         }
+        // Live capture: one relaxed load when none is on.
+        if self.mirror.on() {
+            return self.tx_mirrored(pkts);
+        }
         self.imp.tx_burst(pkts)
+    }
+
+    /// A burst while a capture is on (or just ended): the frames are written to the capture
+    /// before the driver takes them, and kept only for those it took.
+    #[cold]
+    #[inline(never)]
+    fn tx_mirrored(&mut self, pkts: &mut Burst) -> usize {
+        self.mirror.tx_before(pkts.as_slice());
+        let n = self.imp.tx_burst(pkts);
+        self.mirror.tx_after(n);
+        n
     }
 
     /// Whether the port runs now (started, not recovering, not failed). Not for every
@@ -227,6 +255,8 @@ pub struct Port {
     /// The port's lock (see [`lock`]). Declared after `driver`: fields drop in order, so the
     /// driver (and a netdev it took over) is gone before another process may open the port.
     lock: Option<PortLock>,
+    /// The live-capture switch its queue handles watch ([`crate::capture`]).
+    tap: Arc<Tap>,
 }
 
 impl std::fmt::Debug for Port {
@@ -336,6 +366,7 @@ impl Port {
             last_recovery: None,
             events: None,
             lock: None,
+            tap: Tap::new(),
         };
         if port.driver.event_fd().is_some() {
             port.ensure_events();
@@ -360,6 +391,23 @@ impl Port {
         let tx = port.tx_queue(0)?;
         port.start()?;
         Ok((port, rx, tx))
+    }
+
+    /// What a live capture of this port needs ([`crate::capture::server`]): its name, MAC,
+    /// queue counts (of the current configuration) and capture switch.
+    pub fn capture_target(&self) -> CaptureTarget {
+        CaptureTarget {
+            port: self.id,
+            name: self
+                .spec
+                .as_ref()
+                .map_or_else(|| self.name.clone(), ToString::to_string),
+            mac: self.mac().0,
+            speed_mbps: self.link().speed_mbps,
+            rx_queues: self.rx.len() as u16,
+            tx_queues: self.tx.len() as u16,
+            tap: Arc::clone(&self.tap),
+        }
     }
 
     /// Port id.
@@ -527,6 +575,7 @@ impl Port {
             gen: self.ctl.gen(),
             port: self.id,
             queue,
+            mirror: Mirror::new(Arc::clone(&self.tap), self.id, queue, Direction::Rx),
         })
     }
 
@@ -560,6 +609,7 @@ impl Port {
             gen: self.ctl.gen(),
             port: self.id,
             queue,
+            mirror: Mirror::new(Arc::clone(&self.tap), self.id, queue, Direction::Tx),
         })
     }
 

@@ -255,7 +255,10 @@ mod tests {
         e.clear();
         assert_eq!(poll_readable(&[fd], Duration::ZERO).unwrap(), [false]);
         e.clear();
-        assert_eq!(poll_readable(&[], Duration::from_millis(1)).unwrap(), []);
+        assert_eq!(
+            poll_readable(&[], Duration::from_millis(1)).unwrap(),
+            Vec::<bool>::new()
+        );
     }
 
     #[test]

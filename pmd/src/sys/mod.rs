@@ -42,6 +42,7 @@ pub mod lockfile;
 pub mod mem;
 pub mod net;
 pub mod packet_ring;
+pub mod seqpacket;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

@@ -309,6 +309,7 @@ fn forward(
             c.env_remove("PMD_LOG");
         }
         c.env("PMD_SHM_DIR", &shm);
+        integration_tests::own_runtime_dir(c);
     };
     let mut l2 = Command::new(bin("l2fwd"));
     l2.args(["--port", &l2_ports[0], "--port", &l2_ports[1]])

@@ -299,7 +299,7 @@ fn forward(frames: u64, pg_kind: &str, extra: &str) {
     .stdout(std::process::Stdio::piped())
     .stderr(std::process::Stdio::piped());
     let l2 = l2.spawn().expect("start l2fwd");
-    let p = Command::new(bin("pktgen"))
+    let p = integration_tests::own_runtime_dir(&mut Command::new(bin("pktgen")))
         .args(["--port", &format!("{pg_kind}:wire=shm:{tag}-1")])
         .args(["--port", &format!("{pg_kind}:wire=shm:{tag}-2")])
         .args(["--count", &frames.to_string(), "--rate", "2000", "--json"])

@@ -153,6 +153,7 @@ fn serviced_run(family: &str, frames: u64, rate: u64, service_s: f64, after: Dur
         .stderr(Stdio::piped());
     let (l2, l2_err) = spawn_ready(&mut l2);
     let mut pg = Command::new(bin("pktgen"));
+    integration_tests::own_runtime_dir(&mut pg);
     pg.args(["--port", &emu[0], "--port", &emu[1]])
         .args(["--count", &frames.to_string(), "--rate", &rate.to_string()])
         .args(["--json", "--link-timeout", "30", "--drain-timeout", "3"])
@@ -477,6 +478,7 @@ fn a_hundred_service_resets_in_a_row_leave_nothing_behind() {
         .stderr(Stdio::piped());
     let (l2, lines) = spawn_ready(&mut l2);
     let mut pg = Command::new(bin("pktgen"));
+    integration_tests::own_runtime_dir(&mut pg);
     pg.args(["--port", &format!("emu-mana:wire=shm:{tag}-1")])
         .args(["--port", &format!("emu-mana:wire=shm:{tag}-2")])
         .args(["--rate", "5000", "--duration", "120", "--json"])

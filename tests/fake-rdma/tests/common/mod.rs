@@ -143,6 +143,8 @@ impl Fake {
             // Each world's shm wires in its own directory: tests running side by side (and
             // anything else on the machine) use the same wire names.
             .env("PMD_SHM_DIR", self.shm_dir());
+        // Each tool's telemetry socket in a runtime directory of its own.
+        integration_tests::own_runtime_dir(c);
         for k in [
             "FAKE_RDMA_PROFILE",
             "FAKE_RDMA_FAIL",
