@@ -7,6 +7,9 @@
 #   PMD_SETUP_EXTRA   more Debian packages to install (e.g. "dpdk dpdk-dev" for benches)
 set -euo pipefail
 
+# libpcap-dev: pmd-dumpcap compiles capture filters with libpcap. tshark and dpdk-dev (for
+# DPDK's own dpdk-telemetry.py): the tests read our capture files and telemetry socket with
+# other people's tools.
 packages=(pkg-config clang libclang-dev libibverbs-dev librdmacm-dev ibverbs-providers
           iproute2 iputils-ping binutils util-linux
           libpcap-dev tshark dpdk-dev ${PMD_SETUP_EXTRA:-})

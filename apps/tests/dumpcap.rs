@@ -214,6 +214,26 @@ fn tshark(path: &Path, fields: &[&str]) -> Option<Vec<String>> {
     }
 }
 
+/// Stops pmd-dumpcap as Ctrl-C does; it must end well.
+fn stop_dumpcap(dc: Bg) {
+    let d = stop(dc);
+    assert!(
+        d.status.success(),
+        "pmd-dumpcap: {}",
+        String::from_utf8_lossy(&d.stderr)
+    );
+}
+
+/// Stops l2fwd, which must have forwarded `n` frames and lost none.
+fn forwarded(l2: Bg, n: u64) {
+    let l = stopped_l2fwd(l2);
+    assert_eq!(
+        (l["rx_packets"].as_u64(), l["tx_packets"].as_u64()),
+        (Some(n), Some(n)),
+        "{l}"
+    );
+}
+
 fn stopped_l2fwd(l2: Bg) -> serde_json::Value {
     let l = stop(l2);
     assert!(
@@ -241,17 +261,8 @@ fn the_capture_holds_every_forwarded_frame_and_tshark_reads_it() {
         "{p}"
     );
     // Ctrl-C ends the capture with a whole file.
-    let d = stop(dc);
-    assert!(
-        d.status.success(),
-        "pmd-dumpcap: {}",
-        String::from_utf8_lossy(&d.stderr)
-    );
-    let l = stopped_l2fwd(l2);
-    assert_eq!(
-        (l["rx_packets"].as_u64(), l["tx_packets"].as_u64()),
-        (Some(N), Some(N))
-    );
+    stop_dumpcap(dc);
+    forwarded(l2, N);
 
     let c = read_capture(&out);
     assert_eq!(c.frames.len(), 2, "one interface per port");
@@ -311,12 +322,7 @@ fn a_filter_captures_exactly_the_matching_frames() {
     ]);
     let p = succeeded(&s.pktgen(&["--count", &N.to_string(), "--rate", "40000"]));
     assert_eq!(p["lost"], 0, "{p}");
-    let d = stop(dc);
-    assert!(
-        d.status.success(),
-        "pmd-dumpcap: {}",
-        String::from_utf8_lossy(&d.stderr)
-    );
+    stop_dumpcap(dc);
     stopped_l2fwd(l2);
     let c = read_capture(&out);
     let (recv, drop, accepted) = c.stats[0];
@@ -353,17 +359,8 @@ fn a_killed_dumpcap_stops_the_mirroring_and_l2fwd_loses_nothing() {
     // The port is free again: a new capture starts (the killed one's ended by itself).
     let out2 = s.file("k2.pcapng");
     let (dc2, _l2) = s.dumpcap(&["-i", "0,1", "-w", out2.to_str().unwrap()]);
-    let d = stop(dc2);
-    assert!(
-        d.status.success(),
-        "pmd-dumpcap: {}",
-        String::from_utf8_lossy(&d.stderr)
-    );
-    let l = stopped_l2fwd(l2);
-    assert_eq!(
-        (l["rx_packets"].as_u64(), l["tx_packets"].as_u64()),
-        (Some(N), Some(N))
-    );
+    stop_dumpcap(dc2);
+    forwarded(l2, N);
 }
 
 #[test]

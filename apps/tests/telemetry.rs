@@ -21,16 +21,7 @@ use support::{bin, json, stop, succeeded, Bg};
 const DPDK_TELEMETRY_PY: &str = "/usr/bin/dpdk-telemetry.py";
 
 /// The basic counters `/ethdev/stats` and l2fwd's report share.
-const BASIC: [&str; 8] = [
-    "ipackets",
-    "opackets",
-    "ibytes",
-    "obytes",
-    "imissed",
-    "ierrors",
-    "oerrors",
-    "rx_nombuf",
-];
+const BASIC: [&str; 8] = pmd::telemetry::ethdev::STATS;
 
 /// Two cables, a runtime directory, and the tools on them.
 struct Setup {
@@ -198,6 +189,19 @@ fn all_back(out: &Output, count: u64) -> serde_json::Value {
 
 /// l2fwd's final report after a run that lost nothing: every frame received was sent,
 /// none dropped, the pool whole.
+/// Waits for pktgen (in the background) to end, and checks that every frame came back.
+fn pktgen_done(mut pg: Bg, count: u64) {
+    let t0 = Instant::now();
+    while pg.child().try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "pktgen still running"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    all_back(&pg.0.take().unwrap().wait_with_output().unwrap(), count);
+}
+
 fn forwarded_everything(out: &Output, count: u64) -> serde_json::Value {
     assert!(
         out.status.success(),
@@ -219,7 +223,7 @@ fn dpdk_telemetry_py_and_pmd_telemetry_read_l2fwd_under_traffic() {
     let l2 = Bg(Some(s.l2fwd("", "l2fwd", &[]).spawn().unwrap()));
     s.client("l2fwd");
     let count = 150_000;
-    let mut pg = Bg(Some(s.pktgen("", count, 50_000).spawn().unwrap()));
+    let pg = Bg(Some(s.pktgen("", count, 50_000).spawn().unwrap()));
     // Under traffic: counters that move.
     let c = s.client("l2fwd");
     let t0 = Instant::now();
@@ -250,15 +254,7 @@ fn dpdk_telemetry_py_and_pmd_telemetry_read_l2fwd_under_traffic() {
         "{l2_lcores}"
     );
     // The traffic ends: the counters stand still, and are what l2fwd reports at the end.
-    let t0 = Instant::now();
-    while pg.child().try_wait().unwrap().is_none() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "pktgen still running"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    all_back(&pg.0.take().unwrap().wait_with_output().unwrap(), count);
+    pktgen_done(pg, count);
     let ours: Vec<serde_json::Value> = (0..2)
         .map(|p| {
             let a = s.pmd_telemetry("l2fwd", &[&format!("/ethdev/stats,{p}")]);
@@ -410,16 +406,7 @@ fn malformed_requests_and_misbehaving_clients_leave_l2fwd_forwarding_everything(
     drop(many);
     drop(c);
 
-    let mut pg = pg;
-    let t0 = Instant::now();
-    while pg.child().try_wait().unwrap().is_none() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "pktgen still running"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    all_back(&pg.0.take().unwrap().wait_with_output().unwrap(), count);
+    pktgen_done(pg, count);
     forwarded_everything(&stop(l2), count);
 }
 

@@ -5,7 +5,7 @@
 //! the device model ([`emu`]), which plays the NIC's side of the very same queue memory.
 //!
 //! ```text
-//! apps (l2fwd, pktgen, pmd-devices), examples, bench, tests
+//! apps (l2fwd, pktgen, pmd-devices, pmd-telemetry, pmd-dumpcap), examples, bench, tests
 //!   port        Port, RxQueue/TxQueue (one indirect call per burst), PortSpec devargs,
 //!     probe     the composition root: the ONE place that names kinds and pairs a driver
 //!               with a provider
@@ -13,6 +13,9 @@
 //!   providers   emu::mana (device model + wires, feature `emu`); verbs::mana next
 //!   ethdev      the contract: PortDriver, RxBurst/TxBurst, Burst, Counters, Caps,
 //!               PortConfig, PortError; names no driver
+//!   capture     live capture: a per-port switch the queue handles watch (one relaxed
+//!               load per burst when off), shared-memory rings, classic BPF, and the
+//!               control socket pmd-dumpcap talks to
 //!   lcore       pinned worker threads, main core, stop on SIGINT/SIGTERM/SIGHUP/SIGQUIT
 //!   takeover    port exclusivity: busy=fail|wait|takeover, the netdevs taken down and
 //!               given back on every way out (close, signals, panic)

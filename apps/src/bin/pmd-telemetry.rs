@@ -256,23 +256,7 @@ fn show(request: &str, raw: &str, json: bool) -> bool {
 
 /// `/ethdev/stats` as a table: the port's counters, then each queue with a count.
 fn print_stats(d: &serde_json::Value) {
-    const BASIC: [&str; 8] = [
-        "ipackets",
-        "opackets",
-        "ibytes",
-        "obytes",
-        "imissed",
-        "ierrors",
-        "oerrors",
-        "rx_nombuf",
-    ];
-    const QUEUES: [&str; 5] = [
-        "q_ipackets",
-        "q_opackets",
-        "q_ibytes",
-        "q_obytes",
-        "q_errors",
-    ];
+    use pmd::telemetry::ethdev::{QUEUE_STATS as QUEUES, STATS as BASIC};
     for k in BASIC {
         println!("{k:<10} {:>20}", d[k]);
     }

@@ -639,42 +639,26 @@ mod tests {
 
     #[test]
     fn a_hostile_peer_costs_an_error_never_a_bad_access() {
-        let (mem, l) = file(1);
-        let mut w = RingWriter::new(&mem, &l, 0);
-        // Fill the ring: the writer then looks at the reader's index.
-        while w.write(&mem, &[&[1u8; 64]], 64, 0) == Outcome::Written {}
-        w.publish(&mem);
-        // The reader's index ahead of the producer: the writer stops writing.
-        mem.store_u64(l.ctrl(0) + C_CONS, 1 << 40, Ordering::Relaxed);
-        assert_eq!(w.write(&mem, &[&[1u8; 64]], 64, 0), Outcome::Dropped);
-        // Even once the index looks sane again (everything read).
-        mem.store_u64(l.ctrl(0) + C_CONS, w.position(), Ordering::Relaxed);
-        assert_eq!(
-            w.write(&mem, &[&[1u8; 64]], 64, 0),
-            Outcome::Dropped,
-            "stays broken"
-        );
-        // A reader index that goes backwards breaks it too.
-        let (mem, l) = file(1);
-        let mut w = RingWriter::new(&mem, &l, 0);
-        while w.write(&mem, &[&[1u8; 64]], 64, 0) == Outcome::Written {}
-        w.publish(&mem);
-        mem.store_u64(l.ctrl(0) + C_CONS, 4096, Ordering::Relaxed);
-        assert_eq!(
-            w.write(&mem, &[&[1u8; 64]], 64, 0),
-            Outcome::Written,
-            "room after a read"
-        );
-        w.publish(&mem);
-        while w.write(&mem, &[&[1u8; 64]], 64, 0) == Outcome::Written {}
-        mem.store_u64(l.ctrl(0) + C_CONS, 8, Ordering::Relaxed);
-        assert_eq!(w.write(&mem, &[&[1u8; 64]], 64, 0), Outcome::Dropped);
-        mem.store_u64(l.ctrl(0) + C_CONS, w.position(), Ordering::Relaxed);
-        assert_eq!(
-            w.write(&mem, &[&[1u8; 64]], 64, 0),
-            Outcome::Dropped,
-            "stays broken"
-        );
+        let one = |w: &mut RingWriter, mem: &DevMem| w.write(mem, &[&[1u8; 64]], 64, 0);
+        let full = |w: &mut RingWriter, mem: &DevMem| {
+            while one(w, mem) == Outcome::Written {}
+            w.publish(mem);
+        };
+        // Reader indices that cannot be (ahead of the producer, or gone backwards), each
+        // given once the ring is full (when the writer looks at it): nothing more is written,
+        // even once the index looks sane again.
+        for bad in [1u64 << 40, 8] {
+            let (mem, l) = file(1);
+            let mut w = RingWriter::new(&mem, &l, 0);
+            full(&mut w, &mem);
+            mem.store_u64(l.ctrl(0) + C_CONS, 4096, Ordering::Relaxed);
+            assert_eq!(one(&mut w, &mem), Outcome::Written, "room after a read");
+            full(&mut w, &mem);
+            mem.store_u64(l.ctrl(0) + C_CONS, bad, Ordering::Relaxed);
+            assert_eq!(one(&mut w, &mem), Outcome::Dropped);
+            mem.store_u64(l.ctrl(0) + C_CONS, w.position(), Ordering::Relaxed);
+            assert_eq!(one(&mut w, &mem), Outcome::Dropped, "stays broken");
+        }
 
         // A producer index past the ring, then records with impossible lengths.
         let (mem, l) = file(1);

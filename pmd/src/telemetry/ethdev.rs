@@ -5,7 +5,7 @@
 
 use super::protocol::Data;
 use super::AnswerError;
-use crate::port::{Port, PortState, RxOffloads, Stats, TxOffloads};
+use crate::port::{Port, PortState, QueueStats, RxOffloads, Stats, TxOffloads};
 
 /// Entries in each per-queue array of `/ethdev/stats` (DPDK's `RTE_ETHDEV_QUEUE_STAT_CNTRS`).
 pub const QUEUE_STAT_CNTRS: usize = 16;
@@ -190,31 +190,58 @@ fn hide_zero(rest: &str) -> bool {
     hide
 }
 
-/// `/ethdev/stats`: the basic counters in DPDK's order, then the per-queue arrays DPDK had
-/// until 23.11 (`q_ipackets` .. `q_errors`, always 16 entries; `q_errors` is a receive
-/// queue's error count).
+/// The basic counters of `/ethdev/stats`, in DPDK's order (`rte_ethdev_telemetry.c`,
+/// `eth_dev_handle_port_stats`).
+pub const STATS: [&str; 8] = [
+    "ipackets",
+    "opackets",
+    "ibytes",
+    "obytes",
+    "imissed",
+    "ierrors",
+    "oerrors",
+    "rx_nombuf",
+];
+
+/// The per-queue arrays of `/ethdev/stats` DPDK had until 23.11, each of
+/// [`QUEUE_STAT_CNTRS`] entries.
+pub const QUEUE_STATS: [&str; 5] = [
+    "q_ipackets",
+    "q_opackets",
+    "q_ibytes",
+    "q_obytes",
+    "q_errors",
+];
+
+/// `/ethdev/stats`: the basic counters ([`STATS`]), then the per-queue arrays
+/// ([`QUEUE_STATS`], always 16 entries; `q_errors` is a receive queue's error count).
 pub fn stats(s: &Stats) -> Data {
     let mut d = Data::dict();
-    d.add("ipackets", s.ipackets)
-        .add("opackets", s.opackets)
-        .add("ibytes", s.ibytes)
-        .add("obytes", s.obytes)
-        .add("imissed", s.imissed)
-        .add("ierrors", s.ierrors)
-        .add("oerrors", s.oerrors)
-        .add("rx_nombuf", s.rx_nombuf);
-    let per_queue = |qs: &[crate::port::QueueStats], f: fn(&crate::port::QueueStats) -> u64| {
-        Data::Array(
-            (0..QUEUE_STAT_CNTRS)
-                .map(|i| Data::Uint(qs.get(i).map_or(0, f)))
-                .collect(),
-        )
-    };
-    d.add("q_ipackets", per_queue(&s.rx_queues, |q| q.packets))
-        .add("q_opackets", per_queue(&s.tx_queues, |q| q.packets))
-        .add("q_ibytes", per_queue(&s.rx_queues, |q| q.bytes))
-        .add("q_obytes", per_queue(&s.tx_queues, |q| q.bytes))
-        .add("q_errors", per_queue(&s.rx_queues, |q| q.errors));
+    let basic = [
+        s.ipackets,
+        s.opackets,
+        s.ibytes,
+        s.obytes,
+        s.imissed,
+        s.ierrors,
+        s.oerrors,
+        s.rx_nombuf,
+    ];
+    for (name, v) in STATS.iter().zip(basic) {
+        d.add(name, v);
+    }
+    type Field = fn(&QueueStats) -> u64;
+    let queues: [(&[QueueStats], Field); 5] = [
+        (&s.rx_queues, |q| q.packets),
+        (&s.tx_queues, |q| q.packets),
+        (&s.rx_queues, |q| q.bytes),
+        (&s.tx_queues, |q| q.bytes),
+        (&s.rx_queues, |q| q.errors),
+    ];
+    for (name, (qs, f)) in QUEUE_STATS.iter().zip(queues) {
+        let per_queue = (0..QUEUE_STAT_CNTRS).map(|i| Data::Uint(qs.get(i).map_or(0, f)));
+        d.add(name, Data::Array(per_queue.collect()));
+    }
     d
 }
 
