@@ -359,8 +359,34 @@ fn a_killed_dumpcap_stops_the_mirroring_and_l2fwd_loses_nothing() {
     // The port is free again: a new capture starts (the killed one's ended by itself).
     let out2 = s.file("k2.pcapng");
     let (dc2, _l2) = s.dumpcap(&["-i", "0,1", "-w", out2.to_str().unwrap()]);
+    let mut l2 = l2;
+    let pid = l2.child().id();
+    assert!(capture_memory(pid) > 0, "l2fwd maps the capture's rings");
     stop_dumpcap(dc2);
+    // Nothing of either capture is left in l2fwd: no mapping, no descriptor of the rings.
+    assert!(
+        integration_tests::eventually(Duration::from_secs(5), || capture_memory(pid) == 0),
+        "l2fwd still holds capture memory"
+    );
     forwarded(l2, N);
+}
+
+/// How many mappings and descriptors of capture rings (`memfd:pmd-capture`) process `pid`
+/// holds.
+fn capture_memory(pid: u32) -> usize {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter(|l| l.to_string_lossy().contains("memfd:pmd-capture"))
+                .count()
+        })
+        .unwrap_or(0);
+    maps.lines()
+        .filter(|l| l.contains("memfd:pmd-capture"))
+        .count()
+        + fds
 }
 
 #[test]

@@ -540,6 +540,14 @@ impl TxQueue {
         if self.down {
             return 0;
         }
+        if pkts.is_empty() {
+            // A reclaim call: packets still waiting for a completion request would otherwise
+            // wait for the next busy burst (holding their mbufs, not counted as sent).
+            if self.unrequested > 0 {
+                self.flush();
+            }
+            return 0;
+        }
         let want = pkts.len().min(self.desc.free() as usize);
         self.posted.clear();
         let mut last_ctrl = None;
@@ -647,6 +655,41 @@ impl TxQueue {
         let mut b = [0u8; 1];
         mem.read(off, &mut b);
         mem.write(off, &[(b[0] & !0x0c) | (CE_ALWAYS << 2)]);
+    }
+
+    /// Asks for a completion of every packet posted so far, when the queue goes idle: a NOP
+    /// WQE (one WQEBB, control segment only, §2.2) with CE = ALWAYS. DPDK's mlx5 leaves up to
+    /// `MLX5_TX_COMP_THRESH - 1` packets uncompleted on an idle queue (and counts them as sent
+    /// when posted); here an empty burst completes them, so it frees every mbuf it can and
+    /// `opackets` (counted at completion) catches up, as [`TxQueue`]'s docs promise. Costs one
+    /// WQEBB and a doorbell per busy-to-idle transition, nothing while busy.
+    #[cold]
+    fn flush(&mut self) {
+        if self.wq.free() == 0 {
+            // A full SQ already has a completion requested (see `request_completion`).
+            return;
+        }
+        let at = self.wq.head();
+        let mut nop = [0u8; WQEBB_BYTES];
+        if let Some(mut c) = CtrlSeg::new_checked(&mut nop[..SEG_BYTES]) {
+            c.write(Opcode::Nop, 0, at as u16, self.sqn, 1, CE_ALWAYS);
+        }
+        if self.wq.post(&nop).is_none() {
+            return;
+        }
+        self.unrequested = 0;
+        let mask = self.reqs.len() as u32 - 1;
+        self.reqs[(self.req_head & mask) as usize] = Req {
+            wqe: at as u16,
+            wq_head: self.wq.head(),
+            desc_head: self.desc.pushed(),
+            bytes: std::mem::take(&mut self.unrequested_bytes),
+        };
+        self.req_head = self.req_head.wrapping_add(1);
+        let mut ctrl = [0u8; 8];
+        ctrl.copy_from_slice(&nop[..8]);
+        self.ring(ctrl);
+        kick::run(&self.kick);
     }
 
     /// The doorbell (§3.1): the SQ record (producer counter in WQEBBs) after the WQE writes,
@@ -1366,6 +1409,45 @@ mod tests {
             _ => {}
         }
         m
+    }
+
+    /// Fewer packets than the completion threshold, then the queue goes idle: the empty
+    /// burst asks for their completion (one NOP WQE), so their mbufs come back and
+    /// `opackets` counts them; a second empty burst posts nothing more.
+    #[test]
+    fn an_idle_queue_completes_every_packet_it_sent() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-tx-idle", 512)).unwrap();
+        for min_inline in [0, 18] {
+            let (mut q, mut nic) = queue(&pool, min_inline);
+            let mut seen = 0u32;
+            let mut b = burst_of(&pool, 5, 1);
+            assert_eq!(q.tx_burst(&mut b), 5);
+            assert_eq!(
+                nic.step(&mut seen),
+                0,
+                "below the threshold: no completion asked"
+            );
+            assert_eq!(q.in_flight(), 5);
+            let rec = nic.sq_record();
+            let mut empty = Burst::with_capacity(1);
+            assert_eq!(q.tx_burst(&mut empty), 0);
+            assert_eq!(nic.sq_record(), rec.wrapping_add(1), "one NOP WQEBB");
+            let w = nic.wqe(u32::from(rec) % WQE_CNT, 16);
+            let c = CtrlSeg::new_checked(&w[..]).unwrap();
+            assert_eq!((c.opcode(), c.ce(), c.ds()), (Opcode::Nop, CE_ALWAYS, 1));
+            assert_eq!(nic.step(&mut seen), 1);
+            assert_eq!(q.tx_burst(&mut empty), 0);
+            assert_eq!(q.in_flight(), 0, "every mbuf back");
+            let st = q.counters.snapshot();
+            assert_eq!((st.packets, st.bytes), (5, (60..65).sum::<u64>()));
+            assert_eq!(
+                nic.sq_record(),
+                rec.wrapping_add(1),
+                "nothing more while idle"
+            );
+            drop(q);
+            assert_eq!(pool.in_use(), 0);
+        }
     }
 
     /// The reviewer's case: an SQ of 64 WQEBBs with 64 descriptors, a burst of 64
