@@ -389,6 +389,82 @@ fn capture_memory(pid: u32) -> usize {
         + fds
 }
 
+/// `-c COUNT` and `-a duration:S` end a capture by themselves, with a whole file: exactly
+/// COUNT frames; for a duration, pmd-dumpcap exits about then.
+#[test]
+fn a_count_or_a_duration_ends_the_capture() {
+    // Six seconds of traffic: both captures start and end while it flows.
+    const N: u64 = 60_000;
+    let s = Setup::new("dn");
+    let l2 = s.l2fwd();
+    let pg = {
+        let (a, b) = (s.a.clone(), s.b.clone());
+        let mut c = bin("pktgen");
+        c.args(["--port", &a, "--port", &b, "--lcores", "0", "--json"])
+            .args(["--link-timeout", "60", "--no-telemetry", "--size", "60"])
+            .args([
+                "--count",
+                &N.to_string(),
+                "--rate",
+                "10000",
+                "--drain-timeout",
+                "30",
+            ]);
+        s.env(&mut c);
+        std::thread::spawn(move || c.output().unwrap())
+    };
+    let counted = s.file("c.pcapng");
+    let (mut dc, _lines) = s.dumpcap(&[
+        "-i",
+        "0",
+        "--rx",
+        "-c",
+        "1000",
+        "-w",
+        counted.to_str().unwrap(),
+    ]);
+    assert!(
+        integration_tests::eventually(Duration::from_secs(30), || dc
+            .child()
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "-c 1000 did not end the capture"
+    );
+    assert!(dc.0.take().unwrap().wait().unwrap().success());
+    let c = read_capture(&counted);
+    assert_eq!(c.frames[0].len(), 1000, "exactly the count");
+    let timed = s.file("a.pcapng");
+    let t0 = std::time::Instant::now();
+    let (mut dc, _lines) = s.dumpcap(&[
+        "-i",
+        "0",
+        "-a",
+        "duration:0.5",
+        "-w",
+        timed.to_str().unwrap(),
+    ]);
+    assert!(
+        integration_tests::eventually(Duration::from_secs(30), || dc
+            .child()
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "-a duration:0.5 did not end the capture"
+    );
+    assert!(dc.0.take().unwrap().wait().unwrap().success());
+    assert!(t0.elapsed() >= Duration::from_millis(500));
+    let c = read_capture(&timed);
+    assert_eq!(c.stats.len(), 1, "a whole file, with its statistics");
+    assert!(
+        !c.frames[0].is_empty(),
+        "frames flowed during the half second"
+    );
+    let p = pg.join().unwrap();
+    assert_eq!(succeeded(&p)["lost"], 0);
+    forwarded(l2, N);
+}
+
 #[test]
 fn clear_errors_for_a_missing_app_a_bad_filter_and_a_busy_port() {
     let s = Setup::new("de");
