@@ -91,6 +91,11 @@ impl Setup {
     }
 
     fn pktgen(&self, extra: &[&str]) -> Output {
+        self.pktgen_cmd(extra).output().unwrap()
+    }
+
+    /// pktgen sending `extra`'s traffic, two flows to UDP ports 9000 and 9001.
+    fn pktgen_cmd(&self, extra: &[&str]) -> Command {
         let mut c = bin("pktgen");
         c.args([
             "--port", &self.a, "--port", &self.b, "--lcores", "0", "--json",
@@ -106,7 +111,7 @@ impl Setup {
         ])
         .args(extra);
         self.env(&mut c);
-        c.output().unwrap()
+        c
     }
 
     fn file(&self, name: &str) -> PathBuf {
@@ -397,22 +402,8 @@ fn a_count_or_a_duration_ends_the_capture() {
     const N: u64 = 60_000;
     let s = Setup::new("dn");
     let l2 = s.l2fwd();
-    let pg = {
-        let (a, b) = (s.a.clone(), s.b.clone());
-        let mut c = bin("pktgen");
-        c.args(["--port", &a, "--port", &b, "--lcores", "0", "--json"])
-            .args(["--link-timeout", "60", "--no-telemetry", "--size", "60"])
-            .args([
-                "--count",
-                &N.to_string(),
-                "--rate",
-                "10000",
-                "--drain-timeout",
-                "30",
-            ]);
-        s.env(&mut c);
-        std::thread::spawn(move || c.output().unwrap())
-    };
+    let mut c = s.pktgen_cmd(&["--count", &N.to_string(), "--rate", "10000"]);
+    let pg = std::thread::spawn(move || c.output().unwrap());
     let counted = s.file("c.pcapng");
     let (mut dc, _lines) = s.dumpcap(&[
         "-i",
