@@ -123,24 +123,37 @@ fn app_answer(cmd: &str, param: Option<&str>, ports: &[Port], events: &EventWatc
 }
 
 /// Starts the live-capture socket (`pmd_capture.v1`, beside the telemetry socket) for
-/// `pmd-dumpcap`, offering `ports` (configured, with their queues), unless `--no-telemetry`.
+/// `pmd-dumpcap`, offering `ports` (configured, with their queues), unless `--no-telemetry`;
+/// `telemetry` then answers `/pmd/capture` (what is being captured).
 ///
 /// # Errors
 /// A runtime error when the socket cannot be made (another live process serves the prefix).
 pub fn capture(
     tool: &str,
     args: &TelemetryArgs,
+    telemetry: Option<&Telemetry>,
     ports: &[Port],
 ) -> Result<Option<CaptureServer>, Failure> {
     if args.no_telemetry {
         return Ok(None);
     }
     let dir = pmd::telemetry::runtime_dir(&args.file_prefix);
-    CaptureServer::start(&dir, ports.iter().map(Port::capture_target).collect())
-        .map(Some)
+    let server = CaptureServer::start(&dir, ports.iter().map(Port::capture_target).collect())
         .map_err(|e| {
             Failure::Runtime(format!(
                 "capture socket: {e}: give this {tool} another --file-prefix, or run it with --no-telemetry"
             ))
+        })?;
+    if let Some(t) = telemetry {
+        let captures = server.captures();
+        t.register("/pmd/capture", CAPTURE_HELP, move |_| {
+            Ok(Data::from(captures.json()))
         })
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(Some(server))
 }
+
+const CAPTURE_HELP: &str = "The pmd-dumpcap captures running now: the tool's pid, ports, \
+    directions (rx, tx), filter, start (Unix seconds), and per port the frames seen, filtered \
+    out and dropped for want of room in the rings. No parameter.";

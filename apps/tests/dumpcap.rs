@@ -265,6 +265,21 @@ fn the_capture_holds_every_forwarded_frame_and_tshark_reads_it() {
         (Some(N), Some(0)),
         "{p}"
     );
+    // Telemetry shows the capture running: the tool's pid, both ports, what each saw.
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pmd-telemetry"));
+    c.args(["--file-prefix", &s.prefix, "--json", "/pmd/capture"]);
+    s.env(&mut c);
+    let t = c.output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&t.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&t.stdout)));
+    let cap = &v["/pmd/capture"][0];
+    assert_eq!(cap["pid"], dc.0.as_ref().unwrap().id(), "{v}");
+    assert_eq!(
+        (cap["rx"].as_bool(), cap["tx"].as_bool()),
+        (Some(true), Some(true))
+    );
+    assert_eq!(cap["ports"][0]["seen"], N, "{v}");
+    assert_eq!(cap["ports"][1]["seen"], N, "{v}");
     // Ctrl-C ends the capture with a whole file.
     stop_dumpcap(dc);
     forwarded(l2, N);

@@ -178,7 +178,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         port.start().map_err(|e| e.to_string())?;
     }
     // pmd-dumpcap's socket: captures of what the ports receive and send, while l2fwd runs.
-    let capture = apps::telemetry::capture("l2fwd", &args.telemetry, &ports)?;
+    let capture = apps::telemetry::capture("l2fwd", &args.telemetry, telemetry.as_ref(), &ports)?;
     // Forward anyway when a link stays down: it may come up later (a peer started late).
     if let Err(down) = wait_links(
         "l2fwd",

@@ -466,7 +466,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         p.start().map_err(|e| e.to_string())?;
     }
     // pmd-dumpcap's socket: captures of what the ports send and receive, while pktgen runs.
-    let capture = apps::telemetry::capture("pktgen", &args.telemetry, &ports)?;
+    let capture = apps::telemetry::capture("pktgen", &args.telemetry, telemetry.as_ref(), &ports)?;
     // Frames sent into a down link are lost: wait for the peer, or say why not (unless told
     // not to wait: then the warnings were the word).
     if let Err(down) = wait_links(

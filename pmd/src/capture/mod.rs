@@ -121,6 +121,16 @@ impl Session {
     pub fn owner_pid(&self) -> u32 {
         self.owner_pid
     }
+
+    /// Each ring's counters as its writer published them.
+    pub fn counters(&self) -> Vec<(RingId, ring::RingCounters)> {
+        (0..self.rings.len())
+            .map(|i| {
+                let r = ring::RingReader::new(&self.mem, &self.layout, i);
+                (self.rings[i], r.counters(&self.mem))
+            })
+            .collect()
+    }
 }
 
 /// A port's capture switch, shared by the port and its queue handles.

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The socket's file name in the runtime directory.
@@ -56,10 +56,70 @@ pub struct Target {
     pub tap: Arc<Tap>,
 }
 
+/// The captures running now, for a look from outside (telemetry's `/pmd/capture`).
+#[derive(Debug, Default)]
+pub struct Captures(Mutex<Vec<Running>>);
+
+#[derive(Debug)]
+struct Running {
+    session: Arc<Session>,
+    ports: Vec<u16>,
+    rx: bool,
+    tx: bool,
+    filter: String,
+    since: std::time::SystemTime,
+}
+
+impl Captures {
+    /// Each capture: the tool's pid, ports, directions, filter, start time (Unix seconds) and,
+    /// per port, the frames seen, filtered out and dropped for want of room so far.
+    pub fn json(&self) -> Value {
+        let list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        Value::Array(list.iter().map(Running::json).collect())
+    }
+
+    fn add(&self, r: Running) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+    }
+
+    fn remove(&self, session: &Arc<Session>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|r| !Arc::ptr_eq(&r.session, session));
+    }
+}
+
+impl Running {
+    fn json(&self) -> Value {
+        let counters = self.session.counters();
+        let per_port: Vec<Value> = self
+            .ports
+            .iter()
+            .map(|&p| {
+                let (mut seen, mut filtered, mut dropped) = (0, 0, 0);
+                for (_, c) in counters.iter().filter(|(id, _)| id.port == p) {
+                    seen += c.seen;
+                    filtered += c.filtered;
+                    dropped += c.dropped;
+                }
+                json!({"port": p, "seen": seen, "filtered": filtered, "dropped": dropped})
+            })
+            .collect();
+        let since = self
+            .since
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        json!({"pid": self.session.owner_pid(), "rx": self.rx, "tx": self.tx,
+               "filter": self.filter, "since": since, "ports": per_port})
+    }
+}
+
 /// The running control socket; dropping it stops every capture and removes the socket.
 #[derive(Debug)]
 pub struct CaptureServer {
     path: PathBuf,
+    captures: Arc<Captures>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -78,15 +138,18 @@ impl CaptureServer {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
         let targets = Arc::new(targets);
+        let captures = Arc::new(Captures::default());
+        let running = Arc::clone(&captures);
         let thread = std::thread::Builder::new()
             .name("pmd-capture".into())
-            .spawn(move || accept_loop(&listener, &targets, &stop2))
+            .spawn(move || accept_loop(&listener, &targets, &running, &stop2))
             .map_err(|err| BindError::Io {
                 path: path.clone(),
                 err,
             })?;
         Ok(Self {
             path,
+            captures,
             stop,
             thread: Some(thread),
         })
@@ -95,6 +158,11 @@ impl CaptureServer {
     /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The captures running now.
+    pub fn captures(&self) -> Arc<Captures> {
+        Arc::clone(&self.captures)
     }
 }
 
@@ -107,7 +175,12 @@ impl Drop for CaptureServer {
     }
 }
 
-fn accept_loop(listener: &SeqListener, targets: &Arc<Vec<Target>>, stop: &Arc<AtomicBool>) {
+fn accept_loop(
+    listener: &SeqListener,
+    targets: &Arc<Vec<Target>>,
+    captures: &Arc<Captures>,
+    stop: &Arc<AtomicBool>,
+) {
     let clients = Arc::new(AtomicUsize::new(0));
     let mut threads = Vec::new();
     while !stop.load(Ordering::Relaxed) {
@@ -131,10 +204,11 @@ fn accept_loop(listener: &SeqListener, targets: &Arc<Vec<Target>>, stop: &Arc<At
         }
         clients.fetch_add(1, Ordering::Relaxed);
         let (t, s, c) = (Arc::clone(targets), Arc::clone(stop), Arc::clone(&clients));
+        let running = Arc::clone(captures);
         let spawned = std::thread::Builder::new()
             .name("pmd-capture-client".into())
             .spawn(move || {
-                serve(&conn, &t, &s);
+                serve(&conn, &t, &running, &s);
                 c.fetch_sub(1, Ordering::Relaxed);
             });
         match spawned {
@@ -264,7 +338,7 @@ fn send_json(conn: &SeqConn, v: &Value) -> bool {
 }
 
 /// Serves one capture tool until it stops the capture, disconnects, or the app stops.
-fn serve(conn: &SeqConn, targets: &[Target], stop: &AtomicBool) {
+fn serve(conn: &SeqConn, targets: &[Target], captures: &Captures, stop: &AtomicBool) {
     let pid = conn.peer_pid().unwrap_or(0);
     // Short timeouts: a tool that never reads or never writes cannot hold this thread.
     if conn
@@ -368,7 +442,16 @@ fn serve(conn: &SeqConn, targets: &[Target], stop: &AtomicBool) {
         .is_ok()
     {
         drop(file);
+        captures.add(Running {
+            session: Arc::clone(&session),
+            ports: req.ports.clone(),
+            rx: req.rx,
+            tx: req.tx,
+            filter: req.filter_text.clone(),
+            since: std::time::SystemTime::now(),
+        });
         wait_for_stop(conn, stop, &mut buf);
+        captures.remove(&session);
     }
     for t in &attached {
         t.tap.detach(&session);
