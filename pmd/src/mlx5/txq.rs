@@ -1432,7 +1432,7 @@ mod tests {
             let mut empty = Burst::with_capacity(1);
             assert_eq!(q.tx_burst(&mut empty), 0);
             assert_eq!(nic.sq_record(), rec.wrapping_add(1), "one NOP WQEBB");
-            let w = nic.wqe(u32::from(rec) % WQE_CNT, 16);
+            let w = nic.wqe(rec % WQE_CNT, 16);
             let c = CtrlSeg::new_checked(&w[..]).unwrap();
             assert_eq!((c.opcode(), c.ce(), c.ds()), (Opcode::Nop, CE_ALWAYS, 1));
             assert_eq!(nic.step(&mut seen), 1);
