@@ -159,27 +159,56 @@ fn demo_topology_with_engine_threads_accounts_for_every_frame() {
 /// The demo with the mlx5 model on both sides, mixed (pktgen on MANA models, l2fwd on mlx5
 /// models, over the same shared-memory cables), with l2fwd's ports modelling a ConnectX-4
 /// (18 bytes inline: SEND WQEs instead of eMPW), and with l2fwd receiving through
-/// multi-packet RQs (DPDK's default geometry; 64-byte strides, two per frame, with
-/// uncompressed CQEs).
+/// multi-packet RQs (DPDK's default geometry; then 64-byte strides, two per 100-byte frame,
+/// with uncompressed CQEs). Each variant's device shows that its mode was in effect: the
+/// WQEs it was sent, the striding WQEs l2fwd's driver retired.
 #[test]
 fn demo_topology_on_mlx5_models_and_mixed_loses_nothing() {
-    demo(&Topology::with_kinds("mlx", "emu-mlx5", "", "emu-mlx5"));
+    const N: u64 = 100_000;
+    // l2fwd's port 0 receives, its port 1 sends; every frame is eMPW-eligible (one segment,
+    // no VLAN or TSO), so where no inline header is needed no SEND WQE is sent.
+    let (_, l) = demo(&Topology::with_kinds("mlx", "emu-mlx5", "", "emu-mlx5"));
+    assert_eq!(xstat(&l, 1, "dev_tx_send_wqes"), 0, "eMPW: {l}");
+    assert_eq!(xstat(&l, 0, "rx_mprq_wqes_retired"), 0, "cyclic RQ: {l}");
     demo(&Topology::with_kinds("mix", "emu-mlx5", "", "emu-mana"));
-    demo(&Topology::with_kinds(
+    // One SEND WQE a frame (the model fails any with fewer than 18 bytes inline).
+    let (_, l) = demo(&Topology::with_kinds(
         "cx4",
         "emu-mlx5",
         ",inline=18",
         "emu-mana",
     ));
-    demo(&Topology::with_kinds(
+    assert_eq!(xstat(&l, 1, "dev_tx_send_wqes"), N, "SEND WQEs: {l}");
+    // 64 strides of 2 KiB a WQE, one stride a frame: the driver retired every full WQE.
+    let (_, l) = demo(&Topology::with_kinds(
         "mprq", "emu-mlx5", ",mprq=1", "emu-mlx5",
     ));
-    demo(&Topology::with_kinds(
-        "strides",
-        "emu-mlx5",
-        ",mprq=1,mprq-log-stride=6,cqe-comp=0",
-        "emu-mana",
-    ));
+    assert_eq!(xstat(&l, 0, "rx_mprq_wqes_retired"), N / 64, "{l}");
+    assert_eq!(xstat(&l, 0, "dev_rx_fillers"), 0, "{l}");
+    // 64 strides of 64 bytes: a 100-byte frame takes two, so a WQE holds 32 frames (of
+    // 2 KiB strides, 64). 50,000 frames: their 128-byte records fit a cable (8 MiB).
+    let n = 50_000;
+    let (p, l) = demo_of(
+        &Topology::with_kinds(
+            "strides",
+            "emu-mlx5",
+            ",mprq=1,mprq-log-stride=6,cqe-comp=0",
+            "emu-mana",
+        ),
+        n,
+        100,
+    );
+    assert_eq!(p["rx_bytes"], n * 100, "{p}");
+    assert_eq!(xstat(&l, 0, "rx_mprq_wqes_retired"), n * 2 / 64, "{l}");
+    assert_eq!(xstat(&l, 0, "dev_rx_fillers"), 0, "{l}");
+    assert_eq!(xstat(&l, 0, "dev_rx_compressed_sessions"), 0, "{l}");
+}
+
+/// The counter `name` of l2fwd's port `port` in its JSON report `l`.
+fn xstat(l: &serde_json::Value, port: usize, name: &str) -> u64 {
+    l["ports"][port]["stats"]["xstats"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {name} on port {port}: {l}"))
 }
 
 /// The same with every MANA model coalescing RX completions (`cqe-coalesce=1`, as
@@ -195,7 +224,7 @@ fn demo_topology_with_coalesced_rx_completions_loses_nothing() {
         "emu-mana",
         ",cqe-coalesce=1",
     );
-    let (out, l2) = run_demo(&t);
+    let (out, l2) = run_demo(&t, 100_000, 60);
     let p = succeeded(&out);
     let rx_port = &p["ports"][1]["xstats"];
     let (frames, cqes) = (
@@ -210,32 +239,39 @@ fn demo_topology_with_coalesced_rx_completions_loses_nothing() {
 }
 
 /// 100,000 frames of 60 bytes at 1 Mpps through l2fwd and back: every one arrives, once, and
-/// every count of both tools and their devices agrees.
-fn demo(t: &Topology) {
-    let (out, l2) = run_demo(t);
-    check_demo(out, l2, 100_000);
+/// every count of both tools and their devices agrees. Returns the reports of pktgen and
+/// l2fwd.
+fn demo(t: &Topology) -> (serde_json::Value, serde_json::Value) {
+    demo_of(t, 100_000, 60)
 }
 
-/// [`demo`]'s run: pktgen's output and l2fwd, still running.
-fn run_demo(t: &Topology) -> (Output, Bg) {
+/// [`demo`] with `n` frames of `size` bytes.
+fn demo_of(t: &Topology, n: u64, size: u32) -> (serde_json::Value, serde_json::Value) {
+    let (out, l2) = run_demo(t, n, size);
+    check_demo(out, l2, n)
+}
+
+/// [`demo_of`]'s run: pktgen's output and l2fwd, still running.
+fn run_demo(t: &Topology, n: u64, size: u32) -> (Output, Bg) {
     // No sleep: pktgen waits for its links, which come up when l2fwd has opened the cables.
     let l2 = t.l2fwd(&[]);
     let out = t.pktgen(&[
         "--count",
-        "100000",
+        &n.to_string(),
         "--rate",
         "1000000",
         "--flows",
         "16",
         "--size",
-        "60",
+        &size.to_string(),
         "--drain-timeout",
         "60",
     ]);
     (out, l2)
 }
 
-fn check_demo(out: Output, l2: Bg, n: u64) {
+/// Checks the run of [`run_demo`]; returns the reports of pktgen and l2fwd.
+fn check_demo(out: Output, l2: Bg, n: u64) -> (serde_json::Value, serde_json::Value) {
     let p = succeeded(&out);
     assert_eq!(p["tx_packets"], n);
     assert_eq!(p["rx_packets"], n, "{p}");
@@ -264,6 +300,7 @@ fn check_demo(out: Output, l2: Bg, n: u64) {
     assert_eq!(l["ports"][1]["stats"]["xstats"]["dev_tx_wire_drops"], 0);
     assert_eq!(l["ports"][0]["stats"]["imissed"], 0);
     assert_eq!(l["pool_in_use"], 0);
+    (p, l)
 }
 
 /// The far end of both cables goes away and comes back (pktgen exits, a second pktgen

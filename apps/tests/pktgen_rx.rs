@@ -11,7 +11,8 @@ fn pktgen() -> Command {
 }
 
 /// 10,000 frames of 64 flows into a receiving port with two RX queues (RSS spreads the flows
-/// over both): every frame is counted, none lost, none reordered within its flow.
+/// over both): every frame is counted, none lost, none reordered within its flow, and each
+/// queue received its share.
 #[test]
 fn every_rx_queue_is_polled() {
     let dir = tempfile::tempdir().unwrap();
@@ -33,6 +34,16 @@ fn every_rx_queue_is_polled() {
     assert_eq!(j["rx_packets"], 10000, "{j}");
     assert_eq!(j["lost"], 0, "{j}");
     assert_eq!(j["reordered"], 0, "{j}");
+    let queues = j["ports"][1]["rx_queues"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no rx_queues: {j}"));
+    assert_eq!(queues.len(), 2, "{j}");
+    let per_queue: Vec<u64> = queues
+        .iter()
+        .map(|q| q["packets"].as_u64().unwrap())
+        .collect();
+    assert!(per_queue.iter().all(|&n| n > 0), "{per_queue:?}: {j}");
+    assert_eq!(per_queue.iter().sum::<u64>(), 10000, "{j}");
 }
 
 /// At a very low rate pktgen still stops at its deadline (not at the next frame's time) and

@@ -8,7 +8,7 @@
 //! Needs root and `ip netns`; each test prints SKIPPED and passes otherwise (unless
 //! PMD_REQUIRE_PRIVILEGED is set, where a skip would hide a failure).
 
-use integration_tests::{eventually, finish, Netns, IF};
+use integration_tests::{eventually, finish, Netns, StderrLines, IF};
 use pmd::sys::net::{send_signal, SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -93,23 +93,32 @@ fn busy_wait_succeeds_once_the_netdev_goes_down_and_gives_up_at_its_timeout() {
         "{err}"
     );
 
-    let child = l2fwd(&ns, "busy=wait,busy-timeout=20", &["--duration", "0.3"])
+    let mut child = l2fwd(&ns, "busy=wait,busy-timeout=20", &["--duration", "0.3"])
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(800));
-    let mut child = child;
+    let mut lines = StderrLines::take(&mut child);
+    // The port was found busy: the wait has begun (20 s here bounds a hung process).
+    let line = lines.wait_for(
+        "holds the port; waiting up to 20 s for it to be free",
+        Duration::from_secs(20),
+    );
+    assert!(
+        line.contains("busy=wait") && line.contains(&format!("kernel netdev {IF}")),
+        "{line}"
+    );
     assert!(
         child.try_wait().unwrap().is_none(),
         "l2fwd must wait while pmd0 is up"
     );
     ns.set(false);
-    let (status, err) = finish(child, Duration::from_secs(20));
+    let (status, _) = finish(child, Duration::from_secs(20));
+    let err = lines.all(Duration::from_secs(20));
     assert!(status.success(), "{err}");
-    assert!(
-        err.contains("busy=wait") && err.contains("waiting up to 20 s"),
+    assert_eq!(
+        err.matches("waiting up to").count(),
+        1,
         "the wait is logged once: {err}"
     );
-    assert_eq!(err.matches("waiting up to").count(), 1, "{err}");
     assert!(ns.all(false), "busy=wait brings nothing up or down");
 }
 

@@ -37,7 +37,8 @@ fn wait_for(rx: &mpsc::Receiver<String>, want: &str, limit: Duration) -> Vec<Str
     panic!("no line with {want:?} within {limit:?}: {seen:#?}");
 }
 
-/// Waits for `child` (at most 30 s) and returns its status, stdout and the rest of stderr.
+/// Waits for `child` (at most 30 s) and returns its status, stdout and the rest of stderr,
+/// read to its end (the pipe closes when the tool, and whatever it started, has gone).
 fn finish(
     mut child: Child,
     rx: &mpsc::Receiver<String>,
@@ -58,8 +59,18 @@ fn finish(
         .unwrap()
         .read_to_string(&mut out)
         .unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    let err: Vec<String> = rx.try_iter().collect();
+    let mut err = Vec::new();
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => err.push(l),
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!("stderr still open 30 s after the tool exited: {err:#?}")
+            }
+        }
+    }
     (status, out, err.join("\n"))
 }
 

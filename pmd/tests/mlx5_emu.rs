@@ -1,6 +1,7 @@
 //! The mlx5 device model against the spec (mlx5.md §2–6, §8): the tests play the driver by
-//! hand — build WQEs with the `hw::mlx5` views, write the doorbell records, step the engine,
-//! and check what reaches a loopback wire and what lands in the CQ, byte for byte.
+//! hand — build WQEs with the `hw::mlx5` views, write the doorbell records and the UAR
+//! doorbell, step the engine, and check what reaches a loopback wire and what lands in the
+//! CQ, byte for byte.
 
 use pmd::emu::mlx5::{Faults, Model, ModelHandle, RxHashFields, VENDOR_ERR_INJECTED};
 use pmd::emu::wire::{Loopback, Wire};
@@ -91,6 +92,8 @@ fn without_checksums(f: &[u8]) -> Vec<u8> {
 struct Sq {
     q: RawSq,
     pi: u16,
+    /// Where the last WQE posted starts (its control segment is the doorbell).
+    last: u16,
     cq_ci: u32,
 }
 
@@ -106,6 +109,7 @@ impl Sq {
         Self {
             q: m.create_sq(wqe_cnt, &cq).unwrap(),
             pi: 0,
+            last: 0,
             cq_ci: 0,
         }
     }
@@ -167,6 +171,7 @@ impl Sq {
         let bytes = wqebbs(ds) * WQEBB_BYTES;
         write_wrapped(&self.q.buf, u32::from(at) * WQEBB_BYTES as u32, &w[..bytes]);
         self.pi = at.wrapping_add(wqebbs(ds) as u16);
+        self.last = at;
         at
     }
 
@@ -188,13 +193,33 @@ impl Sq {
         )
     }
 
-    /// Writes the SQ doorbell record (the model's trigger).
+    /// The doorbell (§3.1): the SQ record, then the UAR write of the last WQE's first 8
+    /// bytes.
     fn ring(&self) {
+        self.record();
+        self.uar(self.doorbell());
+    }
+
+    /// Writes the SQ doorbell record only.
+    fn record(&self) {
         self.q.dbrec.store_u32(
             SND_DBR,
             u32::from_ne_bytes(sq_record(u32::from(self.pi))),
             Ordering::Release,
         );
+    }
+
+    /// The first 8 bytes of the last WQE posted, as the ring holds them.
+    fn doorbell(&self) -> [u8; 8] {
+        let slot = u32::from(self.last) & (self.q.wqe_cnt - 1);
+        let mut b = [0u8; 8];
+        self.q.buf.read(slot as usize * WQEBB_BYTES, &mut b);
+        b
+    }
+
+    /// The 8-byte UAR write (the bytes verbatim).
+    fn uar(&self, v: [u8; 8]) {
+        self.q.bf_reg.ring_doorbell(0, u64::from_ne_bytes(v));
     }
 
     /// Takes the next CQE if software owns it, and updates SET_CI.
@@ -452,6 +477,9 @@ fn a_wqe_index_other_than_the_device_counter_is_a_local_qp_op_error() {
     let mut sq = Sq::new(&m, 8, 7);
     sq.post(Opcode::Nop, CE_ALWAYS, 0, 0, &[], None, &[], None);
     sq.post(Opcode::Nop, CE_ALWAYS, 0, 0, &[], None, &[], Some(5));
+    // The doorbell names the next WQE (one naming index 5 would be refused: the ring holds
+    // no such WQE there).
+    sq.post(Opcode::Nop, CE_ALWAYS, 0, 0, &[], None, &[], None);
     sq.ring();
     h.step();
     let ok = sq.poll().unwrap();
@@ -1110,7 +1138,7 @@ fn sq_reset_stops_the_device_and_rts_resumes_from_wqe_0() {
     assert!(recv(&mut peer).is_none());
     // The driver's side of the restart: record 0 in RESET, then RTS, then WQEs from 0.
     sq.pi = 0;
-    sq.ring();
+    sq.record();
     sq.q.state.ready().unwrap();
     h.set_faults(Faults {
         tx_bad_key_every: 2,
@@ -1140,7 +1168,7 @@ fn sq_reset_stops_the_device_and_rts_resumes_from_wqe_0() {
     assert_eq!(h.stats().state_change_failures, 1);
     sq.q.state.reset().unwrap();
     sq.pi = 0;
-    sq.ring();
+    sq.record();
     sq.q.state.ready().unwrap();
     sq.send(&buf, 0, &frame, 0, CE_ALWAYS, 0);
     sq.ring();
@@ -1148,6 +1176,69 @@ fn sq_reset_stops_the_device_and_rts_resumes_from_wqe_0() {
     assert_eq!(recv(&mut peer).unwrap(), frame);
     assert_eq!(cqe(&sq.poll().unwrap()).opcode(), CqeOpcode::Req);
     assert_eq!(h.stats().sq_resets, 2);
+}
+
+/// The SQ starts on the UAR write, not on the record (§3.1, §8 item 2): WQEs the record
+/// announces go nowhere until the 8-byte write names the last of them.
+#[test]
+fn the_record_without_the_uar_write_sends_nothing() {
+    let (m, h, mut peer) = world(0);
+    let buf = Buf::new(&m, 4096);
+    let frame = udp_frame(3, 40);
+    buf.mem.write(0, &frame);
+    let mut sq = Sq::new(&m, 16, 15);
+    sq.send(&buf, 0, &frame, 0, CE_FIRST_ERROR, 0);
+    sq.send(&buf, 0, &frame, 0, CE_ALWAYS, 0);
+    sq.record();
+    assert_eq!(
+        h.run_until_idle(5),
+        0,
+        "a record store alone is no doorbell"
+    );
+    assert!(recv(&mut peer).is_none());
+    assert!(sq.poll().is_none());
+    assert_eq!(h.stats().tx_wqes, 0);
+    sq.uar(sq.doorbell());
+    assert_eq!(h.step(), 2);
+    assert_eq!(recv(&mut peer).unwrap(), frame);
+    assert_eq!(recv(&mut peer).unwrap(), frame);
+    assert_eq!(cqe(&sq.poll().unwrap()).wqe_counter(), 1);
+    assert_eq!(h.stats().tx_bad_doorbells, 0);
+}
+
+/// A UAR write that names a WQE index the ring does not hold there, another QP, or a WQE
+/// beyond the record is a device error: counted, nothing sent for it, the SQ not in error;
+/// the right write then sends.
+#[test]
+fn a_uar_write_naming_the_wrong_wqe_or_qp_is_counted_and_sends_nothing() {
+    let (m, h, mut peer) = world(0);
+    let buf = Buf::new(&m, 4096);
+    let frame = udp_frame(4, 40);
+    buf.mem.write(0, &frame);
+    let mut sq = Sq::new(&m, 16, 15);
+    let other = Sq::new(&m, 16, 15);
+    sq.send(&buf, 0, &frame, 0, CE_ALWAYS, 0);
+    sq.record();
+    let good = sq.doorbell();
+    let mut wrong_index = good;
+    wrong_index[1..3].copy_from_slice(&7u16.to_be_bytes());
+    let mut other_qpn = good;
+    other_qpn[4..7].copy_from_slice(&other.q.sqn.to_be_bytes()[1..]);
+    let mut next = good;
+    next[1..3].copy_from_slice(&1u16.to_be_bytes());
+    for (n, bad) in [wrong_index, other_qpn, next].into_iter().enumerate() {
+        sq.uar(bad);
+        h.run_until_idle(5);
+        assert_eq!(h.stats().tx_bad_doorbells, n as u64 + 1, "{bad:02x?}");
+        assert!(recv(&mut peer).is_none());
+        assert!(sq.poll().is_none());
+    }
+    assert_eq!((h.stats().tx_wqes, h.stats().tx_errors), (0, 0));
+    sq.uar(good);
+    assert_eq!(h.step(), 1);
+    assert_eq!(recv(&mut peer).unwrap(), frame);
+    assert_eq!(cqe(&sq.poll().unwrap()).opcode(), CqeOpcode::Req);
+    assert_eq!(h.stats().tx_bad_doorbells, 3);
 }
 
 /// The driver's side of one striding RQ: WQE `i` posts the `i`-th `wqe_bytes` of one buffer.

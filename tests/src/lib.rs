@@ -163,6 +163,70 @@ pub fn finish(mut child: Child, limit: Duration) -> (ExitStatus, String) {
     (status, err)
 }
 
+/// A child's stderr, read line by line on a thread as it comes, so that a test can wait for
+/// what the child says (instead of sleeping and guessing) and still have all of it at the
+/// end. [`finish`] then reads no stderr of its own.
+pub struct StderrLines {
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl StderrLines {
+    /// Takes `child`'s stderr, which must be piped.
+    pub fn take(child: &mut Child) -> Self {
+        use std::io::BufRead;
+        let err = child.stderr.take().expect("stderr piped");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a line that contains `want`, at most `limit` (a bound for a hung process,
+    /// not a measurement), and returns it; panics, with everything said so far, if the
+    /// child's stderr ends or the limit passes first.
+    #[track_caller]
+    pub fn wait_for(&mut self, want: &str, limit: Duration) -> String {
+        let end = Instant::now() + limit;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let hit = l.contains(want);
+                    self.seen.push(l);
+                    if hit {
+                        return self.seen.last().cloned().unwrap_or_default();
+                    }
+                }
+                Err(e) => panic!("no line with {want:?} ({e}): {:#?}", self.seen),
+            }
+        }
+    }
+
+    /// Everything the child said, to the end of its stderr (at most `limit` for the rest).
+    #[track_caller]
+    pub fn all(mut self, limit: Duration) -> String {
+        let end = Instant::now() + limit;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(e) => panic!("stderr not closed ({e}): {:#?}", self.seen),
+            }
+        }
+        self.seen.join("\n")
+    }
+}
+
 /// Gives the tool `c` runs a runtime directory of its own (`RUNTIME_DIRECTORY`: where it
 /// puts its telemetry socket, `dpdk/PREFIX/dpdk_telemetry.v2`, as DPDK's EAL does). Tools
 /// that tests run side by side all use the default file prefix; this way their sockets

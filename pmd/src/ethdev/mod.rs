@@ -409,12 +409,17 @@ pub fn free_one(pool: &std::sync::Arc<MbufPool>, m: mempool::Mbuf) {
 /// queue or an unmapped doorbell page; the objects go when the last handle drops.
 pub type QueueOwner = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 
-/// Whether the environment asks for fork-safe memory registration, as libibverbs reads it:
-/// `RDMAV_FORK_SAFE` or `IBV_FORK_SAFE` set (to anything).
+/// Whether the environment asks for fork-safe memory registration, as libibverbs reads it
+/// (rdma-core `util/util.c` `check_env`, called from `libibverbs/init.c`): `RDMAV_FORK_SAFE`
+/// or `IBV_FORK_SAFE` set to anything but `0`.
 pub fn fork_safe_from_env() -> bool {
+    fork_safe_from(|k| std::env::var_os(k))
+}
+
+fn fork_safe_from(get: impl Fn(&str) -> Option<std::ffi::OsString>) -> bool {
     ["RDMAV_FORK_SAFE", "IBV_FORK_SAFE"]
         .iter()
-        .any(|k| std::env::var_os(k).is_some())
+        .any(|k| get(k).is_some_and(|v| v != "0"))
 }
 
 /// Checks `cfg` against `caps` and the pool (its size, and its data room against the MTU).
@@ -515,4 +520,21 @@ pub fn check_config(cfg: &PortConfig, caps: &Caps, pool: &MbufPool) -> Result<()
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod fork_env_tests {
+    use super::fork_safe_from;
+
+    #[test]
+    fn zero_means_unset_as_in_libibverbs() {
+        let with = |k: &'static str, v: &'static str| {
+            fork_safe_from(move |name| (name == k).then(|| v.into()))
+        };
+        assert!(with("RDMAV_FORK_SAFE", "1"));
+        assert!(with("IBV_FORK_SAFE", ""));
+        assert!(!with("RDMAV_FORK_SAFE", "0"));
+        assert!(!with("IBV_FORK_SAFE", "0"));
+        assert!(!fork_safe_from(|_| None));
+    }
 }

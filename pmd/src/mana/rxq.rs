@@ -116,6 +116,10 @@ impl RxQueue {
     pub fn fill(&mut self) -> Result<(), u32> {
         let want = self.bufs.free();
         let missing = self.refill(want);
+        // A software device latches this doorbell now, as `tx_burst` has it do after ringing:
+        // the queues of a context share one doorbell page, and the next queue's fill would
+        // overwrite it before the device sampled it (the fake rdma-core's model samples).
+        kick::run(&self.kick);
         if missing == 0 {
             Ok(())
         } else {

@@ -37,16 +37,16 @@ impl Running {
             .unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let (t, s) = (Arc::clone(&telemetry), Arc::clone(&stop));
+        // Registered before the test asks anything (`/` lists it).
+        let pool = mempool::MbufPool::new(mempool::MbufPoolConfig::new("tele-srv", 1023)).unwrap();
+        telemetry.watch_pool(&pool).unwrap();
         let main = std::thread::spawn(move || {
-            let pool =
-                mempool::MbufPool::new(mempool::MbufPoolConfig::new("tele-srv", 1023)).unwrap();
             let mut ports = Vec::new();
             for id in 0..2 {
                 let mut p = Port::open(id, &"null:size=64".parse().unwrap()).unwrap();
                 p.configure(&PortConfig::default(), &pool).unwrap();
                 ports.push(p);
             }
-            t.watch_pool(&pool).unwrap();
             while !s.load(Ordering::Acquire) {
                 t.serve_with(&ports, |cmd, param| match cmd {
                     "/test/app" => Ok(Data::from(param.unwrap_or("none"))),

@@ -20,19 +20,25 @@ pub(super) type FreeFn = unsafe extern "C" fn(*mut c_void, *mut c_void);
 /// ring (spec §1.3) and gives each buffer back when its queue is destroyed. Memory comes
 /// from the [`QueueAllocator`] the driver sets (page-aligned and zeroed), and is held here
 /// until rdma-core frees it.
+///
+/// `free(NULL)` is tolerated and counted apart ([`Allocators::null_frees`]): libmana gives
+/// back an RSS QP's send buffer, which it never allocated, as NULL (rdma-core v44
+/// providers/mana/qp.c:169; main qp.c:459).
 pub struct Allocators {
     device: String,
     source: Mutex<Arc<dyn QueueAllocator>>,
     live: Mutex<HashMap<usize, Arc<DevMem>>>,
     allocs: AtomicU64,
     frees: AtomicU64,
+    null_frees: AtomicU64,
     failed: AtomicU64,
 }
 
 impl std::fmt::Debug for Allocators {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (a, fr) = self.counts();
-        write!(f, "Allocators(allocs {a}, frees {fr})")
+        let n = self.null_frees();
+        write!(f, "Allocators(allocs {a}, frees {fr}, null_frees {n})")
     }
 }
 
@@ -47,6 +53,7 @@ impl Allocators {
             live: Mutex::new(HashMap::new()),
             allocs: AtomicU64::new(0),
             frees: AtomicU64::new(0),
+            null_frees: AtomicU64::new(0),
             failed: AtomicU64::new(0),
         })
     }
@@ -67,12 +74,18 @@ impl Allocators {
         *self.source.lock().unwrap_or_else(|p| p.into_inner()) = source;
     }
 
-    /// Buffers handed out and given back so far.
+    /// Buffers handed out and given back so far (`free(NULL)` calls not included).
     pub fn counts(&self) -> (u64, u64) {
         (
             self.allocs.load(Ordering::Relaxed),
             self.frees.load(Ordering::Relaxed),
         )
+    }
+
+    /// `free(NULL)` calls so far: buffers rdma-core never asked for (an RSS QP's send
+    /// buffer in libmana), given back all the same; nothing to release.
+    pub fn null_frees(&self) -> u64 {
+        self.null_frees.load(Ordering::Relaxed)
     }
 
     /// Requests the source could not satisfy.
@@ -107,6 +120,11 @@ impl Allocators {
     }
 
     fn free(&self, p: *mut c_void) {
+        if p.is_null() {
+            self.null_frees.fetch_add(1, Ordering::Relaxed);
+            tracing::trace!(target: "pmd::verbs", "queue buffer freed: NULL (nothing to release)");
+            return;
+        }
         let gone = self
             .live
             .lock()
@@ -114,7 +132,7 @@ impl Allocators {
             .remove(&(p as usize));
         if gone.is_some() {
             self.frees.fetch_add(1, Ordering::Relaxed);
-        } else if !p.is_null() {
+        } else {
             tracing::error!(target: "pmd::verbs", addr = p as usize, "rdma-core freed a queue buffer these allocators did not hand out");
         }
     }
@@ -124,11 +142,12 @@ impl Drop for Allocators {
     /// After the context is closed: every buffer handed out must have come back.
     fn drop(&mut self) {
         let (a, f) = self.counts();
+        let n = self.null_frees();
         let live = self.live.get_mut().map_or(0, |m| m.len());
         if a == f && live == 0 {
-            tracing::debug!(target: "pmd::verbs", device = %self.device, allocs = a, frees = f, "queue-buffer allocators: every buffer given back");
+            tracing::debug!(target: "pmd::verbs", device = %self.device, allocs = a, frees = f, null_frees = n, "queue-buffer allocators: every buffer given back");
         } else {
-            tracing::warn!(target: "pmd::verbs", device = %self.device, allocs = a, frees = f, live, "queue-buffer allocators: buffers never given back by rdma-core");
+            tracing::warn!(target: "pmd::verbs", device = %self.device, allocs = a, frees = f, null_frees = n, live, "queue-buffer allocators: buffers never given back by rdma-core");
         }
     }
 }
@@ -162,4 +181,31 @@ pub(super) fn null_err(call: &'static str, what: &str, field: &str) -> VerbsErro
     let mut e = VerbsError::new(call, what, libc::EINVAL);
     e.hint = format!("the provider returned no {field}: rdma-core and the kernel disagree");
     e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// libmana frees an RSS QP's send buffer, which it never allocated, as NULL: tolerated,
+    /// counted apart, and the buffers really handed out still balance.
+    #[test]
+    fn free_null_is_counted_apart_from_real_frees() {
+        let a = Allocators::new("test");
+        let (alloc, free, data) = a.callbacks();
+        // SAFETY: `data` is `a`, alive for the whole test; the callbacks are the ones
+        // rdma-core would be given.
+        let p = unsafe { alloc(4096, data) };
+        assert!(!p.is_null());
+        // SAFETY: as above; NULL is what libmana passes for an RSS QP.
+        unsafe { free(std::ptr::null_mut(), data) };
+        assert_eq!((a.counts(), a.null_frees()), ((1, 0), 1));
+        // SAFETY: `p` came from `alloc` above.
+        unsafe { free(p, data) };
+        assert_eq!((a.counts(), a.null_frees()), ((1, 1), 1));
+        assert_eq!(
+            format!("{a:?}"),
+            "Allocators(allocs 1, frees 1, null_frees 1)"
+        );
+    }
 }

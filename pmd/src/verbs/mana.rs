@@ -489,6 +489,7 @@ impl Drop for ManaProvider {
     fn drop(&mut self) {
         self.destroy_queues();
         let (a, f) = self.alloc.counts();
-        tracing::debug!(target: "pmd::verbs", port = %self.name(), allocs = a, frees = f, "queue-buffer allocator at close (queues still held by the datapath free later)");
+        let n = self.alloc.null_frees();
+        tracing::debug!(target: "pmd::verbs", port = %self.name(), allocs = a, frees = f, null_frees = n, "queue-buffer allocator at close (queues still held by the datapath free later)");
     }
 }

@@ -57,6 +57,7 @@ macro_rules! export {
 }
 
 mod events;
+mod fork;
 mod guard;
 mod kick;
 mod mana;

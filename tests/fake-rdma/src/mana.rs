@@ -9,7 +9,7 @@ use crate::ffi::*;
 use crate::nic::{CqRing, Ring};
 use crate::objects::{has_cap_net_raw, mapped, new_qp, non_null, obj, UVERBS_MAX_LOG_IND_TABLE};
 use crate::pd::{real_pd, Pd};
-use crate::state::{addr, call_int, call_ptr, Kind, Profile, State};
+use crate::state::{addr, call_int, call_ptr, die, Kind, Profile, State};
 use crate::verbs::{ctx_of, device_name, Ctx};
 use crate::world;
 use serde_json::json;
@@ -327,7 +327,6 @@ pub fn create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> Result<*mut ibv_cq, c_int> {
-    let _ = comp_vector;
     let ctx = ctx_of(st, context, "ibv_create_cq");
     let main = st.cfg.profile == Profile::Main;
     let cqe_u = u32::try_from(cqe).unwrap_or(0);
@@ -370,9 +369,16 @@ pub fn create_cq(
             user_free(ctx, buf);
         }
     };
-    // The kernel (mana_ib_create_cq): cqe ≤ max_qp_wr, then pins cqe * 64 bytes from a
-    // page-aligned start. comp_vector is reduced modulo the vectors, never refused.
+    // The uverbs core, before the driver (uverbs_cmd.c `create_cq`, uverbs_std_types_cq.c
+    // `UVERBS_METHOD_CQ_CREATE`): comp_vector (a u32 on the wire, ibv_cmd_create_cq) ≥
+    // the device's num_comp_vectors (1 for mana_ib, `mana_ib_probe`) → EINVAL. Then the
+    // kernel (mana_ib_create_cq): cqe ≤ max_qp_wr, then pins cqe * 64 bytes from a
+    // page-aligned start.
+    let vectors = ctx.vctx.context.num_comp_vectors as u32;
     let k = st.kernel(context, "ibv_create_cq").and_then(|()| {
+        if comp_vector as u32 >= vectors {
+            return Err(libc::EINVAL);
+        }
         if cqe_u == 0 || cqe_u > KERNEL_MAX_QP_WR {
             return Err(libc::EINVAL);
         }
@@ -487,12 +493,17 @@ pub unsafe extern "C" fn create_wq(
             user_free(ctx, buf);
             Err(e)
         };
-        // ibv_cmd_create_wq: comp_mask ≥ RESERVED → EINVAL (cmd_wq.c:133–136); unknown
-        // create_flags → EOPNOTSUPP (l. 63–67); it dereferences pd and cq (l. 57–58).
+        // ibv_cmd_create_wq: comp_mask ≥ RESERVED → EINVAL (cmd_wq.c:133–136); create_flags
+        // beyond the known ones (≥ IBV_WQ_FLAGS_RESERVED) → EOPNOTSUPP (l. 63–67); it
+        // dereferences pd and cq (l. 57–58). The known flags pass the uverbs core
+        // (`UVERBS_METHOD_WQ_CREATE` accepts the four) and mana_ib_create_wq never reads
+        // them.
         if a.comp_mask >= IBV_WQ_INIT_ATTR_RESERVED {
             return fail(libc::EINVAL);
         }
-        if a.comp_mask & IBV_WQ_INIT_ATTR_FLAGS != 0 && a.create_flags != 0 {
+        if a.comp_mask & IBV_WQ_INIT_ATTR_FLAGS != 0
+            && a.create_flags & !(IBV_WQ_FLAGS_RESERVED - 1) != 0
+        {
             return fail(libc::EOPNOTSUPP);
         }
         let pd = obj(
@@ -1074,9 +1085,19 @@ pub fn destroy_qp(st: &mut State, qp: *mut ibv_qp) -> Result<c_int, c_int> {
         st.kernel(q.qp.context, "ibv_destroy_qp")?;
         release_qp(st, q);
     }
-    if q.rss.is_none() {
-        user_free(ctx, q.send_buf);
-    }
+    // v44 qp.c:169 (main qp.c:457–460, RAW_PACKET): the send buffer goes back, for every
+    // raw QP: an RSS QP's is NULL (its `struct mana_qp` is calloc'd, qp.c:210, and
+    // send_buf never set), so the user's free gets NULL. A free reset to NULL is called
+    // all the same in main (no check there): a crash.
+    let Some(free) = ctx.alloc.free else {
+        die(
+            "ibv_destroy_qp",
+            "the context's free callback was reset to NULL: real libmana (main) calls it for the QP's send buffer (qp.c:459) and crashes",
+        );
+    };
+    // SAFETY: the user's callback, with a buffer from its allocator (or NULL for an RSS
+    // QP, as libmana passes it) and its current `data`.
+    unsafe { free(q.send_buf, ctx.alloc.data) };
     st.unregister(qp as usize);
     // SAFETY: unregistered above; freed once.
     drop(unsafe { Box::from_raw(q as *mut Qp) });

@@ -26,9 +26,13 @@
 //!   the engine, and drops what no rule takes (on hardware: the kernel's netdev gets it);
 //! * memory regions of the device, whatever the PD, in each of its engines.
 //!
-//! Doorbells: the model watches the doorbell records (the SQ record at `dbrec[1]`, the RQ
-//! record at `dbrec[0]`); the BlueFlame / UAR page is plain memory nobody reads (spec
-//! mlx5.md §3.1: a driver always writes the record before the UAR).
+//! Doorbells: an SQ starts on the 8-byte write to its BlueFlame register in the UAR page the
+//! context mapped (`bf.reg`, either half), which names the WQE; the engine samples the
+//! register and checks each write against the SQ record (`dbrec[1]`) and the ring (pmd's
+//! `emu::mlx5` engine, `uar.rs`; spec mlx5.md §3.1, §8 item 2). A register may be shared by
+//! several QPs of the context (rdma-core's shared registers, or the non-cached UAR under
+//! `MLX5_SHUT_UP_BF`): each write goes to the SQ it names. An RQ is served as its record
+//! (`dbrec[0]`) says.
 
 use crate::kick::{Live, Runner};
 use crate::mlx5::cq::Cq;
@@ -53,6 +57,11 @@ pub struct SqRing {
     pub sqn: u32,
     /// The QP's doorbell record (8 bytes).
     pub dbrec: *mut u32,
+    /// Its BlueFlame register (`bf.reg`: two halves of `bf_size` bytes, or 8 bytes of a
+    /// doorbell-only register).
+    pub bf_reg: *mut c_void,
+    /// `bf.size` as `mlx5dv_init_obj` reports it (0: doorbell-only register).
+    pub bf_size: u32,
     /// Inline header bytes every SEND WQE must carry.
     pub min_inline: u16,
 }
@@ -284,8 +293,9 @@ impl Mlx5Nics {
     /// A QP's SQ and send CQ, served from now on.
     ///
     /// # Safety
-    /// The SQ buffer and record stay valid until [`Mlx5Nics::remove_sq`], the CQ's ring
-    /// and record until the CQ is destroyed (after the QP).
+    /// The SQ buffer, record and BlueFlame register stay valid until
+    /// [`Mlx5Nics::remove_sq`], the CQ's ring and record until the CQ is destroyed (after the
+    /// QP).
     ///
     /// # Errors
     /// `EIO` if the wire cannot be opened. A queue the model cannot serve (a CQ shared by
@@ -306,6 +316,19 @@ impl Mlx5Nics {
             sqn: sq.sqn,
             // SAFETY: as above; the record is 8 bytes.
             dbrec: unsafe { mem(sq.dbrec.cast(), 8) },
+            // SAFETY: as above; a BlueFlame register is two halves, a doorbell-only one the
+            // 8 bytes of the write.
+            uar: unsafe {
+                mem(
+                    sq.bf_reg,
+                    if sq.bf_size > 0 {
+                        2 * sq.bf_size as usize
+                    } else {
+                        8
+                    },
+                )
+            },
+            bf_size: sq.bf_size,
             min_inline: sq.min_inline,
             cq,
         };

@@ -75,6 +75,9 @@ pub struct Mr {
     pub mr: ibv_mr,
     /// The kernel PD it counts on.
     pub pd: *mut Pd,
+    /// Registered with `IBV_ACCESS_ON_DEMAND`: libibverbs leaves its range's fork marking
+    /// alone (v44 verbs.c:314, 492).
+    pub odp: bool,
 }
 
 /// The kernel PD behind a PD or parent domain.
@@ -141,7 +144,31 @@ export!("IBVERBS_1.1" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     })
 });
 
+/// `ibv_reg_mr_iova2` (v44 verbs.c:310–336): libibverbs first puts a non-ODP range through
+/// `ibv_dontfork_range` (after `ibv_fork_init`: `MADV_DONTFORK`; before it: `ibv_fork_init`
+/// fails from now on), and a failure there is NULL with its errno (l. 320–321); a
+/// failure of the provider gives the range back (`ibv_dofork_range`, l. 329–331).
 fn reg_mr(
+    st: &mut State,
+    pd: *mut ibv_pd,
+    a: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> Result<*mut ibv_mr, c_int> {
+    let odp = access & IBV_ACCESS_ON_DEMAND != 0;
+    if !odp {
+        crate::fork::dontfork_range(a, length)?;
+    }
+    let r = provider_reg_mr(st, pd, a, length, iova, access);
+    if r.is_err() && !odp {
+        crate::fork::dofork_range(a, length);
+    }
+    r
+}
+
+/// The provider's `reg_mr` and the kernel's checks, behind [`reg_mr`].
+fn provider_reg_mr(
     st: &mut State,
     pd: *mut ibv_pd,
     a: *mut c_void,
@@ -201,6 +228,7 @@ fn reg_mr(
             rkey: key,
         },
         pd: real,
+        odp: access & IBV_ACCESS_ON_DEMAND != 0,
     }));
     // The NIC can now reach the region through WQE addresses iova.. under the key.
     match family {
@@ -251,6 +279,11 @@ export!("IBVERBS_1.1" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             forget_mr(st, m);
             // SAFETY: `m.pd` is the live PD counted at registration.
             unsafe { (*m.pd).users -= 1 };
+        }
+        // libibverbs after the provider's success (v44 verbs.c:492–493): a non-ODP range
+        // goes through ibv_dofork_range.
+        if !m.odp {
+            crate::fork::dofork_range(m.mr.addr, m.mr.length);
         }
         st.unregister(mr as usize);
         // SAFETY: unregistered above; freed once.

@@ -333,6 +333,8 @@ pub fn device_of(st: &mut State, dev: *mut ibv_device, call: &str) -> &'static D
 
 export!("IBVERBS_1.1" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     call_ptr("ibv_get_device_list", json!({}), |st| {
+        // The first call runs ibverbs_init (v44 device.c:68–72): RDMAV_FORK_SAFE.
+        crate::fork::init_from_env(st.cfg.profile);
         let list = rescan(st);
         if !num_devices.is_null() {
             // SAFETY: the caller passes a writable int (or NULL, handled above).
@@ -610,13 +612,17 @@ export!("IBVERBS_1.1" fn ibv_query_gid(context: *mut ibv_context, port_num: u8, 
 });
 
 export!("IBVERBS_1.1" fn ibv_fork_init() -> c_int {
-    // With a kernel that copies pinned pages on fork (5.13 and later), v44's ibv_fork_init
-    // returns 0 without madvise (libibverbs/memory.c ibv_fork_init, get_copy_on_fork).
-    call_int("ibv_fork_init", json!({}), |_| Ok(0))
+    // v44 libibverbs/memory.c:125–176: EINVAL once a range was registered before it, else
+    // later registrations are marked MADV_DONTFORK; main (v51+) l. 137–138: 0 and nothing
+    // marked on a kernel that copies pinned pages on fork (src/fork.rs).
+    call_int("ibv_fork_init", json!({}), |st| match crate::fork::fork_init(st.cfg.profile) {
+        0 => Ok(0),
+        e => Err(e),
+    })
 });
 
 export!("IBVERBS_1.13" fn ibv_is_fork_initialized() -> ibv_fork_status {
-    call_int("ibv_is_fork_initialized", json!({}), |_| Ok(IBV_FORK_UNNEEDED as c_int)) as ibv_fork_status
+    call_int("ibv_is_fork_initialized", json!({}), |_| Ok(crate::fork::status() as c_int)) as ibv_fork_status
 });
 
 export!("IBVERBS_1.1" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{bin, Fake};
-use integration_tests::{eventually, finish, Netns, IF};
+use integration_tests::{eventually, finish, Netns, StderrLines, IF};
 use pmd::sys::net::{send_signal, SIGINT, SIGTERM};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -66,6 +66,8 @@ fn busy_fail_names_the_netdev_and_the_command_in_both_errnos() {
     }
 }
 
+/// busy=wait: l2fwd says it waits (once) and does, while the netdev is up; once it goes down,
+/// l2fwd gets the port, runs and exits successfully.
 #[test]
 fn busy_wait_succeeds_when_the_netdev_goes_down() {
     let Some(ns) = Netns::create("mwait") else {
@@ -81,15 +83,24 @@ fn busy_wait_succeeds_when_the_netdev_goes_down() {
     )
     .spawn()
     .unwrap();
-    std::thread::sleep(Duration::from_millis(800));
+    let mut lines = StderrLines::take(&mut child);
+    // The port was found busy: the wait has begun (20 s here bounds a hung process).
+    let line = lines.wait_for(
+        "holds the port; waiting up to 20 s for it to be free",
+        Duration::from_secs(20),
+    );
+    assert!(line.contains(&format!("kernel netdev {IF}")), "{line}");
     assert!(
         child.try_wait().unwrap().is_none(),
         "waits while {IF} is up"
     );
     ns.set(false);
-    let (status, err) = finish(child, Duration::from_secs(20));
+    let (status, _) = finish(child, Duration::from_secs(20));
+    let err = lines.all(Duration::from_secs(20));
     assert!(status.success(), "{err}");
+    assert_eq!(err.matches("waiting up to").count(), 1, "{err}");
     assert!(err.contains("at exit: 0 live objects"), "{err}");
+    assert!(ns.all(false), "busy=wait brings nothing up or down");
 }
 
 #[test]

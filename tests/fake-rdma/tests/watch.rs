@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{bin, live_at_exit, text, Fake};
+use common::{bin, live_at_exit, text, Fake, Pair};
 use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketOption;
 use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionOption;
 use pcap_file::pcapng::blocks::interface_statistics::InterfaceStatisticsOption;
@@ -46,51 +46,6 @@ const RATE: u64 = 2_000;
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A pair of l2fwd ports on the fake, and pktgen's model ports on the far ends of their wires.
-struct Pair {
-    /// The fake's world (`FAKE_RDMA_PORTS`).
-    world: String,
-    /// l2fwd's ports (`mana:`, `mlx5:`).
-    l2fwd: [String; 2],
-    /// pktgen's ports (`emu-mana:`, `emu-mlx5:`).
-    pktgen: [String; 2],
-}
-
-impl Pair {
-    /// `mana_0` ports 1 and 2, wires `{tag}-1` and `{tag}-2`.
-    fn mana(tag: &str) -> Self {
-        Pair {
-            world: format!(
-                "mana_0/1:mac=02:00:00:00:10:01,wire=shm:{tag}-1;\
-                 mana_0/2:mac=02:00:00:00:10:02,wire=shm:{tag}-2"
-            ),
-            l2fwd: [
-                "mana:dev=mana_0,port=1".to_string(),
-                "mana:dev=mana_0,port=2".to_string(),
-            ],
-            pktgen: [
-                format!("emu-mana:wire=shm:{tag}-1"),
-                format!("emu-mana:wire=shm:{tag}-2"),
-            ],
-        }
-    }
-
-    /// Devices `mlx5_0` and `mlx5_1`, wires `{tag}-1` and `{tag}-2`.
-    fn mlx5(tag: &str) -> Self {
-        Pair {
-            world: format!(
-                "mlx5_0/1:mac=02:00:00:00:20:01,wire=shm:{tag}-1;\
-                 mlx5_1/1:mac=02:00:00:00:20:02,wire=shm:{tag}-2"
-            ),
-            l2fwd: ["mlx5:dev=mlx5_0".to_string(), "mlx5:dev=mlx5_1".to_string()],
-            pktgen: [
-                format!("emu-mlx5:wire=shm:{tag}-1"),
-                format!("emu-mlx5:wire=shm:{tag}-2"),
-            ],
-        }
-    }
 }
 
 /// A tool running in the background: killed and reaped if the test ends without stopping it
@@ -339,7 +294,7 @@ fn watch(nic: &str, pair: impl Fn(&str) -> Pair) {
     // 1. l2fwd on the fake, forwarding frames untouched (so that what port 1 sends is byte
     // for byte what port 0 received), with its sockets in the shared runtime directory.
     let mut c = fake.cmd(&bin("l2fwd"));
-    c.args(["--port", &pair.l2fwd[0], "--port", &pair.l2fwd[1]])
+    c.args(["--port", pair.l2fwd[0], "--port", pair.l2fwd[1]])
         .args(["--duration", "300", "--stats-interval", "0", "--json"])
         .args(["--no-mac-updating", "--file-prefix", &w.prefix])
         .env("PMD_LOG", "pmd::verbs=debug")

@@ -12,9 +12,17 @@
 //! the thread; [`Model::with_mode`] picks.
 //!
 //! What the engine does, in short (details in its modules):
-//! * TX is triggered by the SQ counter in the doorbell record (`dbrec + 4`, 16 bits), which a
-//!   driver always writes before the 8-byte UAR write (§3.1); the UAR (`bf_reg`) is plain
-//!   memory the model never reads, so BlueFlame copies are ignored (the WQE is in the ring).
+//! * TX is triggered by the 8-byte UAR write (§3.1 step 5): the model samples each SQ's
+//!   UAR register (`bf_reg`, the start of each BlueFlame half) every pass and on the SQ's
+//!   kick, and takes a value it has not seen as a doorbell naming a WQE (index and SQ number
+//!   from the control segment's first 8 bytes). It acts on it only if the SQ counter in the
+//!   doorbell record (`dbrec + 4`, 16 bits, written before the UAR, read after it) announces
+//!   that WQE and the ring holds the same 8 bytes at its index; then WQEs are consumed up to
+//!   the end of that WQE. Anything else is counted (`tx_bad_doorbells`) and starts nothing;
+//!   a record store without a UAR write starts nothing either. Sampling sees the last value
+//!   only: of two doorbells between samples the last, which covers the earlier for one SQ;
+//!   on a register shared by SQs a sibling's write can hide an SQ's doorbell until its next
+//!   one (a deviation, like the MANA model's shared doorbell page; see `engine/uar.rs`).
 //! * WQEs are checked strictly: the WQE index must equal the device's counter and the QPN
 //!   the SQ's, else REQ_ERR LOCAL_QP_OP; a SEND/TSO with fewer inline bytes than the SQ's
 //!   `min_inline` is LOCAL_QP_OP too; a bad key or range LOCAL_PROT. A failed WQE puts the SQ
@@ -24,9 +32,10 @@
 //!   [`RawRq::state`] ([`port::ModelQueueState`], through the [`ModelHandle`]) or by
 //!   [`Engine::sq_to_reset`] and friends: RESET from any state stops the device using the
 //!   queue and restarts its counter at 0 (the CQ is not reset); RTS (SQ) or RDY (RQ) only
-//!   from RESET. An SQ in RESET is not read; back in RTS it is served from counter 0 up to
-//!   the doorbell record, so the driver writes the record 0 while the SQ is in RESET (a
-//!   device reads the record only after a UAR write, which the model does not watch).
+//!   from RESET. An SQ in RESET is not read and ignores doorbells; back in RTS it is served
+//!   from counter 0 as new UAR doorbells name WQEs (a stale record starts nothing). At RESET
+//!   the model clears the SQ's last doorbell value from its register, so that the first
+//!   doorbell after RTS is seen even when it repeats that value byte for byte.
 //! * An RQ WQE whose key or range is bad fails the frame with RESP_ERR LOCAL_PROT (the WQE
 //!   consumed) and puts the RQ in error, as the IB rules have it for a receive queue whose
 //!   WQE failed: every WQE posted then or later completes with RESP_ERR WR_FLUSH, in order
@@ -276,7 +285,8 @@ impl Model {
     }
 
     /// A send queue of `wqe_cnt` WQEBBs (rounded up to a power of two) completing on `cq`,
-    /// served from now on (the QP in RTS). Its `bf_reg` is plain memory (see the module docs).
+    /// served from now on (the QP in RTS). Its `bf_reg` is a BlueFlame register of two halves
+    /// the engine samples for doorbells (see the module docs).
     ///
     /// # Errors
     /// A size out of range, no memory, or a CQ already in use.

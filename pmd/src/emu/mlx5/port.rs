@@ -285,6 +285,7 @@ impl Provider for ModelPort {
         let s = h.stats();
         let mut v = vec![
             ("dev_tx_frames".into(), s.tx_frames),
+            ("dev_tx_send_wqes".into(), s.tx_send_wqes),
             ("dev_tx_bytes".into(), s.tx_bytes),
             ("dev_tx_errors".into(), s.tx_errors),
             ("dev_tx_flushed".into(), s.tx_flushed),
@@ -304,6 +305,7 @@ impl Provider for ModelPort {
             ("dev_rx_cq_full".into(), s.rx_cq_full),
             ("dev_rx_fault_drops".into(), s.rx_fault_drops),
             ("dev_tx_cq_stalls".into(), s.tx_cq_stalls),
+            ("dev_tx_bad_doorbells".into(), s.tx_bad_doorbells),
             ("dev_sq_resets".into(), s.sq_resets),
             ("dev_rq_resets".into(), s.rq_resets),
         ];

@@ -36,6 +36,8 @@ pub enum BufKind {
 pub struct Buf {
     /// Start.
     pub ptr: *mut c_void,
+    /// Length (`buf->length`: what went through `ibv_dontfork_range`).
+    pub len: usize,
     /// Origin (how it is given back).
     pub kind: BufKind,
 }
@@ -57,17 +59,31 @@ pub fn custom(pd: *mut Pd) -> Option<&'static mut Pd> {
 }
 
 fn anon(size: usize) -> Option<Buf> {
-    // mlx5_alloc_buf: posix_memalign(page, align(size, page)) (v44 buf.c:545–565).
+    // mlx5_alloc_buf: posix_memalign(page, align(size, page)), then ibv_dontfork_range on
+    // it (a failure frees it) (v44 buf.c:545–565).
     let len = align(size, PAGE);
     let mut p = null_mut();
     // SAFETY: posix_memalign writes `p` on success only.
     if unsafe { libc::posix_memalign(&mut p, PAGE, len) } != 0 {
         return None;
     }
+    if crate::fork::dontfork_range(p, len).is_err() {
+        // SAFETY: allocated above, not handed out.
+        unsafe { libc::free(p) };
+        return None;
+    }
     Some(Buf {
         ptr: p,
+        len,
         kind: BufKind::Anon,
     })
+}
+
+/// `mlx5_free_buf` (v44 buf.c:567–571): `ibv_dofork_range`, then `free`.
+fn free_anon(b: Buf) {
+    crate::fork::dofork_range(b.ptr, b.len);
+    // SAFETY: allocated by `anon` (posix_memalign), given back once.
+    unsafe { libc::free(b.ptr) };
 }
 
 /// `mlx5_alloc_prefered_buf` for the three types the fake models (v44 buf.c:220–333): a
@@ -96,6 +112,7 @@ pub fn alloc_buf(m: &Mlx5Ctx, pd: *mut Pd, size: usize, alignment: usize, res: u
         }
         return Some(Buf {
             ptr: a,
+            len: size,
             kind: BufKind::Custom { pd: p, res },
         });
     }
@@ -107,8 +124,17 @@ pub fn alloc_buf(m: &Mlx5Ctx, pd: *mut Pd, size: usize, alignment: usize, res: u
         if a.is_null() && size != 0 {
             return None;
         }
+        // buf.c:227–233: ibv_dontfork_range on it; a failure gives it back.
+        if crate::fork::dontfork_range(a, size).is_err() {
+            if let Some(free) = m.extern_alloc.free {
+                // SAFETY: `a` came from this context's allocator just now.
+                unsafe { free(a, m.extern_alloc.data) };
+            }
+            return None;
+        }
         return Some(Buf {
             ptr: a,
+            len: size,
             kind: BufKind::External,
         });
     }
@@ -116,12 +142,14 @@ pub fn alloc_buf(m: &Mlx5Ctx, pd: *mut Pd, size: usize, alignment: usize, res: u
 }
 
 /// `mlx5_free_actual_buf` (v44 buf.c:335–365): back where it came from; the context's
-/// `free` is called with the *current* `data`.
+/// `free` is called with the *current* `data`. The provider's own and the context
+/// allocators' buffers go through `ibv_dofork_range` first (buf.c:214–218, 567–571).
 pub fn free_buf(m: &Mlx5Ctx, b: Buf, call: &str) {
     match b.kind {
-        // SAFETY: allocated by `anon` with posix_memalign.
-        BufKind::Anon => unsafe { libc::free(b.ptr) },
+        BufKind::Anon => free_anon(b),
         BufKind::External => {
+            // mlx5_free_buf_extern (buf.c:214–218): ibv_dofork_range, then the free.
+            crate::fork::dofork_range(b.ptr, b.len);
             let Some(f) = m.extern_alloc.free else {
                 die(
                     call,
@@ -262,8 +290,7 @@ pub fn free_dbrec(m: &mut Mlx5Ctx, db: Dbrec, call: &str) {
         if buf.kind == BufKind::External {
             free_buf(m, buf, call);
         } else {
-            // SAFETY: allocated by `anon` (posix_memalign).
-            unsafe { libc::free(buf.ptr) };
+            free_anon(buf);
         }
     }
 }

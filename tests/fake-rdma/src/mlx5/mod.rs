@@ -121,7 +121,8 @@ pub struct Bf {
 }
 
 /// A UAR page the context mapped: plain shared memory standing in for the device's
-/// register page (writes to it reach nothing; the model watches doorbell records).
+/// register page; the device model samples the BlueFlame registers of the QPs it serves
+/// for their doorbells (`crate::nic_mlx5`).
 #[derive(Debug)]
 struct Uar {
     page: *mut c_void,
@@ -318,7 +319,8 @@ impl Mlx5Ctx {
     pub fn unmap(&mut self) {
         for u in self.uars.drain(..) {
             // SAFETY: each page was mapped by `map_page` (one page) and is unmapped once;
-            // the device model never holds UAR pages.
+            // the device model holds views of its registers only while it serves their QPs,
+            // and every QP of the context left it before the close gets here.
             unsafe { libc::munmap(u.page, PAGE) };
         }
     }

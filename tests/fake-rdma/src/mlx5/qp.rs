@@ -670,15 +670,21 @@ fn serve_sq(st: &mut State, q: &mut Qp) -> Result<(), c_int> {
     let dev = ctx.device();
     // SAFETY: the send CQ is live while the QP uses it (EBUSY).
     let cq = unsafe { &*q.qp.send_cq.cast::<Cq>() };
+    let bf = q.bf.expect("a raw QP has a BlueFlame register");
     let sq = crate::nic_mlx5::SqRing {
         buf: q.sq_buf.expect("a raw QP").ptr,
         wqe_cnt: q.sq_wqe_cnt,
         sqn: q.sqn,
         dbrec: q.db.expect("a raw QP").ptr,
+        bf_reg: bf.reg,
+        // What `mlx5dv_init_obj` reports as `bf.size` (0: the doorbell-only register).
+        bf_size: if bf.uuarn > 0 { bf.buf_size } else { 0 },
         min_inline,
     };
     // SAFETY: the SQ buffer and the record are freed by ibv_destroy_qp only after
-    // `remove_sq`; the CQ cannot be destroyed while the QP exists.
+    // `remove_sq`; the BlueFlame register's UAR page is unmapped only at the context's
+    // close, after its QPs left the device (`release`); the CQ cannot be destroyed while
+    // the QP exists.
     unsafe {
         st.mlx5_nics
             .add_sq(dev, sq, crate::nic_mlx5::cq_ring(cq), "ibv_modify_qp")

@@ -11,9 +11,17 @@
  *                               queues (fake_rdma_kick_open), the device's work done by this
  *                               thread's kicks; the handles are kicked and closed after the
  *                               queues and the context are gone
- * Every mode prints "allocs A frees F live L" at the end (live = the fake's live objects,
- * -1 when not on the fake), and before that "engines E threads T" after the teardown (the
- * fake's device-model engines and their threads). */
+ *        mana_bringup fork      ibv_fork_init first, then registrations: which pages are
+ *                               MADV_DONTFORK (VmFlags "dc" in /proc/self/smaps) as they come
+ *                               and go
+ *        mana_bringup forkenv   the same without calling ibv_fork_init (RDMAV_FORK_SAFE=1 in
+ *                               the environment does it at the first ibv_get_device_list)
+ *        mana_bringup nofree    bring-up, then the RSS QP destroyed with the context's free
+ *                               callback reset to NULL (v44: -EINVAL; main calls it: a crash)
+ * Every mode prints "allocs A frees F null_frees N live L" at the end (frees = buffers given
+ * back, null_frees = free(NULL) calls: libmana frees an RSS QP's send buffer, which is NULL;
+ * live = the fake's live objects, -1 when not on the fake), and before that "engines E
+ * threads T" after the teardown (the fake's device-model engines and their threads). */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -25,11 +33,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 #include "check.h"
 
-static int allocs, frees, alloc_null, alloc_misaligned, fails;
+static int allocs, frees, null_frees, alloc_null, alloc_misaligned, fails;
 static size_t sizes[32];
 
 static void *q_alloc(size_t size, void *data)
@@ -51,6 +60,10 @@ static void *q_alloc(size_t size, void *data)
 static void q_free(void *p, void *data)
 {
 	(void)data;
+	if (!p) {
+		null_frees++;
+		return;
+	}
 	frees++;
 	if (((uintptr_t)p & 4095) == 64)
 		p = (char *)p - 64;
@@ -121,6 +134,30 @@ static const char *profile(void)
 {
 	const char *p = getenv("FAKE_RDMA_PROFILE");
 	return p && *p ? p : "v44";
+}
+
+/* 1 when the mapping holding `p` is MADV_DONTFORK ("dc" in its VmFlags), 0 when not, -1
+ * when /proc/self/smaps does not show it */
+static int dontfork(const void *p)
+{
+	char line[512];
+	int found = 0, ret = -1;
+	FILE *f = fopen("/proc/self/smaps", "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+			found = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+			continue;
+		}
+		if (found && strncmp(line, "VmFlags:", 8) == 0) {
+			ret = strstr(line, " dc") != NULL;
+			break;
+		}
+	}
+	fclose(f);
+	return ret;
 }
 
 
@@ -506,6 +543,22 @@ static void errno_table(struct world *w)
 			WANT_RET(0, ibv_destroy_cq(c));
 	}
 	w->pd = ibv_alloc_pd(w->ctx);
+
+	/* fork: a registration before ibv_fork_init makes it too late in v44 (EINVAL, memory.c
+	 * l. 137-138, too_late set by ibv_dontfork_range l. 715-723); main (v51+) returns 0 at
+	 * once on a kernel that copies pinned pages on fork (l. 137-138) */
+	{
+		void *m = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		struct ibv_mr *mr = ibv_reg_mr(w->pd, m, 8192, IBV_ACCESS_LOCAL_WRITE);
+		CHECK(mr && dontfork(m) == 0, "fork: a registration before ibv_fork_init is not marked MADV_DONTFORK");
+		WANT_RET(v44 ? EINVAL : 0, ibv_fork_init());
+		WANT_RET(IBV_FORK_UNNEEDED, ibv_is_fork_initialized());
+		if (mr)
+			WANT_RET(0, ibv_dereg_mr(mr));
+		CHECK(dontfork(m) == 0, "fork: still unmarked after ibv_fork_init and the deregistration");
+		munmap(m, 8192);
+	}
+
 	pa.pd = NULL;
 	WANT_NULL(EINVAL, ibv_alloc_parent_domain(w->ctx, &pa));
 	pa.pd = w->pd;
@@ -525,6 +578,15 @@ static void errno_table(struct world *w)
 	WANT_NULL(EINVAL, cq(w->ctx, 32));
 	CHECK(frees == before + 1, "the kernel's refusal gives the buffer back to the allocator");
 	alloc_misaligned = 0;
+	/* the uverbs core refuses a completion vector the device does not have (create_cq in
+	 * uverbs_cmd.c, UVERBS_METHOD_CQ_CREATE): after libmana allocated, so the buffer goes
+	 * back; -1 is 0xffffffff on the wire */
+	before = frees;
+	WANT_NULL(EINVAL, ibv_create_cq(w->ctx, 32, NULL, NULL, w->ctx->num_comp_vectors));
+	WANT_NULL(EINVAL, ibv_create_cq(w->ctx, 32, NULL, NULL, -1));
+	CHECK(w->ctx->num_comp_vectors == 1 && frees == before + 2,
+	      "comp_vector >= num_comp_vectors (%d): EINVAL from the uverbs core, both buffers back",
+	      w->ctx->num_comp_vectors);
 	c = cq(w->ctx, 32);
 	CHECK(c && c->cqe == 32 && sizes[allocs - 1] == 4096, "32-entry CQ: 4096 bytes");
 	/* a MANA object's context has no mlx5 dv ops → EOPNOTSUPP */
@@ -536,6 +598,24 @@ static void errno_table(struct world *w)
 	if (v44) { /* main moved these caps to the kernel, which has none for WQs */
 		WANT_NULL(EINVAL, wq(w, w->parent, c, 257, 1));
 		WANT_NULL(EINVAL, wq(w, w->parent, c, 256, 16));
+	}
+	/* create_flags: libibverbs refuses bits it does not know (cmd_wq.c l. 63-67, after
+	 * libmana allocated: the buffer goes back); the known ones reach the kernel, whose
+	 * mana_ib_create_wq never reads them */
+	{
+		struct ibv_wq_init_attr a = { .wq_type = IBV_WQT_RQ, .max_wr = 64, .max_sge = 1,
+					      .pd = w->parent, .cq = c,
+					      .comp_mask = IBV_WQ_INIT_ATTR_FLAGS,
+					      .create_flags = IBV_WQ_FLAGS_RESERVED };
+		before = frees;
+		WANT_NULL(EOPNOTSUPP, ibv_create_wq(w->ctx, &a));
+		CHECK(frees == before + 1, "create_flags: an unknown bit is refused, the buffer back");
+		a.create_flags = IBV_WQ_FLAGS_CVLAN_STRIPPING | IBV_WQ_FLAGS_SCATTER_FCS |
+				 IBV_WQ_FLAGS_DELAY_DROP | IBV_WQ_FLAGS_PCI_WRITE_END_PADDING;
+		q = ibv_create_wq(w->ctx, &a);
+		CHECK(q != NULL, "create_flags: the four known flags are taken (errno %d)", q ? 0 : errno);
+		if (q)
+			WANT_RET(0, ibv_destroy_wq(q));
 	}
 	q = wq(w, w->parent, c, 64, 1);
 	CHECK(q && sizes[allocs - 1] == 4096, "64-WQE RQ: 4096 bytes");
@@ -573,6 +653,8 @@ static void errno_table(struct world *w)
 		CHECK(frees == before + 1, "a refused QP gives its send buffer back");
 		ibv_dealloc_pd(bad_port);
 	}
+	w->rss = rss_qp(w, w->parent, w->ind, IBV_RX_HASH_FUNC_TOEPLITZ, 40);
+	CHECK(w->rss != NULL, "an RSS QP over the one-entry table");
 	qp = tx_qp(w->parent, c2, 64, 1);
 	CHECK(qp != NULL, "64-WQE send queue");
 	WANT_NULL(EINVAL, tx_qp(w->parent, c2, 64, 1)); /* the CQ already serves a queue */
@@ -591,15 +673,65 @@ static void errno_table(struct world *w)
 	manadv_set_context_attr(w->ctx, MANADV_CTX_ATTR_BUF_ALLOCATORS, &none);
 	if (v44) {
 		WANT_RET(-EINVAL, ibv_destroy_qp(qp));
+		WANT_RET(-EINVAL, ibv_destroy_qp(w->rss));
 		WANT_RET(EINVAL, ibv_destroy_wq(q));
 	}
 	manadv_set_context_attr(w->ctx, MANADV_CTX_ATTR_BUF_ALLOCATORS, &al);
+	/* libmana gives an RSS QP's send buffer back too: NULL (v44 qp.c:169; main qp.c:459) */
+	before = frees;
+	i = null_frees;
+	if (w->rss)
+		WANT_RET(0, ibv_destroy_qp(w->rss));
+	w->rss = NULL;
+	CHECK(frees == before && null_frees == i + 1,
+	      "destroying the RSS QP calls free(NULL) once (frees +%d, free(NULL) +%d)", frees - before,
+	      null_frees - i);
 	WANT_RET(0, ibv_destroy_qp(qp));
 	WANT_RET(0, ibv_destroy_cq(c2));
 	WANT_RET(0, ibv_destroy_rwq_ind_table(w->ind));
 	w->ind = NULL;
 	WANT_RET(0, ibv_destroy_wq(q));
 	WANT_RET(0, ibv_destroy_cq(c));
+}
+
+/* ibv_fork_init (unless `from_env`: RDMAV_FORK_SAFE did it), then registrations: v44 marks
+ * each registered range MADV_DONTFORK while a registration covers it (memory.c l. 621-713);
+ * main does not initialise on a kernel that copies on fork, so nothing is marked */
+static void fork_mode(struct world *w, int from_env)
+{
+	int v44 = strcmp(profile(), "main") != 0;
+	char *m;
+	struct ibv_mr *a, *b;
+
+	if (!from_env) {
+		WANT_RET(0, ibv_fork_init());
+		WANT_RET(0, ibv_fork_init()); /* initialised already */
+	}
+	WANT_RET(IBV_FORK_UNNEEDED, ibv_is_fork_initialized());
+	w->pd = ibv_alloc_pd(w->ctx);
+	m = mmap(NULL, 4 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (!w->pd || m == MAP_FAILED) {
+		CHECK(0, "fork: a PD and four pages");
+		return;
+	}
+	WANT_NULL(EINVAL, ibv_reg_mr(w->pd, m, 4096, IBV_ACCESS_REMOTE_WRITE));
+	CHECK(dontfork(m) == 0, "fork: a refused registration leaves its page unmarked");
+	a = ibv_reg_mr(w->pd, m, 2 * 4096, IBV_ACCESS_LOCAL_WRITE);     /* pages 0-1 */
+	b = ibv_reg_mr(w->pd, m + 4096 + 100, 8192, IBV_ACCESS_LOCAL_WRITE); /* pages 1-3 */
+	CHECK(a && b, "fork: two overlapping registrations");
+	CHECK(dontfork(m) == v44 && dontfork(m + 4096) == v44 && dontfork(m + 3 * 4096) == v44,
+	      "fork: the registered pages are MADV_DONTFORK: %d %d %d (want %d)", dontfork(m),
+	      dontfork(m + 4096), dontfork(m + 3 * 4096), v44);
+	if (a)
+		WANT_RET(0, ibv_dereg_mr(a));
+	CHECK(dontfork(m) == 0 && dontfork(m + 4096) == v44,
+	      "fork: the first deregistered: its own page unmarked, the shared one still %d (%d)",
+	      v44, dontfork(m + 4096));
+	if (b)
+		WANT_RET(0, ibv_dereg_mr(b));
+	CHECK(dontfork(m + 4096) == 0 && dontfork(m + 3 * 4096) == 0,
+	      "fork: both deregistered: no page marked");
+	munmap(m, 4 * 4096);
 }
 
 int main(int argc, char **argv)
@@ -629,6 +761,20 @@ int main(int argc, char **argv)
 	if (strcmp(mode, "errno") == 0) {
 		errno_table(&w);
 		ok = fails == 0;
+	} else if (strcmp(mode, "fork") == 0 || strcmp(mode, "forkenv") == 0) {
+		fork_mode(&w, strcmp(mode, "forkenv") == 0);
+		ok = fails == 0;
+	} else if (strcmp(mode, "nofree") == 0) {
+		struct manadv_ctx_allocators none = { 0 },
+					     al = { .alloc = q_alloc, .free = q_free, .data = (void *)5 };
+		ok = bringup(&w);
+		if (ok) {
+			manadv_set_context_attr(w.ctx, MANADV_CTX_ATTR_BUF_ALLOCATORS, &none);
+			printf("destroying the RSS QP with free unset\n");
+			WANT_RET(-EINVAL, ibv_destroy_qp(w.rss));
+			manadv_set_context_attr(w.ctx, MANADV_CTX_ATTR_BUF_ALLOCATORS, &al);
+			ok = fails == 0;
+		}
 	} else {
 		ok = bringup(&w);
 		if (ok && strcmp(mode, "inline") == 0)
@@ -652,7 +798,7 @@ int main(int argc, char **argv)
 		CHECK(live() == 0, "handles closed after the context: nothing alive (%d)", live());
 		ok = ok && fails == 0;
 	}
-	printf("allocs %d frees %d live %d\n", allocs, frees, live());
+	printf("allocs %d frees %d null_frees %d live %d\n", allocs, frees, null_frees, live());
 	if (ok && allocs == frees && live() <= 0)
 		printf("OK\n");
 	return ok ? 0 : 1;

@@ -959,15 +959,22 @@ static void errno_table(struct world *w, struct ibv_context *mana)
 	WANT_RET(EINVAL, mlx5dv_init_obj(&obj, 0));
 
 	w->pd = ibv_alloc_pd(w->ctx);
+
+	/* CQs without allocators get libmlx5's own memory, which goes through
+	 * ibv_dontfork_range (buf.c:545-565): a later ibv_fork_init is too late in v44
+	 * (libibverbs/memory.c:137-138, EINVAL); main returns 0 on a kernel that copies pinned
+	 * pages on fork (memory.c:137-138) */
+	c = ibv_create_cq(w->ctx, 15, NULL, NULL, 0);
+	CHECK(c && allocs == 0, "a CQ without allocators: provider memory");
+	i = ibv_fork_init();
+	CHECK(i == (main_profile() ? 0 : EINVAL),
+	      "ibv_fork_init after libmlx5 mapped a CQ of its own: EINVAL in v44, 0 in main");
+	if (c)
+		WANT_RET(0, ibv_destroy_cq(c));
+
 	/* memory regions (the uverbs core's access check, ib_check_mr_access) */
 	WANT_NULL(EINVAL, ibv_reg_mr(w->pd, w->mem, 4096, IBV_ACCESS_REMOTE_WRITE));
 	WANT_NULL(EINVAL, ibv_reg_mr(w->pd, w->mem, 0, IBV_ACCESS_LOCAL_WRITE));
-
-	/* CQs without allocators get libmlx5's own memory */
-	c = ibv_create_cq(w->ctx, 15, NULL, NULL, 0);
-	CHECK(c && allocs == 0, "a CQ without allocators: provider memory");
-	if (c)
-		WANT_RET(0, ibv_destroy_cq(c));
 	mlx5dv_set_context_attr(w->ctx, MLX5DV_CTX_ATTR_BUF_ALLOCATORS, &al);
 
 	/* CQs: mlx5_create_cq, create_cq, the kernel */

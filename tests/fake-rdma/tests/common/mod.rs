@@ -174,3 +174,47 @@ pub fn live_at_exit(o: &Output) -> Option<u32> {
         .and_then(|r| r.split_whitespace().next())
         .and_then(|n| n.parse().ok())
 }
+
+/// A pair of l2fwd ports on the fake, and pktgen's model ports on the far ends of their
+/// wires `{tag}-1` and `{tag}-2`.
+pub struct Pair {
+    /// The fake's world (`FAKE_RDMA_PORTS`).
+    pub world: String,
+    /// l2fwd's ports (`mana:`, `mlx5:`), without queue counts.
+    pub l2fwd: [&'static str; 2],
+    /// pktgen's ports (`emu-mana:`, `emu-mlx5:`).
+    pub pktgen: [String; 2],
+}
+
+impl Pair {
+    /// `mana_0` ports 1 and 2: both ports' queues on one device, each port a context of its
+    /// own (one doorbell page each).
+    pub fn mana(tag: &str) -> Self {
+        Pair {
+            world: format!(
+                "mana_0/1:mac=02:00:00:00:10:01,wire=shm:{tag}-1;\
+                 mana_0/2:mac=02:00:00:00:10:02,wire=shm:{tag}-2"
+            ),
+            l2fwd: ["mana:dev=mana_0,port=1", "mana:dev=mana_0,port=2"],
+            pktgen: [
+                format!("emu-mana:wire=shm:{tag}-1"),
+                format!("emu-mana:wire=shm:{tag}-2"),
+            ],
+        }
+    }
+
+    /// Devices `mlx5_0` and `mlx5_1`.
+    pub fn mlx5(tag: &str) -> Self {
+        Pair {
+            world: format!(
+                "mlx5_0/1:mac=02:00:00:00:20:01,wire=shm:{tag}-1;\
+                 mlx5_1/1:mac=02:00:00:00:20:02,wire=shm:{tag}-2"
+            ),
+            l2fwd: ["mlx5:dev=mlx5_0", "mlx5:dev=mlx5_1"],
+            pktgen: [
+                format!("emu-mlx5:wire=shm:{tag}-1"),
+                format!("emu-mlx5:wire=shm:{tag}-2"),
+            ],
+        }
+    }
+}

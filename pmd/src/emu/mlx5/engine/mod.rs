@@ -2,15 +2,17 @@
 //! faithful emulator must reproduce") as the device's behaviour, not from any driver's code.
 //!
 //! This file holds the engine's state, its queue table and its step; the roles live beside
-//! it: `tx.rs` (SQ WQEs, offloads, TSO, eMPW, requester CQEs), `rx.rs` (wire to RQ buffers,
-//! steering by RSS, responder CQEs) and `cq.rs` (writing CQEs, the owner rule, overrun,
-//! compressed sessions). Memory keys are the shared [`MrTable`]; L3/L4 arithmetic is
-//! [`crate::net`]; wire faults are a [`FaultyWire`] around the port's wire.
+//! it: `uar.rs` (the SQ doorbell: sampling the UAR registers, checking each write against
+//! the record and the ring), `tx.rs` (SQ WQEs, offloads, TSO, eMPW, requester CQEs), `rx.rs`
+//! (wire to RQ buffers, steering by RSS, responder CQEs) and `cq.rs` (writing CQEs, the owner
+//! rule, overrun, compressed sessions). Memory keys are the shared [`MrTable`]; L3/L4
+//! arithmetic is [`crate::net`]; wire faults are a [`FaultyWire`] around the port's wire.
 #![deny(unsafe_code)]
 
 mod cq;
 mod rx;
 mod tx;
+mod uar;
 
 use crate::emu::mr::MrTable;
 use crate::emu::wire::faults::FaultyWire;
@@ -78,6 +80,10 @@ pub struct Faults {
 pub struct ModelStats {
     /// Send WQEs consumed (NOPs and failed ones included).
     pub tx_wqes: u64,
+    /// Of those, SEND WQEs (one frame each) the device acted on, failed ones included,
+    /// flushed ones not: a device that needs an inline header (`min_inline`) gets these
+    /// instead of eMPW WQEs (§1.9).
+    pub tx_send_wqes: u64,
     /// Frames put on the wire (one per TSO segment, one per eMPW packet).
     pub tx_frames: u64,
     /// Their bytes.
@@ -88,6 +94,10 @@ pub struct ModelStats {
     pub tx_flushed: u64,
     /// Steps in which an SQ waited because its CQ had no free entry (overrun avoided).
     pub tx_cq_stalls: u64,
+    /// UAR doorbell writes refused (`uar.rs`): for no SQ of their register, naming a WQE the
+    /// SQ's doorbell record does not announce (or one consumed already), or unlike the first
+    /// 8 bytes of the WQE they name. Each starts nothing.
+    pub tx_bad_doorbells: u64,
     /// Frames the wire refused: the cable full (the receiver not keeping up), the link down,
     /// a frame larger than the wire carries.
     pub tx_wire_drops: u64,
@@ -161,8 +171,16 @@ pub struct SqSpec {
     pub wqe_cnt: u32,
     /// SQ number: every control segment must carry it.
     pub sqn: u32,
-    /// The doorbell record; the engine watches the SQ counter at byte 4.
+    /// The doorbell record; the engine reads the SQ counter at byte 4 when a doorbell
+    /// arrives.
     pub dbrec: Arc<DevMem>,
+    /// The UAR (BlueFlame) register the driver's 8-byte doorbell write goes to (`bf.reg`,
+    /// §1.7): the engine samples the first 8 bytes of each half (`uar.rs`). Several SQs may
+    /// share one.
+    pub uar: Arc<DevMem>,
+    /// Bytes of one BlueFlame half (`bf.size`): the second half starts there; 0 for a
+    /// doorbell-only register (one 8-byte slot).
+    pub bf_size: u32,
     /// Inline header bytes every SEND/TSO WQE must carry (§1.9).
     pub min_inline: u16,
     /// Its completion queue.
@@ -176,6 +194,8 @@ impl From<&RawSq> for SqSpec {
             wqe_cnt: q.wqe_cnt,
             sqn: q.sqn,
             dbrec: Arc::clone(&q.dbrec),
+            uar: Arc::clone(&q.bf_reg),
+            bf_size: q.bf_size,
             min_inline: q.min_inline,
             cq: CqSpec::from(&q.cq),
         }
@@ -279,6 +299,19 @@ pub enum EngineError {
         /// The buffer's length.
         bytes: usize,
     },
+    /// A UAR register whose doorbell slots (8 bytes at the start of each half) are not all
+    /// inside it and 8-byte aligned.
+    #[error("SQ {id:#x}: UAR register at {addr:#x} of {bytes} bytes with halves of {half}: need 8-byte aligned 8-byte slots at 0 and at the half")]
+    UarRegister {
+        /// The SQ.
+        id: u32,
+        /// The register's address.
+        addr: usize,
+        /// Its length.
+        bytes: usize,
+        /// The half size given (`bf.size`).
+        half: usize,
+    },
     /// A doorbell record shorter than 8 bytes or not 4-byte aligned.
     #[error("{kind} {id:#x}: doorbell record at {addr:#x} of {bytes} bytes: need 8 bytes, 4-byte aligned")]
     Dbrec {
@@ -376,10 +409,15 @@ pub(crate) struct Sq {
     pub wqe_cnt: u32,
     pub sqn: u32,
     pub dbrec: Arc<DevMem>,
+    /// The UAR register its doorbells come through.
+    pub uar: uar::UarReg,
     pub min_inline: u16,
     pub cq: Cq,
     /// The device's consumer counter in WQEBBs (16 bits, §2.1).
     pub ci: u16,
+    /// Where the last accepted doorbell's WQE ends (WQEBBs, 16 bits): the device consumes
+    /// WQEs up to here (`uar.rs`).
+    pub db_tail: u16,
     /// RTS, error (after a failed WQE: the rest are flushed) or RESET.
     pub state: HwQueueState,
 }
@@ -417,6 +455,8 @@ pub(crate) struct Rss {
 pub struct Engine {
     pub(crate) sqs: Vec<Sq>,
     pub(crate) rqs: Vec<Rq>,
+    /// The UAR doorbell slots the SQs use, sampled every pass.
+    pub(crate) uars: Vec<uar::UarSlot>,
     pub(crate) mrs: MrTable,
     pub(crate) rss: Option<Rss>,
     pub(crate) wire: FaultyWire,
@@ -482,6 +522,7 @@ impl Engine {
         Self {
             sqs: Vec::new(),
             rqs: Vec::new(),
+            uars: Vec::new(),
             mrs: MrTable::new(),
             rss: None,
             wire: FaultyWire::new(wire),
@@ -523,11 +564,12 @@ impl Engine {
         Ok(Cq::new(spec))
     }
 
-    /// Serves a send queue and its CQ from now on (the QP reached RTS): its WQEs are
-    /// consumed up to the SQ counter of its doorbell record, from the device's counter 0.
+    /// Serves a send queue and its CQ from now on (the QP reached RTS): from the device's
+    /// counter 0, its WQEs are consumed as UAR doorbells name them and its doorbell record
+    /// announces them (`uar.rs`).
     ///
     /// # Errors
-    /// A duplicate SQ or CQ number, a bad ring size or doorbell record.
+    /// A duplicate SQ or CQ number, a bad ring size, doorbell record or UAR register.
     pub fn add_sq(&mut self, sq: SqSpec) -> Result<(), EngineError> {
         check_ring(
             "SQ",
@@ -538,6 +580,11 @@ impl Engine {
             MAX_WQE_CNT,
         )?;
         check_dbrec("SQ", sq.sqn, &sq.dbrec)?;
+        let uar = uar::UarReg {
+            mem: sq.uar,
+            half: sq.bf_size as usize,
+        };
+        uar.check(sq.sqn)?;
         if self.sqs.iter().any(|q| q.sqn == sq.sqn) {
             return Err(EngineError::DuplicateQueue {
                 kind: "SQ",
@@ -545,14 +592,17 @@ impl Engine {
             });
         }
         let cq = self.new_cq(sq.cq)?;
+        self.watch_uar(&uar);
         self.sqs.push(Sq {
             buf: sq.buf,
             wqe_cnt: sq.wqe_cnt,
             sqn: sq.sqn,
             dbrec: sq.dbrec,
+            uar,
             min_inline: sq.min_inline,
             cq,
             ci: 0,
+            db_tail: 0,
             state: HwQueueState::Ready,
         });
         Ok(())
@@ -605,28 +655,29 @@ impl Engine {
 
     /// Moves send queue `sqn` to RESET (from any state, §1.5): the device stops reading it
     /// and its WQE counter restarts at 0 (§8 item 7). CQEs already written stay in the CQ,
-    /// which is not reset.
+    /// which is not reset. The SQ's last doorbell is cleared from its UAR register (the
+    /// model's sampling needs it, see `uar.rs`).
     ///
     /// # Errors
     /// No SQ of that number, or the `fail_state_changes` fault.
     pub fn sq_to_reset(&mut self, sqn: u32) -> Result<(), EngineError> {
         let i = self.sq_index(sqn)?;
         self.state_change("SQ", sqn, "RESET")?;
+        self.forget_uar(i);
         let q = &mut self.sqs[i];
         q.state = HwQueueState::Reset;
         q.ci = 0;
+        q.db_tail = 0;
         self.stats.sq_resets += 1;
         tracing::debug!(target: "pmd::emu", sqn, "SQ to RESET");
         Ok(())
     }
 
     /// Moves send queue `sqn` from RESET through INIT and RTR to RTS (§1.5): the device
-    /// serves it again from WQE counter 0 up to the doorbell record. The model takes the
-    /// record as the doorbell (`tx.rs`), so the record must not announce stale WQEs when
-    /// the engine next looks: a driver writes it 0 while the SQ is in RESET (ours does). A
-    /// device reads the record only after a UAR write, which is why DPDK can leave the old
-    /// value until its next doorbell (§8 item 7); against the engine thread such a driver
-    /// would have stale WQEs executed (a stepped engine sees no difference).
+    /// serves it again from WQE counter 0, as the next UAR doorbells name WQEs and the
+    /// doorbell record announces them (`uar.rs`). The record is read only when a doorbell
+    /// arrives, so a stale record left from before the RESET starts nothing (DPDK leaves it
+    /// until its next doorbell, §8 item 7; ours writes it 0 while the SQ is in RESET).
     ///
     /// # Errors
     /// No SQ of that number, an SQ not in RESET, or the `fail_state_changes` fault.
@@ -702,7 +753,8 @@ impl Engine {
                 kind: "SQ",
                 id: sqn,
             })?;
-        self.sqs.remove(i);
+        let q = self.sqs.remove(i);
+        self.unwatch_uar(&q.uar);
         Ok(())
     }
 
@@ -939,11 +991,12 @@ impl Engine {
         !self.faults.link_down && self.wire.peer_attached()
     }
 
-    /// One pass: every SQ up to its doorbell record, then frames from the wire; returns the
-    /// work done (WQEs + frames).
+    /// One pass: the UAR doorbells written since the last pass, every SQ up to its latest
+    /// doorbell, then frames from the wire; returns the work done (WQEs + frames).
     pub fn step(&mut self) -> usize {
         self.forward_wire_faults();
         self.tick();
+        self.scan_uars();
         let mut work = 0;
         for i in 0..self.sqs.len() {
             work += self.process_sq(i);
@@ -986,9 +1039,10 @@ impl crate::emu::thread::Nic for Engine {
         Engine::step(self)
     }
 
-    /// An SQ's kick consumes every WQE up to its doorbell record (while its CQ has room); an
-    /// RQ's kick flushes the RQs in error and takes frames off the wire (at most `BUDGET`,
-    /// into whichever RQ RSS picks for each, as the device would).
+    /// An SQ's kick samples its UAR register and consumes every WQE up to its latest
+    /// doorbell (while its CQ has room); an RQ's kick flushes the RQs in error and takes
+    /// frames off the wire (at most `BUDGET`, into whichever RQ RSS picks for each, as the
+    /// device would).
     fn kick(&mut self, queue: crate::emu::thread::QueueId) -> usize {
         use crate::emu::thread::QueueId;
         self.forward_wire_faults();
@@ -996,6 +1050,7 @@ impl crate::emu::thread::Nic for Engine {
         match queue {
             QueueId::Sq(sqn) => match self.sqs.iter().position(|q| q.sqn == sqn) {
                 Some(i) => {
+                    self.scan_uar_of(i);
                     let mut n = 0;
                     loop {
                         let k = self.process_sq(i);

@@ -1,19 +1,18 @@
-//! The TX side: send WQEs from the device's counter up to the SQ doorbell record (§2, §3,
-//! §8 items 2–7): control segment checks, the Ethernet segment (inline header, VLAN insert
-//! command, checksum flags, TSO `mss`), pointer and inline data segments through the memory
-//! keys, eMPW (one packet per descriptor), frames onto the wire, requester CQEs for WQEs that
-//! ask for one and error CQEs for those that fail.
+//! The TX side: send WQEs from the device's counter up to the end of the WQE the SQ's latest
+//! UAR doorbell named (§2, §3, §8 items 2–7): control segment checks, the Ethernet segment
+//! (inline header, VLAN insert command, checksum flags, TSO `mss`), pointer and inline data
+//! segments through the memory keys, eMPW (one packet per descriptor), frames onto the wire,
+//! requester CQEs for WQEs that ask for one and error CQEs for those that fail.
 //!
-//! The trigger is the doorbell record (`dbrec[1]`, §3.1 step 3), not the UAR write: the
-//! driver always stores the record before the 8-byte UAR write, so a model that only watches
-//! memory sees every doorbell by sampling the record; the UAR (`bf_reg`) is not read, and
-//! BlueFlame copies into it are ignored (the WQE is always in the ring too, §3.2).
+//! The trigger is the 8-byte UAR write (§3.1 step 5), checked against the doorbell record
+//! (`dbrec[1]`, step 3) and the ring when it is sampled (`uar.rs`): a record store without
+//! a UAR write starts nothing. A BlueFlame copy into the register counts as its doorbell;
+//! its WQE is read from the ring, where it always is too (§3.2).
 #![deny(unsafe_code)]
 
-use super::{record, Engine, HwQueueState, BUDGET, VENDOR_ERR_INJECTED};
+use super::{Engine, HwQueueState, BUDGET, VENDOR_ERR_INJECTED};
 use crate::emu::wire::Wire;
 use crate::hw::mlx5::cqe::{CqeFields, CqeOpcode, Syndrome};
-use crate::hw::mlx5::doorbell::SND_DBR;
 use crate::hw::mlx5::wqe::{
     eth_seg_units, inline_seg_units, CtrlSeg, DataSeg, EthSeg, InlineSeg, CE_ALWAYS, CS_L3, CS_L4,
     ES_INLINE_START, SEG_BYTES, VLAN_INSERT_CMD,
@@ -53,14 +52,14 @@ fn qp_op() -> Failure {
 }
 
 impl Engine {
-    /// Consumes the WQEs the SQ's doorbell record announces (at most [`BUDGET`]); returns
+    /// Consumes the WQEs the SQ's accepted doorbells announce (at most [`BUDGET`]); returns
     /// how many.
     pub(super) fn process_sq(&mut self, i: usize) -> usize {
         // The device does not look at an SQ in RESET.
         if self.sqs[i].state == HwQueueState::Reset {
             return 0;
         }
-        let rec = record(&self.sqs[i].dbrec, SND_DBR) as u16;
+        let rec = self.sqs[i].db_tail;
         let mut done = 0;
         let mut wqe = [0u8; MAX_WQE_BYTES];
         while done < BUDGET {
@@ -83,7 +82,7 @@ impl Engine {
             let index = sq.ci;
             let bbs = wqebbs(ds).max(1) as u16;
             if bbs > pending {
-                // The WQE runs past the record: malformed; consume what was announced.
+                // The WQE runs past the doorbell's: malformed; consume what was announced.
                 self.sqs[i].ci = rec;
                 self.tx_complete(i, index, u8::from(opcode), CE_ALWAYS, Err(qp_op()));
                 done += 1;
@@ -160,6 +159,9 @@ impl Engine {
             return Err(qp_op());
         }
         self.tx_executed += 1;
+        if opcode == Opcode::Send {
+            self.stats.tx_send_wqes += 1;
+        }
         let every = u64::from(self.faults.tx_error_every);
         if every > 0 && self.tx_executed.is_multiple_of(every) {
             return Err((Syndrome::LocalQpOp, VENDOR_ERR_INJECTED));
