@@ -639,6 +639,20 @@ impl TxQueue {
         if self.unrequested < COMP_THRESH && self.wq.free() >= MAX_WQE_BBS && self.desc.free() > 0 {
             return;
         }
+        self.record_request(at);
+        // `fm_ce_se` is the last byte of the control segment's third dword (big-endian): CE
+        // in bits 3:2.
+        let mem = self.wq.mem();
+        let off = (at as usize * WQEBB_BYTES + 11) & (mem.len() - 1);
+        let mut b = [0u8; 1];
+        mem.read(off, &mut b);
+        mem.write(off, &[(b[0] & !0x0c) | (CE_ALWAYS << 2)]);
+    }
+
+    /// Records a completion request on the WQE at WQEBB `at`, the last posted: its CQE will
+    /// complete every packet posted until now.
+    #[inline]
+    fn record_request(&mut self, at: u32) {
         self.unrequested = 0;
         let mask = self.reqs.len() as u32 - 1;
         self.reqs[(self.req_head & mask) as usize] = Req {
@@ -648,13 +662,6 @@ impl TxQueue {
             bytes: std::mem::take(&mut self.unrequested_bytes),
         };
         self.req_head = self.req_head.wrapping_add(1);
-        // `fm_ce_se` is the last byte of the control segment's third dword (big-endian): CE
-        // in bits 3:2.
-        let mem = self.wq.mem();
-        let off = (at as usize * WQEBB_BYTES + 11) & (mem.len() - 1);
-        let mut b = [0u8; 1];
-        mem.read(off, &mut b);
-        mem.write(off, &[(b[0] & !0x0c) | (CE_ALWAYS << 2)]);
     }
 
     /// Asks for a completion of every packet posted so far, when the queue goes idle: a NOP
@@ -677,15 +684,7 @@ impl TxQueue {
         if self.wq.post(&nop).is_none() {
             return;
         }
-        self.unrequested = 0;
-        let mask = self.reqs.len() as u32 - 1;
-        self.reqs[(self.req_head & mask) as usize] = Req {
-            wqe: at as u16,
-            wq_head: self.wq.head(),
-            desc_head: self.desc.pushed(),
-            bytes: std::mem::take(&mut self.unrequested_bytes),
-        };
-        self.req_head = self.req_head.wrapping_add(1);
+        self.record_request(at);
         let mut ctrl = [0u8; 8];
         ctrl.copy_from_slice(&nop[..8]);
         self.ring(ctrl);
