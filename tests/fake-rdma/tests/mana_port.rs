@@ -330,9 +330,7 @@ fn forward(
     }
     on_fake(&mut pg, side == ManaSide::Pktgen);
     let p = pg.output().expect("run pktgen");
-    let _ = Command::new("kill")
-        .args(["-INT", &l2.id().to_string()])
-        .status();
+    common::interrupt(l2.id());
     let l = l2.wait_with_output().expect("l2fwd");
     let ctx = format!("--- pktgen\n{}\n--- l2fwd\n{}", text(&p), text(&l));
     assert!(p.status.success() && l.status.success(), "{ctx}");

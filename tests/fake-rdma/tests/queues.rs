@@ -115,9 +115,7 @@ fn spread(nic: &str, pair: impl Fn(&str) -> Pair) {
         .env("PMD_SHM_DIR", &shm)
         .output()
         .expect("run pktgen");
-    let _ = Command::new("kill")
-        .args(["-INT", &l2.id().to_string()])
-        .status();
+    common::interrupt(l2.id());
     let l = l2.wait_with_output().expect("l2fwd");
     let ctx = format!("--- pktgen\n{}\n--- l2fwd\n{}", text(&p), text(&l));
     assert!(p.status.success() && l.status.success(), "{ctx}");

@@ -169,9 +169,7 @@ fn serviced_run(family: &str, frames: u64, rate: u64, service_s: f64, after: Dur
         std::fs::write(knob(&fake, &dev), format!("{value}\n")).unwrap();
     }
     let p = finish(pg, pg_err);
-    let _ = Command::new("kill")
-        .args(["-INT", &l2.id().to_string()])
-        .status();
+    common::interrupt(l2.id());
     let l = finish(l2, l2_err);
     assert!(
         t0.elapsed() < Duration::from_secs(100),
@@ -350,9 +348,7 @@ fn quick_service(env: &[(&str, &str)]) -> Output {
             }
         }
     }
-    let _ = Command::new("kill")
-        .args(["-INT", &l2.id().to_string()])
-        .status();
+    common::interrupt(l2.id());
     let mut o = finish(l2, lines);
     let rest = std::mem::take(&mut o.stderr);
     o.stderr = (seen.join("\n") + "\n").into_bytes();
@@ -522,14 +518,10 @@ fn a_hundred_service_resets_in_a_row_leave_nothing_behind() {
         "l2fwd after the first and the 100th reset: {} / {} descriptors, {} / {} KiB resident anonymous",
         at_first.0, at_last.0, at_first.1, at_last.1
     );
-    let _ = Command::new("kill")
-        .args(["-INT", &pg.id().to_string()])
-        .status();
+    common::interrupt(pg.id());
     let _ = pg.wait();
     drop(pg_lines);
-    let _ = Command::new("kill")
-        .args(["-INT", &l2.id().to_string()])
-        .status();
+    common::interrupt(l2.id());
     let o = finish(l2, lines);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(

@@ -218,3 +218,15 @@ impl Pair {
         }
     }
 }
+
+/// Sends SIGINT to `pid` (a tool's Ctrl-C), as a syscall: a fresh machine has no `kill`
+/// program (procps is not in a minimal Debian), and a test that shelled out to it and
+/// ignored the failure waited for the tool's `--duration` instead. A process that is gone
+/// already is fine.
+pub fn interrupt(pid: u32) {
+    match pmd::sys::net::send_signal(pid, pmd::sys::net::SIGINT) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+        Err(e) => panic!("SIGINT to {pid}: {e}"),
+    }
+}
