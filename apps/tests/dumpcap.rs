@@ -219,6 +219,19 @@ fn tshark(path: &Path, fields: &[&str]) -> Option<Vec<String>> {
     }
 }
 
+/// Waits for pmd-dumpcap to end by itself (its `what` option), successfully.
+fn ends_by_itself(mut dc: Bg, what: &str) {
+    assert!(
+        integration_tests::eventually(Duration::from_secs(30), || dc
+            .child()
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "{what} did not end the capture"
+    );
+    assert!(dc.0.take().unwrap().wait().unwrap().success());
+}
+
 /// Stops pmd-dumpcap as Ctrl-C does; it must end well.
 fn stop_dumpcap(dc: Bg) {
     let d = stop(dc);
@@ -420,7 +433,7 @@ fn a_count_or_a_duration_ends_the_capture() {
     let mut c = s.pktgen_cmd(&["--count", &N.to_string(), "--rate", "10000"]);
     let pg = std::thread::spawn(move || c.output().unwrap());
     let counted = s.file("c.pcapng");
-    let (mut dc, _lines) = s.dumpcap(&[
+    let (dc, _lines) = s.dumpcap(&[
         "-i",
         "0",
         "--rx",
@@ -429,20 +442,12 @@ fn a_count_or_a_duration_ends_the_capture() {
         "-w",
         counted.to_str().unwrap(),
     ]);
-    assert!(
-        integration_tests::eventually(Duration::from_secs(30), || dc
-            .child()
-            .try_wait()
-            .unwrap()
-            .is_some()),
-        "-c 1000 did not end the capture"
-    );
-    assert!(dc.0.take().unwrap().wait().unwrap().success());
+    ends_by_itself(dc, "-c 1000");
     let c = read_capture(&counted);
     assert_eq!(c.frames[0].len(), 1000, "exactly the count");
     let timed = s.file("a.pcapng");
     let t0 = std::time::Instant::now();
-    let (mut dc, _lines) = s.dumpcap(&[
+    let (dc, _lines) = s.dumpcap(&[
         "-i",
         "0",
         "-a",
@@ -450,15 +455,7 @@ fn a_count_or_a_duration_ends_the_capture() {
         "-w",
         timed.to_str().unwrap(),
     ]);
-    assert!(
-        integration_tests::eventually(Duration::from_secs(30), || dc
-            .child()
-            .try_wait()
-            .unwrap()
-            .is_some()),
-        "-a duration:0.5 did not end the capture"
-    );
-    assert!(dc.0.take().unwrap().wait().unwrap().success());
+    ends_by_itself(dc, "-a duration:0.5");
     assert!(t0.elapsed() >= Duration::from_millis(500));
     let c = read_capture(&timed);
     assert_eq!(c.stats.len(), 1, "a whole file, with its statistics");
