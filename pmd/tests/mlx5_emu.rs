@@ -893,6 +893,167 @@ fn rss_hashes_the_configured_fields_and_picks_the_queue_by_the_low_bits() {
     let _ = parse::ETHERTYPE_VLAN;
 }
 
+/// The verification key and table of Microsoft's RSS documentation ("Verifying the RSS Hash
+/// Calculation"): source, destination (address, port), the hash over the addresses, the
+/// hash over addresses and ports. Data from outside this project: the TIR's input order
+/// (source address, destination address, source port, destination port) is checked
+/// against it, not against our own reading.
+const MS_KEY: [u8; 40] = [
+    0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3, 0x8f, 0xb0,
+    0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3, 0x80, 0x30, 0xf2, 0x0c,
+    0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
+];
+type MsRow = (([u8; 4], u16), ([u8; 4], u16), u32, u32);
+const MS_IPV4: [MsRow; 5] = [
+    (
+        ([66, 9, 149, 187], 2794),
+        ([161, 142, 100, 80], 1766),
+        0x323e_8fc2,
+        0x51cc_c178,
+    ),
+    (
+        ([199, 92, 111, 2], 14230),
+        ([65, 69, 140, 83], 4739),
+        0xd718_262a,
+        0xc626_b0ea,
+    ),
+    (
+        ([24, 19, 198, 95], 12898),
+        ([12, 22, 207, 184], 38024),
+        0xd2d0_a5de,
+        0x5c2b_394a,
+    ),
+    (
+        ([38, 27, 205, 30], 48228),
+        ([209, 142, 163, 6], 2217),
+        0x8298_9176,
+        0xafc7_327f,
+    ),
+    (
+        ([153, 39, 163, 191], 44251),
+        ([202, 188, 127, 2], 1303),
+        0x5d18_09c5,
+        0x10e8_28a2,
+    ),
+];
+
+/// An IPv4 frame from `src` to `dst`: TCP (6), UDP (17) or an ICMP echo (1).
+fn ipv4_frame(proto: u8, src: ([u8; 4], u16), dst: ([u8; 4], u16)) -> Vec<u8> {
+    let b = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4(src.0, dst.0, 64);
+    let mut f = Vec::new();
+    match proto {
+        6 => b.tcp(src.1, dst.1, 1, 1000).write(&mut f, &[0; 8]),
+        17 => b.udp(src.1, dst.1).write(&mut f, &[0; 8]),
+        _ => b.icmpv4_echo_request(1, 1).write(&mut f, &[0; 8]),
+    }
+    .unwrap();
+    f
+}
+
+/// One hashing TIR per traffic type (what a port asking for IPv4, TCP and UDP gets): each
+/// frame hashes its own 4-tuple (TCP and UDP alike) or, with no ports, its addresses; the
+/// values are Microsoft's, and the queue is the hash's low bit.
+#[test]
+fn per_type_tirs_give_the_microsoft_verification_hashes() {
+    let (m, h, mut peer) = world(0);
+    let mut rqs = [Rq::new(&m, 64, 1, 63, false), Rq::new(&m, 64, 1, 63, false)];
+    for r in &mut rqs {
+        r.post(64, RX_BUF as u32);
+    }
+    let fields = RxHashFields::SRC_IPV4
+        | RxHashFields::DST_IPV4
+        | RxHashFields::SRC_PORT_TCP
+        | RxHashFields::DST_PORT_TCP
+        | RxHashFields::SRC_PORT_UDP
+        | RxHashFields::DST_PORT_UDP;
+    m.set_rss(MS_KEY, fields, &[rqs[0].q.rqn, rqs[1].q.rqn])
+        .unwrap();
+    for (src, dst, ip_hash, l4_hash) in MS_IPV4 {
+        for (proto, want, ty) in [
+            (6, l4_hash, hash_type::IPV4 | hash_type::TCP),
+            (17, l4_hash, hash_type::IPV4 | hash_type::UDP),
+            (1, ip_hash, hash_type::IPV4),
+        ] {
+            assert!(peer.send(&ipv4_frame(proto, src, dst)));
+            peer.flush();
+            h.step();
+            let q = (want & 1) as usize;
+            let c = rqs[q]
+                .poll()
+                .unwrap_or_else(|| panic!("protocol {proto} {src:?}: not on queue {q}"));
+            assert!(rqs[1 - q].poll().is_none());
+            assert_eq!(
+                (cqe(&c).rx_hash_res(), cqe(&c).rx_hash_type()),
+                (want, ty),
+                "protocol {proto} {src:?} -> {dst:?}"
+            );
+        }
+    }
+    assert_eq!(h.stats().rx_hash_mismatch, 0);
+}
+
+/// TIRs chosen by the port's steering: a frame hashes on the TIR its rule names; one of
+/// another type than that TIR hashes (UDP on a TCP TIR) gets hash 0, entry 0, and counts as
+/// `rx_hash_mismatch`. Fields no TIR takes are refused, as the kernel refuses them.
+#[test]
+fn a_steered_tir_hashes_only_its_own_type_and_counts_the_others() {
+    let (m, h, mut peer) = world(0);
+    let mut rqs = [Rq::new(&m, 64, 1, 63, false), Rq::new(&m, 64, 1, 63, false)];
+    for r in &mut rqs {
+        r.post(64, RX_BUF as u32);
+    }
+    let table = vec![rqs[0].q.rqn, rqs[1].q.rqn];
+    let tcp = RxHashFields::SRC_IPV4
+        | RxHashFields::DST_IPV4
+        | RxHashFields::SRC_PORT_TCP
+        | RxHashFields::DST_PORT_TCP;
+    // Every frame to the TCP TIR, as one hashing QP with a catch-all rule would have it.
+    let steer: pmd::emu::mlx5::Steer = Arc::new(|_: &[u8]| Some(0));
+    h.engine()
+        .set_tirs(vec![(MS_KEY, tcp, table.clone())], Arc::clone(&steer))
+        .unwrap();
+    let (src, dst, _, l4_hash) = MS_IPV4[0];
+    assert!(peer.send(&ipv4_frame(6, src, dst)));
+    assert!(peer.send(&ipv4_frame(17, src, dst)));
+    peer.flush();
+    h.step();
+    let q = (l4_hash & 1) as usize;
+    let mut got = Vec::new();
+    for (i, r) in rqs.iter_mut().enumerate() {
+        while let Some(c) = r.poll() {
+            got.push((i, cqe(&c).rx_hash_res(), cqe(&c).rx_hash_type()));
+        }
+    }
+    got.sort();
+    let mut want = vec![(q, l4_hash, hash_type::IPV4 | hash_type::TCP), (0, 0, 0)];
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(h.stats().rx_hash_mismatch, 1);
+
+    // create_rss_raw_qp_tir's refusals.
+    let both = tcp | RxHashFields::SRC_PORT_UDP;
+    let mixed = RxHashFields::SRC_IPV4 | RxHashFields::DST_IPV6;
+    for bad in [both, mixed] {
+        let e = h
+            .engine()
+            .set_tirs(vec![(MS_KEY, bad, table.clone())], Arc::clone(&steer))
+            .unwrap_err();
+        assert!(e.to_string().contains("one address family"), "{e}");
+    }
+    let e = h
+        .engine()
+        .set_tirs(
+            vec![(MS_KEY, RxHashFields::empty(), table.clone())],
+            Arc::clone(&steer),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("one-entry table"), "{e}");
+    h.engine()
+        .set_tirs(vec![(MS_KEY, RxHashFields::empty(), vec![table[1]])], steer)
+        .unwrap();
+}
+
 #[test]
 fn rx_drop_and_link_down_faults_drop_frames_before_the_rq() {
     let (m, h, mut peer) = world(0);

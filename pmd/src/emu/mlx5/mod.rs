@@ -71,8 +71,8 @@ pub mod engine;
 pub mod port;
 
 pub use engine::{
-    CqSpec, Engine, EngineError, Faults, ModelStats, RqSpec, RxHashFields, SqSpec, MPRQ_CAPS,
-    VENDOR_ERR_INJECTED,
+    CqSpec, Engine, EngineError, Faults, ModelStats, RqSpec, RxHashFields, SqSpec, Steer,
+    MPRQ_CAPS, VENDOR_ERR_INJECTED,
 };
 
 use crate::emu::thread::{EngineCore, EngineMode, EngineThread, QueueId, QueueKick};

@@ -110,6 +110,11 @@ pub struct ModelStats {
     /// Frames dropped because their RQ had no posted WQE (the NIC's out-of-buffer counter,
     /// DPDK's `imissed`), or because no RQ exists.
     pub rx_no_wqe: u64,
+    /// Frames a hashing TIR received whose L3 family or L4 protocol is not the one it hashes
+    /// (given hash 0 and table entry 0; see [`Engine::set_tirs`]).
+    pub rx_hash_mismatch: u64,
+    /// Frames the port's steering sent to no TIR (its rules changed meanwhile): dropped.
+    pub rx_unsteered: u64,
     /// Frames larger than the posted WQE (RESP_ERR LOCAL_LENGTH, WQE consumed; striding RQ:
     /// larger than a whole WQE, the rest of the WQE consumed).
     pub rx_oversize: u64,
@@ -371,6 +376,13 @@ pub enum EngineError {
         /// Entries given.
         entries: usize,
     },
+    /// Hash fields no TIR takes (`create_rss_raw_qp_tir`): both address families, both L4
+    /// protocols, or none over a table of more than one entry.
+    #[error("RSS hash fields {fields:#x}: a TIR hashes one address family and one L4 protocol, and no fields only over a one-entry table")]
+    TirFields {
+        /// `IBV_RX_HASH_*` bits.
+        fields: u32,
+    },
 }
 
 /// Reads the big-endian dword at `off` of a doorbell record, with acquire ordering: what the
@@ -440,15 +452,102 @@ pub(crate) struct Rq {
     pub stride_ci: u32,
 }
 
-/// RSS state: key, hashed fields and the indirection table by RQ number, with the table
-/// resolved into indices of `Engine::rqs`.
-pub(crate) struct Rss {
+/// One hashing TIR (an RSS QP, §1.6 (B) step 5): key, hashed fields and the indirection
+/// table by RQ number, with the table resolved into indices of `Engine::rqs`.
+///
+/// The fields select one L3 family and at most one L4 protocol, as the kernel programs a TIR
+/// (Linux `drivers/infiniband/hw/mlx5/qp.c`, `create_rss_raw_qp_tir`: IPv4 with IPv6 fields,
+/// or TCP with UDP ports, is `EINVAL`; the IP fields set the selector's `l3_prot_type`, the
+/// port fields its `l4_prot_type`, "if none ... was set - this bit field is ignored"; no
+/// fields at all is allowed only over a one-entry table, "steering entry without hashing").
+pub(crate) struct Tir {
     /// The Toeplitz hash under the key, precomputed.
     pub hasher: crate::net::toeplitz::Table,
     pub fields: RxHashFields,
     pub rqns: Vec<u32>,
     /// `rqns` as indices into `Engine::rqs` (`usize::MAX` where the RQ is gone).
     pub table: Vec<usize>,
+}
+
+/// Which TIR a frame from the wire goes to (its index in the setting), decided by the port's
+/// steering rules (the fake rdma-core's `ibv_create_flow` rules); `None`: no rule takes it
+/// any more (the rules changed after the wire let it through), and it is dropped
+/// (`rx_unsteered`).
+pub type Steer = std::sync::Arc<dyn Fn(&[u8]) -> Option<usize> + Send + Sync>;
+
+impl RxHashFields {
+    /// The L3 family a TIR with these fields hashes (`l3_prot_type`): `Some(false)` IPv4,
+    /// `Some(true)` IPv6, `None` any (no address field selected).
+    pub(crate) fn l3_v6(self) -> Option<bool> {
+        if self.intersects(Self::SRC_IPV4 | Self::DST_IPV4) {
+            Some(false)
+        } else if self.intersects(Self::SRC_IPV6 | Self::DST_IPV6) {
+            Some(true)
+        } else {
+            None
+        }
+    }
+
+    /// The L4 protocol a TIR with these fields hashes (`l4_prot_type`): 6 TCP, 17 UDP,
+    /// `None` any (no port field selected).
+    pub(crate) fn l4_proto(self) -> Option<u8> {
+        if self.intersects(Self::SRC_PORT_TCP | Self::DST_PORT_TCP) {
+            Some(6)
+        } else if self.intersects(Self::SRC_PORT_UDP | Self::DST_PORT_UDP) {
+            Some(17)
+        } else {
+            None
+        }
+    }
+
+    /// Whether a TIR may select these fields (one L3 family, one L4 protocol:
+    /// `create_rss_raw_qp_tir`'s two `EINVAL` checks).
+    pub fn valid_for_one_tir(self) -> bool {
+        let v4 = self.intersects(Self::SRC_IPV4 | Self::DST_IPV4);
+        let v6 = self.intersects(Self::SRC_IPV6 | Self::DST_IPV6);
+        let tcp = self.intersects(Self::SRC_PORT_TCP | Self::DST_PORT_TCP);
+        let udp = self.intersects(Self::SRC_PORT_UDP | Self::DST_PORT_UDP);
+        !(v4 && v6) && !(tcp && udp)
+    }
+
+    /// The per-traffic-type TIRs a port hashing `self` needs, most specific first: for each
+    /// selected family, one per selected L4 protocol, then the family alone; then no fields
+    /// (frames of no hashed type), as the Linux mlx5e netdev programs its indirect TIRs
+    /// (`drivers/net/ethernet/mellanox/mlx5/core/en/rss.c`, `rss_default_config`: IPV4_TCP,
+    /// IPV4_UDP, IPV4, IPV6_TCP, …, each TIR fed by the traffic-type table only with its
+    /// type) and as DPDK's mlx5 PMD expands an RSS action into one hash RX queue per
+    /// (L3, L4) pattern.
+    pub fn per_traffic_type(self) -> Vec<RxHashFields> {
+        let mut out = Vec::new();
+        let l4s = [
+            Self::SRC_PORT_TCP | Self::DST_PORT_TCP,
+            Self::SRC_PORT_UDP | Self::DST_PORT_UDP,
+        ];
+        for l3 in [
+            Self::SRC_IPV4 | Self::DST_IPV4,
+            Self::SRC_IPV6 | Self::DST_IPV6,
+        ] {
+            if !self.intersects(l3) {
+                continue;
+            }
+            for l4 in l4s {
+                if self.intersects(l4) {
+                    out.push(self & (l3 | l4));
+                }
+            }
+            out.push(self & l3);
+        }
+        if out.is_empty() {
+            // Ports without an address family: the L3 type is ignored.
+            for l4 in l4s {
+                if self.intersects(l4) {
+                    out.push(self & l4);
+                }
+            }
+        }
+        out.push(Self::empty());
+        out
+    }
 }
 
 /// The engine: every queue, memory region and the wire of one modelled port.
@@ -458,7 +557,11 @@ pub struct Engine {
     /// The UAR doorbell slots the SQs use, sampled every pass.
     pub(crate) uars: Vec<uar::UarSlot>,
     pub(crate) mrs: MrTable,
-    pub(crate) rss: Option<Rss>,
+    /// The hashing TIRs (empty: no RSS, every frame to the first RQ), and the steering
+    /// that picks one per frame (`None`: by the frame's traffic type, see
+    /// [`Engine::set_rss`]).
+    pub(crate) rss: Vec<Tir>,
+    pub(crate) steer: Option<Steer>,
     pub(crate) wire: FaultyWire,
     pub(crate) faults: Faults,
     pub(crate) stats: ModelStats,
@@ -524,7 +627,8 @@ impl Engine {
             rqs: Vec::new(),
             uars: Vec::new(),
             mrs: MrTable::new(),
-            rss: None,
+            rss: Vec::new(),
+            steer: None,
             wire: FaultyWire::new(wire),
             faults: Faults::default(),
             stats: ModelStats::default(),
@@ -854,9 +958,13 @@ impl Engine {
         Ok(())
     }
 
-    /// Sets RSS (an indirection table and a Toeplitz hash QP, §1.6 (B)): frames hash over
-    /// `fields` under `key`, and go to `table[hash & (len - 1)]` (§8 item 8). A frame with
-    /// none of the fields (not IP, or fields of another family) hashes to 0: entry 0.
+    /// Sets RSS the way a port with one hashing TIR per traffic type does (§1.6 (B)): for
+    /// `fields`, the TIRs of [`RxHashFields::per_traffic_type`], each over `table` (the last,
+    /// with no fields, over its first entry), and every frame goes to the most specific TIR
+    /// of its type: a frame hashes the selected fields of its own family and protocol under
+    /// `key`, and goes to `table[hash & (len - 1)]` (§8 item 8); a frame of no selected type
+    /// goes to entry 0. The fake rdma-core's ports, whose steering comes from their rules,
+    /// use [`Engine::set_tirs`].
     ///
     /// # Errors
     /// A table whose length is not a power of two, or naming an RQ this engine lacks.
@@ -866,35 +974,88 @@ impl Engine {
         fields: RxHashFields,
         table: &[u32],
     ) -> Result<(), EngineError> {
-        if !table.len().is_power_of_two() || table.len() > 1 << 16 {
-            return Err(EngineError::RssTable {
-                entries: table.len(),
-            });
+        let first = table.first().copied().into_iter().collect::<Vec<_>>();
+        let tirs = fields
+            .per_traffic_type()
+            .into_iter()
+            .map(|f| {
+                (
+                    key,
+                    f,
+                    if f.is_empty() {
+                        first.clone()
+                    } else {
+                        table.to_vec()
+                    },
+                )
+            })
+            .collect();
+        self.install(tirs, None)
+    }
+
+    /// Sets hashing TIRs (key, fields, table by RQ number each) and the steering that picks
+    /// the TIR of each frame (the port's flow rules). A frame of another type than its TIR
+    /// hashes (an IPv6 frame on an IPv4 TIR, UDP on a TCP one) gets hash 0 and entry 0 and
+    /// counts as `rx_hash_mismatch`: what the device does there is in no public source (spec
+    /// §9), and a driver never lets it happen (its rules match each TIR's type).
+    ///
+    /// # Errors
+    /// A table whose length is not a power of two, naming an RQ this engine lacks, or fields
+    /// no TIR takes (both families, both protocols, or none over more than one entry).
+    pub fn set_tirs(
+        &mut self,
+        tirs: Vec<([u8; 40], RxHashFields, Vec<u32>)>,
+        steer: Steer,
+    ) -> Result<(), EngineError> {
+        self.install(tirs, Some(steer))
+    }
+
+    fn install(
+        &mut self,
+        tirs: Vec<([u8; 40], RxHashFields, Vec<u32>)>,
+        steer: Option<Steer>,
+    ) -> Result<(), EngineError> {
+        for (_, fields, table) in &tirs {
+            if table.is_empty() || !table.len().is_power_of_two() || table.len() > 1 << 16 {
+                return Err(EngineError::RssTable {
+                    entries: table.len(),
+                });
+            }
+            if !fields.valid_for_one_tir() || (fields.is_empty() && table.len() > 1) {
+                return Err(EngineError::TirFields {
+                    fields: fields.bits(),
+                });
+            }
+            if let Some(&id) = table
+                .iter()
+                .find(|&&id| !self.rqs.iter().any(|q| q.rqn == id))
+            {
+                return Err(EngineError::NoSuchQueue { kind: "RQ", id });
+            }
         }
-        if let Some(&id) = table
-            .iter()
-            .find(|&&id| !self.rqs.iter().any(|q| q.rqn == id))
-        {
-            return Err(EngineError::NoSuchQueue { kind: "RQ", id });
-        }
-        self.rss = Some(Rss {
-            hasher: crate::net::toeplitz::Table::new(&key),
-            fields,
-            rqns: table.to_vec(),
-            table: Vec::new(),
-        });
+        self.rss = tirs
+            .into_iter()
+            .map(|(key, fields, rqns)| Tir {
+                hasher: crate::net::toeplitz::Table::new(&key),
+                fields,
+                rqns,
+                table: Vec::new(),
+            })
+            .collect();
+        self.steer = steer;
         self.rebuild_rss();
         Ok(())
     }
 
     /// Forgets the RSS setting: frames go to the first RQ.
     pub fn clear_rss(&mut self) {
-        self.rss = None;
+        self.rss.clear();
+        self.steer = None;
     }
 
     fn rebuild_rss(&mut self) {
         let rqs = &self.rqs;
-        if let Some(r) = &mut self.rss {
+        for r in &mut self.rss {
             r.table = r
                 .rqns
                 .iter()

@@ -27,7 +27,6 @@ use crate::hw::mlx5::wqe::{
     DataSeg, MprqByteCnt, MprqWqe, INVALID_LKEY, MPRQ_WQE_BYTES, SEG_BYTES,
 };
 use crate::net::parse::{self, IpHeader, L3, L4};
-use crate::net::toeplitz;
 
 /// TCP flags: ACK.
 const TCP_ACK: u8 = 0x10;
@@ -87,10 +86,11 @@ impl Engine {
             let cqes = if q.mprq.is_some() { 2 } else { 1 };
             posted && q.cq.room() >= cqes
         };
-        match &self.rss {
-            // Every RQ (the table names them, some perhaps many times).
-            Some(_) => self.rqs.iter().all(room),
-            None => self.rqs.first().is_none_or(room),
+        if self.rss.is_empty() {
+            self.rqs.first().is_none_or(room)
+        } else {
+            // Every RQ (the tables name them, some perhaps many times).
+            self.rqs.iter().all(room)
         }
     }
 
@@ -134,6 +134,18 @@ impl Engine {
 
     /// Delivers one frame.
     fn receive(&mut self, frame: &mut [u8]) {
+        // The TIR (the steering looks at the frame as it came), before the tag moves.
+        let tir = match (&self.steer, self.rss.len()) {
+            (_, 0) => None,
+            (Some(steer), _) => match steer(frame) {
+                Some(i) if i < self.rss.len() => Some(i),
+                _ => {
+                    self.stats.rx_unsteered += 1;
+                    return;
+                }
+            },
+            (None, _) => None,
+        };
         // The parser looks through one C-VLAN tag whether or not the RQ strips it.
         let tag = (frame.len() >= 18 && frame[12..14] == parse::ETHERTYPE_VLAN.to_be_bytes())
             .then(|| u16::from_be_bytes([frame[14], frame[15]]));
@@ -141,12 +153,15 @@ impl Engine {
             frame.copy_within(0..12, 4);
         }
         let untagged_at = if tag.is_some() { 4 } else { 0 };
-        let info = RxInfo::of(
-            &frame[untagged_at..],
-            self.rss.as_ref().map(|r| (&r.hasher, r.fields)),
-        );
-        let qi = match &self.rss {
-            Some(r) => r.table[(info.hash as usize) & (r.table.len() - 1)],
+        let (info, tir) = RxInfo::of(&frame[untagged_at..], &self.rss, tir);
+        let qi = match tir {
+            Some(t) => {
+                let r = &self.rss[t.index];
+                if t.mismatch {
+                    self.stats.rx_hash_mismatch += 1;
+                }
+                r.table[(info.hash as usize) & (r.table.len() - 1)]
+            }
             None => 0,
         };
         let Some(rq) = self.rqs.get(qi) else {
@@ -419,10 +434,12 @@ struct RxInfo {
 }
 
 impl RxInfo {
-    /// Classifies an untagged frame; with RSS, hashes the configured fields that the frame
-    /// has (Toeplitz, input in the order source address, destination address, source port,
-    /// destination port: §8 item 8).
-    fn of(frame: &[u8], rss: Option<(&toeplitz::Table, RxHashFields)>) -> Self {
+    /// Classifies an untagged frame; with RSS, hashes it on a TIR: `tir` when the port's
+    /// steering chose one, else the first of `tirs` (most specific first) whose type the
+    /// frame has. The TIR's selected fields of the frame's own family and protocol go into
+    /// the Toeplitz input in the order source address, destination address, source port,
+    /// destination port (§8 item 8); a frame of another type than its TIR hashes to 0.
+    fn of(frame: &[u8], tirs: &[super::Tir], tir: Option<usize>) -> (Self, Option<TirPick>) {
         let c = parse::classify(frame);
         let ip = parse::l3_start(frame).and_then(|(at, et)| IpHeader::parse(frame, at, et));
         let mut out = Self {
@@ -430,7 +447,7 @@ impl RxInfo {
             ..Self::default()
         };
         let alen = match c.l3 {
-            L3::Other => return out,
+            L3::Other => 0,
             L3::Ipv4 { csum_ok } => {
                 out.l4_l3_hdr_type |= hdr_type::L3_IPV4;
                 if csum_ok {
@@ -444,6 +461,35 @@ impl RxInfo {
                 16
             }
         };
+        let pick = |out: Self| {
+            let proto = match c.l4 {
+                L4::Tcp { .. } => Some(6),
+                L4::Udp { .. } => Some(17),
+                L4::Other => None,
+            };
+            let v6 = match alen {
+                0 => None,
+                4 => Some(false),
+                _ => Some(true),
+            };
+            let fits = |f: RxHashFields| {
+                f.l3_v6().is_none_or(|t| Some(t) == v6)
+                    && f.l4_proto().is_none_or(|p| Some(p) == proto)
+            };
+            let index = match tir {
+                Some(i) => i,
+                None => match tirs.iter().position(|t| fits(t.fields)) {
+                    Some(i) => i,
+                    None if tirs.is_empty() => return (out, None),
+                    None => 0,
+                },
+            };
+            let mismatch = !fits(tirs[index].fields);
+            (out, Some(TirPick { index, mismatch }))
+        };
+        if alen == 0 {
+            return pick(out);
+        }
         if ip.is_some_and(|ip| ip.fragment) {
             out.l4_l3_hdr_type |= hdr_type::FRAG;
         }
@@ -473,9 +519,11 @@ impl RxInfo {
             }
             L4::Other => {}
         }
-        let Some((key, fields)) = rss else {
-            return out;
+        let (mut out, chosen) = pick(out);
+        let Some(t) = chosen.filter(|t| !t.mismatch) else {
+            return (out, chosen);
         };
+        let (key, fields) = (&tirs[t.index].hasher, tirs[t.index].fields);
         // The NDIS-ordered tuple: addresses, then ports when L4 is TCP or UDP; each selected
         // field hashed where it lies in the frame, at its place in the input.
         let (addrs, ports) = c.rss_parts(frame);
@@ -532,6 +580,14 @@ impl RxInfo {
             }
         }
         out.hash = hash;
-        out
+        (out, chosen)
     }
+}
+
+/// The TIR a frame went to: its index, and whether the frame is of another type than the
+/// TIR hashes.
+#[derive(Debug, Clone, Copy)]
+struct TirPick {
+    index: usize,
+    mismatch: bool,
 }
