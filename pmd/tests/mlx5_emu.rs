@@ -990,12 +990,12 @@ fn per_type_tirs_give_the_microsoft_verification_hashes() {
             );
         }
     }
-    assert_eq!(h.stats().rx_hash_mismatch, 0);
+    assert_eq!(h.stats().rx_hash_wrong_type, 0);
 }
 
 /// TIRs chosen by the port's steering: a frame hashes on the TIR its rule names; one of
 /// another type than that TIR hashes (UDP on a TCP TIR) gets hash 0, entry 0, and counts as
-/// `rx_hash_mismatch`. Fields no TIR takes are refused, as the kernel refuses them.
+/// `rx_hash_wrong_type`. Fields no TIR takes are refused, as the kernel refuses them.
 #[test]
 fn a_steered_tir_hashes_only_its_own_type_and_counts_the_others() {
     let (m, h, mut peer) = world(0);
@@ -1029,7 +1029,7 @@ fn a_steered_tir_hashes_only_its_own_type_and_counts_the_others() {
     let mut want = vec![(q, l4_hash, hash_type::IPV4 | hash_type::TCP), (0, 0, 0)];
     want.sort();
     assert_eq!(got, want);
-    assert_eq!(h.stats().rx_hash_mismatch, 1);
+    assert_eq!(h.stats().rx_hash_wrong_type, 1);
 
     // create_rss_raw_qp_tir's refusals.
     let both = tcp | RxHashFields::SRC_PORT_UDP;

@@ -12,9 +12,11 @@
 //!   RESET→INIT(port)→RTR→RTS; `mlx5dv_init_obj(QP | CQ)`.
 //! * RX, per queue: a CQ (compressed with HASH mini CQEs when the device supports it,
 //!   through `mlx5dv_create_cq`, §1.4), a WQ of `nb_desc` one-SGE WQEs, RDY,
-//!   `mlx5dv_init_obj(RWQ | CQ)`; then the indirection table, the hashing QP (Toeplitz,
-//!   the key and fields of the port's RSS configuration) and the steering rules: the port's
-//!   MAC and broadcast, or everything in promiscuous mode (§1.6 B).
+//!   `mlx5dv_init_obj(RWQ | CQ)`; then the indirection table, one hashing QP per traffic
+//!   type of the port's RSS configuration (Toeplitz under its key; [`hash_qps`]: a TIR hashes
+//!   one family and one L4 protocol) and their steering rules: the port's MAC and
+//!   broadcast, or everything in promiscuous mode, each also matching its QP's type
+//!   (§1.6 B).
 //!
 //! Why context allocators (`mlx5dv_set_context_attr`) and not parent-domain allocators:
 //! the context's cover every object rdma-core allocates for a queue (QP, CQ and WQ buffers
@@ -35,7 +37,7 @@
 use super::alloc::Allocators;
 use super::events;
 use super::mlx5dv::{self, DvCaps};
-use super::objects::{Context, Cq, Domain, Flow, FlowMatch, IndTable, Mr, Pd, Qp, Wq};
+use super::objects::{Context, Cq, Domain, Flow, FlowMatch, FlowProto, IndTable, Mr, Pd, Qp, Wq};
 use super::VerbsError;
 use crate::devices::{self, resolve_port, sysfs_root, Family, PortSelector};
 use crate::ethdev::{Link, PortEvent, QueueOwner, QueueRef, RssFields};
@@ -86,10 +88,10 @@ struct TxObjects {
     _cq: Arc<Cq>,
 }
 
-/// The RX side: rules, hashing QP (which holds the table, the WQs and their CQs).
+/// The RX side: rules, then the hashing QPs (which hold the tables, the WQs and their CQs).
 struct RxObjects {
     _flows: Vec<Flow>,
-    _hash: Arc<Qp>,
+    _hash: Vec<Arc<Qp>>,
 }
 
 /// A send QP's state machine, for the TX queue's error recovery (spec §1.5): RESET, then
@@ -329,22 +331,81 @@ impl Mlx5Provider {
     }
 }
 
-/// `IBV_RX_HASH_*` for `rss`. A hashing QP takes one L3 family and at most one L4 protocol
-/// (§1.6 B): IPv4 is preferred over IPv6 and TCP over UDP when both are asked for.
-fn hash_fields(f: RssFields) -> u64 {
+/// One hashing QP of a port: the traffic type its rules match, the `IBV_RX_HASH_*` fields
+/// it hashes, and the rule priority (more specific types first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HashQp {
+    proto: FlowProto,
+    fields: u64,
+    priority: u16,
+}
+
+/// The hashing QPs for `rss`, most specific first. A TIR hashes one L3 family and at most one
+/// L4 protocol (kernel `create_rss_raw_qp_tir`: IPv4 with IPv6 fields, or TCP with UDP
+/// ports, is `EINVAL`; spec §1.6 B), so a port asking for several gets one QP per (family,
+/// protocol) pair and one per family alone, each fed by rules matching only its type, as
+/// DPDK's mlx5 PMD expands its RSS flows and the kernel's own netdev programs one indirect
+/// TIR per traffic type. The last QP hashes nothing and takes every other frame (non-IP, or
+/// a family not asked for): with no fields the kernel allows only a one-entry table, so it
+/// sends them all to the first queue.
+fn hash_qps(f: RssFields) -> Vec<HashQp> {
     use rdma_sys::ibv_rx_hash_fields as h;
-    let mut m = 0u64;
-    if f.contains(RssFields::IPV4) {
-        m |= (h::IBV_RX_HASH_SRC_IPV4 | h::IBV_RX_HASH_DST_IPV4).0 as u64;
-    } else if f.contains(RssFields::IPV6) {
-        m |= (h::IBV_RX_HASH_SRC_IPV6 | h::IBV_RX_HASH_DST_IPV6).0 as u64;
+    let mut out = Vec::new();
+    let families = [
+        (
+            RssFields::IPV4,
+            false,
+            (h::IBV_RX_HASH_SRC_IPV4 | h::IBV_RX_HASH_DST_IPV4).0 as u64,
+        ),
+        (
+            RssFields::IPV6,
+            true,
+            (h::IBV_RX_HASH_SRC_IPV6 | h::IBV_RX_HASH_DST_IPV6).0 as u64,
+        ),
+    ];
+    let protocols = [
+        (
+            RssFields::TCP,
+            6,
+            (h::IBV_RX_HASH_SRC_PORT_TCP | h::IBV_RX_HASH_DST_PORT_TCP).0 as u64,
+        ),
+        (
+            RssFields::UDP,
+            17,
+            (h::IBV_RX_HASH_SRC_PORT_UDP | h::IBV_RX_HASH_DST_PORT_UDP).0 as u64,
+        ),
+    ];
+    for (family, ipv6, ip) in families {
+        if !f.contains(family) {
+            continue;
+        }
+        for (proto, l4, ports) in protocols {
+            if f.contains(proto) {
+                out.push(HashQp {
+                    proto: FlowProto {
+                        ipv6: Some(ipv6),
+                        l4: Some(l4),
+                    },
+                    fields: ip | ports,
+                    priority: 0,
+                });
+            }
+        }
+        out.push(HashQp {
+            proto: FlowProto {
+                ipv6: Some(ipv6),
+                l4: None,
+            },
+            fields: ip,
+            priority: 1,
+        });
     }
-    if m != 0 && f.contains(RssFields::TCP) {
-        m |= (h::IBV_RX_HASH_SRC_PORT_TCP | h::IBV_RX_HASH_DST_PORT_TCP).0 as u64;
-    } else if m != 0 && f.contains(RssFields::UDP) {
-        m |= (h::IBV_RX_HASH_SRC_PORT_UDP | h::IBV_RX_HASH_DST_PORT_UDP).0 as u64;
-    }
-    m
+    out.push(HashQp {
+        proto: FlowProto::default(),
+        fields: 0,
+        priority: 2,
+    });
+    out
 }
 
 /// Link speed in Mb/s from the IB port's active width and speed codes (`ibv_port_attr`).
@@ -524,19 +585,26 @@ impl Provider for Mlx5Provider {
         }
         let table = IndTable::create(&self.ctx, queues.iter().map(|w| Arc::clone(&w.1)).collect())
             .map_err(verbs)?;
-        let hash = Qp::rss(
-            &domain,
-            &table,
-            &rss.key,
-            hash_fields(rss.fields),
-            format!("hashing QP of {}", self.name()),
-        )
-        .map_err(verbs)?;
-        self.objects.insert(hash.as_ptr() as usize, QueueRef::RxAll);
+        // The QP that hashes nothing needs a one-entry table: the first queue.
+        let first = IndTable::create(&self.ctx, vec![Arc::clone(&queues[0].1)]).map_err(verbs)?;
+        let mut hash = Vec::new();
         let mut flows = Vec::new();
-        for m in self.rules(req.promiscuous) {
-            flows.push(Flow::eth(&hash, self.port, m).map_err(verbs)?);
+        for q in hash_qps(rss.fields) {
+            let qp = Qp::rss(
+                &domain,
+                if q.fields == 0 { &first } else { &table },
+                &rss.key,
+                q.fields,
+                format!("hashing QP {:#x} of {}", q.fields, self.name()),
+            )
+            .map_err(verbs)?;
+            self.objects.insert(qp.as_ptr() as usize, QueueRef::RxAll);
+            for m in self.rules(req.promiscuous) {
+                flows.push(Flow::new(&qp, self.port, m, q.proto, q.priority).map_err(verbs)?);
+            }
+            hash.push(qp);
         }
+        // Rules first, then their QPs (a QP with rules is busy).
         let owner: QueueOwner = Arc::new(RxObjects {
             _flows: flows,
             _hash: hash,

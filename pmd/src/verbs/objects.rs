@@ -817,6 +817,16 @@ pub enum FlowMatch {
     },
 }
 
+/// The traffic type a steering rule matches beyond the MAC: an IP family (any addresses)
+/// and an L4 protocol (any ports), each `None` for any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FlowProto {
+    /// `Some(false)` IPv4 (an `ibv_flow_spec_ipv4`), `Some(true)` IPv6 (`ibv_flow_spec_ipv6`).
+    pub ipv6: Option<bool>,
+    /// 6 TCP, 17 UDP (an `ibv_flow_spec_tcp_udp` of that type).
+    pub l4: Option<u8>,
+}
+
 impl Flow {
     /// A rule on port `port` of `qp` for the frames `m` selects (one `ibv_flow_spec_eth`,
     /// priority 0, normal rule; all-zero value and mask is promiscuous, as DPDK does).
@@ -824,32 +834,120 @@ impl Flow {
     /// # Errors
     /// `ibv_create_flow` failed.
     pub fn eth(qp: &Arc<Qp>, port: u8, m: FlowMatch) -> Result<Self, VerbsError> {
-        #[repr(C)]
-        struct Rule {
-            attr: rdma_sys::ibv_flow_attr,
-            eth: rdma_sys::ibv_flow_spec_eth,
-        }
+        Self::new(qp, port, m, FlowProto::default(), 0)
+    }
+
+    /// A normal rule on port `port` of `qp` at `priority` (lower is matched first) for the
+    /// frames `m` selects that are also of traffic type `proto`: an `ibv_flow_spec_eth`,
+    /// then, as `proto` asks, an all-zero-mask IPv4 or IPv6 spec (the frame is of that
+    /// family) and an all-zero-mask TCP or UDP spec (of that protocol).
+    ///
+    /// # Errors
+    /// `ibv_create_flow` failed.
+    pub fn new(
+        qp: &Arc<Qp>,
+        port: u8,
+        m: FlowMatch,
+        proto: FlowProto,
+        priority: u16,
+    ) -> Result<Self, VerbsError> {
+        use rdma_sys::ibv_flow_spec_type as t;
+        use std::mem::size_of;
         let FlowMatch::Dst { mac, mask } = m;
         let what = format!(
-            "flow rule dst {} / {} on {}",
+            "flow rule dst {} / {}{}{} on {}",
             fmt_mac(&mac),
             fmt_mac(&mask),
+            match proto.ipv6 {
+                Some(false) => " ipv4",
+                Some(true) => " ipv6",
+                None => "",
+            },
+            match proto.l4 {
+                Some(6) => " tcp",
+                Some(17) => " udp",
+                _ => "",
+            },
             qp.what
         );
-        // SAFETY: all-zero is a valid rule (no specs filled yet).
-        let mut r: Rule = unsafe { std::mem::zeroed() };
-        r.attr.type_ = rdma_sys::ibv_flow_attr_type::IBV_FLOW_ATTR_NORMAL;
-        r.attr.size = std::mem::size_of::<Rule>() as u16;
-        r.attr.priority = 0;
-        r.attr.num_of_specs = 1;
-        r.attr.port = port;
-        r.eth.type_ = rdma_sys::ibv_flow_spec_type::IBV_FLOW_SPEC_ETH;
-        r.eth.size = std::mem::size_of::<rdma_sys::ibv_flow_spec_eth>() as u16;
-        r.eth.val.dst_mac = mac;
-        r.eth.mask.dst_mac = mask;
-        // SAFETY: the QP is live; the attribute and its one spec are laid out contiguously
-        // as `ibv_create_flow` reads them (`attr.size` covers both).
-        let p = unsafe { inl::ibv_create_flow(qp.as_ptr(), &mut r.attr) };
+        // The attribute and its specs back to back, as `ibv_create_flow` walks them (each
+        // spec by its own `size`), in 8-byte aligned storage.
+        let mut buf = [0u64; 32];
+        let mut at = size_of::<rdma_sys::ibv_flow_attr>();
+        let mut specs = 0u8;
+        let base = buf.as_mut_ptr().cast::<u8>();
+        let cap = std::mem::size_of_val(&buf);
+        let mut push = |at: &mut usize, spec: Spec| {
+            let n = match spec {
+                Spec::Eth(_) => size_of::<rdma_sys::ibv_flow_spec_eth>(),
+                Spec::V4(_) => size_of::<rdma_sys::ibv_flow_spec_ipv4>(),
+                Spec::V6(_) => size_of::<rdma_sys::ibv_flow_spec_ipv6>(),
+                Spec::L4(_) => size_of::<rdma_sys::ibv_flow_spec_tcp_udp>(),
+            };
+            assert!(*at + n <= cap, "flow rule too long");
+            // SAFETY: in bounds of `buf` (asserted); an unaligned typed write of a
+            // plain-data spec (its padding is never read here).
+            unsafe {
+                let p = base.add(*at);
+                match spec {
+                    Spec::Eth(v) => p.cast::<rdma_sys::ibv_flow_spec_eth>().write_unaligned(v),
+                    Spec::V4(v) => p.cast::<rdma_sys::ibv_flow_spec_ipv4>().write_unaligned(v),
+                    Spec::V6(v) => p.cast::<rdma_sys::ibv_flow_spec_ipv6>().write_unaligned(v),
+                    Spec::L4(v) => p
+                        .cast::<rdma_sys::ibv_flow_spec_tcp_udp>()
+                        .write_unaligned(v),
+                }
+            }
+            *at += n;
+            specs += 1;
+        };
+        // SAFETY: all-zero is a valid spec of each of these plain-data types.
+        let mut eth: rdma_sys::ibv_flow_spec_eth = unsafe { std::mem::zeroed() };
+        eth.type_ = t::IBV_FLOW_SPEC_ETH;
+        eth.size = size_of::<rdma_sys::ibv_flow_spec_eth>() as u16;
+        eth.val.dst_mac = mac;
+        eth.mask.dst_mac = mask;
+        push(&mut at, Spec::Eth(eth));
+        match proto.ipv6 {
+            Some(false) => {
+                // SAFETY: as above.
+                let mut ip: rdma_sys::ibv_flow_spec_ipv4 = unsafe { std::mem::zeroed() };
+                ip.type_ = t::IBV_FLOW_SPEC_IPV4;
+                ip.size = size_of::<rdma_sys::ibv_flow_spec_ipv4>() as u16;
+                push(&mut at, Spec::V4(ip));
+            }
+            Some(true) => {
+                // SAFETY: as above.
+                let mut ip: rdma_sys::ibv_flow_spec_ipv6 = unsafe { std::mem::zeroed() };
+                ip.type_ = t::IBV_FLOW_SPEC_IPV6;
+                ip.size = size_of::<rdma_sys::ibv_flow_spec_ipv6>() as u16;
+                push(&mut at, Spec::V6(ip));
+            }
+            None => {}
+        }
+        if let Some(p) = proto.l4 {
+            // SAFETY: as above.
+            let mut l4: rdma_sys::ibv_flow_spec_tcp_udp = unsafe { std::mem::zeroed() };
+            l4.type_ = if p == 6 {
+                t::IBV_FLOW_SPEC_TCP
+            } else {
+                t::IBV_FLOW_SPEC_UDP
+            };
+            l4.size = size_of::<rdma_sys::ibv_flow_spec_tcp_udp>() as u16;
+            push(&mut at, Spec::L4(l4));
+        }
+        // SAFETY: all-zero is a valid attribute.
+        let mut attr: rdma_sys::ibv_flow_attr = unsafe { std::mem::zeroed() };
+        attr.type_ = rdma_sys::ibv_flow_attr_type::IBV_FLOW_ATTR_NORMAL;
+        attr.size = at as u16;
+        attr.priority = priority;
+        attr.num_of_specs = specs;
+        attr.port = port;
+        // SAFETY: the attribute at offset 0 of the 8-byte aligned buffer, which it fits.
+        unsafe { base.cast::<rdma_sys::ibv_flow_attr>().write(attr) };
+        // SAFETY: the QP is live; the attribute and its specs lie back to back in `buf` as
+        // `ibv_create_flow` reads them (`attr.size` covers them all).
+        let p = unsafe { inl::ibv_create_flow(qp.as_ptr(), base.cast()) };
         let ptr = NonNull::new(p)
             .ok_or_else(|| VerbsError::new("ibv_create_flow", what.clone(), errno()))?;
         Ok(Self {
@@ -858,6 +956,14 @@ impl Flow {
             what,
         })
     }
+}
+
+/// One spec of a flow rule being laid out.
+enum Spec {
+    Eth(rdma_sys::ibv_flow_spec_eth),
+    V4(rdma_sys::ibv_flow_spec_ipv4),
+    V6(rdma_sys::ibv_flow_spec_ipv6),
+    L4(rdma_sys::ibv_flow_spec_tcp_udp),
 }
 
 fn fmt_mac(m: &[u8; 6]) -> String {

@@ -36,9 +36,9 @@
 
 use crate::kick::{Live, Runner};
 use crate::mlx5::cq::Cq;
-use crate::mlx5::flow::Steering;
+use crate::mlx5::flow::{Steering, Tir};
 use crate::verbs::{device_name, Device};
-use pmd::emu::mlx5::{CqSpec, Engine, RqSpec, RxHashFields, SqSpec};
+use pmd::emu::mlx5::{CqSpec, Engine, RqSpec, RxHashFields, SqSpec, Steer};
 use pmd::emu::thread::EngineCore;
 use pmd::emu::wire::{self, Wire};
 use pmd::sys::DevMem;
@@ -195,7 +195,7 @@ struct PortNic {
     runner: Option<Runner<Engine>>,
     queues: usize,
     steering: Arc<Mutex<Steering>>,
-    rss: Option<([u8; 40], u32, Vec<u32>)>,
+    rss: Vec<Tir>,
 }
 
 /// Every mlx5 engine of the process and the memory regions they may reach.
@@ -250,7 +250,7 @@ impl Mlx5Nics {
                 libc::ENOMEM
             })?;
             port.runner = Some(runner);
-            port.rss = None;
+            port.rss = Vec::new();
         }
         // An inline engine kept through a servicing: its queues' kicks drive it again.
         if let Some(r) = &mut port.runner {
@@ -278,7 +278,7 @@ impl Mlx5Nics {
                     // Dropping the runner stops and joins its thread, then drops the
                     // engine and its wire (kick handles keep an empty core).
                     p.runner = None;
-                    p.rss = None;
+                    p.rss = Vec::new();
                 }
             }
         }
@@ -463,23 +463,39 @@ impl Mlx5Nics {
         self.stop_if_idle(dev);
     }
 
-    /// The port's steering rules and RSS setting (key, hash fields, table by RQ number):
-    /// the filter takes the rules at once; the engine gets the RSS setting (or loses it).
-    pub fn set_steering(&mut self, dev: u32, s: Steering, rss: Option<([u8; 40], u32, Vec<u32>)>) {
+    /// The port's steering rules and their hashing QPs' TIRs (key, hash fields, table by RQ
+    /// number; `Steering::tirs` names each rule's): the filter takes the rules at once; the
+    /// engine gets the TIRs and picks a frame's by the rule it matches (or loses them all:
+    /// empty).
+    pub fn set_steering(&mut self, dev: u32, s: Steering, rss: Vec<Tir>) {
         let port = self.ports.entry(dev).or_default();
-        // The RSS setting first, so a frame the new rules admit finds it.
+        let steering = Arc::clone(&port.steering);
+        // The TIRs first, so a frame the new rules admit finds them.
         if let Some(t) = &port.runner {
             if port.rss != rss {
                 let mut e = t.core().lock();
-                match &rss {
-                    Some((key, fields, table)) => {
-                        if let Err(err) =
-                            e.set_rss(*key, RxHashFields::from_bits_truncate(*fields), table)
-                        {
-                            eprintln!("fake-rdma: the device model refuses the RSS setting: {err}");
-                        }
+                if rss.is_empty() {
+                    e.clear_rss();
+                } else {
+                    let tirs = rss
+                        .iter()
+                        .map(|(key, fields, table)| {
+                            (
+                                *key,
+                                RxHashFields::from_bits_truncate(*fields),
+                                table.clone(),
+                            )
+                        })
+                        .collect();
+                    let steer: Steer = Arc::new(move |frame: &[u8]| {
+                        steering
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .tir_of(frame)
+                    });
+                    if let Err(err) = e.set_tirs(tirs, steer) {
+                        eprintln!("fake-rdma: the device model refuses the RSS setting: {err}");
                     }
-                    None => e.clear_rss(),
                 }
                 drop(e);
                 port.rss = rss;

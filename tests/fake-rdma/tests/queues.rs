@@ -54,11 +54,6 @@ const QUEUES: usize = 4;
 /// Distinct 5-tuples pktgen sends.
 const FLOWS: u32 = 64;
 
-/// pktgen's source addresses, one per flow. The flows differ in their source address, not
-/// their UDP port: the `mlx5:` port's hashing QP hashes one L4 protocol, TCP when the port
-/// asks for both (pmd's default fields), so UDP frames spread there by addresses only.
-const SRC_IPS: &str = "198.18.0.1-198.18.0.64";
-
 /// One run at a time in this file: traffic beside another run (on a 2-core machine)
 /// starves l2fwd's rings, which then drop what they cannot take.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -85,15 +80,17 @@ fn per_queue(stats: &serde_json::Value, dir: &str) -> Vec<u64> {
         .collect()
 }
 
-/// [`FRAMES`] frames of [`FLOWS`] flows from pktgen through l2fwd on `pair`, whose ports
-/// have [`QUEUES`] RX and TX queues each.
-fn spread(nic: &str, pair: impl Fn(&str) -> Pair) {
-    let _one = serial();
-    let tag = format!("q{nic}{}", std::process::id());
-    let pair = pair(&tag);
+/// l2fwd on `pair`'s ports ([`QUEUES`] RX and TX queues each) forwarding what pktgen,
+/// run with `traffic`, sends: `frames` frames, each arriving and counted once. Returns
+/// l2fwd's report, its output and the context for messages.
+fn forward(
+    pair: &Pair,
+    cores: &[usize],
+    frames: u64,
+    traffic: &[&str],
+) -> (serde_json::Value, std::process::Output, String) {
     let fake = Fake::new(Some(&pair.world));
     let shm = fake.shm_dir();
-    let cores = lcores();
     let list: Vec<String> = cores.iter().map(usize::to_string).collect();
     let ports = pair.l2fwd.map(|p| format!("{p},rxq={QUEUES},txq={QUEUES}"));
 
@@ -107,8 +104,8 @@ fn spread(nic: &str, pair: impl Fn(&str) -> Pair) {
     let l2 = l2.spawn().expect("start l2fwd");
     let p = integration_tests::own_runtime_dir(&mut Command::new(bin("pktgen")))
         .args(["--port", &pair.pktgen[0], "--port", &pair.pktgen[1]])
-        .args(["--count", &FRAMES.to_string(), "--rate", &RATE.to_string()])
-        .args(["--flows", &FLOWS.to_string(), "--src-ip", SRC_IPS])
+        .args(["--count", &frames.to_string(), "--rate", &RATE.to_string()])
+        .args(traffic)
         .args(["--json", "--no-telemetry", "--link-timeout", "30"])
         .args(["--drain-timeout", "5"])
         .env_remove("PMD_LOG")
@@ -121,15 +118,38 @@ fn spread(nic: &str, pair: impl Fn(&str) -> Pair) {
     assert!(p.status.success() && l.status.success(), "{ctx}");
 
     let pj: serde_json::Value = serde_json::from_slice(&p.stdout).expect("pktgen json");
-    assert_eq!(pj["tx_packets"], FRAMES, "{ctx}");
-    assert_eq!(pj["rx_packets"], FRAMES, "{ctx}");
+    assert_eq!(pj["tx_packets"], frames, "{ctx}");
+    assert_eq!(pj["rx_packets"], frames, "{ctx}");
     assert_eq!(pj["lost"], 0, "{ctx}");
 
     let lj: serde_json::Value = serde_json::from_slice(&l.stdout).expect("l2fwd json");
-    assert_eq!(lj["rx_packets"], FRAMES, "{ctx}");
-    assert_eq!(lj["tx_packets"], FRAMES, "{ctx}");
+    assert_eq!(lj["rx_packets"], frames, "{ctx}");
+    assert_eq!(lj["tx_packets"], frames, "{ctx}");
     assert_eq!(lj["dropped"], 0, "{ctx}");
     assert_eq!(lj["pool_in_use"], 0, "the pool is whole: {ctx}");
+    assert_eq!(live_at_exit(&l), Some(0), "{ctx}");
+    assert_eq!(
+        String::from_utf8_lossy(&l.stderr)
+            .matches("queue-buffer allocators: every buffer given back")
+            .count(),
+        2,
+        "{ctx}"
+    );
+    (lj, l, ctx)
+}
+
+/// [`FRAMES`] frames of [`FLOWS`] flows from pktgen through l2fwd on `pair`, whose ports
+/// have [`QUEUES`] RX and TX queues each.
+fn spread(nic: &str, pair: impl Fn(&str) -> Pair) {
+    let _one = serial();
+    let tag = format!("q{nic}{}", std::process::id());
+    let pair = pair(&tag);
+    let cores = lcores();
+    let list: Vec<String> = cores.iter().map(usize::to_string).collect();
+    // The flows differ only in their UDP source port: spread over the queues, they show
+    // that the ports hash UDP ports (an `mlx5:` port with one hashing QP, which a TIR
+    // limits to one L4 protocol, hashed UDP frames by their addresses only: one queue).
+    let (lj, _, ctx) = forward(&pair, &cores, FRAMES, &["--flows", &FLOWS.to_string()]);
 
     let stats = [&lj["ports"][0]["stats"], &lj["ports"][1]["stats"]];
     let rx = per_queue(stats[0], "rx_queues");
@@ -154,15 +174,6 @@ fn spread(nic: &str, pair: impl Fn(&str) -> Pair) {
     // Nothing the other way.
     assert_eq!(per_queue(stats[1], "rx_queues").iter().sum::<u64>(), 0);
     assert_eq!(per_queue(stats[0], "tx_queues").iter().sum::<u64>(), 0);
-
-    assert_eq!(live_at_exit(&l), Some(0), "{ctx}");
-    assert_eq!(
-        String::from_utf8_lossy(&l.stderr)
-            .matches("queue-buffer allocators: every buffer given back")
-            .count(),
-        2,
-        "{ctx}"
-    );
 }
 
 /// 4 RQs of `mana_0` port 1 ring one doorbell page (their context's), its SQs another's:
@@ -176,4 +187,106 @@ fn four_queues_per_mana_port_share_the_traffic_and_lose_nothing() {
 #[test]
 fn four_queues_per_mlx5_port_share_the_traffic_and_lose_nothing() {
     spread("mlx5", Pair::mlx5);
+}
+
+/// Microsoft's RSS verification tuples (source, destination), sent as TCP, UDP and ICMP.
+type Endpoint = ([u8; 4], u16);
+const TUPLES: [(Endpoint, Endpoint); 5] = [
+    (([66, 9, 149, 187], 2794), ([161, 142, 100, 80], 1766)),
+    (([199, 92, 111, 2], 14230), ([65, 69, 140, 83], 4739)),
+    (([24, 19, 198, 95], 12898), ([12, 22, 207, 184], 38024)),
+    (([38, 27, 205, 30], 48228), ([209, 142, 163, 6], 2217)),
+    (([153, 39, 163, 191], 44251), ([202, 188, 127, 2], 1303)),
+];
+
+/// Their Toeplitz hashes under DPDK's default key (pmd's default), over the addresses and
+/// over the addresses and ports: golden data computed outside this project, by DPDK's own
+/// `rte_softrss` (`rte_thash.h` of Debian's dpdk-dev 22.11) on the tuples in host order.
+const GOLDEN: [(u32, u32); 5] = [
+    (0x27cc_1570, 0x85d3_6feb),
+    (0x4ad6_a48c, 0xaaef_97ac),
+    (0xa709_f56d, 0x8b7d_dcf5),
+    (0x502f_c7e3, 0x4514_1288),
+    (0xf67a_7ce1, 0x1dea_abe7),
+];
+
+/// Each traffic type on an `mlx5:` port hashes its own fields, on its own hashing QP: TCP
+/// and UDP frames their 4-tuple, ICMP its addresses, ARP and IPv6 (a family the port does
+/// not hash) nothing (the first queue). The queue of each frame is the golden hash's low
+/// bits over the 4-entry table, and l2fwd's per-queue counts must equal those exactly.
+/// One hashing QP (TCP and IPv4, the old driver) put the UDP frames where their addresses
+/// hash.
+#[test]
+fn mlx5_queues_follow_dpdks_hashes_of_each_traffic_type() {
+    let _one = serial();
+    let tag = format!("qg{}", std::process::id());
+    let pair = Pair::mlx5(&tag);
+    let dst_mac = [2, 0, 0, 0, 0x20, 1];
+    let src_mac = [2, 0, 0, 0, 0x30, 1];
+    let mut frames: Vec<(Vec<u8>, usize)> = Vec::new();
+    let eth = || etherparse::PacketBuilder::ethernet2(src_mac, dst_mac);
+    for (((src, sport), (dst, dport)), (ip_hash, l4_hash)) in TUPLES.into_iter().zip(GOLDEN) {
+        let l4 = (l4_hash & 3) as usize;
+        let mut f = Vec::new();
+        eth()
+            .ipv4(src, dst, 64)
+            .tcp(sport, dport, 1, 1000)
+            .write(&mut f, &[0; 8])
+            .unwrap();
+        frames.push((f, l4));
+        let mut f = Vec::new();
+        eth()
+            .ipv4(src, dst, 64)
+            .udp(sport, dport)
+            .write(&mut f, &[0; 8])
+            .unwrap();
+        frames.push((f, l4));
+        let mut f = Vec::new();
+        eth()
+            .ipv4(src, dst, 64)
+            .icmpv4_echo_request(1, 1)
+            .write(&mut f, &[0; 8])
+            .unwrap();
+        frames.push((f, (ip_hash & 3) as usize));
+    }
+    let mut f = Vec::new();
+    eth()
+        .ipv6(
+            [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+            64,
+        )
+        .udp(1000, 2000)
+        .write(&mut f, &[0; 8])
+        .unwrap();
+    frames.push((f, 0));
+    let mut arp = vec![0xff; 6];
+    arp.extend_from_slice(&src_mac);
+    arp.extend_from_slice(&[0x08, 0x06]);
+    arp.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+    arp.resize(60, 0);
+    frames.push((arp, 0));
+
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("types.pcap");
+    let mut w = pcap_file::pcap::PcapWriter::new(std::fs::File::create(&pcap).unwrap()).unwrap();
+    for (f, _) in &frames {
+        w.write_packet(&pcap_file::pcap::PcapPacket::new(
+            std::time::Duration::ZERO,
+            f.len() as u32,
+            f,
+        ))
+        .unwrap();
+    }
+    drop(w);
+    const ROUNDS: u64 = 20;
+    let mut want = [0u64; QUEUES];
+    for (_, q) in &frames {
+        want[*q] += ROUNDS;
+    }
+    let total = ROUNDS * frames.len() as u64;
+    let (lj, _, ctx) = forward(&pair, &lcores(), total, &["--pcap", pcap.to_str().unwrap()]);
+    let rx = per_queue(&lj["ports"][0]["stats"], "rx_queues");
+    eprintln!("port 0 rx per queue {rx:?}, want {want:?}");
+    assert_eq!(rx, want, "{ctx}");
 }

@@ -304,6 +304,7 @@ impl Provider for ModelPort {
             ),
             ("dev_rx_cq_full".into(), s.rx_cq_full),
             ("dev_rx_fault_drops".into(), s.rx_fault_drops),
+            ("dev_rx_hash_wrong_type".into(), s.rx_hash_wrong_type),
             ("dev_tx_cq_stalls".into(), s.tx_cq_stalls),
             ("dev_tx_bad_doorbells".into(), s.tx_bad_doorbells),
             ("dev_sq_resets".into(), s.sq_resets),

@@ -8,10 +8,10 @@
 //! rule it matches, in the device's order (NORMAL rules by priority, multicast-only NORMAL
 //! rules in the multicast priority after them, then the leftovers: MC_DEFAULT for
 //! multicast, ALL_DEFAULT for everything); a frame no rule matches goes to the kernel's
-//! netdev, i.e. not to any RQ of ours. The device model has one RSS setting per port, so
-//! the hash QPs with rules on a port must share their table and key (their hash fields are
-//! merged: each frame hashes the fields of its own protocol, as per-protocol hash QPs do);
-//! frames are taken only while every RQ of that table is RDY (see RULES.md).
+//! netdev, i.e. not to any RQ of ours. Each hashing QP is a TIR of its own (its key, fields
+//! and table); a frame hashes on the TIR of the rule it matched, and one of another type
+//! than that TIR hashes counts as the model's `rx_hash_wrong_type`; frames are taken only
+//! while every RQ of every table is RDY (see RULES.md).
 
 use super::caps;
 use super::qp::Qp;
@@ -76,12 +76,18 @@ pub struct Matcher {
     pub drop: bool,
 }
 
-/// The steering state of a port: its rules in order, and whether the RQs they lead to
-/// are all ready.
+/// A hashing QP's TIR as the device model takes it: key, `IBV_RX_HASH_*` fields, the
+/// table by RQ number.
+pub type Tir = ([u8; 40], u32, Vec<u32>);
+
+/// The steering state of a port: its rules in order, the TIR each leads to, and whether the
+/// RQs they lead to are all ready.
 #[derive(Debug, Clone, Default)]
 pub struct Steering {
     /// Rules, in the device's order.
     pub rules: Vec<Matcher>,
+    /// `tirs[i]`: the index of rule `i`'s hashing QP among the port's TIRs.
+    pub tirs: Vec<usize>,
     /// Every RQ of the RSS table is RDY.
     pub ready: bool,
 }
@@ -201,6 +207,13 @@ impl Steering {
             .iter()
             .find(|r| r.matches(frame, &h))
             .is_some_and(|r| !r.drop)
+    }
+
+    /// The TIR of the first rule `frame` matches (the one [`Steering::accepts`] went by).
+    pub fn tir_of(&self, frame: &[u8]) -> Option<usize> {
+        let h = Headers::of(frame)?;
+        let i = self.rules.iter().position(|r| r.matches(frame, &h))?;
+        self.tirs.get(i).copied()
     }
 }
 
@@ -466,8 +479,9 @@ pub unsafe extern "C" fn destroy_flow_slot(flow: *mut ibv_flow) -> c_int {
 }
 
 /// Recomputes device `dev`'s steering from its live rules and queues and hands it to the
-/// device model: the rules in order, the RSS setting of their hash QPs (table, key, merged
-/// fields), and whether every RQ of the table is RDY.
+/// device model: the rules in order, the TIR of each rule's hashing QP (its key, fields and
+/// table: one per QP, as each RSS QP is a TIR of its own, kernel `create_rss_raw_qp_tir`),
+/// and whether every RQ of every table is RDY.
 pub fn sync(st: &mut State, dev: u32) {
     // Rules of a disassociated context were destroyed by the kernel: they steer no more
     // (and their QPs may be gone).
@@ -481,8 +495,15 @@ pub fn sync(st: &mut State, dev: u32) {
         .filter(|f| unsafe { (*f.qp).device } == dev)
         .collect();
     flows.sort_by_key(|f| f.rule.rank);
-    let mut rss: Option<([u8; 40], u32, Vec<u32>, bool)> = None;
+    let mut qps: Vec<*mut Qp> = Vec::new();
+    let mut tirs: Vec<Tir> = Vec::new();
+    let mut of_rule = Vec::new();
+    let mut ready = !flows.is_empty();
     for f in &flows {
+        if let Some(i) = qps.iter().position(|&q| q == f.qp) {
+            of_rule.push(i);
+            continue;
+        }
         // SAFETY: as above; a flow's QP is an RSS QP (create_flow_slot).
         let q = unsafe { &*f.qp };
         let r = q.rss.as_ref().expect("rules are on RSS QPs");
@@ -490,29 +511,18 @@ pub fn sync(st: &mut State, dev: u32) {
         let t = unsafe { &*r.table };
         // SAFETY: the table's WQs cannot be destroyed while it exists.
         let wqs: Vec<&Wq> = t.wqs.iter().map(|&w| unsafe { &*w }).collect();
-        let table: Vec<u32> = wqs.iter().map(|w| w.wq.wq_num).collect();
-        let ready = wqs.iter().all(|w| w.served && w.wq.state == IBV_WQS_RDY);
+        ready &= wqs.iter().all(|w| w.served && w.wq.state == IBV_WQS_RDY);
         // The model hashes the four-tuple fields (IPSEC_SPI and INNER are not modelled).
         let fields = (r.fields & 0xff) as u32;
-        match &mut rss {
-            None => rss = Some((r.key, fields, table, ready)),
-            Some((key, f0, t0, _)) => {
-                if *key != r.key || *t0 != table {
-                    die(
-                        "ibv_create_flow",
-                        "rules on hash QPs with different indirection tables or keys: the device model has one RSS setting per port",
-                    );
-                }
-                *f0 |= fields;
-            }
-        }
+        of_rule.push(tirs.len());
+        qps.push(f.qp);
+        tirs.push((r.key, fields, wqs.iter().map(|w| w.wq.wq_num).collect()));
     }
     let steering = Steering {
         rules: flows.iter().map(|f| f.rule.clone()).collect(),
-        ready: rss.as_ref().is_some_and(|r| r.3),
+        tirs: of_rule,
+        ready,
     };
-    let setting = rss
-        .filter(|r| r.3)
-        .map(|(key, fields, table, _)| (key, fields, table));
-    st.mlx5_nics.set_steering(dev, steering, setting);
+    st.mlx5_nics
+        .set_steering(dev, steering, if ready { tirs } else { Vec::new() });
 }

@@ -112,9 +112,9 @@ pub struct ModelStats {
     pub rx_no_wqe: u64,
     /// Frames a hashing TIR received whose L3 family or L4 protocol is not the one it hashes
     /// (given hash 0 and table entry 0; see [`Engine::set_tirs`]).
-    pub rx_hash_mismatch: u64,
+    pub rx_hash_wrong_type: u64,
     /// Frames the port's steering sent to no TIR (its rules changed meanwhile): dropped.
-    pub rx_unsteered: u64,
+    pub rx_unsteered_drops: u64,
     /// Frames larger than the posted WQE (RESP_ERR LOCAL_LENGTH, WQE consumed; striding RQ:
     /// larger than a whole WQE, the rest of the WQE consumed).
     pub rx_oversize: u64,
@@ -472,7 +472,7 @@ pub(crate) struct Tir {
 /// Which TIR a frame from the wire goes to (its index in the setting), decided by the port's
 /// steering rules (the fake rdma-core's `ibv_create_flow` rules); `None`: no rule takes it
 /// any more (the rules changed after the wire let it through), and it is dropped
-/// (`rx_unsteered`).
+/// (`rx_unsteered_drops`).
 pub type Steer = std::sync::Arc<dyn Fn(&[u8]) -> Option<usize> + Send + Sync>;
 
 impl RxHashFields {
@@ -507,7 +507,7 @@ impl RxHashFields {
         let v6 = self.intersects(Self::SRC_IPV6 | Self::DST_IPV6);
         let tcp = self.intersects(Self::SRC_PORT_TCP | Self::DST_PORT_TCP);
         let udp = self.intersects(Self::SRC_PORT_UDP | Self::DST_PORT_UDP);
-        !(v4 && v6) && !(tcp && udp)
+        !((v4 && v6) || (tcp && udp))
     }
 
     /// The per-traffic-type TIRs a port hashing `self` needs, most specific first: for each
@@ -996,7 +996,7 @@ impl Engine {
     /// Sets hashing TIRs (key, fields, table by RQ number each) and the steering that picks
     /// the TIR of each frame (the port's flow rules). A frame of another type than its TIR
     /// hashes (an IPv6 frame on an IPv4 TIR, UDP on a TCP one) gets hash 0 and entry 0 and
-    /// counts as `rx_hash_mismatch`: what the device does there is in no public source (spec
+    /// counts as `rx_hash_wrong_type`: what the device does there is in no public source (spec
     /// §9), and a driver never lets it happen (its rules match each TIR's type).
     ///
     /// # Errors

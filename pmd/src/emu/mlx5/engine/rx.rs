@@ -140,7 +140,7 @@ impl Engine {
             (Some(steer), _) => match steer(frame) {
                 Some(i) if i < self.rss.len() => Some(i),
                 _ => {
-                    self.stats.rx_unsteered += 1;
+                    self.stats.rx_unsteered_drops += 1;
                     return;
                 }
             },
@@ -158,7 +158,7 @@ impl Engine {
             Some(t) => {
                 let r = &self.rss[t.index];
                 if t.mismatch {
-                    self.stats.rx_hash_mismatch += 1;
+                    self.stats.rx_hash_wrong_type += 1;
                 }
                 r.table[(info.hash as usize) & (r.table.len() - 1)]
             }
