@@ -71,11 +71,27 @@ fn a_failure_at_each_bringup_step_is_clear_and_leaves_nothing_alive() {
             "rx queue 0 of mlx5_0 port 1: WQ to state 1",
         ),
         ("ibv_create_rwq_ind_table", "indirection table"),
-        ("ibv_create_qp_ex#2", "hashing QP of mlx5_0 port 1"),
-        ("ibv_create_flow", "flow rule dst 02:00:00:00:20:01"),
-        ("ibv_create_flow#2", "flow rule dst ff:ff:ff:ff:ff:ff"),
+        ("ibv_create_rwq_ind_table#2", "indirection table"),
+        // One hashing QP per traffic type (IPv4/TCP, IPv4/UDP, IPv4, the rest), each with
+        // its rules.
+        ("ibv_create_qp_ex#2", "hashing QP 0x33 of mlx5_0 port 1"),
+        (
+            "ibv_create_flow",
+            "flow rule dst 02:00:00:00:20:01 / ff:ff:ff:ff:ff:ff ipv4 tcp",
+        ),
+        (
+            "ibv_create_flow#2",
+            "flow rule dst ff:ff:ff:ff:ff:ff / ff:ff:ff:ff:ff:ff ipv4 tcp",
+        ),
+        ("ibv_create_qp_ex#3", "hashing QP 0xc3 of mlx5_0 port 1"),
+        ("ibv_create_flow#4", "ff:ff:ff:ff:ff:ff ipv4 udp"),
+        ("ibv_create_qp_ex#5", "hashing QP 0x0 of mlx5_0 port 1"),
+        (
+            "ibv_create_flow#8",
+            "flow rule dst ff:ff:ff:ff:ff:ff / ff:ff:ff:ff:ff:ff on hashing QP 0x0",
+        ),
         // The second port: the first is torn down as well.
-        ("ibv_create_qp_ex#3", "tx queue 0 of mlx5_1 port 1: QP"),
+        ("ibv_create_qp_ex#6", "tx queue 0 of mlx5_1 port 1: QP"),
     ];
     // Calls that only touch user-space state (mlx5dv_query_device,
     // mlx5dv_set_context_attr, mlx5dv_init_obj) cannot fail this way and are not listed.
@@ -150,6 +166,16 @@ fn bringup_and_teardown_follow_dpdks_order() {
         "ibv_create_wq",
         "ibv_modify_wq",
         "ibv_create_rwq_ind_table",
+        "ibv_create_rwq_ind_table",
+        "ibv_create_qp_ex",
+        "ibv_create_flow",
+        "ibv_create_flow",
+        "ibv_create_qp_ex",
+        "ibv_create_flow",
+        "ibv_create_flow",
+        "ibv_create_qp_ex",
+        "ibv_create_flow",
+        "ibv_create_flow",
         "ibv_create_qp_ex",
         "ibv_create_flow",
         "ibv_create_flow",
@@ -170,6 +196,18 @@ fn bringup_and_teardown_follow_dpdks_order() {
         "ibv_destroy_cq",
         "ibv_destroy_flow",
         "ibv_destroy_flow",
+        "ibv_destroy_flow",
+        "ibv_destroy_flow",
+        "ibv_destroy_flow",
+        "ibv_destroy_flow",
+        "ibv_destroy_flow",
+        "ibv_destroy_flow",
+        // The three hashing QPs over the port's table, which goes with the last of them;
+        // then the one over the first queue's table.
+        "ibv_destroy_qp",
+        "ibv_destroy_qp",
+        "ibv_destroy_qp",
+        "ibv_destroy_rwq_ind_table",
         "ibv_destroy_qp",
         "ibv_destroy_rwq_ind_table",
         "ibv_destroy_wq",
@@ -187,8 +225,9 @@ fn bringup_and_teardown_follow_dpdks_order() {
     assert_eq!(down[teardown.len()..], teardown, "{calls:?}");
 }
 
-/// l2fwd asks for promiscuous mode by default (as DPDK's l2fwd): one rule per port that
-/// matches every frame instead of the port's MAC and broadcast.
+/// l2fwd asks for promiscuous mode by default (as DPDK's l2fwd): one rule per hashing QP
+/// (4 per port: IPv4/TCP, IPv4/UDP, IPv4, the rest) that matches every frame of its type
+/// instead of the port's MAC and broadcast.
 #[test]
 fn promiscuous_mode_is_one_catch_all_rule() {
     let fake = Fake::new(Some(NO_WIRES));
@@ -198,9 +237,9 @@ fn promiscuous_mode_is_one_catch_all_rule() {
         (n, String::from_utf8_lossy(&o.stderr).into_owned())
     };
     let (n, _) = flows(&[]);
-    assert_eq!(n, 2, "one rule per port");
+    assert_eq!(n, 8, "one rule per hashing QP");
     let (n, _) = flows(&["--no-promiscuous"]);
-    assert_eq!(n, 4, "MAC and broadcast per port");
+    assert_eq!(n, 16, "MAC and broadcast per hashing QP");
 }
 
 /// A port is found by device, by its netdev's MAC or by its netdev's name; a selector that
