@@ -748,6 +748,17 @@ fn the_model_exposes_the_raw_queues_it_handed_out() {
     assert_eq!(txq[0].tx_vp_offset, 3);
     assert_ne!(rxq[0].rq_id, rxq[1].rq_id);
     assert_eq!(txq[0].db_page.len(), 4096);
+    // One doorbell page for the port's queues, as rdma-core maps one per context; each
+    // queue has a monitor of its own writes (the model's view of every doorbell).
+    assert!(Arc::ptr_eq(&txq[0].db_page, &rxq[0].db_page));
+    assert!(Arc::ptr_eq(&rxq[0].db_page, &rxq[1].db_page));
+    let monitors: Vec<_> = txq
+        .iter()
+        .map(|q| q.db_monitor.clone())
+        .chain(rxq.iter().map(|q| q.db_monitor.clone()))
+        .map(|m| m.expect("a monitor per queue"))
+        .collect();
+    assert!(!Arc::ptr_eq(&monitors[0], &monitors[1]) && !Arc::ptr_eq(&monitors[1], &monitors[2]));
     assert!(!model.memory_regions().is_empty());
     drop(port);
     assert!(model.tx_queues().is_empty(), "destroyed with the port");

@@ -23,6 +23,9 @@ pub struct RawTxQueue {
     pub tx_vp_offset: u16,
     /// The doorbell page (`manadv_qp.db_page`).
     pub db_page: Arc<DevMem>,
+    /// A device model's monitor of this queue's doorbell writes ([`crate::sys::Doorbell`]);
+    /// `None` on hardware.
+    pub db_monitor: Option<Arc<DevMem>>,
     /// CQ ring memory (`manadv_cq.buf`).
     pub cq: Arc<DevMem>,
     /// CQEs in the ring (`manadv_cq.count`).
@@ -58,6 +61,8 @@ pub struct RawRxQueue {
     pub rq_id: u32,
     /// The doorbell page (`manadv_rwq.db_page`).
     pub db_page: Arc<DevMem>,
+    /// A device model's monitor of this queue's doorbell writes; `None` on hardware.
+    pub db_monitor: Option<Arc<DevMem>>,
     /// CQ ring memory.
     pub cq: Arc<DevMem>,
     /// CQEs in the ring.

@@ -15,7 +15,7 @@ use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
 use crate::hw::mana::{BU_BYTES, CQE_BYTES};
 use crate::ring::{Polled, WorkQueue};
-use crate::sys::DevMem;
+use crate::sys::Doorbell;
 use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, CksumStatus, MbufPool, OffloadFlags, RxBufs, RxFields};
 use std::sync::Arc;
@@ -29,7 +29,7 @@ const RX_WQE_BYTES: usize = BU_BYTES;
 pub struct RxQueue {
     wq: WorkQueue,
     cq: CompletionQueue,
-    db: Arc<DevMem>,
+    db: Doorbell,
     rq_id: u32,
     /// Posted buffers, in posting order (one per 1-BU WQE).
     bufs: RxBufs,
@@ -87,7 +87,7 @@ impl RxQueue {
         Self {
             wq: WorkQueue::new(raw.rq, BU_BYTES),
             cq: CompletionQueue::new(raw.cq, raw.cq_count),
-            db: raw.db_page,
+            db: Doorbell::new(raw.db_page, raw.db_monitor),
             rq_id: raw.rq_id,
             bufs: RxBufs::new(&pool, n),
             pool,
@@ -157,7 +157,7 @@ impl RxQueue {
         }
         if posted {
             // One doorbell per refill, with the absolute producer position (§6.3).
-            self.db.ring_doorbell(
+            self.db.ring(
                 doorbell::RQ_OFFSET,
                 doorbell::rq(self.rq_id, self.wq.head_bytes()),
             );
@@ -438,6 +438,7 @@ mod tests {
     use super::*;
     use crate::hw::mana::cqe::owner_for;
     use crate::mana::RawRxQueue;
+    use crate::sys::DevMem;
     use mempool::{MbufPoolConfig, Registration};
     use proptest::prelude::*;
     use std::sync::atomic::Ordering;
@@ -453,6 +454,7 @@ mod tests {
             rq: Arc::new(DevMem::anon(4096).unwrap()),
             rq_id: 0x1234,
             db_page: Arc::new(DevMem::anon(4096).unwrap()),
+            db_monitor: None,
             cq: Arc::clone(&cq),
             cq_count: N,
             cq_id: 0x4321,

@@ -24,7 +24,7 @@ use crate::hw::mana::wqe::{
 use crate::hw::mana::{BU_BYTES, CQE_BYTES, MAX_SQ_WQE_BYTES, MAX_TX_SGES};
 use crate::net::parse::{pseudo_sum, IpVersion};
 use crate::ring::{Polled, WorkQueue};
-use crate::sys::DevMem;
+use crate::sys::Doorbell;
 use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, Mbuf, MbufFifo, MbufPool, OffloadFlags};
 use std::sync::Arc;
@@ -38,7 +38,7 @@ const TX_WQE_OFFSET_MASK: u32 = 0x07ff_ffff;
 pub struct TxQueue {
     wq: WorkQueue,
     cq: CompletionQueue,
-    db: Arc<DevMem>,
+    db: Doorbell,
     sq_id: u32,
     cq_id: u32,
     vp_offset: u16,
@@ -105,7 +105,7 @@ impl TxQueue {
         Self {
             wq: WorkQueue::new(raw.sq, BU_BYTES),
             cq: CompletionQueue::new(raw.cq, raw.cq_count),
-            db: raw.db_page,
+            db: Doorbell::new(raw.db_page, raw.db_monitor),
             sq_id: raw.sq_id,
             cq_id: raw.cq_id,
             vp_offset: raw.tx_vp_offset,
@@ -299,7 +299,7 @@ impl TxQueue {
             self.reqs[(self.req_head & mask) as usize] = self.desc.pushed();
             self.req_head = self.req_head.wrapping_add(1);
             // One doorbell per burst, with the absolute producer position (§6.3).
-            self.db.ring_doorbell(
+            self.db.ring(
                 doorbell::SQ_OFFSET,
                 doorbell::sq(self.sq_id, self.wq.head_bytes()),
             );

@@ -455,6 +455,40 @@ impl DevMem {
     }
 }
 
+/// A queue's doorbell: the device's doorbell page, which the driver writes, and for a device
+/// model, a monitor page of this queue's own that gets a copy of every write (the model's
+/// view of each doorbell as the event it is on hardware; see `emu::mana::DoorbellPage`).
+/// On hardware there is no monitor: a ring is the page's store alone.
+#[derive(Clone, Debug)]
+pub struct Doorbell {
+    page: std::sync::Arc<DevMem>,
+    monitor: Option<std::sync::Arc<DevMem>>,
+}
+
+impl Doorbell {
+    /// The doorbell at `page`, with the device model's `monitor` if it gave one.
+    pub fn new(page: std::sync::Arc<DevMem>, monitor: Option<std::sync::Arc<DevMem>>) -> Self {
+        Self { page, monitor }
+    }
+
+    /// Rings: `value` to the page at `off` ([`DevMem::ring_doorbell`]), and to the monitor.
+    ///
+    /// # Panics
+    /// `off` outside the page or not 8-byte aligned.
+    #[inline]
+    pub fn ring(&self, off: usize, value: u64) {
+        self.page.ring_doorbell(off, value);
+        if let Some(m) = &self.monitor {
+            m.ring_doorbell(off, value);
+        }
+    }
+
+    /// The page.
+    pub fn page(&self) -> &std::sync::Arc<DevMem> {
+        &self.page
+    }
+}
+
 /// Buffers a queue owns and the device writes, registered with the device: what a striding
 /// RQ posts (its WQEs' big buffers, spec §4.2), which no mbuf pool provides.
 ///

@@ -46,7 +46,7 @@ pub mod seqpacket;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use mem::{DevMem, DevWindow};
+pub use mem::{DevMem, DevWindow, Doorbell};
 
 /// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`): what a benchmark on a
 /// shared machine measures instead of wall time, which also counts the time other processes

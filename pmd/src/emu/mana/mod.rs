@@ -26,12 +26,15 @@
 //! rings on it, with the queue id in the value (§6.1). The engine handles shared pages
 //! ([`DoorbellPage`]): it samples each page once per step and latches the tail of a new
 //! value into the queue with that id; a value whose id matches no queue on the page is
-//! counted in `bad_doorbells`. A deviation from hardware, where each doorbell write is an
-//! event: two queues ringing the same page between two samples leave only the second value,
-//! so the first queue's doorbell is missed, until that queue rings again (each doorbell
-//! carries the absolute tail, so the next one recovers everything). [`Model`] itself still
-//! gives each queue a page of its own, so its queues never lose a doorbell that way; the
-//! driver code is the same either way (it writes `db_page + offset` with the id).
+//! counted in `bad_doorbells`. Sampled alone, a page deviates from hardware, where each
+//! doorbell write is an event: two queues ringing the same page between two samples leave
+//! only the second value, so the first queue's doorbell is missed, until that queue rings
+//! again (each doorbell carries the absolute tail, so the next one recovers everything); that
+//! is how the fake rdma-core's pages work (libmana maps them). [`Model`] gives all the
+//! queues of a port one page, as rdma-core gives a context one, and each queue a monitor of
+//! its own writes to it ([`DoorbellPage::monitor`], [`crate::sys::Doorbell`]): the engine
+//! reads the monitors, so it sees every doorbell while the queues share the page, and a
+//! value names its queue by id among all the port's queues, as on hardware.
 //!
 //! Port events: the model has an eventfd that it signals when its link changes (the
 //! link-down fault set or cleared through [`ModelHandle::set_faults`], or the far end of the
@@ -269,6 +272,9 @@ pub struct Model {
     /// Runs the engine in thread mode; dropped (stopped and joined) with the model.
     _thread: Option<EngineThread>,
     mode: EngineMode,
+    /// The port's doorbell page, shared by all its queues as rdma-core maps one per context
+    /// (made with the first queue, kept for the model's life).
+    db: Option<Arc<DoorbellPage>>,
     mac: MacAddr,
     next_id: u32,
     next_lkey: u32,
@@ -278,7 +284,7 @@ pub struct Model {
     netdev: Option<String>,
 }
 
-/// A doorbell page (one per queue in the model; see the module docs).
+/// A doorbell page (one per port, shared by its queues; see the module docs).
 fn doorbell_page() -> Result<Arc<DoorbellPage>, SetupError> {
     let mem = DevMem::anon(crate::hw::mana::doorbell::PAGE_BYTES).map_err(|source| {
         SetupError::Verbs {
@@ -383,6 +389,7 @@ impl Model {
             next_lkey: 0x100 + (u32::from(port_id) << 16),
             vp_offset: port_id % 256,
             allocator: None,
+            db: None,
             netdev: None,
         }
     }
@@ -487,6 +494,20 @@ impl Model {
     }
 
     /// A CQ for a queue of `nb_desc` entries (the engine serves it with its queue).
+    /// The port's doorbell page, and a monitor of it for one new queue.
+    fn doorbell(&mut self) -> Result<(Arc<DoorbellPage>, Arc<DevMem>), SetupError> {
+        let db = match &self.db {
+            Some(db) => Arc::clone(db),
+            None => Arc::clone(self.db.insert(doorbell_page()?)),
+        };
+        let monitor = db.monitor().map_err(|source| SetupError::Verbs {
+            call: "mmap",
+            object: "doorbell monitor page",
+            source,
+        })?;
+        Ok((db, monitor))
+    }
+
     fn new_cq(&mut self, nb_desc: u32) -> Result<CqSpec, SetupError> {
         let mem = self.alloc(queue_bytes(nb_desc as usize * CQE_BYTES), "CQ")?;
         Ok(CqSpec {
@@ -566,7 +587,7 @@ impl Provider for Model {
                 queue_bytes(nb_desc as usize * wqe_bytes(SHORT_OOB_BYTES, MAX_TX_SGES)),
                 "SQ",
             )?;
-            let db = doorbell_page()?;
+            let (db, monitor) = self.doorbell()?;
             let sq_id = self.id();
             self.shared
                 .lock()
@@ -583,6 +604,7 @@ impl Provider for Model {
                 sq_id,
                 tx_vp_offset: self.vp_offset,
                 db_page: Arc::clone(db.mem()),
+                db_monitor: Some(monitor),
                 cq: cq.mem,
                 cq_count: nb_desc,
                 cq_id: cq.id,
@@ -616,7 +638,7 @@ impl Provider for Model {
                 queue_bytes(nb_desc as usize * wqe_bytes(SHORT_OOB_BYTES, 1)),
                 "RQ",
             )?;
-            let db = doorbell_page()?;
+            let (db, monitor) = self.doorbell()?;
             let rq_id = self.id();
             self.shared
                 .lock()
@@ -632,6 +654,7 @@ impl Provider for Model {
                 rq,
                 rq_id,
                 db_page: Arc::clone(db.mem()),
+                db_monitor: Some(monitor),
                 cq: cq.mem,
                 cq_count: nb_desc,
                 cq_id: cq.id,
@@ -650,7 +673,16 @@ impl Provider for Model {
     }
 
     fn destroy_queues(&mut self) {
-        *lock(&self.shared.queues) = (Vec::new(), Vec::new());
+        {
+            let mut q = lock(&self.shared.queues);
+            if let Some(db) = &self.db {
+                let monitors = q.0.iter().filter_map(|t| t.db_monitor.as_ref());
+                for m in monitors.chain(q.1.iter().filter_map(|r| r.db_monitor.as_ref())) {
+                    db.drop_monitor(m);
+                }
+            }
+            *q = (Vec::new(), Vec::new());
+        }
         let mut e = self.shared.lock();
         e.clear_rss();
         let sqs: Vec<u32> = e.sqs.iter().map(|q| q.id).collect();

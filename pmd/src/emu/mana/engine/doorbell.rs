@@ -11,6 +11,16 @@
 //! covers everything the missed one announced. A driver that posts and then waits for a
 //! completion without ringing again would stall on the model where hardware would not: a
 //! deviation of the model, stated here and in the module docs of [`crate::emu::mana`].
+//!
+//! Monitors close that gap where the model hands out the page itself (the in-process
+//! [`crate::emu::mana::Model`]): each queue gets, next to the shared page, a monitor page of
+//! its own ([`DoorbellPage::monitor`]) to which the driver's doorbell handle
+//! ([`crate::sys::Doorbell`]) copies every write it makes to the shared page, at the same
+//! offset. The model then reads the monitors instead of the page: every write reaches it
+//! (each writer's last value per kind, which carries the absolute tail), the id in the value
+//! still picks the queue among all the queues of the page, as on hardware, and the shared
+//! page holds what a real one would. A monitor is the model's bus analyser, not a device
+//! register: a driver on hardware writes the page alone.
 #![deny(unsafe_code)]
 
 use super::{Engine, EngineError};
@@ -33,6 +43,9 @@ pub struct DoorbellPage {
     /// The last doorbell value counted as bad, per watched kind, so that a bad value is
     /// counted once even when several engines watch the page.
     bad: [AtomicU64; 2],
+    /// Per-writer copies of the page (see the module docs), each with the last value seen
+    /// per watched kind. A page with monitors is read through them only (by one engine).
+    monitors: Mutex<Vec<(Arc<DevMem>, [u64; 2])>>,
 }
 
 impl DoorbellPage {
@@ -51,7 +64,66 @@ impl DoorbellPage {
             mem,
             queues: Mutex::new(Vec::new()),
             bad: [AtomicU64::new(0), AtomicU64::new(0)],
+            monitors: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// A new monitor page for one writer of this page (a queue's doorbell handle copies its
+    /// writes there); from now on the engine reads the page through its monitors.
+    ///
+    /// # Errors
+    /// The page could not be mapped.
+    pub fn monitor(&self) -> std::io::Result<Arc<DevMem>> {
+        let m = Arc::new(DevMem::anon(doorbell::PAGE_BYTES)?);
+        self.monitors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((Arc::clone(&m), [0; 2]));
+        Ok(m)
+    }
+
+    /// Forgets a monitor (its queue is gone).
+    pub fn drop_monitor(&self, m: &Arc<DevMem>) {
+        self.monitors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(x, _)| !Arc::ptr_eq(x, m));
+    }
+
+    /// The new values of the page's watched slots: through its monitors when it has any
+    /// (every writer's last value), else the page's own slots that changed since `last`.
+    fn new_values(&self, last: &mut [u64; 2], out: &mut Vec<(usize, DoorbellKind, u64)>) {
+        let mut monitors = self.monitors.lock().unwrap_or_else(|p| p.into_inner());
+        if monitors.is_empty() {
+            drop(monitors);
+            for (slot, kind) in WATCHED {
+                // Acquire: the WQEs the driver wrote before ringing are visible once the
+                // queue reads them (the driver's barrier precedes its doorbell store).
+                let v = self.mem.load_u64(kind.offset(), Ordering::Acquire);
+                if v != last[slot] {
+                    last[slot] = v;
+                    out.push((slot, kind, v));
+                }
+            }
+            return;
+        }
+        for (m, seen) in monitors.iter_mut() {
+            for (slot, kind) in WATCHED {
+                let v = m.load_u64(kind.offset(), Ordering::Acquire);
+                if v != seen[slot] {
+                    seen[slot] = v;
+                    out.push((slot, kind, v));
+                }
+            }
+        }
+    }
+
+    fn has_monitors(&self) -> bool {
+        !self
+            .monitors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
     }
 
     /// The page's memory (what a driver gets as `db_page`).
@@ -132,6 +204,9 @@ impl Engine {
     /// rung yet) the whole [`scan_doorbells`](Self::scan_doorbells).
     pub(super) fn latch_sq(&mut self, i: usize) {
         let q = &self.sqs[i];
+        if q.db.has_monitors() {
+            return self.scan_doorbells();
+        }
         let v =
             q.db.mem
                 .load_u64(DoorbellKind::Sq.offset(), Ordering::Acquire);
@@ -148,6 +223,9 @@ impl Engine {
     pub(super) fn latch_rqs(&mut self) {
         for i in 0..self.rqs.len() {
             let q = &self.rqs[i];
+            if q.db.has_monitors() {
+                return self.scan_doorbells();
+            }
             let v =
                 q.db.mem
                     .load_u64(DoorbellKind::Rq.offset(), Ordering::Acquire);
@@ -162,18 +240,12 @@ impl Engine {
 
     /// Samples every watched page and latches new doorbells into their queues' tails.
     pub(super) fn scan_doorbells(&mut self) {
+        let mut values = std::mem::take(&mut self.db_values);
         for p in 0..self.pages.len() {
-            for (slot, kind) in WATCHED {
-                // Acquire: the WQEs the driver wrote before ringing are visible once the
-                // queue reads them (the driver's barrier precedes its doorbell store).
-                let v = self.pages[p]
-                    .page
-                    .mem
-                    .load_u64(kind.offset(), Ordering::Acquire);
-                if v == self.pages[p].last[slot] {
-                    continue;
-                }
-                self.pages[p].last[slot] = v;
+            values.clear();
+            let w = &mut self.pages[p];
+            w.page.new_values(&mut w.last, &mut values);
+            for &(slot, kind, v) in &values {
                 let d = doorbell::decode(kind, v);
                 let page = &self.pages[p].page;
                 let mine = match kind {
@@ -201,6 +273,7 @@ impl Engine {
                 }
             }
         }
+        self.db_values = values;
     }
 }
 
@@ -289,6 +362,56 @@ mod tests {
             assert_eq!(n, 60);
         }
         got
+    }
+
+    /// The same page with a monitor per queue (the in-process model's doorbells): the page
+    /// holds what a real one would, and the overwrite that loses A's doorbell to a sampling
+    /// engine is seen, since each queue's handle also writes its own monitor; an id names its
+    /// queue among the page's whichever handle wrote it, and an id of no queue is bad.
+    #[test]
+    fn monitors_show_every_doorbell_of_a_shared_page() {
+        let mut e = Engine::new(Box::new(Loopback::open("t-monitor-db").unwrap()));
+        let mut peer = Loopback::open("t-monitor-db").unwrap();
+        let page = DoorbellPage::new(ring(doorbell::PAGE_BYTES)).unwrap();
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let (mine, nic) = buffers(&file);
+        let base = mine.addr();
+        e.add_mr(LKEY, base as u64, nic).unwrap();
+        for k in 0..8u8 {
+            mine.fill(64 * usize::from(k), 60, k);
+        }
+        let mut a = sq(&mut e, &page, 0x1001);
+        let mut b = sq(&mut e, &page, 0x1002);
+        let da = crate::sys::Doorbell::new(Arc::clone(page.mem()), Some(page.monitor().unwrap()));
+        let db = crate::sys::Doorbell::new(Arc::clone(page.mem()), Some(page.monitor().unwrap()));
+        let ring_sq = |d: &crate::sys::Doorbell, id, tail| {
+            d.ring(doorbell::SQ_OFFSET, doorbell::sq(id, tail));
+        };
+
+        // A rings, B rings over it on the shared page before the engine looks: both send.
+        let t = post_tx(&mut a, base, 60);
+        ring_sq(&da, a.id, t);
+        let t = post_tx(&mut b, base + 64, 60);
+        ring_sq(&db, b.id, t);
+        assert_eq!(
+            page.mem().load_u64(doorbell::SQ_OFFSET, Ordering::Relaxed),
+            doorbell::sq(b.id, t),
+            "the page holds the last write"
+        );
+        e.step();
+        assert_eq!(recv_all(&mut peer), [0, 1]);
+
+        // B's handle ringing A's id rings A (the value names the queue, as on hardware).
+        let t = post_tx(&mut a, base + 128, 60);
+        ring_sq(&db, a.id, t);
+        e.step();
+        assert_eq!(recv_all(&mut peer), [2]);
+
+        // An id of no queue of the page is bad, once.
+        ring_sq(&da, 0x0bad, 32);
+        e.step();
+        e.step();
+        assert_eq!((e.stats.tx_frames, e.stats.bad_doorbells), (3, 1));
     }
 
     /// Two SQs and an RQ on one doorbell page: each queue takes only doorbells with its id;

@@ -287,6 +287,8 @@ pub struct Engine {
     pub(crate) rss: Rss,
     /// The doorbell pages of the queues, each with the last values seen on it.
     pub(crate) pages: Vec<doorbell::WatchedPage>,
+    /// Scratch for the doorbell values of one page's scan.
+    db_values: Vec<(usize, DoorbellKind, u64)>,
     /// The port's wire, wrapped so that the wire-level [`Faults`] apply to it.
     pub(crate) wire: FaultyWire,
     pub(crate) faults: Faults,
@@ -340,6 +342,7 @@ impl Engine {
                 enabled: false,
             },
             pages: Vec::new(),
+            db_values: Vec::new(),
             wire: FaultyWire::new(wire),
             faults: Faults::default(),
             stats: ModelStats::default(),
