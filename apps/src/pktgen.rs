@@ -491,13 +491,20 @@ fn take(
 /// no frame at all.
 pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
     let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let name = path.display().to_string();
+    parse_pcap(&path.display().to_string(), &data, max_len)
+}
+
+/// [`load_pcap`] on the file's bytes, `name` naming it in messages.
+///
+/// # Errors
+/// As [`load_pcap`], but for the file's reading.
+pub fn parse_pcap(name: &str, data: &[u8], max_len: usize) -> Result<Capture, String> {
     let mut cap = Capture::default();
     let mut n = 0usize;
     if data.starts_with(&PCAPNG_MAGIC) {
         use pcap_file::pcapng::{Block, PcapNgReader};
         let mut r =
-            PcapNgReader::new(&data[..]).map_err(|e| format!("{name}: not a pcapng file ({e})"))?;
+            PcapNgReader::new(data).map_err(|e| format!("{name}: not a pcapng file ({e})"))?;
         // Link types of the section's interfaces, by interface id.
         let mut links: Vec<pcap_file::DataLink> = Vec::new();
         while let Some(b) = r.next_block() {
@@ -543,7 +550,7 @@ pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
             take(
                 &mut cap,
                 &mut n,
-                &name,
+                name,
                 max_len,
                 Record {
                     bytes,
@@ -554,7 +561,7 @@ pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
             )?;
         }
     } else {
-        let mut r = pcap_file::pcap::PcapReader::new(&data[..])
+        let mut r = pcap_file::pcap::PcapReader::new(data)
             .map_err(|e| format!("{name}: not a pcap or pcapng file ({e})"))?;
         let link = r.header().datalink;
         while let Some(p) = r.next_packet() {
@@ -563,7 +570,7 @@ pub fn load_pcap(path: &Path, max_len: usize) -> Result<Capture, String> {
             take(
                 &mut cap,
                 &mut n,
-                &name,
+                name,
                 max_len,
                 Record {
                     bytes: &p.data,

@@ -171,6 +171,12 @@ pub enum DevargsError {
         /// The keys that kind accepts.
         accepted: String,
     },
+    /// A control character (a tab, a newline, ...) anywhere in the string.
+    #[error("devargs contain the control character {ch:?}: keys and values are printable text")]
+    ControlCharacter {
+        /// The character.
+        ch: char,
+    },
     /// `key` without `=value`, or with an empty value.
     #[error("'{key}' needs a value: write {key}=VALUE")]
     MissingValue {
@@ -520,9 +526,14 @@ impl FromStr for PortSpec {
                 })?;
         let accepted = accepted_keys(kind);
 
+        if let Some(c) = s.chars().find(|c| c.is_control()) {
+            return Err(DevargsError::ControlCharacter { ch: c });
+        }
         let mut pairs: Vec<(&'static str, &str)> = Vec::new();
-        for item in rest.split(',').filter(|i| !i.is_empty()) {
+        // Spaces around a key or value are not part of it (as around the whole string).
+        for item in rest.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let (key, value) = item.split_once('=').unwrap_or((item, ""));
+            let (key, value) = (key.trim(), value.trim());
             let key: &'static str =
                 accepted
                     .iter()
@@ -750,6 +761,25 @@ mod tests {
 
     fn p(s: &str) -> Result<PortSpec, DevargsError> {
         s.parse()
+    }
+
+    /// Found by the `devargs` fuzz target: a form feed ended a value in the middle of the
+    /// string but was trimmed at its end, so a spec printed as a string that parsed to
+    /// another spec. Control characters are refused; spaces around keys and values are not
+    /// part of them, wherever they are.
+    #[test]
+    fn control_characters_are_refused_and_spaces_around_values_dropped() {
+        assert_eq!(
+            p("mlx5:dev=i\u{c},"),
+            Err(DevargsError::ControlCharacter { ch: '\u{c}' })
+        );
+        assert!(matches!(
+            p("mana:dev=mana_0\t,port=1"),
+            Err(DevargsError::ControlCharacter { .. })
+        ));
+        let spaced = p("mlx5: dev = mlx5_0 , inline = 18 ").unwrap();
+        assert_eq!(spaced, p("mlx5:dev=mlx5_0,inline=18").unwrap());
+        assert_eq!(p(&spaced.to_string()).unwrap(), spaced);
     }
 
     #[test]

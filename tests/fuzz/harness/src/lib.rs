@@ -1,0 +1,22 @@
+//! The fuzz targets' bodies, one function per trust boundary, each taking the fuzzer's bytes.
+//! `tests/fuzz/fuzz_targets/*.rs` (cargo-fuzz, libFuzzer, AddressSanitizer) call them, and
+//! `tests/regressions.rs` replays every saved input through them under `cargo test`: the seed
+//! corpus and every input that once found a defect.
+//!
+//! A function returns normally for any input; a panic (or a sanitizer report) is a defect.
+//! The invariants each one checks are in its docs.
+
+pub mod device;
+pub mod input;
+pub mod text;
+
+/// Every target by name, as the fuzz targets and the regression test call them.
+pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+    ("net_parse", text::net_parse),
+    ("devargs", text::devargs),
+    ("pcap_file", text::pcap_file),
+    ("mana_rx", device::mana_rx),
+    ("mana_tx", device::mana_tx),
+    ("mlx5_rx", device::mlx5_rx),
+    ("mlx5_tx", device::mlx5_tx),
+];
