@@ -10,8 +10,11 @@ pub mod device;
 pub mod input;
 pub mod text;
 
+/// A target's body: the fuzzer's bytes in, a panic on a broken invariant.
+pub type Target = fn(&[u8]);
+
 /// Every target by name, as the fuzz targets and the regression test call them.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("net_parse", text::net_parse),
     ("devargs", text::devargs),
     ("pcap_file", text::pcap_file),
