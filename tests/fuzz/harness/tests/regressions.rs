@@ -75,7 +75,7 @@ fn pseudo_random_inputs_keep_every_invariant() {
                     let at = rng.next() as usize % data.len();
                     data[at] = rng.next() as u8;
                 }
-                if rng.next() % 4 == 0 {
+                if rng.next().is_multiple_of(4) {
                     data.truncate(rng.next() as usize % data.len());
                 }
             }
