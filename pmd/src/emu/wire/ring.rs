@@ -93,6 +93,17 @@ pub struct FrameRing {
     cons: u64,
     prod_seen: u64,
     cons_published: u64,
+    /// Times the other side's counter or a record broke the ring's rules (see
+    /// [`corrupt`](Self::corrupt)).
+    corrupt: u64,
+    /// The other side's counter was bad when last read (counted once until it is good).
+    peer_bad: bool,
+}
+
+/// Whether `x` is on a record boundary.
+#[inline]
+const fn on_record(x: u64) -> bool {
+    x.is_multiple_of(RECORD_ALIGN as u64)
 }
 
 impl FrameRing {
@@ -122,8 +133,31 @@ impl FrameRing {
             prod_published: prod,
             cons_seen: cons,
             cons,
-            prod_seen: prod,
+            // Not `prod`: the first `pop` reads the producer's counter and checks it.
+            prod_seen: cons,
             cons_published: cons,
+            corrupt: 0,
+            peer_bad: false,
+        }
+    }
+
+    /// Times the other process broke the ring's rules as this side saw it: a counter off a
+    /// record boundary, a producer more than the ring ahead of the consumer (or behind it),
+    /// a record that runs past the end of the data area. The ring is shared memory another
+    /// process writes (a peer that is hostile, buggy or died mid-write): such a ring is
+    /// never read or written outside its data area; the consumer takes nothing until the
+    /// producer's counter makes sense again (and drops what was pending when a record did
+    /// not), the producer sends nothing while the consumer's counter makes none.
+    pub fn corrupt(&self) -> u64 {
+        self.corrupt
+    }
+
+    /// The other side's counter broke the rules: counted once until it is good again.
+    #[cold]
+    fn peer_is_bad(&mut self) {
+        if !self.peer_bad {
+            self.peer_bad = true;
+            self.corrupt += 1;
         }
     }
 
@@ -146,12 +180,29 @@ impl FrameRing {
         if frame.len() > self.max_frame {
             return false;
         }
+        if !on_record(self.prod) {
+            // Our own counter, as a previous holder of this end left it: ours to mend.
+            self.prod = self.prod.next_multiple_of(RECORD_ALIGN as u64);
+            self.corrupt += 1;
+        }
         let need = record_bytes(frame.len()) as u64;
         let to_end = self.size - (self.prod & (self.size - 1));
         let skip = if need > to_end { to_end } else { 0 };
-        if self.size - self.prod.wrapping_sub(self.cons_seen) < skip + need {
+        if self
+            .size
+            .saturating_sub(self.prod.wrapping_sub(self.cons_seen))
+            < skip + need
+        {
             // Our view of the consumer may lag: look again before calling the ring full.
-            self.cons_seen = self.mem.load_u64(self.base + CONSUMER, Ordering::Acquire);
+            let seen = self.mem.load_u64(self.base + CONSUMER, Ordering::Acquire);
+            if !on_record(seen) || self.prod.wrapping_sub(seen) > self.size {
+                // A consumer counter that makes no sense: no room, rather than overwriting
+                // records it may still read.
+                self.peer_is_bad();
+                return false;
+            }
+            self.peer_bad = false;
+            self.cons_seen = seen;
             if self.size - self.prod.wrapping_sub(self.cons_seen) < skip + need {
                 // Whatever waits unpublished is all the consumer can make room with.
                 self.publish();
@@ -211,10 +262,31 @@ impl FrameRing {
     pub fn pop(&mut self, buf: &mut [u8]) -> Option<usize> {
         loop {
             if self.cons == self.prod_seen {
-                self.prod_seen = self.mem.load_u64(self.base + PRODUCER, Ordering::Acquire);
-                if self.cons == self.prod_seen {
+                let seen = self.mem.load_u64(self.base + PRODUCER, Ordering::Acquire);
+                if seen == self.cons {
                     return None;
                 }
+                if !on_record(self.cons) {
+                    // Our own counter, as a previous holder left it: start again at the
+                    // producer's, once that is on a record boundary.
+                    if on_record(seen) {
+                        self.corrupt += 1;
+                        self.cons = seen;
+                        self.cons_published = seen;
+                        self.mem
+                            .store_u64(self.base + CONSUMER, seen, Ordering::Release);
+                    }
+                    self.prod_seen = self.cons;
+                    return None;
+                }
+                if !on_record(seen) || seen.wrapping_sub(self.cons) > self.size {
+                    // A producer counter that makes no sense: nothing to take until it does.
+                    self.peer_is_bad();
+                    self.prod_seen = self.cons;
+                    return None;
+                }
+                self.peer_bad = false;
+                self.prod_seen = seen;
                 // New records: start fetching the first lines of them now.
                 let mut at = self.cons.wrapping_add(RECORD_ALIGN as u64);
                 while at < self.prod_seen.min(self.cons.wrapping_add(PREFETCH_AHEAD)) {
@@ -227,12 +299,31 @@ impl FrameRing {
             let off = self.data_off(self.cons);
             let hdr = self.mem.load_u32(off, Ordering::Relaxed);
             if hdr & WRAP != 0 {
-                self.cons = self
-                    .cons
-                    .wrapping_add(self.size - (self.cons & (self.size - 1)));
+                let to_end = self.size - (self.cons & (self.size - 1));
+                if self.prod_seen.wrapping_sub(self.cons) < to_end {
+                    // A skip past the producer: drop what is pending.
+                    self.corrupt += 1;
+                    self.cons = self.prod_seen;
+                    self.cons_published = self.cons;
+                    self.mem
+                        .store_u64(self.base + CONSUMER, self.cons, Ordering::Release);
+                    return None;
+                }
+                self.cons = self.cons.wrapping_add(to_end);
                 continue;
             }
             let len = ((hdr & LEN_MASK) as usize).min(self.max_frame);
+            let end = (self.cons & (self.size - 1)) + record_bytes(len) as u64;
+            if end > self.size || self.prod_seen.wrapping_sub(self.cons) < record_bytes(len) as u64
+            {
+                // A record past the data area or past the producer: drop what is pending.
+                self.corrupt += 1;
+                self.cons = self.prod_seen;
+                self.cons_published = self.cons;
+                self.mem
+                    .store_u64(self.base + CONSUMER, self.cons, Ordering::Release);
+                return None;
+            }
             let n = len.min(buf.len());
             self.mem.read(off + HEADER, &mut buf[..n]);
             self.cons = self.cons.wrapping_add(record_bytes(len) as u64);
@@ -255,7 +346,7 @@ impl FrameRing {
     pub fn discard_all(&mut self) -> u64 {
         let prod = self.mem.load_u64(self.base + PRODUCER, Ordering::Acquire);
         let mut frames = 0;
-        if prod.wrapping_sub(self.cons) <= self.size {
+        if on_record(prod) && on_record(self.cons) && prod.wrapping_sub(self.cons) <= self.size {
             while self.cons != prod {
                 let hdr = self
                     .mem
@@ -289,6 +380,9 @@ impl FrameRing {
     pub fn unread_frames(&self) -> u64 {
         let mut at = self.mem.load_u64(self.base + CONSUMER, Ordering::Acquire);
         let mut frames = 0;
+        if !on_record(at) || !on_record(self.prod) {
+            return 0;
+        }
         while at != self.prod && self.prod.wrapping_sub(at) <= self.size {
             let hdr = self.mem.load_u32(self.data_off(at), Ordering::Relaxed);
             if hdr & WRAP != 0 {
@@ -324,6 +418,45 @@ mod tests {
         let tx = FrameRing::new(Arc::clone(&mem), 0, data_bytes, max_frame);
         let rx = tx.clone();
         (tx, rx)
+    }
+
+    /// Found by the `shm_ring` fuzz target: counters the other process wrote off a record
+    /// boundary made the consumer read a record header at an unaligned offset (a panic in
+    /// `DevMem`), and a producer counter more than a ring ahead had it hand out records
+    /// forever. Now such counters are counted as corruption, nothing is read or written
+    /// outside the data area, and the ring works again once the counters make sense.
+    #[test]
+    fn counters_that_break_the_rules_are_counted_not_followed() {
+        let (mut tx, mut rx) = ring(4096, 256);
+        let mem = Arc::clone(&tx.mem);
+        let mut buf = [0u8; 256];
+        // A producer counter off a record boundary.
+        mem.store_u64(PRODUCER, 100, Ordering::Release);
+        assert_eq!(rx.pop(&mut buf), None);
+        // More than the ring ahead.
+        mem.store_u64(PRODUCER, 64 * 1000, Ordering::Release);
+        assert_eq!(rx.pop(&mut buf), None);
+        assert_eq!(rx.pop(&mut buf), None);
+        assert_eq!(rx.corrupt(), 1, "one episode of bad counters, counted once");
+        // A consumer counter that makes no sense to the producer: no room.
+        mem.store_u64(PRODUCER, 0, Ordering::Release);
+        mem.store_u64(CONSUMER, 8, Ordering::Release);
+        let mut blocked = FrameRing::new(Arc::clone(&mem), 0, 4096, 256);
+        blocked.prod = 4096;
+        assert!(!blocked.push(&[1; 60]));
+        assert_eq!(blocked.corrupt(), 1);
+        // Sane counters again: frames flow.
+        mem.store_u64(CONSUMER, 0, Ordering::Release);
+        let mut rx = FrameRing::new(Arc::clone(&mem), 0, 4096, 256);
+        assert!(tx.push(&[7; 60]));
+        tx.publish();
+        assert_eq!(rx.pop(&mut buf), Some(60));
+        assert_eq!(buf[..60], [7; 60]);
+        // A record that claims to run past the producer: what is pending is dropped.
+        mem.store_u32(DATA + 64, 200, Ordering::Relaxed);
+        mem.store_u64(PRODUCER, 128, Ordering::Release);
+        assert_eq!(rx.pop(&mut buf), None);
+        assert_eq!(rx.corrupt(), 1);
     }
 
     #[test]

@@ -893,7 +893,8 @@ impl Wire for Shm {
     fn describe(&self) -> String {
         format!("shm:{} (end {})", self.name, self.end.letter())
     }
-    /// `rx_stale`: frames discarded unread when this end was attached, because they were
+    /// `rx_ring_corrupt`, `tx_ring_corrupt`: times the peer broke a ring's rules
+    /// ([`FrameRing::corrupt`]). `rx_stale`: frames discarded unread when this end was attached, because they were
     /// sent before it was (to a previous holder that died, or to nobody). `tx_stranded`:
     /// frames this end sent that wait on the cable while no far end is attached (it went
     /// away, or never came): nobody reads them (a new far end discards them as its
@@ -907,6 +908,9 @@ impl Wire for Shm {
         vec![
             ("rx_stale".into(), self.rx_stale),
             (TX_STRANDED.into(), stranded),
+            // The peer broke the rings' rules (see `FrameRing::corrupt`): events, not frames.
+            ("rx_ring_corrupt".into(), self.rx.corrupt()),
+            ("tx_ring_corrupt".into(), self.tx.corrupt()),
         ]
     }
 }

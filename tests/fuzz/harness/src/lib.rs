@@ -18,6 +18,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("net_parse", text::net_parse),
     ("devargs", text::devargs),
     ("pcap_file", text::pcap_file),
+    ("shm_ring", text::shm_ring),
     ("mana_rx", device::mana_rx),
     ("mana_tx", device::mana_tx),
     ("mlx5_rx", device::mlx5_rx),

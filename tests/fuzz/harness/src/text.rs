@@ -95,3 +95,72 @@ pub fn pcap_file(data: &[u8]) {
         assert!(c.times_ns.windows(2).all(|w| w[0] <= w[1]));
     }
 }
+
+/// One direction of a shared-memory cable as the other process (possibly hostile, possibly
+/// crashed mid-write) leaves it: the fuzzer's bytes are the ring's producer and consumer
+/// counters and its records, and keep changing them between our reads (the peer writes
+/// concurrently). Our consumer pops frames and drops the rest; our producer pushes frames
+/// against a consumer counter the peer sets. The ring's memory is exactly its size, so a
+/// read or write outside the ring (into the other direction or past the file) panics.
+/// Invariants: nothing panics; a frame is at most the ring's largest; every call returns.
+pub fn shm_ring(data: &[u8]) {
+    use pmd::emu::wire::ring::{ring_bytes, FrameRing};
+    use pmd::sys::DevMem;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    const DATA: usize = 32 << 10;
+    const MAX: usize = 9208;
+    let mut input = Input::new(data);
+    let mem = Arc::new(DevMem::anon(ring_bytes(DATA)).expect("ring memory"));
+    // Counters: small (a ring in use) or anything.
+    let counter = |input: &mut Input<'_>| {
+        let v = u64::from(input.u32());
+        if input.u8() & 1 == 0 {
+            v % (4 * DATA as u64)
+        } else {
+            v << 32 | u64::from(input.u32())
+        }
+    };
+    let (p, c) = (counter(&mut input), counter(&mut input));
+    mem.store_u64(0, p, Ordering::Release);
+    mem.store_u64(64, c, Ordering::Release);
+    let mut consumer = FrameRing::new(Arc::clone(&mem), 0, DATA, MAX);
+    let mut producer = FrameRing::new(Arc::clone(&mem), 0, DATA, MAX);
+    let mut buf = vec![0u8; MAX + 64];
+    for _ in 0..1024 {
+        if input.done() {
+            break;
+        }
+        match input.u8() % 6 {
+            // The peer writes a record header (a length, maybe WRAP) somewhere.
+            0 => {
+                let at = 128 + (usize::from(input.u16()) * 64) % DATA;
+                mem.store_u32(at, input.u32(), Ordering::Release);
+            }
+            // The peer moves its counter.
+            1 => mem.store_u64(0, counter(&mut input), Ordering::Release),
+            2 => mem.store_u64(64, counter(&mut input), Ordering::Release),
+            // We read up to 64 frames.
+            3 => {
+                for _ in 0..64 {
+                    let cut = usize::from(input.u16()) % buf.len();
+                    match consumer.pop(&mut buf[..cut]) {
+                        Some(n) => assert!(n <= MAX, "a frame of {n} bytes"),
+                        None => break,
+                    }
+                }
+                consumer.publish_consumed();
+            }
+            4 => {
+                let _ = consumer.discard_all();
+                let _ = consumer.unread_frames();
+            }
+            // We send a frame.
+            _ => {
+                let len = usize::from(input.u16()) % (MAX + 1);
+                let _ = producer.push(&buf[..len]);
+                producer.publish();
+            }
+        }
+    }
+}
