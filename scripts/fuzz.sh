@@ -14,7 +14,8 @@ prints one line per target: executions, executions per second, coverage (libFuzz
 and keeps what it finds in tests/fuzz/corpus/TARGET (not committed), so long runs build
 on each other.
 
-A crash, a failed invariant or an AddressSanitizer report stops that target; its input is
+A crash, a failed invariant, an AddressSanitizer report or an input that runs longer than
+10 s (a hang) stops that target; its input is
 saved under tests/fuzz/artifacts/TARGET/ and the script exits 1 after the others finish.
 To keep such an input as a regression test, fix the defect and copy the file to
 tests/fuzz/regressions/TARGET/<what-it-found>: `cargo test -p fuzz-harness` replays it.
@@ -30,7 +31,7 @@ HELP
 [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ] && { usage; exit 0; }
 secs=60
 if [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]+$ ]]; then secs=$1; shift; fi
-all=(net_parse devargs pcap_file shm_ring mana_rx mana_tx mlx5_rx mlx5_tx)
+all=(net_parse devargs pcap_file shm_ring mana_rx mana_tx mlx5_rx mlx5_mprq mlx5_tx)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 for t in "${targets[@]}"; do
@@ -56,7 +57,7 @@ run_one() {
     local t=$1 secs=$2 logs=$3
     mkdir -p "tests/fuzz/corpus/$t"
     if cargo +nightly fuzz run --fuzz-dir tests/fuzz "$t" "tests/fuzz/corpus/$t" "tests/fuzz/seeds/$t" -- \
-        -max_total_time="$secs" -print_final_stats=1 -max_len=8192 -rss_limit_mb=4096 \
+        -max_total_time="$secs" -print_final_stats=1 -max_len=8192 -rss_limit_mb=4096 -timeout=10 \
         >"$logs/$t.log" 2>&1; then
         echo ok >"$logs/$t.status"
     else

@@ -15,11 +15,13 @@ fn kernel_page_size(addr: usize) -> Option<usize> {
         // A mapping starts with "start-end perms ..."; its fields follow as "Name: value".
         let first = line.split_whitespace().next().unwrap_or("");
         if let Some((start, end)) = first.split_once('-') {
-            if let (Ok(start), Ok(_)) = (
+            if let (Ok(start), Ok(end)) = (
                 usize::from_str_radix(start, 16),
                 usize::from_str_radix(end, 16),
             ) {
-                in_mapping = start == addr;
+                // The mapping that holds `addr` (the kernel merges adjacent anonymous
+                // mappings of the same kind, as it does under AddressSanitizer's).
+                in_mapping = (start..end).contains(&addr);
                 continue;
             }
         }

@@ -267,7 +267,12 @@ impl RxCq {
                 stride_idx: Some(c.wqe_counter()),
                 meta: RxMeta::of(&c),
             }),
-            (CqeOpcode::RespSend, CqeFormat::Compressed) if c.byte_cnt() >= 1 => {
+            // A session covers `n` consecutive slots of the CQ (§6.2): a title that claims
+            // more than the CQ holds is a broken device's (below: critical, the queue
+            // recovers), never a count to loop over.
+            (CqeOpcode::RespSend, CqeFormat::Compressed)
+                if (1..=self.cq.count()).contains(&c.byte_cnt()) =>
+            {
                 self.sessions += 1;
                 self.session = Some(Session {
                     meta: RxMeta::of(&c),
@@ -282,11 +287,12 @@ impl RxCq {
                 crate::dp_trace!(opcode = ?op, "rx error completion\n{}", crate::hw::hexdump(b));
                 let syndrome = c.syndrome();
                 RxPolled::Bad {
-                    critical: op == CqeOpcode::RespErr
+                    critical: (op == CqeOpcode::RespErr
                         && matches!(
                             syndrome,
                             Syndrome::LocalQpOp | Syndrome::LocalProt | Syndrome::WrFlush
-                        ),
+                        ))
+                        || (op == CqeOpcode::RespSend && c.format() == CqeFormat::Compressed),
                     flush: op == CqeOpcode::RespErr && syndrome == Syndrome::WrFlush,
                 }
             }
@@ -323,7 +329,8 @@ impl RxCq {
             let c = Cqe::new_checked(&b[..]).expect("64 bytes");
             match (c.opcode(), c.format(), c.syndrome()) {
                 (CqeOpcode::RespSend, CqeFormat::Compressed, _) => {
-                    let n = c.byte_cnt().max(1);
+                    // Within the CQ, whatever the title says (see `decode`).
+                    let n = c.byte_cnt().clamp(1, self.cq.count());
                     self.end_session(self.cq.head().wrapping_sub(1), n);
                     d.dropped += u64::from(n);
                 }

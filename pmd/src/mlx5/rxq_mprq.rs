@@ -880,6 +880,34 @@ mod tests {
     /// finds it: the flushes after it are drained and counted, the record goes to 0 and then
     /// posts every WQE again, and the next packet is read from WQE 0, stride 0. A refused
     /// state change leaves the queue down until a retry works.
+    /// Found by the `mlx5_mprq` fuzz target: a compressed title whose count (its `byte_cnt`)
+    /// claimed billions of completions kept one `rx_burst` looping over "filler" minis for
+    /// minutes (and the recovery's drain would have poisoned as many slots). A session
+    /// covers consecutive slots of the CQ, so a title claiming more than the CQ holds is a
+    /// broken device's: a critical error, and the queue recovers, in one burst.
+    #[test]
+    fn a_session_longer_than_the_cq_is_a_critical_error_not_a_loop() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mprq-huge-session", 64)).unwrap();
+        let state = Arc::new(TestState::default());
+        let (mut q, mut nic) = queue_with(&pool, small(), 4, 64, Arc::clone(&state));
+        nic.write_cqe(&CqeFields {
+            opcode: 2,
+            format: 3,
+            byte_cnt: u32::MAX,
+            ..Default::default()
+        });
+        let mut b = Burst::with_capacity(8);
+        assert_eq!(q.rx_burst(&mut b), 0);
+        assert_eq!(q.xstats.critical_errors.load(Ordering::Relaxed), 1);
+        assert_eq!(state.resets.load(Ordering::Relaxed), 1);
+        assert_eq!(state.readies.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            nic.set_ci(),
+            nic.pi,
+            "the CQ consumed up to the device's position"
+        );
+    }
+
     #[test]
     fn a_critical_error_recovers_the_wq_and_starts_again_at_wqe_0() {
         let pool = MbufPool::new(MbufPoolConfig::new("mprq-recover", 64)).unwrap();

@@ -377,6 +377,53 @@ mod mlx5 {
         (q, cq)
     }
 
+    /// A striding RQ of 4 WQEs in the default geometry (64 strides of 2 KiB), its stride
+    /// buffers registered under [`LKEY`].
+    pub fn mprq_queue(
+        pool: &Arc<MbufPool>,
+        compressed: bool,
+    ) -> (pmd::mlx5::rxq_mprq::RxQueue, Cq) {
+        use pmd::mlx5::Mprq;
+        const WQES: u32 = 4;
+        const WQE_BYTES: usize = 32;
+        let geo = Mprq::DEFAULT;
+        let (cq, raw_cq) = Cq::new(if compressed { 128 } else { 64 });
+        let bufs =
+            pmd::sys::mem::DeviceBuffers::new("fuzz-mprq", WQES, geo.wqe_bytes() as usize, |_| {
+                Ok(Registration::new(LKEY))
+            })
+            .expect("stride buffers");
+        let raw = RawRq {
+            buf: anon(WQES as usize * WQE_BYTES),
+            wqe_cnt: WQES,
+            stride: WQE_BYTES as u32,
+            rqn: RQN,
+            dbrec: anon(4096),
+            cq: raw_cq,
+            mprq: Some(geo),
+            cqe_compression: compressed,
+            owner: Arc::new(()),
+            state: Arc::new(Always),
+            kick: None,
+        };
+        let cfg = PortConfig {
+            rx_ring_size: RING,
+            tx_ring_size: RING,
+            ..Default::default()
+        };
+        let mut q = pmd::mlx5::rxq_mprq::RxQueue::new(
+            raw,
+            bufs,
+            &cfg,
+            0,
+            Arc::clone(pool),
+            Arc::default(),
+            Arc::default(),
+        );
+        q.fill();
+        (q, cq)
+    }
+
     pub fn tx_queue(
         pool: &Arc<MbufPool>,
         keys: ChunkKeys,
@@ -417,6 +464,30 @@ pub fn mlx5_rx(data: &[u8]) {
     let (pool, keys) = pool("fuzz-mlx5-rx");
     let room = usize::from(pool.data_room());
     let (mut q, mut cq) = mlx5::rx_queue(&pool, keys, compressed);
+    let mut held = Vec::new();
+    for _ in 0..MAX_OPS {
+        if input.done() {
+            break;
+        }
+        match input.u8() % 4 {
+            0 | 1 => cq.write(&mut input, mlx5::RQN),
+            2 => poll(&mut q, usize::from(input.u8() % 64) + 1, room, &mut held),
+            _ => held.clear(),
+        }
+    }
+    poll(&mut q, 64, room, &mut held);
+    finish(q, held, &pool);
+}
+
+/// mlx5 RX on a striding (multi-packet) RQ, with or without CQE compression (the first
+/// byte): CQEs of any opcode and format with any stride counts, stride indices, filler bits
+/// and lengths in `byte_cnt`, any WQE ids and counters, right or wrong owner bits.
+pub fn mlx5_mprq(data: &[u8]) {
+    let mut input = Input::new(data);
+    let compressed = input.u8() & 1 != 0;
+    let (pool, _) = pool("fuzz-mlx5-mprq");
+    let room = usize::from(pool.data_room());
+    let (mut q, mut cq) = mlx5::mprq_queue(&pool, compressed);
     let mut held = Vec::new();
     for _ in 0..MAX_OPS {
         if input.done() {

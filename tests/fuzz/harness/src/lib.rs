@@ -22,5 +22,6 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("mana_rx", device::mana_rx),
     ("mana_tx", device::mana_tx),
     ("mlx5_rx", device::mlx5_rx),
+    ("mlx5_mprq", device::mlx5_mprq),
     ("mlx5_tx", device::mlx5_tx),
 ];
