@@ -152,6 +152,18 @@ impl FrameRing {
         self.corrupt
     }
 
+    /// Consumer side, on a record that breaks the rules: counts it, drops what is pending
+    /// (up to the producer's counter as last read) and publishes that; no frame.
+    #[cold]
+    fn drop_pending(&mut self) -> Option<usize> {
+        self.corrupt += 1;
+        self.cons = self.prod_seen;
+        self.cons_published = self.cons;
+        self.mem
+            .store_u64(self.base + CONSUMER, self.cons, Ordering::Release);
+        None
+    }
+
     /// The other side's counter broke the rules: counted once until it is good again.
     #[cold]
     fn peer_is_bad(&mut self) {
@@ -301,13 +313,8 @@ impl FrameRing {
             if hdr & WRAP != 0 {
                 let to_end = self.size - (self.cons & (self.size - 1));
                 if self.prod_seen.wrapping_sub(self.cons) < to_end {
-                    // A skip past the producer: drop what is pending.
-                    self.corrupt += 1;
-                    self.cons = self.prod_seen;
-                    self.cons_published = self.cons;
-                    self.mem
-                        .store_u64(self.base + CONSUMER, self.cons, Ordering::Release);
-                    return None;
+                    // A skip past the producer.
+                    return self.drop_pending();
                 }
                 self.cons = self.cons.wrapping_add(to_end);
                 continue;
@@ -316,13 +323,8 @@ impl FrameRing {
             let end = (self.cons & (self.size - 1)) + record_bytes(len) as u64;
             if end > self.size || self.prod_seen.wrapping_sub(self.cons) < record_bytes(len) as u64
             {
-                // A record past the data area or past the producer: drop what is pending.
-                self.corrupt += 1;
-                self.cons = self.prod_seen;
-                self.cons_published = self.cons;
-                self.mem
-                    .store_u64(self.base + CONSUMER, self.cons, Ordering::Release);
-                return None;
+                // A record past the data area or past the producer.
+                return self.drop_pending();
             }
             let n = len.min(buf.len());
             self.mem.read(off + HEADER, &mut buf[..n]);

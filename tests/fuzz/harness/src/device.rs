@@ -94,6 +94,55 @@ fn send<Q: TxBurst>(q: &mut Q, pool: &Arc<MbufPool>, n: usize, len: usize, segs:
     assert!(took <= n);
 }
 
+/// An RX program: the device writes a completion (`write`, half the time), the driver
+/// polls, or the application frees what it holds; a last poll at the end. Returns what the
+/// application still holds.
+fn rx_program<Q: RxBurst>(
+    input: &mut Input<'_>,
+    q: &mut Q,
+    room: usize,
+    mut write: impl FnMut(&mut Input<'_>),
+) -> Vec<mempool::Mbuf> {
+    let mut held = Vec::new();
+    for _ in 0..MAX_OPS {
+        if input.done() {
+            break;
+        }
+        match input.u8() % 4 {
+            0 | 1 => write(input),
+            2 => poll(q, usize::from(input.u8() % 64) + 1, room, &mut held),
+            _ => held.clear(),
+        }
+    }
+    poll(q, 64, room, &mut held);
+    held
+}
+
+/// A TX program: a burst of fresh frames, a completion the device writes (`write`, half the
+/// time), or an empty burst that only reaps.
+fn tx_program<Q: TxBurst>(
+    input: &mut Input<'_>,
+    q: &mut Q,
+    pool: &Arc<MbufPool>,
+    mut write: impl FnMut(&mut Input<'_>),
+) {
+    for _ in 0..MAX_OPS {
+        if input.done() {
+            break;
+        }
+        match input.u8() % 4 {
+            0 => {
+                let n = usize::from(input.u8() % 64);
+                let len = 14 + usize::from(input.u16() % 1500);
+                let segs = input.u8() & 1 != 0;
+                send(q, pool, n, len, segs);
+            }
+            1 | 2 => write(input),
+            _ => send(q, pool, 0, 60, false),
+        }
+    }
+}
+
 /// Ends a run: every held mbuf back, the queue gone, the pool whole.
 fn finish<Q>(q: Q, held: Vec<mempool::Mbuf>, pool: &Arc<MbufPool>) {
     drop(held);
@@ -215,18 +264,9 @@ pub fn mana_rx(data: &[u8]) {
     let (pool, keys) = pool("fuzz-mana-rx");
     let room = usize::from(pool.data_room());
     let (mut q, mut cq) = mana::rx_queue(&pool, keys);
-    let mut held = Vec::new();
-    for _ in 0..MAX_OPS {
-        if input.done() {
-            break;
-        }
-        match input.u8() % 4 {
-            0 | 1 => cq.write(&mut input, mana::RQ_ID, false),
-            2 => poll(&mut q, usize::from(input.u8() % 64) + 1, room, &mut held),
-            _ => held.clear(),
-        }
-    }
-    poll(&mut q, 64, room, &mut held);
+    let held = rx_program(&mut input, &mut q, room, |i| {
+        cq.write(i, mana::RQ_ID, false)
+    });
     finish(q, held, &pool);
 }
 
@@ -236,21 +276,9 @@ pub fn mana_tx(data: &[u8]) {
     let mut input = Input::new(data);
     let (pool, keys) = pool("fuzz-mana-tx");
     let (mut q, mut cq) = mana::tx_queue(&pool, keys);
-    for _ in 0..MAX_OPS {
-        if input.done() {
-            break;
-        }
-        match input.u8() % 4 {
-            0 => {
-                let n = usize::from(input.u8() % 64);
-                let len = 14 + usize::from(input.u16() % 1500);
-                let segs = input.u8() & 1 != 0;
-                send(&mut q, &pool, n, len, segs);
-            }
-            1 | 2 => cq.write(&mut input, mana::SQ_ID, true),
-            _ => send(&mut q, &pool, 0, 60, false),
-        }
-    }
+    tx_program(&mut input, &mut q, &pool, |i| {
+        cq.write(i, mana::SQ_ID, true)
+    });
     finish(q, Vec::new(), &pool);
 }
 
@@ -464,18 +492,7 @@ pub fn mlx5_rx(data: &[u8]) {
     let (pool, keys) = pool("fuzz-mlx5-rx");
     let room = usize::from(pool.data_room());
     let (mut q, mut cq) = mlx5::rx_queue(&pool, keys, compressed);
-    let mut held = Vec::new();
-    for _ in 0..MAX_OPS {
-        if input.done() {
-            break;
-        }
-        match input.u8() % 4 {
-            0 | 1 => cq.write(&mut input, mlx5::RQN),
-            2 => poll(&mut q, usize::from(input.u8() % 64) + 1, room, &mut held),
-            _ => held.clear(),
-        }
-    }
-    poll(&mut q, 64, room, &mut held);
+    let held = rx_program(&mut input, &mut q, room, |i| cq.write(i, mlx5::RQN));
     finish(q, held, &pool);
 }
 
@@ -488,18 +505,7 @@ pub fn mlx5_mprq(data: &[u8]) {
     let (pool, _) = pool("fuzz-mlx5-mprq");
     let room = usize::from(pool.data_room());
     let (mut q, mut cq) = mlx5::mprq_queue(&pool, compressed);
-    let mut held = Vec::new();
-    for _ in 0..MAX_OPS {
-        if input.done() {
-            break;
-        }
-        match input.u8() % 4 {
-            0 | 1 => cq.write(&mut input, mlx5::RQN),
-            2 => poll(&mut q, usize::from(input.u8() % 64) + 1, room, &mut held),
-            _ => held.clear(),
-        }
-    }
-    poll(&mut q, 64, room, &mut held);
+    let held = rx_program(&mut input, &mut q, room, |i| cq.write(i, mlx5::RQN));
     finish(q, held, &pool);
 }
 
@@ -511,20 +517,6 @@ pub fn mlx5_tx(data: &[u8]) {
     let min_inline = if input.u8() & 1 != 0 { 18 } else { 0 };
     let (pool, keys) = pool("fuzz-mlx5-tx");
     let (mut q, mut cq) = mlx5::tx_queue(&pool, keys, min_inline);
-    for _ in 0..MAX_OPS {
-        if input.done() {
-            break;
-        }
-        match input.u8() % 4 {
-            0 => {
-                let n = usize::from(input.u8() % 64);
-                let len = 14 + usize::from(input.u16() % 1500);
-                let segs = input.u8() & 1 != 0;
-                send(&mut q, &pool, n, len, segs);
-            }
-            1 | 2 => cq.write(&mut input, mlx5::SQN),
-            _ => send(&mut q, &pool, 0, 60, false),
-        }
-    }
+    tx_program(&mut input, &mut q, &pool, |i| cq.write(i, mlx5::SQN));
     finish(q, Vec::new(), &pool);
 }

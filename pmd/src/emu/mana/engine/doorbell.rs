@@ -364,14 +364,22 @@ mod tests {
         got
     }
 
-    /// The same page with a monitor per queue (the in-process model's doorbells): the page
-    /// holds what a real one would, and the overwrite that loses A's doorbell to a sampling
-    /// engine is seen, since each queue's handle also writes its own monitor; an id names its
-    /// queue among the page's whichever handle wrote it, and an id of no queue is bad.
-    #[test]
-    fn monitors_show_every_doorbell_of_a_shared_page() {
-        let mut e = Engine::new(Box::new(Loopback::open("t-monitor-db").unwrap()));
-        let mut peer = Loopback::open("t-monitor-db").unwrap();
+    /// An engine on a loopback cable `name`, a doorbell page with two SQs (0x1001, 0x1002) on
+    /// it, and registered frame memory where frame k starts with byte k at offset 64 * k.
+    struct Shared {
+        e: Engine,
+        peer: Loopback,
+        page: Arc<DoorbellPage>,
+        mine: DevMem,
+        base: usize,
+        a: Queue,
+        b: Queue,
+        _file: tempfile::NamedTempFile,
+    }
+
+    fn shared(name: &str) -> Shared {
+        let mut e = Engine::new(Box::new(Loopback::open(name).unwrap()));
+        let peer = Loopback::open(name).unwrap();
         let page = DoorbellPage::new(ring(doorbell::PAGE_BYTES)).unwrap();
         let file = tempfile::NamedTempFile::new().unwrap();
         let (mine, nic) = buffers(&file);
@@ -380,8 +388,36 @@ mod tests {
         for k in 0..8u8 {
             mine.fill(64 * usize::from(k), 60, k);
         }
-        let mut a = sq(&mut e, &page, 0x1001);
-        let mut b = sq(&mut e, &page, 0x1002);
+        let a = sq(&mut e, &page, 0x1001);
+        let b = sq(&mut e, &page, 0x1002);
+        Shared {
+            e,
+            peer,
+            page,
+            mine,
+            base,
+            a,
+            b,
+            _file: file,
+        }
+    }
+
+    /// The same page with a monitor per queue (the in-process model's doorbells): the page
+    /// holds what a real one would, and the overwrite that loses A's doorbell to a sampling
+    /// engine is seen, since each queue's handle also writes its own monitor; an id names its
+    /// queue among the page's whichever handle wrote it, and an id of no queue is bad.
+    #[test]
+    fn monitors_show_every_doorbell_of_a_shared_page() {
+        let Shared {
+            mut e,
+            mut peer,
+            page,
+            mine: _,
+            base,
+            mut a,
+            mut b,
+            _file,
+        } = shared("t-monitor-db");
         let da = crate::sys::Doorbell::new(Arc::clone(page.mem()), Some(page.monitor().unwrap()));
         let db = crate::sys::Doorbell::new(Arc::clone(page.mem()), Some(page.monitor().unwrap()));
         let ring_sq = |d: &crate::sys::Doorbell, id, tail| {
@@ -420,19 +456,16 @@ mod tests {
     /// queue served by another engine on the same page does not.
     #[test]
     fn queues_sharing_a_doorbell_page_latch_their_own_tails() {
-        let mut e = Engine::new(Box::new(Loopback::open("t-shared-db").unwrap()));
-        let mut peer = Loopback::open("t-shared-db").unwrap();
-        let page = DoorbellPage::new(ring(doorbell::PAGE_BYTES)).unwrap();
-        let file = tempfile::NamedTempFile::new().unwrap();
-        let (mine, nic) = buffers(&file);
-        let base = mine.addr();
-        e.add_mr(LKEY, base as u64, nic).unwrap();
-        // Frame k starts with byte k at offset 64 * k.
-        for k in 0..8u8 {
-            mine.fill(64 * usize::from(k), 60, k);
-        }
-        let mut a = sq(&mut e, &page, 0x1001);
-        let mut b = sq(&mut e, &page, 0x1002);
+        let Shared {
+            mut e,
+            mut peer,
+            page,
+            mine,
+            base,
+            mut a,
+            mut b,
+            _file,
+        } = shared("t-shared-db");
         let db = page.mem();
         let sq_db =
             |q: &Queue, tail| db.ring_doorbell(doorbell::SQ_OFFSET, doorbell::sq(q.id, tail));
