@@ -13,7 +13,7 @@
 //! * RX, per queue: a CQ (compressed with HASH mini CQEs when the device supports it,
 //!   through `mlx5dv_create_cq`, §1.4), a WQ of `nb_desc` one-SGE WQEs, RDY,
 //!   `mlx5dv_init_obj(RWQ | CQ)`; then the indirection table, one hashing QP per traffic
-//!   type of the port's RSS configuration (Toeplitz under its key; [`hash_qps`]: a TIR hashes
+//!   type of the port's RSS configuration (Toeplitz under its key; `hash_qps`: a TIR hashes
 //!   one family and one L4 protocol) and their steering rules: the port's MAC and
 //!   broadcast, or everything in promiscuous mode, each also matching its QP's type
 //!   (§1.6 B).
