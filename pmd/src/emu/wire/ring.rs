@@ -194,7 +194,8 @@ impl FrameRing {
         }
         if !on_record(self.prod) {
             // Our own counter, as a previous holder of this end left it: ours to mend.
-            self.prod = self.prod.next_multiple_of(RECORD_ALIGN as u64);
+            // (Counters are free-running: the next boundary, wrapping past the top.)
+            self.prod = (self.prod | (RECORD_ALIGN as u64 - 1)).wrapping_add(1);
             self.corrupt += 1;
         }
         let need = record_bytes(frame.len()) as u64;
@@ -447,6 +448,14 @@ mod tests {
         blocked.prod = 4096;
         assert!(!blocked.push(&[1; 60]));
         assert_eq!(blocked.corrupt(), 1);
+        // Our own counter off a boundary at the very top: mended by wrapping, no overflow
+        // (found by `shm_ring` on a fresh machine).
+        let mut top = FrameRing::new(Arc::clone(&mem), 0, 4096, 256);
+        top.prod = u64::MAX - 3;
+        top.cons_seen = u64::MAX - 3;
+        assert!(top.push(&[1; 60]));
+        assert_eq!(top.prod, 64);
+        assert_eq!(top.corrupt(), 1);
         // Sane counters again: frames flow.
         mem.store_u64(CONSUMER, 0, Ordering::Release);
         let mut rx = FrameRing::new(Arc::clone(&mem), 0, 4096, 256);
