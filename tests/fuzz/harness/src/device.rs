@@ -27,6 +27,15 @@ const LKEY: u32 = 0x77;
 /// Operations per input at most (keeps one execution short).
 const MAX_OPS: usize = 4096;
 
+/// A port configuration with [`RING`]-descriptor rings.
+fn config() -> PortConfig {
+    PortConfig {
+        rx_ring_size: RING,
+        tx_ring_size: RING,
+        ..Default::default()
+    }
+}
+
 fn anon(len: usize) -> Arc<DevMem> {
     Arc::new(DevMem::anon(len).expect("queue memory"))
 }
@@ -212,11 +221,7 @@ mod mana {
             owner: Arc::new(()),
             kick: None,
         };
-        let cfg = PortConfig {
-            rx_ring_size: RING,
-            tx_ring_size: RING,
-            ..Default::default()
-        };
+        let cfg = config();
         let mut q = pmd::mana::RxQueue::new(
             raw,
             &cfg,
@@ -387,11 +392,7 @@ mod mlx5 {
             state: Arc::new(Always),
             kick: None,
         };
-        let cfg = PortConfig {
-            rx_ring_size: RING,
-            tx_ring_size: RING,
-            ..Default::default()
-        };
+        let cfg = config();
         let mut q = pmd::mlx5::RxQueue::new(
             raw,
             &cfg,
@@ -434,11 +435,7 @@ mod mlx5 {
             state: Arc::new(Always),
             kick: None,
         };
-        let cfg = PortConfig {
-            rx_ring_size: RING,
-            tx_ring_size: RING,
-            ..Default::default()
-        };
+        let cfg = config();
         let mut q = pmd::mlx5::rxq_mprq::RxQueue::new(
             raw,
             bufs,
