@@ -496,11 +496,12 @@ pub fn loss_counters(stats: &Stats) -> Vec<(String, u64)> {
 /// the frames they counted themselves so that every frame sent is accounted for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeviceDrops {
-    /// Frames the port's driver accepted for sending that never left the device: the
-    /// device-model counters `dev_tx_*drops` (a full cable or a link down, a frame over the
-    /// MTU); on a port without device counters, its transmit errors (`oerrors`). Plus frames
-    /// it put on a cable that no far end will read (`wire_tx_stranded`: the far end went
-    /// away).
+    /// Frames the port's driver accepted for sending that never left the device: those the
+    /// driver saw fail (`oerrors`: error completions, and the frames of WQEs flushed with
+    /// them), plus those the device dropped after completing them normally, which only the
+    /// device model can count (`dev_tx_*drops`: a full cable or a link down; on mlx5 a frame
+    /// over the MTU), plus frames it put on a cable that no far end will read
+    /// (`wire_tx_stranded`: the far end went away).
     pub tx: u64,
     /// Frames that reached the port and never made it to the application: `imissed` (no
     /// receive buffer, a full ring under the port) plus the device-model counters of frames
@@ -528,17 +529,15 @@ pub const RX_DROP_COUNTERS: [&str; 4] = [
     "dev_rx_prot_errors",
 ];
 
-/// The frames `stats`' port dropped: see [`DeviceDrops`]. Each frame is counted once: the
-/// device's counters of frames it never put on the wire are used where the port has them,
-/// not the driver's error counters that may see the same frames (`oerrors`, `tx_error_drops`;
-/// the MANA model counts a frame over the MTU both as `dev_tx_mtu_drops` and as one of its
-/// `dev_tx_errors`).
+/// The frames `stats`' port dropped: see [`DeviceDrops`]. Each frame is counted once: a
+/// frame whose completion failed is the driver's (`oerrors`), whatever the device model
+/// counts of it too (`dev_tx_errors`, `dev_tx_flushed`, MANA's `dev_tx_mtu_errors`: error
+/// completions, not `*drops`); the model's `dev_tx_*drops` are frames whose WQE completed
+/// normally.
 pub fn device_drops(stats: &Stats) -> DeviceDrops {
-    let mut has_dev_tx = false;
-    let (mut tx, mut rx, mut stranded) = (0, stats.imissed, 0);
+    let (mut tx, mut rx, mut stranded) = (stats.oerrors, stats.imissed, 0);
     for (n, v) in &stats.xstats {
         if n.starts_with("dev_tx_") {
-            has_dev_tx = true;
             if n.ends_with("drops") {
                 tx += v;
             }
@@ -551,7 +550,7 @@ pub fn device_drops(stats: &Stats) -> DeviceDrops {
         }
     }
     DeviceDrops {
-        tx: if has_dev_tx { tx } else { stats.oerrors } + stranded,
+        tx: tx + stranded,
         rx,
     }
 }
@@ -608,7 +607,7 @@ pub fn loss_lines(stats: &[Stats]) -> Vec<String> {
 /// ```text
 ///   port 0 device: ipackets 0 opackets 1000 imissed 0 rx_nombuf 0, dropped tx 500 rx 0
 ///   port 0 rxq 1: packets 10 missed 3
-///   port 0 xstats: dev_tx_frames 500, dev_tx_mtu_drops 500
+///   port 0 xstats: dev_tx_frames 500, dev_tx_errors 500, dev_tx_mtu_errors 500
 /// ```
 pub fn device_lines(stats: &[Stats]) -> Vec<String> {
     let mut out = Vec::new();
@@ -749,38 +748,42 @@ mod tests {
         }
     }
 
-    /// Each dropped frame counts once, by direction; a port without device counters
-    /// reports its transmit errors.
+    /// Each dropped frame counts once, by direction: a failed completion as the driver's
+    /// transmit error, a frame the device dropped after a normal completion as the device's.
     #[test]
     fn device_drops_count_each_frame_once() {
-        let mana = stats(&[
+        let mut mana = stats(&[
             ("tx_cqe_errors", 500),
             ("dev_tx_frames", 10),
             ("dev_tx_errors", 500),
             ("dev_tx_wire_drops", 20),
-            ("dev_tx_mtu_drops", 500),
+            ("dev_tx_mtu_errors", 400),
             ("dev_rx_frames", 5),
             ("dev_rx_no_wqe", 7),
             ("dev_rx_fault_drops", 2),
             ("dev_rx_truncated", 1),
             ("wire_rx_drops", 0),
         ]);
+        mana.oerrors = 500;
         assert_eq!(device_drops(&mana), DeviceDrops { tx: 520, rx: 10 });
         // Frames left on a cable whose far end went away count with the sender's.
         let mut gone = mana.clone();
         gone.xstats.push(("wire_tx_stranded".into(), 30));
         assert_eq!(device_drops(&gone), DeviceDrops { tx: 550, rx: 10 });
+        // mlx5: 3 frames lost with an error CQE and the WQEs flushed after it (the driver's
+        // `tx_error_drops`, its `oerrors`); 9 over the MTU, completed normally.
         let mlx5 = stats(&[
-            ("tx_error_drops", 4),
-            ("dev_tx_flushed", 4),
+            ("tx_error_drops", 3),
+            ("dev_tx_errors", 1),
+            ("dev_tx_flushed", 2),
             ("dev_tx_mtu_drops", 9),
             ("dev_rx_cq_full", 3),
             ("dev_rx_oversize", 1),
             ("dev_rx_compressed_sessions", 100),
         ]);
-        assert_eq!(device_drops(&mlx5), DeviceDrops { tx: 9, rx: 11 });
+        assert_eq!(device_drops(&mlx5), DeviceDrops { tx: 12, rx: 11 });
         assert_eq!(device_drops(&stats(&[])), DeviceDrops { tx: 3, rx: 7 });
-        assert_eq!(device_drops(&mlx5).total(), 20);
+        assert_eq!(device_drops(&mlx5).total(), 23);
     }
 
     /// A capture that failed says why, with the OS error's text.

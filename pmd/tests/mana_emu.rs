@@ -724,7 +724,7 @@ fn mtu_is_enforced_by_the_device_and_promiscuous_mode_is_refused() {
     let s = a.stats();
     assert_eq!((s.opackets, s.oerrors), (1, 1));
     assert!(
-        s.xstats.contains(&("dev_tx_mtu_drops".to_string(), 1)),
+        s.xstats.contains(&("dev_tx_mtu_errors".to_string(), 1)),
         "{s:?}"
     );
     drop((tx, rx, a, b));

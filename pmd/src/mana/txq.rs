@@ -506,8 +506,12 @@ fn write_pseudo_header(
 
 impl Drop for TxQueue {
     fn drop(&mut self) {
-        // Completions that arrived are accounted; what is still in flight is freed unsent.
+        // Completions that arrived are accounted; what is still in flight is freed unsent,
+        // and counted as lost (transmit errors): the port's counters outlive the queue (a
+        // queue rebuilt after a device reset keeps them), so the frames a dead device never
+        // sent are not lost uncounted.
         self.reclaim();
+        self.counters.add_errors(u64::from(self.in_flight()));
         let desc = &mut self.desc;
         with_cache(&self.pool, |cache| desc.free_front(u32::MAX, cache));
     }

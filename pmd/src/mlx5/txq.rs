@@ -915,8 +915,11 @@ impl TxBurst for TxQueue {
 
 impl Drop for TxQueue {
     fn drop(&mut self) {
-        // No recovery here: the queue is going away (and its QP may be gone already).
+        // No recovery here: the queue is going away (and its QP may be gone already). What
+        // is still in flight is freed unsent and counted as lost (transmit errors): the
+        // port's counters outlive the queue (a queue rebuilt after a device reset keeps them).
         let _ = self.complete();
+        self.counters.add_errors(u64::from(self.in_flight()));
         let desc = &mut self.desc;
         with_cache(&self.pool, |cache| desc.free_front(u32::MAX, cache));
     }

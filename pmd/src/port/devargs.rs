@@ -7,8 +7,8 @@
 //! |---|---|
 //! | `mana` | `mac=MAC`, `dev=IBDEV`, `port=N` (IB port, 1-based), `netdev=IFNAME` (the port's kernel netdev), `busy=...` (below), `recover-timeout=SECONDS` (below) |
 //! | `mlx5` | `mac=MAC`, `dev=IBDEV`, `port=N`, `netdev=IFNAME`, `inline=N`, `cqe-comp=0\|1`, `recover-timeout=SECONDS` (below) |
-//! | `emu-mana` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture), `netdev=IFNAME` (the modelled kernel netdev), `busy=...` (below), `engine=inline\|thread` (below), `cqe-coalesce=0\|1` (RX_COALESCED_4 completions, as newer kernels set up; default 0) |
-//! | `emu-mlx5` | `wire=...`, `mac=MAC`, `pcap=FILE`, `netdev=IFNAME`, `inline=N` (bytes the modelled device needs inline: 0, or 18 for a ConnectX-4), `mprq=0\|1` (multi-packet RQs), `mprq-log-stride=N` (log2 stride bytes, default 11), `mprq-log-strides=N` (log2 strides per WQE, default 6), `cqe-comp=0\|1` (compressed RX CQEs, default 1), `engine=inline\|thread` |
+//! | `emu-mana` | `wire=loop:NAME\|shm:NAME\|afpacket:IFACE\|none`, `mac=MAC`, `pcap=FILE` (capture), `netdev=IFNAME` (the modelled kernel netdev), `busy=...` (below), `engine=inline\|thread` (below), `cqe-coalesce=0\|1` (RX_COALESCED_4 completions, as newer kernels set up; default 0), `faults=...`, `fault-period=SECONDS` (below) |
+//! | `emu-mlx5` | `wire=...`, `mac=MAC`, `pcap=FILE`, `netdev=IFNAME`, `inline=N` (bytes the modelled device needs inline: 0, or 18 for a ConnectX-4), `mprq=0\|1` (multi-packet RQs), `mprq-log-stride=N` (log2 stride bytes, default 11), `mprq-log-strides=N` (log2 strides per WQE, default 6), `cqe-comp=0\|1` (compressed RX CQEs, default 1), `engine=inline\|thread`, `faults=...`, `fault-period=SECONDS` (below) |
 //! | `null` | `size=BYTES` (frame size, 14..=9600, default 64), `mac=MAC` |
 //!
 //! Every kind also takes `rxq=N` and `txq=N` (queue counts, 1..=64), which override the
@@ -20,6 +20,16 @@
 //! `thread` gives the model its own busy-polling thread, which works whether or not anyone
 //! polls (the device then completes and receives on its own, like a NIC). Without `engine=`,
 //! the environment variable `PMD_EMU_ENGINE=inline|thread` decides, else inline.
+//!
+//! Faults on purpose (device-model kinds, see `emu::faults`): `faults=KIND[+KIND...]` or
+//! `faults=all` makes the model inject each kind in turn for `fault-period=SECONDS` (default
+//! 1, at least 0.001), with a clean period between two, for as long as the port is open: what
+//! a soak run (`bench/soak.sh`) uses. The kinds: `link` (the link down), `rx-drop` (frames
+//! dropped on arrival), `tx-error` (TX WQEs failing); `emu-mana` also `rx-error` (frames
+//! truncated) and `slow-completions`; `emu-mlx5` also `rx-bad-key`, `tx-bad-key` (a DMA
+//! meeting an unknown memory key, which puts the queue in error) and `state-change` (TX
+//! errors whose first queue recovery step fails). Every frame a fault costs is counted in the
+//! port's device counters.
 //!
 //! What a MANA port does when the kernel's netdev holds it ([`BusyPolicy`], see
 //! [`crate::takeover`]):
@@ -122,6 +132,8 @@ pub enum PortKind {
         /// RX_COALESCED_4 CQE, as `mana_ib` sets up RSS QPs on newer kernels (default: off,
         /// as on older kernels; the driver handles both).
         coalesce: bool,
+        /// `faults=`, `fault-period=`: faults that take turns (see the module docs).
+        faults: Option<crate::emu::faults::FaultPlan>,
     },
     /// The mlx5 device model.
     #[cfg(feature = "emu")]
@@ -139,6 +151,8 @@ pub enum PortKind {
         rx: crate::mlx5::Options,
         /// `engine=inline|thread`; `None`: `PMD_EMU_ENGINE`, else inline.
         engine: Option<EngineMode>,
+        /// `faults=`, `fault-period=`: faults that take turns (see the module docs).
+        faults: Option<crate::emu::faults::FaultPlan>,
     },
     /// No device: RX hands out `size`-byte frames, TX frees what it is given.
     Null {
@@ -198,6 +212,14 @@ pub enum DevargsError {
         value: String,
         /// What would be accepted.
         expected: &'static str,
+    },
+    /// A `faults=` value that names no fault of the model, or one twice.
+    #[error("bad value '{value}' for 'faults': {why}")]
+    BadFaults {
+        /// What was given.
+        value: String,
+        /// Why it was refused, and what the model has.
+        why: String,
     },
     /// A kind this build leaves out.
     #[error("'{kind}' ports are not in this build: rebuild pmd with feature `{feature}`")]
@@ -268,6 +290,8 @@ fn accepted_keys(kind: &str) -> &'static [&'static str] {
             "takeover",
             "engine",
             "cqe-coalesce",
+            "faults",
+            "fault-period",
             "rxq",
             "txq",
         ],
@@ -282,6 +306,8 @@ fn accepted_keys(kind: &str) -> &'static [&'static str] {
             "mprq-log-strides",
             "cqe-comp",
             "engine",
+            "faults",
+            "fault-period",
             "rxq",
             "txq",
         ],
@@ -496,6 +522,34 @@ fn parse_mlx5_rx<'a>(
     })
 }
 
+#[cfg(feature = "emu")]
+/// `faults=` and `fault-period=` against the kinds a model has.
+fn parse_faults<'a>(
+    get: impl Fn(&str) -> Option<&'a str>,
+    model: &'static [crate::emu::faults::FaultKind],
+) -> Result<Option<crate::emu::faults::FaultPlan>, DevargsError> {
+    use crate::emu::faults::{FaultPlan, DEFAULT_PERIOD};
+    let period = get("fault-period")
+        .map(|v| parse_seconds("fault-period", v))
+        .transpose()?;
+    let Some(text) = get("faults") else {
+        return match (period, get("fault-period")) {
+            (Some(_), Some(v)) => Err(DevargsError::Conflict {
+                first: format!("fault-period={v}"),
+                second: "no faults=".into(),
+                why: "fault-period is how long each of the faults= lasts: add faults=KIND or faults=all",
+            }),
+            _ => Ok(None),
+        };
+    };
+    FaultPlan::parse(text, model, period.unwrap_or(DEFAULT_PERIOD))
+        .map(Some)
+        .map_err(|e| DevargsError::BadFaults {
+            value: text.into(),
+            why: e.to_string(),
+        })
+}
+
 fn parse_dev(value: &str) -> Result<String, DevargsError> {
     if value.len() > 64 || value.contains(['/', '\0']) {
         return Err(DevargsError::BadValue {
@@ -597,6 +651,7 @@ impl FromStr for PortSpec {
                     .map(|v| parse_switch("cqe-coalesce", v))
                     .transpose()?
                     .unwrap_or(false),
+                faults: parse_faults(get, crate::emu::faults::MANA_KINDS)?,
             },
             #[cfg(feature = "emu")]
             "emu-mlx5" => PortKind::EmuMlx5 {
@@ -605,6 +660,7 @@ impl FromStr for PortSpec {
                 inline: get("inline").map(parse_inline).transpose()?.unwrap_or(0),
                 rx: parse_mlx5_rx(get)?,
                 engine: get("engine").map(parse_engine).transpose()?,
+                faults: parse_faults(get, crate::emu::faults::MLX5_KINDS)?,
             },
             #[cfg(not(feature = "emu"))]
             "emu-mana" | "emu-mlx5" => {
@@ -658,6 +714,19 @@ impl FromStr for PortSpec {
     }
 }
 
+#[cfg(feature = "emu")]
+/// `faults=` and `fault-period=` as they parse back (the period only when not the default).
+fn faults_parts(plan: Option<&crate::emu::faults::FaultPlan>) -> Vec<String> {
+    let Some(p) = plan else {
+        return Vec::new();
+    };
+    let mut v = vec![format!("faults={}", p.kinds_text())];
+    if p.period != crate::emu::faults::DEFAULT_PERIOD {
+        v.push(format!("fault-period={}", p.period.as_secs_f64()));
+    }
+    v
+}
+
 impl fmt::Display for PortSpec {
     /// The canonical devargs string; it parses back to the same spec.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -691,6 +760,7 @@ impl fmt::Display for PortSpec {
                 mac,
                 engine,
                 coalesce,
+                faults,
             } => {
                 parts.push(format!("wire={wire}"));
                 parts.extend(mac.map(|m| format!("mac={m}")));
@@ -698,6 +768,7 @@ impl fmt::Display for PortSpec {
                 if *coalesce {
                     parts.push("cqe-coalesce=1".into());
                 }
+                parts.extend(faults_parts(faults.as_ref()));
                 "emu-mana"
             }
             #[cfg(feature = "emu")]
@@ -707,6 +778,7 @@ impl fmt::Display for PortSpec {
                 inline,
                 rx,
                 engine,
+                faults,
             } => {
                 parts.push(format!("wire={wire}"));
                 parts.extend(mac.map(|m| format!("mac={m}")));
@@ -727,6 +799,7 @@ impl fmt::Display for PortSpec {
                     parts.push("cqe-comp=0".into());
                 }
                 parts.extend(engine.map(|e| format!("engine={e}")));
+                parts.extend(faults_parts(faults.as_ref()));
                 "emu-mlx5"
             }
             PortKind::Null { size, mac } => {
@@ -818,6 +891,7 @@ mod tests {
                 mac: None,
                 engine: None,
                 coalesce: false,
+                faults: None,
             }
         );
         assert_eq!(
@@ -828,6 +902,7 @@ mod tests {
                 inline: 0,
                 rx: crate::mlx5::Options::default(),
                 engine: None,
+                faults: None,
             }
         );
         for (text, want) in [
@@ -1115,6 +1190,63 @@ mod tests {
         "[a-z][a-z0-9_]{0,14}"
     }
 
+    /// A fault plan of some of `model`'s kinds in some order, with a millisecond period.
+    fn arb_faults(
+        model: &'static [crate::emu::faults::FaultKind],
+    ) -> impl Strategy<Value = Option<crate::emu::faults::FaultPlan>> {
+        proptest::option::of(
+            (
+                Just(model.to_vec()).prop_shuffle(),
+                1..=model.len(),
+                1u64..=86_400_000,
+            )
+                .prop_map(|(mut kinds, n, ms)| {
+                    kinds.truncate(n);
+                    crate::emu::faults::FaultPlan {
+                        kinds,
+                        period: Duration::from_millis(ms),
+                    }
+                }),
+        )
+    }
+
+    #[test]
+    fn faults_name_the_model_s_kinds() {
+        let p = |s: &str| s.parse::<PortSpec>();
+        let s = p("emu-mlx5:wire=none,faults=all,fault-period=0.25").unwrap();
+        let PortKind::EmuMlx5 {
+            faults: Some(plan), ..
+        } = &s.kind
+        else {
+            panic!("{s:?}");
+        };
+        assert_eq!(plan.kinds, crate::emu::faults::MLX5_KINDS);
+        assert_eq!(plan.period, Duration::from_millis(250));
+        assert_eq!(
+            s.to_string(),
+            "emu-mlx5:wire=none,faults=link+rx-drop+tx-error+rx-bad-key+tx-bad-key+state-change,\
+             fault-period=0.25"
+        );
+        assert_eq!(
+            p("emu-mana:wire=none,faults=link+tx-error")
+                .unwrap()
+                .to_string(),
+            "emu-mana:wire=none,faults=link+tx-error"
+        );
+        let e = p("emu-mana:wire=none,faults=rx-bad-key").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "bad value 'rx-bad-key' for 'faults': 'rx-bad-key' is no fault of this model: it has \
+             link, rx-drop, rx-error, tx-error, slow-completions, or all"
+        );
+        let e = p("emu-mlx5:wire=none,fault-period=2").unwrap_err();
+        assert!(matches!(e, DevargsError::Conflict { .. }), "{e}");
+        let e = p("emu-mana:wire=none,faults=all,fault-period=0").unwrap_err();
+        assert!(e.to_string().contains("'fault-period'"), "{e}");
+        let e = p("mana:faults=all").unwrap_err();
+        assert!(matches!(e, DevargsError::UnknownKey { .. }), "{e}");
+    }
+
     fn arb_spec() -> impl Strategy<Value = PortSpec> {
         let mac = proptest::option::of(any::<[u8; 6]>().prop_map(MacAddr));
         let q = proptest::option::of(1u16..=64);
@@ -1149,14 +1281,20 @@ mod tests {
                     inline,
                     cqe_comp
                 }),
-            (wire.clone(), mac.clone(), engine.clone(), any::<bool>()).prop_map(
-                |(wire, mac, engine, coalesce)| PortKind::EmuMana {
+            (
+                wire.clone(),
+                mac.clone(),
+                engine.clone(),
+                any::<bool>(),
+                arb_faults(crate::emu::faults::MANA_KINDS)
+            )
+                .prop_map(|(wire, mac, engine, coalesce, faults)| PortKind::EmuMana {
                     wire,
                     mac,
                     engine,
-                    coalesce
-                }
-            ),
+                    coalesce,
+                    faults
+                }),
             (
                 wire,
                 mac.clone(),
@@ -1164,22 +1302,28 @@ mod tests {
                 proptest::option::of((6u8..=15, 1u8..=16)),
                 any::<bool>(),
                 engine,
+                arb_faults(crate::emu::faults::MLX5_KINDS),
             )
-                .prop_map(|(wire, mac, inline, mprq, cqe_compression, engine)| {
-                    PortKind::EmuMlx5 {
-                        wire,
-                        mac,
-                        inline,
-                        engine,
-                        rx: crate::mlx5::Options {
-                            mprq: mprq.map(|(log_stride_bytes, log_strides)| crate::mlx5::Mprq {
-                                log_stride_bytes,
-                                log_strides,
-                            }),
-                            cqe_compression,
-                        },
+                .prop_map(
+                    |(wire, mac, inline, mprq, cqe_compression, engine, faults)| {
+                        PortKind::EmuMlx5 {
+                            wire,
+                            mac,
+                            inline,
+                            engine,
+                            faults,
+                            rx: crate::mlx5::Options {
+                                mprq: mprq.map(|(log_stride_bytes, log_strides)| {
+                                    crate::mlx5::Mprq {
+                                        log_stride_bytes,
+                                        log_strides,
+                                    }
+                                }),
+                                cqe_compression,
+                            },
+                        }
                     }
-                }),
+                ),
             (14u16..=9600, mac).prop_map(|(size, mac)| PortKind::Null { size, mac }),
         ];
         let busy = prop_oneof![

@@ -32,6 +32,7 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
             mac,
             engine,
             coalesce,
+            faults,
         } => {
             let model_spec = crate::emu::mana::ModelSpec {
                 wire: wire.clone(),
@@ -47,6 +48,7 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
                     what: spec.to_string(),
                     source: Box::new(e),
                 })?;
+            cycle_faults(spec, faults.as_ref(), |p| model.handle().cycle_faults(p))?;
             Ok(Box::new(crate::mana::Driver::new(
                 Box::new(model),
                 mana_options(spec),
@@ -59,6 +61,7 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
             inline,
             rx,
             engine,
+            faults,
         } => {
             let provider = crate::emu::mlx5::port::ModelPort::open(
                 wire,
@@ -72,6 +75,7 @@ pub(crate) fn probe(id: u16, spec: &PortSpec) -> Result<Box<dyn PortDriver>, Por
                 what: spec.to_string(),
                 source,
             })?;
+            cycle_faults(spec, faults.as_ref(), |p| provider.handle().cycle_faults(p))?;
             Ok(Box::new(crate::mlx5::Driver::with_options(
                 Box::new(provider),
                 *rx,
@@ -219,4 +223,22 @@ fn hardware_unavailable(spec: &PortSpec) -> PortError {
         spec: spec.to_string(),
         why,
     }
+}
+
+#[cfg(feature = "emu")]
+/// Starts a device model's fault cycle (`faults=`), if the spec asks for one.
+fn cycle_faults(
+    spec: &PortSpec,
+    plan: Option<&crate::emu::faults::FaultPlan>,
+    start: impl FnOnce(
+        Option<&crate::emu::faults::FaultPlan>,
+    ) -> Result<(), crate::emu::faults::FaultKind>,
+) -> Result<(), PortError> {
+    if plan.is_none() {
+        return Ok(());
+    }
+    start(plan).map_err(|kind| PortError::Setup {
+        what: spec.to_string(),
+        source: format!("the model has no fault '{kind}'").into(),
+    })
 }

@@ -95,6 +95,33 @@ pub struct Nics {
     /// Devices being serviced: their engines keep running (their wires open) with no queue,
     /// until a queue is created on the device again.
     held: BTreeSet<u32>,
+    /// What the engines stopped so far dropped where no driver can see it.
+    stopped_drops: DeviceDrops,
+}
+
+/// Frames the device models dropped where a driver over verbs cannot see it (no buffer
+/// posted, a link fault, the wire refusing a frame, no queue to steer to): on hardware the
+/// NIC's own counters, which pmd does not read. Reported at exit, so that a soak run can
+/// account for every frame; by counter name, summed over every engine of the process.
+#[derive(Debug, Default, Clone)]
+pub struct DeviceDrops(pub BTreeMap<&'static str, u64>);
+
+impl DeviceDrops {
+    /// Adds `counts` (name, frames).
+    pub fn add(&mut self, counts: &[(&'static str, u64)]) {
+        for &(n, v) in counts {
+            *self.0.entry(n).or_default() += v;
+        }
+    }
+}
+
+/// The MANA model's counters of frames its driver never sees dropped.
+fn hidden_drops(s: &pmd::emu::mana::ModelStats) -> [(&'static str, u64); 3] {
+    [
+        ("rx_no_wqe", s.rx_no_wqe),
+        ("rx_fault_drops", s.rx_fault_drops),
+        ("tx_wire_drops", s.tx_wire_drops),
+    ]
 }
 
 impl std::fmt::Debug for Nics {
@@ -182,6 +209,15 @@ impl Nics {
         Ok(nic)
     }
 
+    /// What every engine of the process, stopped or running, dropped unseen by its driver.
+    pub fn device_drops(&self) -> DeviceDrops {
+        let mut d = self.stopped_drops.clone();
+        for n in self.engines.values() {
+            d.add(&hidden_drops(&n.runner.core().lock().stats()));
+        }
+        d
+    }
+
     /// Device `dev` is being serviced: its engines keep running with no queue (the vPort's
     /// wire stays, as the port does when a VF goes away), dropping what arrives, until a
     /// queue is created on the device again.
@@ -202,7 +238,11 @@ impl Nics {
         if self.engines.get(&key).is_some_and(|n| n.queues == 0) {
             // Dropping the runner stops and joins its thread (its step, if any, is over),
             // then drops the engine and its wire (kick handles keep an empty core).
-            self.engines.remove(&key);
+            if let Some(n) = self.engines.remove(&key) {
+                let stats = n.runner.core().lock().stats();
+                drop(n);
+                self.stopped_drops.add(&hidden_drops(&stats));
+            }
         }
     }
 

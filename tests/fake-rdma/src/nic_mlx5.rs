@@ -37,6 +37,7 @@
 use crate::kick::{Live, Runner};
 use crate::mlx5::cq::Cq;
 use crate::mlx5::flow::{Steering, Tir};
+use crate::nic::DeviceDrops;
 use crate::verbs::{device_name, Device};
 use pmd::emu::mlx5::{CqSpec, Engine, RqSpec, RxHashFields, SqSpec, Steer};
 use pmd::emu::thread::EngineCore;
@@ -44,6 +45,7 @@ use pmd::emu::wire::{self, Wire};
 use pmd::sys::DevMem;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A send queue as the fake created it.
@@ -138,6 +140,9 @@ unsafe fn cq_spec(c: CqRing, call: &str) -> Result<CqSpec, c_int> {
 struct SteeredWire {
     inner: Box<dyn Wire>,
     steering: Arc<Mutex<Steering>>,
+    /// Frames no rule of the application took (the kernel's, on hardware: its netdev
+    /// receives them; lost to the application either way).
+    not_taken: Arc<AtomicU64>,
 }
 
 impl Wire for SteeredWire {
@@ -164,6 +169,7 @@ impl Wire for SteeredWire {
             if s.accepts(&buf[..n.min(buf.len())]) {
                 return Some(n);
             }
+            self.not_taken.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -196,6 +202,8 @@ struct PortNic {
     queues: usize,
     steering: Arc<Mutex<Steering>>,
     rss: Vec<Tir>,
+    /// Frames its steering gave no queue of the application, over the port's life.
+    not_taken: Arc<AtomicU64>,
 }
 
 /// Every mlx5 engine of the process and the memory regions they may reach.
@@ -206,6 +214,21 @@ pub struct Mlx5Nics {
     /// Devices being serviced: their engines keep running (their wires open) with no queue,
     /// until a queue is created on the device again.
     held: BTreeSet<u32>,
+    /// What the engines stopped so far dropped where no driver can see it.
+    stopped_drops: DeviceDrops,
+}
+
+/// The mlx5 model's counters of frames its driver never sees dropped (an error CQE tells the
+/// driver of the others).
+fn hidden_drops(s: &pmd::emu::mlx5::ModelStats) -> [(&'static str, u64); 6] {
+    [
+        ("rx_no_wqe", s.rx_no_wqe),
+        ("rx_fault_drops", s.rx_fault_drops),
+        ("rx_unsteered_drops", s.rx_unsteered_drops),
+        ("rx_cq_full", s.rx_cq_full),
+        ("tx_wire_drops", s.tx_wire_drops),
+        ("tx_mtu_drops", s.tx_mtu_drops),
+    ]
 }
 
 impl std::fmt::Debug for Mlx5Nics {
@@ -238,6 +261,7 @@ impl Mlx5Nics {
             let mut e = Engine::new(Box::new(SteeredWire {
                 inner: w,
                 steering: Arc::clone(&port.steering),
+                not_taken: Arc::clone(&port.not_taken),
             }));
             e.set_mtu(crate::nic::MTU);
             for (&lkey, m) in self.mrs.iter().filter(|(_, m)| m.dev == dev.index) {
@@ -277,11 +301,27 @@ impl Mlx5Nics {
                 } else {
                     // Dropping the runner stops and joins its thread, then drops the
                     // engine and its wire (kick handles keep an empty core).
-                    p.runner = None;
+                    if let Some(r) = p.runner.take() {
+                        let stats = r.core().lock().stats();
+                        drop(r);
+                        self.stopped_drops.add(&hidden_drops(&stats));
+                    }
                     p.rss = Vec::new();
                 }
             }
         }
+    }
+
+    /// What every engine of the process, stopped or running, dropped unseen by its driver.
+    pub fn device_drops(&self) -> DeviceDrops {
+        let mut d = self.stopped_drops.clone();
+        for p in self.ports.values() {
+            if let Some(r) = &p.runner {
+                d.add(&hidden_drops(&r.core().lock().stats()));
+            }
+            d.add(&[("rx_not_steered", p.not_taken.load(Ordering::Relaxed))]);
+        }
+        d
     }
 
     /// The engine of `dev`, switched to inline (see `crate::kick`), for a kick handle;

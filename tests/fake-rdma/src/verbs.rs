@@ -720,7 +720,9 @@ pub extern "C" fn fake_rdma_dump_live() {
     }
 }
 
-/// The line printed at exit: `fake-rdma: at exit: N live objects` and, when N > 0, which.
+/// The line printed at exit: `fake-rdma: at exit: N live objects` and, when N > 0, which;
+/// then, when the device models dropped frames their drivers cannot see (see
+/// [`crate::nic::DeviceDrops`]), `fake-rdma: device drops at exit: {"rx_no_wqe":N,...}`.
 pub fn report_at_exit() {
     let g = lock();
     let n = g.as_ref().map_or(0, |s| s.objects.len());
@@ -730,6 +732,13 @@ pub fn report_at_exit() {
             json!(s.live_by_kind())
         ),
         _ => eprintln!("fake-rdma: at exit: 0 live objects"),
+    }
+    if let Some(s) = g.as_ref() {
+        let mut d = s.nics.device_drops();
+        d.add(&s.mlx5_nics.device_drops().0.into_iter().collect::<Vec<_>>());
+        if d.0.values().any(|&v| v > 0) {
+            eprintln!("fake-rdma: device drops at exit: {}", json!(d.0));
+        }
     }
 }
 

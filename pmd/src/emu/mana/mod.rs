@@ -224,6 +224,18 @@ impl ModelHandle {
         self.0.note_link(&e);
     }
 
+    /// Has the faults of `plan` take turns from now on ([`Engine::cycle_faults`]); `None`
+    /// stops them. Link phases reach the port's events within [`LINK_POLL`].
+    ///
+    /// # Errors
+    /// A kind of fault the MANA model does not have.
+    pub fn cycle_faults(
+        &self,
+        plan: Option<&crate::emu::faults::FaultPlan>,
+    ) -> Result<(), crate::emu::faults::FaultKind> {
+        self.0.lock().cycle_faults(plan)
+    }
+
     /// Sets the vPort's RX CQE coalescing (what `cqe-coalesce=1` sets when the model opens;
     /// [`Engine::set_rx_coalesce`]). Faults set later leave it as it is.
     pub fn set_rx_coalesce(&self, on: bool) {
@@ -704,7 +716,7 @@ impl Provider for Model {
             ("dev_tx_bytes".into(), s.tx_bytes),
             ("dev_tx_errors".into(), s.tx_errors),
             ("dev_tx_wire_drops".into(), s.tx_wire_drops),
-            ("dev_tx_mtu_drops".into(), s.tx_mtu_drops),
+            ("dev_tx_mtu_errors".into(), s.tx_mtu_errors),
             ("dev_rx_frames".into(), s.rx_frames),
             ("dev_rx_bytes".into(), s.rx_bytes),
             ("dev_rx_no_wqe".into(), s.rx_no_wqe),

@@ -153,6 +153,18 @@ impl ModelHandle {
         self.0.lock().set_faults(f);
     }
 
+    /// Has the faults of `plan` take turns from now on ([`Engine::cycle_faults`]); `None`
+    /// stops them.
+    ///
+    /// # Errors
+    /// A kind of fault the mlx5 model does not have.
+    pub fn cycle_faults(
+        &self,
+        plan: Option<&crate::emu::faults::FaultPlan>,
+    ) -> Result<(), crate::emu::faults::FaultKind> {
+        self.0.lock().cycle_faults(plan)
+    }
+
     /// Device-side counters.
     pub fn stats(&self) -> ModelStats {
         self.0.lock().stats()

@@ -17,6 +17,7 @@ mod tx;
 
 pub use doorbell::DoorbellPage;
 
+use crate::emu::faults::{FaultCycle, FaultKind, FaultPlan};
 use crate::emu::mr::MrTable;
 use crate::emu::wire::faults::FaultyWire;
 use crate::emu::wire::{Wire, MAX_FRAME};
@@ -64,7 +65,7 @@ pub struct ModelStats {
     pub tx_errors: u64,
     /// Frames the wire refused: the cable full (the receiver not keeping up), the link down,
     /// a frame larger than the wire carries. Every frame the device took and did not put on
-    /// the wire is counted here or in `tx_errors` / `tx_mtu_drops`.
+    /// the wire is counted here or in `tx_errors` (those the driver sees fail).
     pub tx_wire_drops: u64,
     /// Frames delivered into RQ buffers.
     pub rx_frames: u64,
@@ -76,8 +77,10 @@ pub struct ModelStats {
     pub rx_truncated: u64,
     /// Frames dropped by faults or link down.
     pub rx_fault_drops: u64,
-    /// TX frames over the MTU (completed with TX_MTU_DROP).
-    pub tx_mtu_drops: u64,
+    /// TX frames over the MTU, completed with TX_MTU_DROP: error completions, so also in
+    /// `tx_errors` (the driver sees them fail; unlike mlx5's `tx_mtu_drops`, which complete
+    /// normally).
+    pub tx_mtu_errors: u64,
     /// Doorbell values whose queue id matches no queue on their page (each value counted
     /// once; a doorbell of a sibling queue on a shared page is not bad).
     pub bad_doorbells: u64,
@@ -292,6 +295,8 @@ pub struct Engine {
     /// The port's wire, wrapped so that the wire-level [`Faults`] apply to it.
     pub(crate) wire: FaultyWire,
     pub(crate) faults: Faults,
+    /// Faults taking turns ([`Engine::cycle_faults`]): each phase sets `faults`.
+    cycle: Option<FaultCycle<Faults>>,
     pub(crate) stats: ModelStats,
     /// The MTU the driver set (`Provider::set_mtu`): larger TX frames complete with
     /// TX_MTU_DROP.
@@ -345,6 +350,7 @@ impl Engine {
             db_values: Vec::new(),
             wire: FaultyWire::new(wire),
             faults: Faults::default(),
+            cycle: None,
             stats: ModelStats::default(),
             frame: vec![0; LSO_MAX_BYTES + 4],
             seg: Vec::with_capacity(MAX_FRAME + 4),
@@ -542,6 +548,56 @@ impl Engine {
         self.faults = f;
     }
 
+    /// Has the faults of `plan` take turns from now on (see [`crate::emu::faults`]),
+    /// replacing any faults set; `None` stops the cycle and clears them. Kinds the MANA model
+    /// does not have ([`crate::emu::faults::MANA_KINDS`]) are refused.
+    ///
+    /// # Errors
+    /// The first kind of `plan` the model does not have.
+    pub fn cycle_faults(&mut self, plan: Option<&FaultPlan>) -> Result<(), FaultKind> {
+        let Some(plan) = plan else {
+            self.cycle = None;
+            self.faults = Faults::default();
+            return Ok(());
+        };
+        self.cycle = Some(FaultCycle::from_plan(plan, Self::phase)?);
+        Ok(())
+    }
+
+    /// The faults of one phase of a cycle.
+    fn phase(kind: FaultKind) -> Option<Faults> {
+        use crate::emu::faults as f;
+        let none = Faults::default();
+        Some(match kind {
+            FaultKind::Link => Faults {
+                link_down: true,
+                ..none
+            },
+            FaultKind::RxDrop => Faults {
+                rx_drop_every: f::RX_DROP_EVERY,
+                ..none
+            },
+            FaultKind::RxError => Faults {
+                rx_error_every: f::RX_ERROR_EVERY,
+                ..none
+            },
+            FaultKind::TxError => Faults {
+                tx_error_every: f::TX_ERROR_EVERY,
+                ..none
+            },
+            FaultKind::SlowCompletions => Faults {
+                completion_delay_steps: f::SLOW_COMPLETION_STEPS,
+                ..none
+            },
+            FaultKind::RxBadKey | FaultKind::TxBadKey | FaultKind::StateChange => return None,
+        })
+    }
+
+    /// The fault of the cycle in force (`None`: no cycle, or a clean phase).
+    pub fn fault_phase(&self) -> Option<FaultKind> {
+        self.cycle.as_ref().and_then(FaultCycle::current)
+    }
+
     /// Device-side counters.
     pub fn stats(&self) -> ModelStats {
         self.stats
@@ -561,7 +617,7 @@ impl Engine {
     /// One pass over every queue and the wire; returns the work done (WQEs + frames + CQEs).
     pub fn step(&mut self) -> usize {
         self.steps += 1;
-        self.forward_wire_faults();
+        self.apply_faults();
         self.scan_doorbells();
         let mut work = 0;
         for i in 0..self.sqs.len() {
@@ -582,9 +638,13 @@ impl Engine {
         }
     }
 
-    /// Hands the wire-level fields of [`Faults`] to the wire's knobs. `faults` is set from
-    /// outside between steps, so each step starts by forwarding it.
-    fn forward_wire_faults(&self) {
+    /// Starts the phase of the fault cycle that is due, if any, then hands the wire-level
+    /// fields of [`Faults`] to the wire's knobs. `faults` is set from outside between steps,
+    /// so each step starts by forwarding it.
+    fn apply_faults(&mut self) {
+        if let Some(f) = self.cycle.as_mut().and_then(FaultCycle::poll) {
+            self.faults = f;
+        }
         let knobs = self.wire.faults();
         knobs.set_rx_drop_every(self.faults.rx_drop_every);
         knobs.set_link_down(self.faults.link_down);
@@ -602,7 +662,7 @@ impl crate::emu::thread::Nic for Engine {
     fn kick(&mut self, queue: crate::emu::thread::QueueId) -> usize {
         use crate::emu::thread::QueueId;
         self.steps += 1;
-        self.forward_wire_faults();
+        self.apply_faults();
         let mut work = match queue {
             QueueId::Sq(id) => match self.sqs.iter().position(|q| q.id == id) {
                 Some(i) => {

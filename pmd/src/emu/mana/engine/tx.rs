@@ -178,7 +178,7 @@ impl Engine {
         };
         if l3_bytes > usize::from(self.mtu) {
             self.frame = frame;
-            self.stats.tx_mtu_drops += 1;
+            self.stats.tx_mtu_errors += 1;
             return self.tx_error(cq, sq_id, CqeType::TxMtuDrop, 0, pos);
         }
         match lso {

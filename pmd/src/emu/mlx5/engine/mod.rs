@@ -14,6 +14,7 @@ mod rx;
 mod tx;
 mod uar;
 
+use crate::emu::faults::{FaultCycle, FaultKind, FaultPlan};
 use crate::emu::mr::MrTable;
 use crate::emu::wire::faults::FaultyWire;
 use crate::emu::wire::Wire;
@@ -564,6 +565,8 @@ pub struct Engine {
     pub(crate) steer: Option<Steer>,
     pub(crate) wire: FaultyWire,
     pub(crate) faults: Faults,
+    /// Faults taking turns ([`Engine::cycle_faults`]): each phase sets `faults`.
+    cycle: Option<FaultCycle<Faults>>,
     pub(crate) stats: ModelStats,
     pub(crate) mtu: u16,
     /// Timestamps count nanoseconds from here (a free-running clock, §5.1 bytes 48–55).
@@ -631,6 +634,7 @@ impl Engine {
             steer: None,
             wire: FaultyWire::new(wire),
             faults: Faults::default(),
+            cycle: None,
             stats: ModelStats::default(),
             mtu: 1500,
             epoch: Instant::now(),
@@ -1124,6 +1128,61 @@ impl Engine {
         &self.faults
     }
 
+    /// Has the faults of `plan` take turns from now on (see [`crate::emu::faults`]),
+    /// replacing any faults set; `None` stops the cycle and clears them. Kinds the mlx5 model
+    /// does not have ([`crate::emu::faults::MLX5_KINDS`]) are refused.
+    ///
+    /// # Errors
+    /// The first kind of `plan` the model does not have.
+    pub fn cycle_faults(&mut self, plan: Option<&FaultPlan>) -> Result<(), FaultKind> {
+        let Some(plan) = plan else {
+            self.cycle = None;
+            self.faults = Faults::default();
+            return Ok(());
+        };
+        self.cycle = Some(FaultCycle::from_plan(plan, Self::phase)?);
+        Ok(())
+    }
+
+    /// The faults of one phase of a cycle.
+    fn phase(kind: FaultKind) -> Option<Faults> {
+        use crate::emu::faults as f;
+        let none = Faults::default();
+        Some(match kind {
+            FaultKind::Link => Faults {
+                link_down: true,
+                ..none
+            },
+            FaultKind::RxDrop => Faults {
+                rx_drop_every: f::RX_DROP_EVERY,
+                ..none
+            },
+            FaultKind::TxError => Faults {
+                tx_error_every: f::TX_ERROR_EVERY,
+                ..none
+            },
+            FaultKind::RxBadKey => Faults {
+                rx_bad_key_every: f::BAD_KEY_EVERY,
+                ..none
+            },
+            FaultKind::TxBadKey => Faults {
+                tx_bad_key_every: f::BAD_KEY_EVERY,
+                ..none
+            },
+            FaultKind::StateChange => Faults {
+                tx_error_every: f::TX_ERROR_EVERY,
+                fail_state_changes: 1,
+                ..none
+            },
+            FaultKind::RxError | FaultKind::SlowCompletions => return None,
+        })
+    }
+
+    /// The fault of the cycle in force (`None`: no cycle, or a clean phase).
+    pub fn fault_phase(&self) -> Option<FaultKind> {
+        self.cycle.as_ref().and_then(FaultCycle::current)
+    }
+
     /// Device-side counters.
     pub fn stats(&self) -> ModelStats {
         let mut s = self.stats;
@@ -1155,7 +1214,7 @@ impl Engine {
     /// One pass: the UAR doorbells written since the last pass, every SQ up to its latest
     /// doorbell, then frames from the wire; returns the work done (WQEs + frames).
     pub fn step(&mut self) -> usize {
-        self.forward_wire_faults();
+        self.apply_faults();
         self.tick();
         self.scan_uars();
         let mut work = 0;
@@ -1175,7 +1234,10 @@ impl Engine {
 
     /// Hands the wire-level fields of [`Faults`] to the wire's knobs (they are set from
     /// outside between passes).
-    fn forward_wire_faults(&self) {
+    fn apply_faults(&mut self) {
+        if let Some(f) = self.cycle.as_mut().and_then(FaultCycle::poll) {
+            self.faults = f;
+        }
         let knobs = self.wire.faults();
         knobs.set_rx_drop_every(self.faults.rx_drop_every);
         knobs.set_link_down(self.faults.link_down);
@@ -1206,7 +1268,7 @@ impl crate::emu::thread::Nic for Engine {
     /// device would).
     fn kick(&mut self, queue: crate::emu::thread::QueueId) -> usize {
         use crate::emu::thread::QueueId;
-        self.forward_wire_faults();
+        self.apply_faults();
         self.tick();
         match queue {
             QueueId::Sq(sqn) => match self.sqs.iter().position(|q| q.sqn == sqn) {
