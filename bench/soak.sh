@@ -11,9 +11,10 @@
 #                       memory keys, failed queue state changes, slow completions), each
 #                       fault in turn for --period seconds (default 0.5) with a clean period
 #                       between two;
-#   mana, mlx5          l2fwd on mana:/mlx5: ports over the fake rdma-core, whose devices get
-#                       a link flap and a host servicing (a device reset) in turn, each
-#                       lasting --period, one device then the other, each reset waited out.
+#   mana, mlx5          l2fwd on mana:/mlx5: ports over the fake rdma-core, whose device
+#                       models cycle the same faults, and whose devices get a link flap and a
+#                       host servicing (a device reset) in turn, each lasting --period, one
+#                       device then the other, each reset waited out.
 # In every part pktgen (device-model ports at the far ends of the two shared-memory cables,
 # --rate pps, default 20000) runs again every --leg-seconds (default 15): a cable peer that
 # goes away and comes back.
@@ -24,8 +25,8 @@
 #     driver can see it, as they report at exit) or by l2fwd (its drops, its drops on a
 #     port that was down); nothing counted twice; no duplicates;
 #   - pktgen received frames in every run (the dataplane kept making progress), and the
-#     faults did happen (TX errors, RX errors and drops, link events; resets and as many
-#     recoveries over the fake);
+#     faults did happen (TX and RX error completions, drops, link events; resets and as
+#     many recoveries over the fake);
 #   - pools are whole at every exit; l2fwd's open files and anonymous resident memory are
 #     the same at the end as after the first pktgen run (a 2 MiB allowance for memory);
 #   - no verbs object left (the fake's at-exit report), no file left in PMD_SHM_DIR, no

@@ -504,8 +504,10 @@ pub struct DeviceDrops {
     /// (`wire_tx_stranded`: the far end went away).
     pub tx: u64,
     /// Frames that reached the port and never made it to the application: `imissed` (no
-    /// receive buffer, a full ring under the port) plus the device-model counters of frames
-    /// it lost on receive ([`RX_DROP_COUNTERS`], `dev_rx_*drops`).
+    /// receive buffer, a full ring under the port), plus those the driver saw fail
+    /// (`ierrors`: error completions, a frame truncated or too long, a bad key), plus the
+    /// device-model counters of frames it lost where the driver cannot see it
+    /// ([`RX_DROP_COUNTERS`], `dev_rx_*drops`: a fault, a full completion queue).
     pub rx: u64,
 }
 
@@ -520,22 +522,20 @@ impl DeviceDrops {
 /// `tx_stranded`, as the port's extended counters name it).
 pub const TX_STRANDED: &str = "wire_tx_stranded";
 
-/// Device-model counters of frames lost on receive besides `imissed` and `dev_rx_*drops`:
-/// no room in the completion queue, larger than the posted buffer, a bad buffer key.
-pub const RX_DROP_COUNTERS: [&str; 4] = [
-    "dev_rx_cq_full",
-    "dev_rx_oversize",
-    "dev_rx_truncated",
-    "dev_rx_prot_errors",
-];
+/// Device-model counters of frames lost on receive besides `imissed`, `ierrors` and
+/// `dev_rx_*drops`: no room in the completion queue (no completion, so the driver never
+/// knows).
+pub const RX_DROP_COUNTERS: [&str; 1] = ["dev_rx_cq_full"];
 
 /// The frames `stats`' port dropped: see [`DeviceDrops`]. Each frame is counted once: a
-/// frame whose completion failed is the driver's (`oerrors`), whatever the device model
-/// counts of it too (`dev_tx_errors`, `dev_tx_flushed`, MANA's `dev_tx_mtu_errors`: error
-/// completions, not `*drops`); the model's `dev_tx_*drops` are frames whose WQE completed
-/// normally.
+/// frame whose completion failed is the driver's (`oerrors`, `ierrors`), whatever the device
+/// model counts of it too (`dev_tx_errors`, `dev_tx_flushed`, MANA's `dev_tx_mtu_errors`,
+/// `dev_rx_truncated`, `dev_rx_oversize`, `dev_rx_prot_errors`: error completions, not
+/// `*drops`); the model's `dev_tx_*drops` are frames whose WQE completed normally, its
+/// `dev_rx_*drops` frames that never got a completion. The same rule holds on hardware,
+/// where only the driver's counters exist.
 pub fn device_drops(stats: &Stats) -> DeviceDrops {
-    let (mut tx, mut rx, mut stranded) = (stats.oerrors, stats.imissed, 0);
+    let (mut tx, mut rx, mut stranded) = (stats.oerrors, stats.imissed + stats.ierrors, 0);
     for (n, v) in &stats.xstats {
         if n.starts_with("dev_tx_") {
             if n.ends_with("drops") {
@@ -765,6 +765,7 @@ mod tests {
             ("wire_rx_drops", 0),
         ]);
         mana.oerrors = 500;
+        mana.ierrors = 1;
         assert_eq!(device_drops(&mana), DeviceDrops { tx: 520, rx: 10 });
         // Frames left on a cable whose far end went away count with the sender's.
         let mut gone = mana.clone();
@@ -772,7 +773,7 @@ mod tests {
         assert_eq!(device_drops(&gone), DeviceDrops { tx: 550, rx: 10 });
         // mlx5: 3 frames lost with an error CQE and the WQEs flushed after it (the driver's
         // `tx_error_drops`, its `oerrors`); 9 over the MTU, completed normally.
-        let mlx5 = stats(&[
+        let mut mlx5 = stats(&[
             ("tx_error_drops", 3),
             ("dev_tx_errors", 1),
             ("dev_tx_flushed", 2),
@@ -781,6 +782,7 @@ mod tests {
             ("dev_rx_oversize", 1),
             ("dev_rx_compressed_sessions", 100),
         ]);
+        mlx5.ierrors = 1;
         assert_eq!(device_drops(&mlx5), DeviceDrops { tx: 12, rx: 11 });
         assert_eq!(device_drops(&stats(&[])), DeviceDrops { tx: 3, rx: 7 });
         assert_eq!(device_drops(&mlx5).total(), 23);

@@ -277,8 +277,6 @@ fn a_frame_over_the_mtu_is_dropped_by_the_sending_device_and_counted() {
         assert_eq!(got, vec![frames[0].clone(), frames[2].clone()], "{kind}");
         let t = p.tx_port.stats();
         assert_eq!(xstat(&t, mtu_counter(kind)), 1, "{kind}: {t:?}");
-        // Counted once as a loss: MANA's driver sees the error completion, mlx5's sees none.
-        assert_eq!(t.oerrors, u64::from(kind == "emu-mana"), "{kind}: {t:?}");
         finish(p, &[&pool]);
     }
 }

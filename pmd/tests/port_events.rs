@@ -127,3 +127,35 @@ fn wait_events_watches_several_ports_and_sleeps_when_quiet() {
         .unwrap()
         .is_empty());
 }
+
+/// Both models report their link as events: the far end of the cable attaching, then the
+/// link faults of `faults=link` taking turns with clean periods, down and up in order.
+#[test]
+fn both_models_report_link_changes_and_the_link_fault_cycle() {
+    for kind in ["emu-mana", "emu-mlx5"] {
+        let name = format!("port-events-cycle-{kind}-{}", std::process::id());
+        let spec = format!("{kind}:wire=loop:{name},engine=thread,faults=link,fault-period=0.05");
+        let mut port = Port::open(0, &spec.parse().unwrap()).unwrap();
+        assert!(
+            !port.link().up,
+            "{kind}: down until the far end is attached"
+        );
+        let far = Loopback::open(&name).unwrap();
+        let mut seen = Vec::new();
+        let end = Instant::now() + Duration::from_secs(10);
+        // Attached (up), then at least two whole fault phases (down, up).
+        while seen.len() < 5 && Instant::now() < end {
+            seen.extend(next_events(&mut port));
+        }
+        assert!(seen.len() >= 5, "{kind}: {seen:?}");
+        for (i, e) in seen.iter().enumerate() {
+            let want = if i % 2 == 0 {
+                PortEvent::LinkUp
+            } else {
+                PortEvent::LinkDown
+            };
+            assert_eq!(*e, want, "{kind}: event {i} of {seen:?}");
+        }
+        drop(far);
+    }
+}

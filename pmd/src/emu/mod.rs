@@ -8,6 +8,7 @@
 //! thread, or inline on the threads that poll its queues, see [`EngineMode`]) and [`wire`].
 #![deny(unsafe_code)]
 
+pub mod events;
 pub mod faults;
 pub mod mana;
 pub mod mlx5;

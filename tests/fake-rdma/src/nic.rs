@@ -190,6 +190,10 @@ impl Nics {
             })?;
             let mut e = Engine::new(w);
             e.set_mtu(MTU);
+            let view = &dev.view.ports[port as usize - 1];
+            if let Some(plan) = view.fault_plan(pmd::emu::faults::MANA_KINDS) {
+                let _ = e.cycle_faults(Some(&plan));
+            }
             for (&lkey, m) in self.mrs.iter().filter(|(_, m)| m.dev == dev.index) {
                 // SAFETY: as in `add_mr`: the application keeps registered memory mapped until
                 // `ibv_dereg_mr`, which removes the view from every engine first.

@@ -264,6 +264,9 @@ impl Mlx5Nics {
                 not_taken: Arc::clone(&port.not_taken),
             }));
             e.set_mtu(crate::nic::MTU);
+            if let Some(plan) = dev.view.ports[0].fault_plan(pmd::emu::faults::MLX5_KINDS) {
+                let _ = e.cycle_faults(Some(&plan));
+            }
             for (&lkey, m) in self.mrs.iter().filter(|(_, m)| m.dev == dev.index) {
                 // SAFETY: as in `add_mr`.
                 let mem = unsafe { DevMem::from_raw(m.addr as *mut u8, m.len) };

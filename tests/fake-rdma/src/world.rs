@@ -18,6 +18,11 @@
 //! ConnectX-4). `netdev_up_after_reset=1` (with `netdev=IFNAME`): when the device comes
 //! back from a servicing (`events.rs`), its port's netdev IFNAME is brought up, as
 //! `hv_netvsc` opens a VF that joins a running synthetic NIC (kernel `__netvsc_vf_setup`).
+//! Either family also takes `faults=KIND[+KIND...]|all` and `fault_period=SECONDS`: the
+//! device model behind the port injects those faults in turn, as the `faults=` devarg of a
+//! device-model port does (`pmd::emu::faults`): error completions, dropped frames, bad keys,
+//! link faults that reach the wire (not the port's state or events: those are the
+//! `fake_rdma_link` knob's).
 //!
 //! While a device is being serviced its directories are out of `class/` (under
 //! [`SERVICED_DIR`]); a device that came back has a higher [`GENERATION_FILE`].
@@ -70,6 +75,8 @@ pub const WIRE_FILE: &str = "fake_rdma_wire";
 pub const VP_OFFSET_FILE: &str = "fake_rdma_vp_offset";
 /// Per port: `1` if its RSS QPs coalesce RX completions (a newer kernel's `mana_ib`).
 pub const COALESCE_FILE: &str = "fake_rdma_coalesce";
+/// Per port: the faults its device model cycles, `KINDS SECONDS` (`faults=`, `fault_period=`).
+pub const FAULTS_FILE: &str = "fake_rdma_faults";
 /// Per device: `1` if it is a MANA function's RDMA (RNIC) device, not its raw-packet one.
 pub const RNIC_FILE: &str = "fake_rdma_rnic";
 /// Per port: `1` if its netdev is brought up when the device comes back from a servicing.
@@ -107,6 +114,8 @@ pub struct PortSpec {
     /// Whether the netdev (a real one) is brought up when the device comes back from a
     /// servicing.
     pub netdev_up_after_reset: bool,
+    /// `faults=` and `fault_period=`: the faults the port's device model cycles.
+    pub faults: Option<pmd::emu::faults::FaultPlan>,
     /// MANA only: the device is the function's RDMA (RNIC) device, which newer kernels list
     /// beside the raw-packet one (`rnic=1`).
     pub rnic: bool,
@@ -181,6 +190,7 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
             coalesce: false,
             rnic: false,
             netdev_up_after_reset: false,
+            faults: None,
             family: if mlx5 {
                 Family::Mlx5 {
                     part: MLX5_DEFAULT_PART,
@@ -190,6 +200,7 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
             },
         };
         let mut have_mac = false;
+        let mut period_given = None;
         // A MAC contains ':' but never ',', so options split on ',' then the first '='.
         for opt in opts.split(',').filter(|o| !o.is_empty()) {
             let (k, v) = opt.split_once('=').unwrap_or((opt, ""));
@@ -238,6 +249,30 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
                         _ => return err(format!("{name}: netdev_up_after_reset={v}: 1 or 0")),
                     };
                 }
+                "faults" => {
+                    let kinds = if mlx5 {
+                        pmd::emu::faults::MLX5_KINDS
+                    } else {
+                        pmd::emu::faults::MANA_KINDS
+                    };
+                    let period = spec.faults.as_ref().map_or(
+                        pmd::emu::faults::DEFAULT_PERIOD,
+                        |p: &pmd::emu::faults::FaultPlan| p.period,
+                    );
+                    spec.faults = Some(
+                        pmd::emu::faults::FaultPlan::parse(v, kinds, period)
+                            .map_err(|e| WorldError(format!("{name}: faults={v}: {e}")))?,
+                    );
+                }
+                "fault_period" => {
+                    let secs: f64 = v.parse().unwrap_or(f64::NAN);
+                    if !(0.001..=86400.0).contains(&secs) {
+                        return err(format!(
+                            "{name}: fault_period={v}: seconds from 0.001 to 86400"
+                        ));
+                    }
+                    period_given = Some(std::time::Duration::from_secs_f64(secs));
+                }
                 "part" if mlx5 => {
                     let part = u16::from_str_radix(v.trim_start_matches("0x"), 16)
                         .ok()
@@ -251,18 +286,23 @@ pub fn parse(s: &str) -> Result<Vec<PortSpec>, WorldError> {
                 }
                 _ if mlx5 => {
                     return err(format!(
-                        "{name}: unknown option `{k}` for an mlx5 device (mac, wire, netdev, part, netdev_up_after_reset)"
+                        "{name}: unknown option `{k}` for an mlx5 device (mac, wire, netdev, part, netdev_up_after_reset, faults, fault_period)"
                     ))
                 }
                 _ => {
                     return err(format!(
-                        "{name}: unknown option `{k}` (mac, wire, netdev, vp_offset, coalesce, rnic, netdev_up_after_reset)"
+                        "{name}: unknown option `{k}` (mac, wire, netdev, vp_offset, coalesce, rnic, netdev_up_after_reset, faults, fault_period)"
                     ))
                 }
             }
         }
         if !have_mac {
             return err(format!("{name}: mac= is required"));
+        }
+        match (&mut spec.faults, period_given) {
+            (Some(f), Some(p)) => f.period = p,
+            (None, Some(_)) => return err(format!("{name}: fault_period= needs faults=")),
+            _ => {}
         }
         if spec.netdev_up_after_reset && spec.netdev.is_none() {
             return err(format!(
@@ -395,6 +435,12 @@ pub fn write_sysfs(root: &Path, ports: &[PortSpec]) -> io::Result<()> {
             if p.netdev_up_after_reset {
                 write(&pdir.join(NETDEV_UP_FILE), "1")?;
             }
+            if let Some(f) = &p.faults {
+                write(
+                    &pdir.join(FAULTS_FILE),
+                    &format!("{} {}", f.kinds_text(), f.period.as_secs_f64()),
+                )?;
+            }
             let ndir = ib.join("device/net").join(p.netdev_name());
             write(&ndir.join("dev_port"), &(p.port - 1).to_string())?;
             write(&ndir.join("address"), &p.mac.to_string())?;
@@ -449,10 +495,27 @@ pub struct PortView {
     pub vp_offset: u32,
     /// RX CQE coalescing on its RSS QPs.
     pub coalesce: bool,
+    /// The faults its device model cycles, as written (`KINDS SECONDS`, [`FAULTS_FILE`]);
+    /// see [`PortView::fault_plan`].
+    pub faults: Option<String>,
     /// The netdev's name, and the `flags` file that says whether it is up.
     pub netdev: Option<(String, PathBuf)>,
     /// The port's MAC, from its netdev.
     pub mac: Option<MacAddr>,
+}
+
+impl PortView {
+    /// The faults its device model cycles ([`FAULTS_FILE`]), against the kinds the model of
+    /// that family has; `None` when none are set (or the file does not parse).
+    pub fn fault_plan(
+        &self,
+        kinds: &'static [pmd::emu::faults::FaultKind],
+    ) -> Option<pmd::emu::faults::FaultPlan> {
+        let (names, secs) = self.faults.as_deref()?.split_once(' ')?;
+        let secs: f64 = secs.parse().ok()?;
+        let period = std::time::Duration::try_from_secs_f64(secs).ok()?;
+        pmd::emu::faults::FaultPlan::parse(names, kinds, period).ok()
+    }
 }
 
 /// One device as the library reads it back from a tree.
@@ -525,6 +588,9 @@ pub fn read_sysfs(root: &Path) -> Vec<DeviceView> {
                 .unwrap_or(0);
             let coalesce =
                 fs::read_to_string(pdir.join(COALESCE_FILE)).is_ok_and(|s| s.trim() == "1");
+            let faults = fs::read_to_string(pdir.join(FAULTS_FILE))
+                .ok()
+                .map(|s| s.trim().to_string());
             let mut netdev = None;
             let mut mac = None;
             if let Ok(nets) = fs::read_dir(dir.join("device/net")) {
@@ -546,6 +612,7 @@ pub fn read_sysfs(root: &Path) -> Vec<DeviceView> {
                 wire,
                 vp_offset,
                 coalesce,
+                faults,
                 netdev,
                 mac,
             });

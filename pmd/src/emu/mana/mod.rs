@@ -53,6 +53,7 @@ pub type EngineCore = crate::emu::thread::EngineCore<Engine>;
 /// The MANA engine on its own thread (see [`crate::emu::thread::EngineThread`]).
 pub type EngineThread = crate::emu::thread::EngineThread<Engine>;
 
+use crate::emu::events::LinkEvents;
 use crate::emu::thread::{QueueId, QueueKick};
 use crate::emu::wire::Wire as _;
 use crate::emu::wire::{self, WireSpec};
@@ -61,22 +62,18 @@ use crate::hw::mana::wqe::{wqe_bytes, SHORT_OOB_BYTES};
 use crate::hw::mana::{CQE_BYTES, MAX_TX_SGES, MIN_QUEUE_BYTES, RSS_TABLE_ENTRIES};
 use crate::mana::{Provider, QueueAllocator, QueueOwner, RawRxQueue, RawTxQueue, SetupError};
 use crate::net::MacAddr;
-use crate::sys::event::EventFd;
 use crate::sys::DevMem;
 use mempool::{ChunkInfo, Registration};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 /// Descriptor limit of the model (newer kernels take the adapter's limit; rdma-core v44
 /// capped user queues at 256, §1.11).
 pub const MODEL_MAX_DESC: u32 = 4096;
 /// Queue limit of the model.
 pub const MODEL_MAX_QUEUES: u16 = 16;
-/// How often the engine thread looks at the wire's link state (the far end attaching or
-/// going away); link-down faults are seen at once.
-pub const LINK_POLL: Duration = Duration::from_millis(10);
+pub use crate::emu::events::LINK_POLL;
 
 /// Queue memory as the allocator contract sizes it: rounded up to a power of two and to a
 /// multiple of 4096 (§1.3).
@@ -139,14 +136,7 @@ struct Shared {
     /// (Their owners point back here; `destroy_queues` and the model's drop clear the list.)
     queues: Mutex<(Vec<RawTxQueue>, Vec<RawRxQueue>)>,
     /// Port events not yet taken, and the link state they last reported.
-    events: Mutex<Events>,
-    /// Readable while `events` holds some (`None` if no eventfd could be had: no events).
-    efd: Option<EventFd>,
-}
-
-struct Events {
-    link_up: bool,
-    pending: Vec<PortEvent>,
+    events: LinkEvents,
 }
 
 /// The model's link: a cable's (down until the far end is attached, and after it goes), and
@@ -164,19 +154,7 @@ impl Shared {
     /// Records the link state `e` shows, queueing an event when it changed. Called with the
     /// engine locked (`e`), so that observers from two threads cannot report out of order.
     fn note_link(&self, e: &Engine) {
-        let up = link_up(e);
-        let mut ev = lock(&self.events);
-        if ev.link_up != up {
-            ev.link_up = up;
-            ev.pending.push(if up {
-                PortEvent::LinkUp
-            } else {
-                PortEvent::LinkDown
-            });
-            if let Some(fd) = &self.efd {
-                fd.signal();
-            }
-        }
+        self.events.note(link_up(e));
     }
 }
 
@@ -359,20 +337,11 @@ impl Model {
         mode: EngineMode,
     ) -> Self {
         let engine = Engine::new(wire);
-        let efd = EventFd::new()
-            .inspect_err(|e| {
-                tracing::warn!(target: "pmd::emu", port = port_id, "no eventfd for port events ({e}): the port reports none");
-            })
-            .ok();
-        let events = Mutex::new(Events {
-            link_up: link_up(&engine),
-            pending: Vec::new(),
-        });
+        let events = LinkEvents::new(link_up(&engine), port_id);
         let core = crate::emu::thread::EngineCore::new(engine);
         let shared = Arc::new(Shared {
             core: Arc::clone(&core),
             events,
-            efd,
             held_by: Mutex::new(None),
             queues: Mutex::new((Vec::new(), Vec::new())),
         });
@@ -744,15 +713,11 @@ impl Provider for Model {
     }
 
     fn event_fd(&self) -> Option<RawFd> {
-        self.shared.efd.as_ref().map(AsRawFd::as_raw_fd)
+        self.shared.events.fd()
     }
 
     fn take_events(&mut self, out: &mut Vec<PortEvent>) {
-        let mut ev = lock(&self.shared.events);
-        if let Some(fd) = &self.shared.efd {
-            fd.clear();
-        }
-        out.append(&mut ev.pending);
+        self.shared.events.take(out);
     }
 }
 

@@ -60,7 +60,12 @@
 //! * Faults ([`Faults`]): a TX WQE failed every n-th (LOCAL_QP_OP, `tx_error_every`), a
 //!   pointer segment read as if its key were unknown every n-th (`tx_bad_key_every`), an RX
 //!   WQE likewise (`rx_bad_key_every`), the next n state changes refused
-//!   (`fail_state_changes`), and the wire's dropped frames and link down.
+//!   (`fail_state_changes`), and the wire's dropped frames and link down; or faults that
+//!   take turns ([`ModelHandle::cycle_faults`], the `faults=` devarg, see
+//!   [`crate::emu::faults`]).
+//! * Port events ([`port::ModelPort`]): a link-down or link-up event per change of the link
+//!   (the far end of the wire attaching or going away, the link-down fault), as the port's
+//!   asynchronous events `IBV_EVENT_PORT_ERR` / `IBV_EVENT_PORT_ACTIVE` on hardware.
 //!
 //! Not modelled: the enhanced compression layout (§6.3), CQ arming and events (§5.5), flow
 //! steering rules (every frame is accepted), tunnel offloads (inner checksum flags are

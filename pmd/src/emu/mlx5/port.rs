@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 use super::{Model, ModelError, ModelHandle, RxHashFields, MPRQ_CAPS};
+use crate::emu::events::{LinkEvents, LINK_POLL};
 use crate::emu::thread::EngineMode;
 use crate::emu::wire::{self, WireSpec};
 use crate::ethdev::{Link, RssFields};
@@ -24,6 +25,10 @@ pub const PORT_CQE_COMP_MAX: u32 = 64;
 /// An mlx5 model port.
 pub struct ModelPort {
     model: Model,
+    /// Link changes, as the port's asynchronous events (`IBV_EVENT_PORT_ERR` /
+    /// `IBV_EVENT_PORT_ACTIVE` on hardware): the far end of the wire attaching or going
+    /// away, the link-down fault. The engine looks every [`LINK_POLL`].
+    events: Arc<LinkEvents>,
     mac: MacAddr,
     sqs: Vec<u32>,
     rqs: Vec<u32>,
@@ -60,8 +65,19 @@ impl ModelPort {
         }
         let model = Model::with_mode(w, min_inline, port_id, engine)?;
         let mac = mac.unwrap_or_else(|| crate::emu::default_mac(0x6d, port_id));
+        let events = Arc::new(LinkEvents::new(model.core.lock().link_up(), port_id));
+        let watched = Arc::downgrade(&events);
+        model.core.set_watch(
+            LINK_POLL,
+            Box::new(move |e: &super::Engine| {
+                if let Some(ev) = watched.upgrade() {
+                    ev.note(e.link_up());
+                }
+            }),
+        );
         Ok(Self {
             model,
+            events,
             mac,
             sqs: Vec::new(),
             rqs: Vec::new(),
@@ -168,8 +184,11 @@ impl Provider for ModelPort {
     }
 
     fn link(&self) -> Link {
+        let up = self.model.handle().engine().link_up();
+        // Whoever asks sees the same state the port's events report.
+        self.events.note(up);
         Link {
-            up: self.model.handle().engine().link_up(),
+            up,
             speed_mbps: 100_000,
             full_duplex: true,
         }
@@ -277,6 +296,14 @@ impl Provider for ModelPort {
         for rqn in self.rqs.drain(..) {
             let _ = self.model.destroy_rq(rqn);
         }
+    }
+
+    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.events.fd()
+    }
+
+    fn take_events(&mut self, out: &mut Vec<crate::ethdev::PortEvent>) {
+        self.events.take(out);
     }
 
     /// The model's counters (`dev_*`), then its wire's (`wire_*`, see [`wire::Wire::stats`]).

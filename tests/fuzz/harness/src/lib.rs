@@ -19,6 +19,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("devargs", text::devargs),
     ("pcap_file", text::pcap_file),
     ("shm_ring", text::shm_ring),
+    ("telemetry", text::telemetry),
     ("mana_rx", device::mana_rx),
     ("mana_tx", device::mana_tx),
     ("mlx5_rx", device::mlx5_rx),

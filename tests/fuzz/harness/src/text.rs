@@ -1,4 +1,5 @@
-//! Frames, devargs and capture files: the parsers of bytes that come from outside.
+//! Frames, devargs, capture files and telemetry requests: the parsers of bytes that come from
+//! outside.
 
 use crate::input::Input;
 use pmd::net::{csum, parse, toeplitz, tso};
@@ -162,5 +163,73 @@ pub fn shm_ring(data: &[u8]) {
                 producer.publish();
             }
         }
+    }
+}
+
+/// A telemetry client's request record and an answer's data (the fuzzer's bytes make both:
+/// a client is any local process that can reach the socket; an answer holds port names,
+/// devargs and error texts). Invariants: nothing panics; a parsed request's command is
+/// non-empty and holds no `,` or NUL; every answer record is JSON, an object whose one key
+/// is the command (at most [`MAX_CMD_LEN`] bytes of it), and stays within the size the
+/// client reads whenever the smallest answer (`{"CMD":null}`) does.
+///
+/// [`MAX_CMD_LEN`]: pmd::telemetry::MAX_CMD_LEN
+pub fn telemetry(data: &[u8]) {
+    use pmd::telemetry::protocol::{parse, render, Data, MAX_REQUEST_LEN};
+    let mut input = Input::new(data);
+    let [a, b] = input.array::<2>();
+    let max_len = 16 + usize::from(u16::from_le_bytes([a, b])) % (16 * 1024);
+    let shape: [u8; 64] = input.array();
+    let record = input.rest();
+    let text = String::from_utf8_lossy(&record[..record.len().min(MAX_REQUEST_LEN)]);
+    let req = parse(&text);
+    if let Some(r) = req {
+        assert!(!r.cmd.is_empty() && !r.cmd.contains([',', '\0']), "{r:?}");
+        assert!(
+            r.param.is_none_or(|p| !p.is_empty() && !p.contains('\0')),
+            "{r:?}"
+        );
+    }
+    // An answer built from the request's own text, shaped by the fuzzer.
+    let words: Vec<&str> = text.split([',', ' ']).collect();
+    let mut data = Data::dict();
+    let mut list = Vec::new();
+    for (i, &s) in shape.iter().enumerate() {
+        let w = words[i % words.len()];
+        let v = match s % 6 {
+            0 => Data::Str(w.to_string()),
+            1 => Data::Uint(u64::from(s) << (s % 56)),
+            2 => Data::Int(-i64::from(s)),
+            3 => Data::Float(f64::from(s) / 7.0),
+            4 => Data::Array(std::mem::take(&mut list)),
+            _ => Data::Null,
+        };
+        if s & 0x80 != 0 {
+            list.push(v);
+        } else {
+            data.add(w, v);
+        }
+    }
+    let whole = data.to_json();
+    let parsed: serde_json::Value =
+        serde_json::from_str(&whole).unwrap_or_else(|e| panic!("{whole:?}: {e}"));
+    assert!(parsed.is_object());
+    let cmd = req.map(|r| r.cmd);
+    let (out, _skipped) = render(cmd, Some(&data), max_len);
+    let v: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out:?}: {e}"));
+    let obj = v.as_object().expect("an answer is an object");
+    assert_eq!(obj.len(), 1, "{out}");
+    let key = obj.keys().next().expect("one key");
+    let name = cmd.unwrap_or("none");
+    assert!(name.starts_with(key.as_str()), "{key:?} names {name:?}");
+    assert!(key.len() <= pmd::telemetry::MAX_CMD_LEN, "{key:?}");
+    let (smallest, _) = render(cmd, None, usize::MAX);
+    if smallest.len() <= max_len {
+        assert!(
+            out.len() <= max_len,
+            "{} bytes over {max_len}: {out}",
+            out.len()
+        );
     }
 }
