@@ -258,6 +258,27 @@ impl<F: Clone + Default> FaultCycle<F> {
         Ok(Self::new(phases, plan.period))
     }
 
+    /// What a model's `cycle_faults` does with its `cycle` and `faults`: a new schedule for
+    /// `plan` from now, or, for `None`, no schedule and no faults.
+    ///
+    /// # Errors
+    /// The first kind of `plan` that `phase` has no faults for (nothing changes then).
+    pub fn restart(
+        cycle: &mut Option<Self>,
+        faults: &mut F,
+        plan: Option<&FaultPlan>,
+        phase: impl Fn(FaultKind) -> Option<F>,
+    ) -> Result<(), FaultKind> {
+        match plan {
+            Some(p) => *cycle = Some(Self::from_plan(p, phase)?),
+            None => {
+                *cycle = None;
+                *faults = F::default();
+            }
+        }
+        Ok(())
+    }
+
     /// Called once per engine pass: the faults to set now when the phase changed since the
     /// last call (the first call always answers), else `None`. Reads the clock once per
     /// [`CHECK_EVERY`] calls.

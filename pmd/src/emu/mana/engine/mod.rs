@@ -555,13 +555,7 @@ impl Engine {
     /// # Errors
     /// The first kind of `plan` the model does not have.
     pub fn cycle_faults(&mut self, plan: Option<&FaultPlan>) -> Result<(), FaultKind> {
-        let Some(plan) = plan else {
-            self.cycle = None;
-            self.faults = Faults::default();
-            return Ok(());
-        };
-        self.cycle = Some(FaultCycle::from_plan(plan, Self::phase)?);
-        Ok(())
+        FaultCycle::restart(&mut self.cycle, &mut self.faults, plan, Self::phase)
     }
 
     /// The faults of one phase of a cycle.
