@@ -7,33 +7,104 @@
 //! when the thread ends (or on [`flush`]).
 #![deny(unsafe_code)]
 
-use crate::{Mbuf, MbufCache, MbufPool};
+use crate::{Mbuf, MbufCache, MbufPool, Mempool, PoolCache};
 use std::cell::RefCell;
 use std::sync::Arc;
 
+/// A thread's caches of one pool: the one `with_cache` lends (`None` while lent), and a
+/// spare, made on the first nested `with_cache` of the pool and lent to nested calls.
+struct Entry {
+    key: *const Mempool,
+    main: Option<MbufCache>,
+    spare: Option<MbufCache>,
+}
+
 thread_local! {
-    static CACHES: RefCell<Vec<(usize, MbufCache)>> = const { RefCell::new(Vec::new()) };
+    static CACHES: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Lends this thread's cache for `key` (made by `make` on first use): the main one, or the
+/// spare while the main one is lent; puts it back afterwards.
+fn lend<R>(
+    key: *const Mempool,
+    make: impl Fn() -> MbufCache,
+    f: impl FnOnce(&mut MbufCache) -> R,
+) -> R {
+    let taken = CACHES.with(|c| {
+        let mut caches = c.borrow_mut();
+        let i = match caches.iter().position(|e| e.key == key) {
+            Some(i) => i,
+            None => {
+                caches.push(Entry {
+                    key,
+                    main: None,
+                    spare: None,
+                });
+                caches.len() - 1
+            }
+        };
+        let e = &mut caches[i];
+        match (e.main.take(), e.spare.take()) {
+            (Some(m), spare) => {
+                e.spare = spare;
+                (m, true)
+            }
+            // The main cache is lent already (a nested call): the spare. Only a third level
+            // of nesting makes a cache each time.
+            (None, Some(s)) => (s, false),
+            (None, None) => (make(), false),
+        }
+    });
+    let (mut cache, main) = taken;
+    let r = f(&mut cache);
+    CACHES.with(|c| {
+        let mut caches = c.borrow_mut();
+        if let Some(e) = caches.iter_mut().find(|e| e.key == key) {
+            let slot = if main { &mut e.main } else { &mut e.spare };
+            if slot.is_none() {
+                *slot = Some(cache);
+            }
+            // Else: a third-level cache, dropped here (flushed to the pool).
+        }
+        // No entry: `flush` ran inside `f`; the cache is dropped (flushed) here.
+    });
+    r
 }
 
 /// Runs `f` with this thread's cache for `pool`. Creating a thread's first cache for a pool
 /// allocates once; every later call is a thread-local lookup in a list of one or two entries.
 ///
-/// # Panics
-/// If `f` calls `with_cache` again (the cache is borrowed for the duration of `f`).
+/// Re-entrant: an `f` that calls `with_cache` again for the same pool (an application that
+/// wraps its polling loop in it, around bursts that use it themselves) gets a second cache of
+/// the thread's, made once (it holds up to a cache's worth of the pool's objects from then
+/// on, as the first does); a third level of nesting gets a fresh cache each time.
 #[inline]
 pub fn with_cache<R>(pool: &Arc<MbufPool>, f: impl FnOnce(&mut MbufCache) -> R) -> R {
-    let key = Arc::as_ptr(pool) as usize;
-    CACHES.with(|c| {
-        let mut caches = c.borrow_mut();
-        let i = match caches.iter().position(|(k, _)| *k == key) {
-            Some(i) => i,
-            None => {
-                caches.push((key, pool.cache()));
-                caches.len() - 1
-            }
+    lend(pool.mempool_ptr(), || pool.cache(), f)
+}
+
+/// Runs `f` with this thread's cache of the pool at `key`, if the thread has one that is not
+/// lent out (main or spare), else with `None`. What dropping an [`Mbuf`] uses: never makes a
+/// cache, never waits; `None` also once the thread's storage is gone (a drop in another
+/// thread-local's destructor).
+pub(crate) fn with_existing<R>(
+    key: *const Mempool,
+    f: impl FnOnce(Option<&mut PoolCache>) -> R,
+) -> R {
+    let mut f = Some(f);
+    let r = CACHES.try_with(|c| {
+        let Ok(mut caches) = c.try_borrow_mut() else {
+            return None;
         };
-        f(&mut caches[i].1)
-    })
+        let e = caches.iter_mut().find(|e| e.key == key)?;
+        let cache = e.main.as_mut().or(e.spare.as_mut())?;
+        let f = f.take().expect("called once");
+        Some(f(Some(&mut cache.inner)))
+    });
+    match r {
+        Ok(Some(r)) => r,
+        _ => (f.take().expect("not called yet"))(None),
+    }
 }
 
 /// Allocates one reset mbuf through this thread's cache (what an application should use on
@@ -43,7 +114,8 @@ pub fn alloc(pool: &Arc<MbufPool>) -> Option<Mbuf> {
     with_cache(pool, |c| c.alloc())
 }
 
-/// Frees an mbuf through this thread's cache.
+/// Frees an mbuf through this thread's cache (dropping it does the same once the thread has
+/// a cache for its pool).
 #[inline]
 pub fn free(pool: &Arc<MbufPool>, m: Mbuf) {
     with_cache(pool, |c| m.free_to(c));
@@ -52,7 +124,9 @@ pub fn free(pool: &Arc<MbufPool>, m: Mbuf) {
 /// Returns everything this thread's caches hold to their pools and forgets the caches (so the
 /// pools can be dropped). Call it when a polling loop ends on a thread that lives on.
 pub fn flush() {
-    CACHES.with(|c| c.borrow_mut().clear());
+    // Taken out first: dropping a cache flushes it, which must not run under the borrow.
+    let caches = CACHES.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    drop(caches);
 }
 
 #[cfg(test)]
@@ -83,5 +157,65 @@ mod tests {
         .unwrap();
         assert_eq!(a.cached(), 0, "a thread's caches flush when it ends");
         assert_eq!(a.in_use(), 0);
+    }
+
+    #[test]
+    fn a_dropped_mbuf_goes_to_this_thread_s_cache_once_it_has_one() {
+        let p = MbufPool::new(MbufPoolConfig::new("lc-drop", 256)).unwrap();
+        // No cache on this thread yet: to the ring.
+        drop(p.alloc().unwrap());
+        assert_eq!((p.in_use(), p.cached()), (0, 0));
+        // With one (made by any with_cache, as a driver's burst makes it): to the cache.
+        let ms: Vec<Mbuf> = (0..10).map(|_| alloc(&p).unwrap()).collect();
+        let cached = p.cached();
+        drop(ms);
+        assert_eq!(p.in_use(), 0);
+        assert_eq!(
+            p.cached(),
+            cached + 10,
+            "dropped into the cache, not the ring"
+        );
+        // Another thread without a cache of its own: to the ring.
+        let m = alloc(&p).unwrap();
+        let before = p.cached();
+        std::thread::spawn(move || drop(m)).join().unwrap();
+        assert_eq!((p.in_use(), p.cached()), (0, before));
+        flush();
+        assert_eq!(p.cached(), 0);
+    }
+
+    #[test]
+    fn with_cache_is_re_entrant() {
+        let p = MbufPool::new(MbufPoolConfig::new("lc-nest", 4096)).unwrap();
+        let q = MbufPool::new(MbufPoolConfig::new("lc-nest-other", 4096)).unwrap();
+        // An application's loop wrapped in with_cache, around calls that use it too (a
+        // driver's burst): no panic, every buffer accounted for.
+        let held = with_cache(&p, |outer| {
+            let a = outer.alloc().unwrap();
+            let (b, c) = with_cache(&p, |inner| {
+                let b = inner.alloc().unwrap();
+                // A third level makes a cache of its own for the call.
+                let c = with_cache(&p, |third| third.alloc().unwrap());
+                (b, c)
+            });
+            // Dropped while the main cache is lent: through the spare.
+            drop(b);
+            let d = with_cache(&q, |other| other.alloc().unwrap());
+            drop(c);
+            (a, d)
+        });
+        assert_eq!((p.in_use(), q.in_use()), (1, 1));
+        drop(held);
+        assert_eq!((p.in_use(), q.in_use()), (0, 0));
+        // flush inside with_cache forgets the caches; the lent one is flushed when it is
+        // given back.
+        with_cache(&p, |c| {
+            let m = c.alloc().unwrap();
+            flush();
+            m.free_to(c);
+        });
+        assert_eq!((p.in_use(), p.cached()), (0, 0));
+        flush();
+        assert_eq!((p.cached(), q.cached()), (0, 0));
     }
 }

@@ -29,7 +29,9 @@
 //!   (flush threshold 1.5 x size, as in DPDK). Dropping it returns what it holds.
 //! - [`lcache`]: one [`MbufCache`] per pool per thread, kept in thread-local storage, so a
 //!   polling core that receives on one port and sends on another frees into the cache it
-//!   allocates from; flushed when the thread ends or on [`lcache::flush`].
+//!   allocates from; flushed when the thread ends or on [`lcache::flush`]. Dropping an
+//!   [`Mbuf`] frees it through that cache when the thread has one (else to the pool's
+//!   ring), so the obvious code is the fast code; [`lcache::with_cache`] is re-entrant.
 //! - Mbufs ([`mbuf`]): [`Mbuf`] is an owned, one-pointer handle (no reference counting; its
 //!   header points back to the pool, and a pool dropped while mbufs are out is kept alive for
 //!   them); [`RawMbuf`] is a `Copy` index for DPDK-style raw bursts.

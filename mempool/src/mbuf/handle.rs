@@ -471,9 +471,17 @@ impl Mbuf {
 }
 
 impl Drop for Mbuf {
+    /// Frees the chain through this thread's cache for its pool when the thread has one
+    /// (made by `lcache::with_cache`, `lcache::alloc`, or a driver's burst on this thread),
+    /// else to the pool's shared ring: the obvious code (`drop(m)`, a burst cleared) is the
+    /// fast path on a polling core.
     fn drop(&mut self) {
-        // SAFETY: we own the chain and this is its last use.
-        unsafe { free_chain(self.hdr, None) };
+        // SAFETY: the header is live and ours; its pool outlives it.
+        let pool = unsafe { (*self.hdr.as_ptr()).pool };
+        let hdr = self.hdr;
+        // SAFETY: we own the chain and this is its last use; a cache given is one of this
+        // thread's, not lent out (`with_existing`).
+        crate::lcache::with_existing(pool, |cache| unsafe { free_chain(hdr, cache) });
     }
 }
 

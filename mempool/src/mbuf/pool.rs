@@ -411,7 +411,7 @@ impl MbufPool {
 
     /// The pool's object store, to tell its mbufs from others' by their header's `pool`.
     #[inline]
-    pub(super) fn mempool_ptr(&self) -> *const Mempool {
+    pub(crate) fn mempool_ptr(&self) -> *const Mempool {
         Arc::as_ptr(&self.mp)
     }
 
@@ -473,7 +473,7 @@ impl Drop for MbufPool {
 /// holds to the pool.
 pub struct MbufCache {
     // Field order is drop order: the cache flushes before the pool handle goes.
-    pub(super) inner: PoolCache,
+    pub(crate) inner: PoolCache,
     pool: Arc<MbufPool>,
 }
 

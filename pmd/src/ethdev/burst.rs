@@ -95,6 +95,14 @@ impl Burst {
         self.pkts.drain(..n.min(self.pkts.len()))
     }
 
+    /// Frees every packet: each goes to this thread's cache for its pool when the thread
+    /// has one (a polling core whose bursts have run has one), else to its pool's shared
+    /// ring (see `mempool::lcache`). The capacity stays.
+    #[inline]
+    pub fn clear(&mut self) {
+        self.pkts.clear();
+    }
+
     /// Frees every packet through `cache`.
     #[inline]
     pub fn free_all(&mut self, cache: &mut MbufCache) {

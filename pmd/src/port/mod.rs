@@ -375,7 +375,9 @@ impl Port {
     }
 
     /// The common case in one call: opens `spec`, configures it with `cfg`, takes the handles
-    /// of RX queue 0 and TX queue 0, and starts the port.
+    /// of RX queue 0 and TX queue 0, and starts the port. Keep the port as long as the
+    /// handles are used: dropping it stops them (`let (_, rx, tx) = ...` drops it at once;
+    /// the drop warns).
     ///
     /// # Errors
     /// Any error of [`Port::open`], [`Port::configure`] or [`Port::start`].
@@ -1005,8 +1007,15 @@ pub fn wait_events(
 }
 
 impl Drop for Port {
+    /// Stops the port: from their next burst its queue handles return 0. A port dropped
+    /// while handles of it live (`let (_, rx, tx) = Port::open_started(..)` drops it at
+    /// once) says so in a warning, so that bursts returning 0 are not a mystery.
     fn drop(&mut self) {
         self.ctl.set_running(false);
+        let handles = Arc::strong_count(&self.ctl) - 1;
+        if handles > 0 && !std::thread::panicking() {
+            tracing::warn!(target: "pmd::port", port = self.id, "port {} dropped while {handles} of its queue handles live: their bursts return 0 from now on (keep the Port as long as its queues are used)", self.id);
+        }
     }
 }
 
