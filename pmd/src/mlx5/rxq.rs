@@ -487,6 +487,16 @@ fn wqe_template(stride: usize) -> [u8; MAX_STRIDE] {
     wqe
 }
 
+impl Drop for RxQueue {
+    /// Completions the device wrote that no burst took (the queue is going away: its port
+    /// closes, or a dead device's queues are dropped before they are rebuilt) are frames the
+    /// application never got: counted as missed, so that none is lost uncounted.
+    fn drop(&mut self) {
+        let d = self.cq.drain();
+        self.counters.add_missed(d.dropped);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -368,7 +368,11 @@ impl RxBurst for RxQueue {
 }
 
 impl Drop for RxQueue {
+    /// Frees the stash; completions the device wrote that no burst took are frames the
+    /// application never got: counted as missed (see the cyclic queue's drop).
     fn drop(&mut self) {
+        let d = self.cq.drain();
+        self.counters.add_missed(d.dropped);
         let stash = &mut self.stash;
         with_cache(&self.pool, |cache| {
             stash

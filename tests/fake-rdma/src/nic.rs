@@ -116,10 +116,11 @@ impl DeviceDrops {
 }
 
 /// The MANA model's counters of frames its driver never sees dropped.
-fn hidden_drops(s: &pmd::emu::mana::ModelStats) -> [(&'static str, u64); 3] {
+fn hidden_drops(s: &pmd::emu::mana::ModelStats) -> [(&'static str, u64); 4] {
     [
         ("rx_no_wqe", s.rx_no_wqe),
         ("rx_fault_drops", s.rx_fault_drops),
+        ("rx_destroyed_drops", s.rx_destroyed_drops),
         ("tx_wire_drops", s.tx_wire_drops),
     ]
 }

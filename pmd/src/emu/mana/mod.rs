@@ -691,6 +691,7 @@ impl Provider for Model {
             ("dev_rx_no_wqe".into(), s.rx_no_wqe),
             ("dev_rx_truncated".into(), s.rx_truncated),
             ("dev_rx_fault_drops".into(), s.rx_fault_drops),
+            ("dev_rx_destroyed_drops".into(), s.rx_destroyed_drops),
             // Fewer than frames with `cqe-coalesce=1`.
             ("dev_rx_cqes".into(), s.rx_cqes),
             // One per burst: the driver suppresses all but the last WQE's.
