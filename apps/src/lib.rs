@@ -1,5 +1,8 @@
-//! Shared code of the command-line tools (`pmd-devices`, and later `l2fwd`, `pktgen`), and
-//! the preflight of `pmd-devices --check` ([`preflight`]).
+//! Shared code of the command-line tools (`l2fwd`, `pktgen`, `pmd-devices`,
+//! `pmd-telemetry`, `pmd-dumpcap`): their command-line values ([`cli`]), opening ports,
+//! events and the loss accounting of their reports ([`common`]), pktgen's generator
+//! ([`pktgen`]), the telemetry commands of the tools ([`telemetry`]), and the preflight of
+//! `pmd-devices --check` ([`preflight`]).
 #![deny(unsafe_code)]
 
 pub mod cli;

@@ -9,8 +9,9 @@
 //!   port        Port, RxQueue/TxQueue (one indirect call per burst), PortSpec devargs,
 //!     probe     the composition root: the ONE place that names kinds and pairs a driver
 //!               with a provider
-//!   drivers     mana (own Provider trait + raw queues), null
-//!   providers   emu::mana (device model + wires, feature `emu`); verbs::mana next
+//!   drivers     mana, mlx5 (each: its own Provider trait + raw queues), null
+//!   providers   emu::mana, emu::mlx5 (device models + wires, feature `emu`);
+//!               verbs::mana, verbs::mlx5 (rdma-core: manadv/mlx5dv, feature `verbs`)
 //!   ethdev      the contract: PortDriver, RxBurst/TxBurst, Burst, Counters, Caps,
 //!               PortConfig, PortError; names no driver
 //!   capture     live capture: a per-port switch the queue handles watch (one relaxed
@@ -25,7 +26,9 @@
 //!   ring        queue mechanics shared by every NIC: wrap copy, work queue, owner-bit CQ
 //!   hw          hardware formats as byte views (MANA GDMA), pinned by golden vectors
 //!   net         NIC-independent packet arithmetic: checksums, Toeplitz, MAC addresses
-//!   sys         the only FFI and raw memory: verbs (feature `verbs`), DevMem, barriers
+//!   sys         raw memory and the system: DevMem, barriers, doorbells, event fds,
+//!               netlink; rdma-core's symbols (feature `verbs`), whose RAII handles live
+//!               in `verbs` (the other module with unsafe code)
 //! mempool       hugepage regions, object pool, Mbuf, per-thread mbuf caches (lcache)
 //! ```
 //!

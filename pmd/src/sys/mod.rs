@@ -1,5 +1,7 @@
-//! The only FFI and raw memory access in the project: rdma-core verbs, the direct-verbs APIs
-//! `manadv.h` / `mlx5dv.h` (bindgen, see `build.rs`), all with feature `verbs` only;
+//! FFI and raw memory access: rdma-core verbs, the direct-verbs APIs `manadv.h` /
+//! `mlx5dv.h` (bindgen, see `build.rs`), all with feature `verbs` only (the RAII handles
+//! over them, and the provider code that calls them, are `crate::verbs`, the other module
+//! with unsafe code);
 //! [`DevMem`] for queue memory; [`barrier`]s; ioctl helpers for netdevs ([`net`]); AF_PACKET rings ([`packet_ring`]); per-port
 //! lock files ([`lockfile`]); [`event`] descriptors (eventfd, poll) for port events; whether
 //! a shared library loads ([`dl`]).
