@@ -11,100 +11,84 @@ use crate::{Mbuf, MbufCache, MbufPool, Mempool, PoolCache};
 use std::cell::RefCell;
 use std::sync::Arc;
 
-/// A thread's caches of one pool: the one `with_cache` lends (`None` while lent), and a
-/// spare, made on the first nested `with_cache` of the pool and lent to nested calls.
-struct Entry {
-    key: *const Mempool,
-    main: Option<MbufCache>,
-    spare: Option<MbufCache>,
-}
+/// Caches by the address of their `MbufPool`.
+type Caches = RefCell<Vec<(*const MbufPool, MbufCache)>>;
 
 thread_local! {
-    static CACHES: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Lends this thread's cache for `key` (made by `make` on first use): the main one, or the
-/// spare while the main one is lent; puts it back afterwards.
-fn lend<R>(
-    key: *const Mempool,
-    make: impl Fn() -> MbufCache,
-    f: impl FnOnce(&mut MbufCache) -> R,
-) -> R {
-    let taken = CACHES.with(|c| {
-        let mut caches = c.borrow_mut();
-        let i = match caches.iter().position(|e| e.key == key) {
-            Some(i) => i,
-            None => {
-                caches.push(Entry {
-                    key,
-                    main: None,
-                    spare: None,
-                });
-                caches.len() - 1
-            }
-        };
-        let e = &mut caches[i];
-        match (e.main.take(), e.spare.take()) {
-            (Some(m), spare) => {
-                e.spare = spare;
-                (m, true)
-            }
-            // The main cache is lent already (a nested call): the spare. Only a third level
-            // of nesting makes a cache each time.
-            (None, Some(s)) => (s, false),
-            (None, None) => (make(), false),
-        }
-    });
-    let (mut cache, main) = taken;
-    let r = f(&mut cache);
-    CACHES.with(|c| {
-        let mut caches = c.borrow_mut();
-        if let Some(e) = caches.iter_mut().find(|e| e.key == key) {
-            let slot = if main { &mut e.main } else { &mut e.spare };
-            if slot.is_none() {
-                *slot = Some(cache);
-            }
-            // Else: a third-level cache, dropped here (flushed to the pool).
-        }
-        // No entry: `flush` ran inside `f`; the cache is dropped (flushed) here.
-    });
-    r
+    /// The caches `with_cache` lends, one per pool.
+    static CACHES: Caches = const { RefCell::new(Vec::new()) };
+    /// The caches nested `with_cache` calls get while `CACHES` is lent, one per pool, made on
+    /// the first nested call.
+    static SPARES: Caches = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` with this thread's cache for `pool`. Creating a thread's first cache for a pool
 /// allocates once; every later call is a thread-local lookup in a list of one or two entries.
 ///
-/// Re-entrant: an `f` that calls `with_cache` again for the same pool (an application that
-/// wraps its polling loop in it, around bursts that use it themselves) gets a second cache of
-/// the thread's, made once (it holds up to a cache's worth of the pool's objects from then
-/// on, as the first does); a third level of nesting gets a fresh cache each time.
+/// Re-entrant: an `f` that calls `with_cache` again (an application that wraps its polling
+/// loop in it, around bursts that use it themselves) gets the thread's spare cache for the
+/// pool, made once (it holds up to a cache's worth of the pool's objects from then on, as
+/// the first does); a third level of nesting gets a fresh cache each time.
 #[inline]
 pub fn with_cache<R>(pool: &Arc<MbufPool>, f: impl FnOnce(&mut MbufCache) -> R) -> R {
-    lend(pool.mempool_ptr(), || pool.cache(), f)
+    let key = Arc::as_ptr(pool);
+    CACHES.with(|c| {
+        if let Ok(mut caches) = c.try_borrow_mut() {
+            let i = match caches.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    caches.push((key, pool.cache()));
+                    caches.len() - 1
+                }
+            };
+            return f(&mut caches[i].1);
+        }
+        nested(pool, f)
+    })
+}
+
+/// A nested `with_cache`: the thread's spare cache for `pool`, or (nested deeper) a fresh one.
+#[cold]
+fn nested<R>(pool: &Arc<MbufPool>, f: impl FnOnce(&mut MbufCache) -> R) -> R {
+    let key = Arc::as_ptr(pool);
+    SPARES.with(|c| {
+        if let Ok(mut spares) = c.try_borrow_mut() {
+            let i = match spares.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    spares.push((key, pool.cache()));
+                    spares.len() - 1
+                }
+            };
+            return f(&mut spares[i].1);
+        }
+        f(&mut pool.cache())
+    })
 }
 
 /// Runs `f` with this thread's cache of the pool at `key`, if the thread has one that is not
-/// lent out (main or spare), else with `None`. What dropping an [`Mbuf`] uses: never makes a
-/// cache, never waits; `None` also once the thread's storage is gone (a drop in another
-/// thread-local's destructor).
+/// lent out (the main one, else the spare), else with `None`. What dropping an [`Mbuf`]
+/// uses: never makes a cache, never waits; `None` also once the thread's storage is gone (a
+/// drop in another thread-local's destructor).
 pub(crate) fn with_existing<R>(
     key: *const Mempool,
     f: impl FnOnce(Option<&mut PoolCache>) -> R,
 ) -> R {
     let mut f = Some(f);
-    let r = CACHES.try_with(|c| {
-        let Ok(mut caches) = c.try_borrow_mut() else {
-            return None;
-        };
-        let e = caches.iter_mut().find(|e| e.key == key)?;
-        let cache = e.main.as_mut().or(e.spare.as_mut())?;
-        let f = f.take().expect("called once");
-        Some(f(Some(&mut cache.inner)))
-    });
-    match r {
-        Ok(Some(r)) => r,
-        _ => (f.take().expect("not called yet"))(None),
+    for caches in [&CACHES, &SPARES] {
+        let r = caches.try_with(|c| {
+            let mut caches = c.try_borrow_mut().ok()?;
+            let (_, cache) = caches
+                .iter_mut()
+                .find(|(_, c)| std::ptr::eq(Arc::as_ptr(c.inner.pool()), key))?;
+            let f = f.take().expect("called once");
+            Some(f(Some(&mut cache.inner)))
+        });
+        if let Ok(Some(r)) = r {
+            return r;
+        }
     }
+    (f.take().expect("not called yet"))(None)
 }
 
 /// Allocates one reset mbuf through this thread's cache (what an application should use on
@@ -122,11 +106,14 @@ pub fn free(pool: &Arc<MbufPool>, m: Mbuf) {
 }
 
 /// Returns everything this thread's caches hold to their pools and forgets the caches (so the
-/// pools can be dropped). Call it when a polling loop ends on a thread that lives on.
+/// pools can be dropped). Call it when a polling loop ends on a thread that lives on. Inside
+/// `with_cache`, the cache it lends (and those of outer calls) stay; the rest go.
 pub fn flush() {
-    // Taken out first: dropping a cache flushes it, which must not run under the borrow.
-    let caches = CACHES.with(|c| std::mem::take(&mut *c.borrow_mut()));
-    drop(caches);
+    for caches in [&CACHES, &SPARES] {
+        // Taken out first: dropping a cache flushes it, which must not run under the borrow.
+        let taken = caches.with(|c| c.try_borrow_mut().map(|mut v| std::mem::take(&mut *v)));
+        drop(taken);
+    }
 }
 
 #[cfg(test)]
@@ -207,14 +194,13 @@ mod tests {
         assert_eq!((p.in_use(), q.in_use()), (1, 1));
         drop(held);
         assert_eq!((p.in_use(), q.in_use()), (0, 0));
-        // flush inside with_cache forgets the caches; the lent one is flushed when it is
-        // given back.
+        // flush inside with_cache forgets the caches it can (not the lent one).
         with_cache(&p, |c| {
             let m = c.alloc().unwrap();
             flush();
             m.free_to(c);
         });
-        assert_eq!((p.in_use(), p.cached()), (0, 0));
+        assert_eq!(p.in_use(), 0);
         flush();
         assert_eq!((p.cached(), q.cached()), (0, 0));
     }
