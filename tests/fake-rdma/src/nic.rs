@@ -115,9 +115,20 @@ impl DeviceDrops {
     }
 }
 
-/// The MANA model's counters of frames its driver never sees dropped.
-fn hidden_drops(s: &pmd::emu::mana::ModelStats) -> [(&'static str, u64); 4] {
+/// Frames an engine's wire holds that no far end will read (its far end went away).
+pub fn stranded(wire_stats: &[(String, u64)]) -> u64 {
+    wire_stats
+        .iter()
+        .find(|(n, _)| n == pmd::emu::wire::TX_STRANDED)
+        .map_or(0, |(_, v)| *v)
+}
+
+/// The MANA model's counters of frames its driver never sees dropped, and its wire's
+/// stranded frames.
+fn hidden_drops(e: &Engine) -> [(&'static str, u64); 5] {
+    let s = e.stats();
     [
+        ("tx_stranded", stranded(&e.wire_stats())),
         ("rx_no_wqe", s.rx_no_wqe),
         ("rx_fault_drops", s.rx_fault_drops),
         ("rx_destroyed_drops", s.rx_destroyed_drops),
@@ -218,7 +229,7 @@ impl Nics {
     pub fn device_drops(&self) -> DeviceDrops {
         let mut d = self.stopped_drops.clone();
         for n in self.engines.values() {
-            d.add(&hidden_drops(&n.runner.core().lock().stats()));
+            d.add(&hidden_drops(&n.runner.core().lock()));
         }
         d
     }
@@ -244,9 +255,9 @@ impl Nics {
             // Dropping the runner stops and joins its thread (its step, if any, is over),
             // then drops the engine and its wire (kick handles keep an empty core).
             if let Some(n) = self.engines.remove(&key) {
-                let stats = n.runner.core().lock().stats();
+                let counts = hidden_drops(&n.runner.core().lock());
                 drop(n);
-                self.stopped_drops.add(&hidden_drops(&stats));
+                self.stopped_drops.add(&counts);
             }
         }
     }

@@ -220,8 +220,10 @@ pub struct Mlx5Nics {
 
 /// The mlx5 model's counters of frames its driver never sees dropped (an error CQE tells the
 /// driver of the others).
-fn hidden_drops(s: &pmd::emu::mlx5::ModelStats) -> [(&'static str, u64); 6] {
+fn hidden_drops(e: &Engine) -> [(&'static str, u64); 7] {
+    let s = e.stats();
     [
+        ("tx_stranded", crate::nic::stranded(&e.wire_stats())),
         ("rx_no_wqe", s.rx_no_wqe),
         ("rx_fault_drops", s.rx_fault_drops),
         ("rx_unsteered_drops", s.rx_unsteered_drops),
@@ -305,9 +307,9 @@ impl Mlx5Nics {
                     // Dropping the runner stops and joins its thread, then drops the
                     // engine and its wire (kick handles keep an empty core).
                     if let Some(r) = p.runner.take() {
-                        let stats = r.core().lock().stats();
+                        let counts = hidden_drops(&r.core().lock());
                         drop(r);
-                        self.stopped_drops.add(&hidden_drops(&stats));
+                        self.stopped_drops.add(&counts);
                     }
                     p.rss = Vec::new();
                 }
@@ -320,7 +322,7 @@ impl Mlx5Nics {
         let mut d = self.stopped_drops.clone();
         for p in self.ports.values() {
             if let Some(r) = &p.runner {
-                d.add(&hidden_drops(&r.core().lock().stats()));
+                d.add(&hidden_drops(&r.core().lock()));
             }
             d.add(&[("rx_not_steered", p.not_taken.load(Ordering::Relaxed))]);
         }

@@ -35,7 +35,7 @@ pub use none::NoWire;
 pub use pcap::PcapTap;
 pub use shm::{
     shm_dir, shm_path, Shm, SHM_COMPAT, SHM_INCOMPAT_KNOWN, SHM_MAJOR, SHM_MINOR, SHM_RING_BYTES,
-    SHM_SIGNATURE,
+    SHM_SIGNATURE, TX_STRANDED,
 };
 pub use spec::{WireSpec, WireSpecError};
 
