@@ -271,6 +271,9 @@ def run_part(part, seconds, args, bin_dir, work):
     lost = sum(r["lost"] for r in reports)
     dups = sum(r["duplicates"] for r in reports)
     pg_drops = sum(device_drops(r["ports"]) for r in reports)
+    # Frames an earlier pktgen run lost that a later one found waiting on its cable when it
+    # attached (sent to the cable while no pktgen was there) and discarded: counted there.
+    pg_drops += sum(xsum(r["ports"], ["wire_rx_stale"]) for r in reports)
     l2_drops = l2r["dropped"] + l2r["down_drops"] + l2r["device_drops"]
     # Over the fake: what its device models dropped where no driver over verbs can see it
     # (a real NIC counts these in its own counters), as the fake reports at exit.

@@ -21,9 +21,10 @@
 #
 # At the end of each part it checks, and the verdict says:
 #   - nothing was lost uncounted: every frame pktgen sent and did not get back is counted by
-#     a device (pktgen's, l2fwd's; over the fake, what the fake's devices dropped where no
-#     driver can see it, as they report at exit) or by l2fwd (its drops, its drops on a
-#     port that was down); nothing counted twice; no duplicates;
+#     a device (pktgen's, and the frames a later pktgen run found stale on its cable;
+#     l2fwd's; over the fake, what the fake's devices dropped where no driver can see it, as
+#     they report at exit) or by l2fwd (its drops, its drops on a port that was down);
+#     nothing counted twice; no duplicates;
 #   - pktgen received frames in every run (the dataplane kept making progress), and the
 #     faults did happen (TX and RX error completions, drops, link events; resets and as
 #     many recoveries over the fake);

@@ -78,7 +78,9 @@ struct Args {
     /// Seconds to wait for every port's link to come up before forwarding (a device-model
     /// port is down until the far end of its cable is attached, or while its afpacket
     /// interface is down); a port found down is reported at once. After the wait, warn and
-    /// forward anyway (the link may come up later); 0: do not wait.
+    /// forward anyway (the link may come up later); 0: do not wait. The "ready" event
+    /// (`--json`) comes after the wait: a script that starts the cables' far ends only once
+    /// l2fwd is ready should pass 0.
     #[arg(long, visible_alias = "link-wait", default_value_t = 10.0, value_name = "S", value_parser = apps::cli::seconds)]
     link_timeout: f64,
     /// Stop after this many seconds (default: run until a stop signal).
