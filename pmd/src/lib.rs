@@ -49,7 +49,7 @@
 //! let (mut tx, mut rx) = (a.tx_queue(0)?, b.rx_queue(0)?);
 //! a.start()?;
 //! b.start()?;
-//! let mut m = lcache::alloc(&pool).unwrap();
+//! let mut m = lcache::alloc(&pool).unwrap(); // from this thread's cache
 //! m.extend_from_slice(&[0xff; 60])?;
 //! let mut out = Burst::with_capacity(1);
 //! out.push(m).unwrap();
@@ -58,6 +58,7 @@
 //! let t0 = std::time::Instant::now();
 //! while rx.rx_burst(&mut got) == 0 && t0.elapsed().as_secs() < 5 {}
 //! assert_eq!(got.as_slice()[0].data(), &[0xff; 60][..]);
+//! got.clear(); // dropped mbufs go back to this thread's cache
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
