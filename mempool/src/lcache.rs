@@ -31,35 +31,34 @@ thread_local! {
 /// the first does); a third level of nesting gets a fresh cache each time.
 #[inline]
 pub fn with_cache<R>(pool: &Arc<MbufPool>, f: impl FnOnce(&mut MbufCache) -> R) -> R {
-    let key = Arc::as_ptr(pool);
     CACHES.with(|c| {
         if let Ok(mut caches) = c.try_borrow_mut() {
-            let i = match caches.iter().position(|(k, _)| *k == key) {
-                Some(i) => i,
-                None => {
-                    caches.push((key, pool.cache()));
-                    caches.len() - 1
-                }
-            };
+            let i = slot(&mut caches, pool);
             return f(&mut caches[i].1);
         }
         nested(pool, f)
     })
 }
 
+/// The index of `pool`'s cache in `caches`, made if it has none.
+#[inline]
+fn slot(caches: &mut Vec<(*const MbufPool, MbufCache)>, pool: &Arc<MbufPool>) -> usize {
+    let key = Arc::as_ptr(pool);
+    match caches.iter().position(|(k, _)| *k == key) {
+        Some(i) => i,
+        None => {
+            caches.push((key, pool.cache()));
+            caches.len() - 1
+        }
+    }
+}
+
 /// A nested `with_cache`: the thread's spare cache for `pool`, or (nested deeper) a fresh one.
 #[cold]
 fn nested<R>(pool: &Arc<MbufPool>, f: impl FnOnce(&mut MbufCache) -> R) -> R {
-    let key = Arc::as_ptr(pool);
     SPARES.with(|c| {
         if let Ok(mut spares) = c.try_borrow_mut() {
-            let i = match spares.iter().position(|(k, _)| *k == key) {
-                Some(i) => i,
-                None => {
-                    spares.push((key, pool.cache()));
-                    spares.len() - 1
-                }
-            };
+            let i = slot(&mut spares, pool);
             return f(&mut spares[i].1);
         }
         f(&mut pool.cache())
