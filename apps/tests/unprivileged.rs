@@ -97,20 +97,24 @@ fn the_demo_topology_runs_unprivileged_on_normal_pages_and_loses_nothing() {
         (Some(n), Some(0))
     );
     assert_eq!(lj["pool_in_use"], 0, "{lj}");
-    // Where root's cables would go to hugepages, each tool says once that this user's go to
-    // normal pages instead, and how to change that.
+    // Where root's cables would go to hugepages, the tool that made a cable file (whichever
+    // got there first: the other joins the file without a fallback of its own) says, once,
+    // that this user's cables go to normal pages instead, and how to change that.
     let hugepages = pmd::emu::wire::shm_dir() == Path::new("/dev/hugepages");
     let p_err = String::from_utf8_lossy(&out.stderr);
+    let mut said = 0;
     for err in [p_err.as_ref(), l_err.as_str()] {
         let cables = err.matches("using /dev/shm/pmd-wire-").count();
-        assert_eq!(
-            cables,
-            usize::from(hugepages),
-            "the cables' fallback: {err}"
-        );
-        assert_eq!(err.contains("Reserve hugepages"), hugepages, "{err}");
+        assert!(cables <= 1, "reported once: {err}");
+        assert_eq!(err.contains("Reserve hugepages"), cables == 1, "{err}");
+        said += cables;
         assert!(!err.contains("ERROR"), "{err}");
     }
+    assert_eq!(
+        said > 0,
+        hugepages,
+        "the cables' fallback:\npktgen: {p_err}\nl2fwd: {l_err}"
+    );
     // The last end out removed each cable file.
     for d in ["/dev/shm", "/dev/hugepages"] {
         if let Ok(entries) = std::fs::read_dir(d) {
