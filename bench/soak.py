@@ -185,6 +185,19 @@ class Knobs(threading.Thread):
 
 
 def run_part(part, seconds, args, bin_dir, work):
+    """One part; returns its result dict. Whatever way it ends (Ctrl-C included), the tools it
+    started are stopped."""
+    started = []
+    try:
+        return _run_part(part, seconds, args, bin_dir, work, started)
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _run_part(part, seconds, args, bin_dir, work, started):
     """One part; returns its result dict (also written to work/result.json)."""
     family = part.removeprefix("emu-")
     fake = not part.startswith("emu-")
@@ -206,8 +219,9 @@ def run_part(part, seconds, args, bin_dir, work):
     l2_argv += ["--json", "--stats-interval", "0", "--link-timeout", "0"]
     l2_env = dict(base_env, RUNTIME_DIRECTORY=str(work / "run-l2fwd"))
     huge_before = hugepage_files()
-    started = time.monotonic()
+    t0 = time.monotonic()
     l2 = Proc(l2_argv, l2_env, work / "l2fwd.json")
+    started.append(l2.p)
     result = {"part": part, "failures": []}
     fail = result["failures"].append
     if l2.wait_line(lambda l: '"event":"ready"' in l, 60) is None:
@@ -234,7 +248,9 @@ def run_part(part, seconds, args, bin_dir, work):
                  "--stats-interval", "0", "--flows", "64"]
         out = work / f"pktgen-{i}.json"
         with open(out, "w") as o, open(work / f"pktgen-{i}.err", "w") as e:
-            rc = subprocess.run(argv, env=pg_env, stdout=o, stderr=e).returncode
+            pg = subprocess.Popen(argv, env=pg_env, stdout=o, stderr=e)
+            started.append(pg)
+            rc = pg.wait()
         if rc != 0:
             fail(f"pktgen run {i + 1} exited {rc}: {(work / f'pktgen-{i}.err').read_text()[-1500:]}")
             break
@@ -259,7 +275,7 @@ def run_part(part, seconds, args, bin_dir, work):
     if l2.p.poll() is None:
         samples.append(proc_sample(l2.p.pid))
     rc = l2.stop()
-    result["seconds"] = round(time.monotonic() - started, 1)
+    result["seconds"] = round(time.monotonic() - t0, 1)
     if rc != 0:
         fail(f"l2fwd exited {rc}: {l2.stderr()[-2000:]}")
         return result
@@ -385,6 +401,15 @@ def main():
         return 0
     each = args.duration / len(parts)
     top = Path(tempfile.mkdtemp(prefix="pmd-soak-"))
+    try:
+        results = run_parts(parts, each, args, top)
+    except KeyboardInterrupt:
+        log(f"soak: interrupted; logs in {top}")
+        return 130
+    return verdict(results, parts, args, top)
+
+
+def run_parts(parts, each, args, top):
     results = []
     for part in parts:
         work = top / part
@@ -420,6 +445,11 @@ def main():
                 r = {"part": part, "failures": [f"the part's run exited {rc} with no result"]}
         results.append(r)
         log(describe(r))
+    return results
+
+
+def verdict(results, parts, args, top):
+    """Prints the one-line verdict; returns the exit status."""
     ok = all(not r["failures"] for r in results)
     sent = sum(r.get("sent", 0) for r in results)
     received = sum(r.get("received", 0) for r in results)
@@ -427,9 +457,8 @@ def main():
     counted = sum(r.get("counted", 0) for r in results)
     rec = sum(r.get("recoveries", 0) for r in results)
     resets = sum(r.get("resets", 0) for r in results)
-    verdict = "PASS" if ok else "FAIL"
     print(
-        f"soak: {verdict}: {args.duration:.0f} s over {len(parts)} parts; sent {sent}, received "
+        f"soak: {'PASS' if ok else 'FAIL'}: {args.duration:.0f} s over {len(parts)} parts; sent {sent}, received "
         f"{received}, lost {lost}, counted {counted}; {rec} queue/port recoveries, {resets} "
         f"device resets; "
         + ("pools whole, no fd, file or verbs object left, RSS flat" if ok else

@@ -103,22 +103,6 @@ impl FaultKind {
             Self::StateChange => "state-change",
         }
     }
-
-    /// What it does, for help texts.
-    pub fn describe(self) -> String {
-        match self {
-            Self::Link => "the link down for the phase".into(),
-            Self::RxDrop => format!("every {RX_DROP_EVERY}th arriving frame dropped"),
-            Self::RxError => format!("every {RX_ERROR_EVERY}th received frame truncated"),
-            Self::TxError => format!("every {TX_ERROR_EVERY}th TX WQE fails"),
-            Self::SlowCompletions => {
-                format!("completions held back {SLOW_COMPLETION_STEPS} engine passes")
-            }
-            Self::RxBadKey => format!("every {BAD_KEY_EVERY}th RX scatter meets a bad key"),
-            Self::TxBadKey => format!("every {BAD_KEY_EVERY}th TX gather meets a bad key"),
-            Self::StateChange => "TX errors, and the phase's first queue state change fails".into(),
-        }
-    }
 }
 
 impl fmt::Display for FaultKind {
@@ -224,7 +208,6 @@ pub struct FaultCycle<F> {
     calls: u32,
     /// The phase in force: an index into the sequence clean, fault 0, clean, fault 1, ...
     current: Option<usize>,
-    entered: u64,
 }
 
 impl<F: Clone + Default> FaultCycle<F> {
@@ -237,7 +220,6 @@ impl<F: Clone + Default> FaultCycle<F> {
             start: Instant::now(),
             calls: 0,
             current: None,
-            entered: 0,
         }
     }
 
@@ -305,7 +287,6 @@ impl<F: Clone + Default> FaultCycle<F> {
             return None;
         }
         self.current = Some(k);
-        self.entered += 1;
         Some(if k % 2 == 1 {
             let (kind, f) = &self.phases[k / 2];
             tracing::debug!(target: "pmd::emu", "fault phase: {kind}");
@@ -320,11 +301,6 @@ impl<F: Clone + Default> FaultCycle<F> {
         self.current
             .filter(|k| k % 2 == 1)
             .map(|k| self.phases[k / 2].0)
-    }
-
-    /// Phases entered so far (fault and clean ones).
-    pub fn phases_entered(&self) -> u64 {
-        self.entered
     }
 }
 
@@ -383,7 +359,6 @@ mod tests {
         assert_eq!(c.at(t4), Some(0));
         assert_eq!(c.at(t5), None, "phase 8 is the clean one before link again");
         assert_eq!(c.at(mid(9)), Some(1));
-        assert_eq!(c.phases_entered(), 6);
     }
 
     #[test]

@@ -410,15 +410,8 @@ impl Drop for RxQueue {
     /// closes, or a dead device's queues are dropped before they are rebuilt) are frames the
     /// application never got: counted as missed, so that none is lost uncounted.
     fn drop(&mut self) {
-        let frames_in = |cqe: &[u8; CQE_BYTES], first: usize| -> u64 {
-            match Cqe::new_checked(&cqe[..]) {
-                Some(c) if matches!(c.cqe_type(), CqeType::RxOkay | CqeType::RxCoalesced4) => {
-                    (first..RX_PPI_COUNT)
-                        .take_while(|&k| c.rx_pkt_len(k) != 0)
-                        .count() as u64
-                }
-                _ => 0,
-            }
+        let frames_in = |cqe: &[u8; CQE_BYTES], first: usize| {
+            Cqe::new_checked(&cqe[..]).map_or(0, |c| c.rx_packets(first))
         };
         let mut lost = self
             .backlog

@@ -267,6 +267,17 @@ impl<T: AsRef<[u8]>> Cqe<T> {
         let off = field::PPI_BASE + field::PPI_STRIDE * (k % RX_PPI_COUNT);
         Bits32::le(0, 15, 0).get(&self.0.as_ref()[off..]) as u16
     }
+    /// RX: the packets this completion delivers from packet `first` on (RX_OKAY: one;
+    /// RX_COALESCED_4: up to four, the list ending at a zero length); none for any other
+    /// type (an error completion delivers nothing).
+    pub fn rx_packets(&self, first: usize) -> u64 {
+        match self.cqe_type() {
+            CqeType::RxOkay | CqeType::RxCoalesced4 => (first..RX_PPI_COUNT)
+                .take_while(|&k| self.rx_pkt_len(k) != 0)
+                .count() as u64,
+            _ => 0,
+        }
+    }
     /// RX: Toeplitz hash of packet `k`.
     pub fn rx_pkt_hash(&self, k: usize) -> u32 {
         debug_assert!(k < RX_PPI_COUNT);

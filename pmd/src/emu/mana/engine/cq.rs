@@ -53,21 +53,6 @@ impl Engine {
     }
 }
 
-/// The packets an RX completion body reports (RX_OKAY: one; RX_COALESCED_4: up to four; an
-/// error completion: none delivered).
-pub(super) fn rx_packets(body: &[u8; CQE_BYTES]) -> u64 {
-    use crate::hw::mana::cqe::{CqeType, RX_PPI_COUNT};
-    let Some(c) = Cqe::new_checked(&body[..]) else {
-        return 0;
-    };
-    match c.cqe_type() {
-        CqeType::RxOkay | CqeType::RxCoalesced4 => (0..RX_PPI_COUNT)
-            .take_while(|&k| c.rx_pkt_len(k) != 0)
-            .count() as u64,
-        _ => 0,
-    }
-}
-
 /// Writes a CQE: body first, then (after a release fence) the info dword with the owner
 /// bits as one aligned 32-bit store (§10 items 10-12).
 #[inline]

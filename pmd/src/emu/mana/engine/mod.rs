@@ -471,7 +471,9 @@ impl Engine {
         self.stats.rx_destroyed_drops +=
             q.cq.delayed
                 .iter()
-                .map(|(_, body, _, _)| cq::rx_packets(body))
+                .map(|(_, body, _, _)| {
+                    crate::hw::mana::cqe::Cqe::new_checked(&body[..]).map_or(0, |c| c.rx_packets(0))
+                })
                 .sum::<u64>();
         q.db.unregister(DoorbellKind::Rq, id);
         self.unwatch(&q.db);
@@ -596,11 +598,6 @@ impl Engine {
             },
             FaultKind::RxBadKey | FaultKind::TxBadKey | FaultKind::StateChange => return None,
         })
-    }
-
-    /// The fault of the cycle in force (`None`: no cycle, or a clean phase).
-    pub fn fault_phase(&self) -> Option<FaultKind> {
-        self.cycle.as_ref().and_then(FaultCycle::current)
     }
 
     /// Device-side counters.

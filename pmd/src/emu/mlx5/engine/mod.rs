@@ -1172,11 +1172,6 @@ impl Engine {
         })
     }
 
-    /// The fault of the cycle in force (`None`: no cycle, or a clean phase).
-    pub fn fault_phase(&self) -> Option<FaultKind> {
-        self.cycle.as_ref().and_then(FaultCycle::current)
-    }
-
     /// Device-side counters.
     pub fn stats(&self) -> ModelStats {
         let mut s = self.stats;
