@@ -10,7 +10,7 @@
 //! was set), read once per [`CHECK_EVERY`] engine passes, so a busy engine pays a clock read
 //! per 64 passes and an idle one still changes phase within a few milliseconds.
 //!
-//! Each kind's strength is fixed ([`FaultKind::describe`] says it): strong enough that a
+//! Each kind's strength is fixed (each [`FaultKind`] says it, e.g. [`RX_DROP_EVERY`]): strong enough that a
 //! phase of a fraction of a second hits hundreds of frames at the soak's rates, not so strong
 //! that nothing gets through.
 //!
