@@ -113,7 +113,7 @@ pub use chunk::{ChunkInfo, ChunkKeys, Registration};
 pub use error::{BoxError, Error};
 pub use mbuf::{
     ChainError, Mbuf, MbufCache, MbufError, MbufFifo, MbufPool, MbufPoolConfig, RawMbuf, RxBufs,
-    RxFields, Segments, SharedMbuf, TxOffload,
+    RxDesc, RxFields, RxRun, Segments, SharedMbuf, TxOffload, RX_RUN_MAX,
 };
 pub use offload::{CksumStatus, OffloadFlags};
 pub use pool::{

@@ -53,4 +53,24 @@ impl IndexRing {
     pub(super) fn at(&self, pos: u32) -> usize {
         (pos & self.mask) as usize
     }
+
+    /// The `n` slots from free-running position `pos` on, as the part up to the end of the
+    /// ring and the part wrapped to its start (empty when they do not wrap).
+    ///
+    /// # Panics
+    /// If `n` exceeds the capacity.
+    #[inline]
+    pub(super) fn run(&self, pos: u32, n: u32) -> (&[u32], &[u32]) {
+        assert!(
+            n <= self.capacity(),
+            "a run of {n} in a ring of {}",
+            self.capacity()
+        );
+        let at = self.at(pos);
+        let first = (n as usize).min(self.slots.len() - at);
+        (
+            &self.slots[at..at + first],
+            &self.slots[..n as usize - first],
+        )
+    }
 }

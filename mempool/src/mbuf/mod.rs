@@ -68,7 +68,7 @@ pub use header::{
     DEFAULT_DATA_ROOM, DEFAULT_HEADROOM, MBUF_HEADER_BYTES, PORT_INVALID, USER_AREA_BYTES,
 };
 pub use pool::{MbufCache, MbufPool, MbufPoolConfig};
-pub use rxbufs::{RxBufs, RxFields};
+pub use rxbufs::{RxBufs, RxDesc, RxFields, RxRun, RX_RUN_MAX};
 pub use shared::SharedMbuf;
 
 /// A small pool on 4 KiB pages for the unit tests of this module.

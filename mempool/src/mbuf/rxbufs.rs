@@ -12,7 +12,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::handle::{Mbuf, RawMbuf};
-use super::header::{MbufHeader, MBUF_HEADER_BYTES};
+use super::header::{MbufHeader, MBUF_HEADER_BYTES, NO_SEG};
 use super::index_ring::IndexRing;
 use super::pool::{MbufCache, MbufPool};
 use crate::offload::OffloadFlags;
@@ -31,6 +31,31 @@ pub struct RxFields {
     pub port: u16,
 }
 
+/// What a completion says of one received packet, for [`RxBufs::pop_run`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RxDesc {
+    /// The packet's length.
+    pub len: u32,
+    /// Offload flags (checksum status, hash and VLAN flags).
+    pub ol_flags: OffloadFlags,
+    /// RSS hash (meaningful with `RX_RSS_HASH`).
+    pub rss_hash: u32,
+    /// VLAN TCI (meaningful with `RX_VLAN`).
+    pub vlan_tci: u16,
+}
+
+/// Most buffers one [`RxBufs::pop_run`] takes.
+pub const RX_RUN_MAX: u32 = 64;
+
+/// What one [`RxBufs::pop_run`] appended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RxRun {
+    /// Packets whose length exceeded the data room (in the output, cut to the room).
+    pub too_long: u32,
+    /// The packets' lengths, summed (those too long counted as the room).
+    pub bytes: u64,
+}
+
 /// A bounded FIFO of posted receive buffers (a power-of-two number of slots), each a free
 /// object of one pool that the fifo owns until it is popped.
 pub struct RxBufs {
@@ -46,6 +71,8 @@ pub struct RxBufs {
     hdr0: usize,
     /// Objects in the pool (every slot's index is below it).
     count: u32,
+    /// The pool's headroom (every object's data offset when it is received into).
+    headroom: u16,
 }
 
 impl std::fmt::Debug for RxBufs {
@@ -68,6 +95,7 @@ impl RxBufs {
             obj_size: pool.obj_size(),
             hdr0: pool.buf_addr(RawMbuf(0)) - MBUF_HEADER_BYTES,
             count: pool.capacity(),
+            headroom: pool.headroom(),
         }
     }
 
@@ -175,6 +203,23 @@ impl RxBufs {
         self.addr0 + self.index_at(pos) as usize * self.obj_size
     }
 
+    /// Calls `f(k, addr)` with the data address of each of the `n` buffers from position
+    /// `from` on (held ones, oldest first), `k` counting from 0: to post them.
+    ///
+    /// # Panics
+    /// If `n` exceeds the capacity.
+    #[inline]
+    pub fn for_each_data_addr(&self, from: u32, n: u32, mut f: impl FnMut(usize, usize)) {
+        let (a, b) = self.ring.run(from, n);
+        let (addr0, obj_size) = (self.addr0, self.obj_size);
+        for (k, &idx) in a.iter().enumerate() {
+            f(k, addr0 + idx as usize * obj_size);
+        }
+        for (k, &idx) in b.iter().enumerate() {
+            f(a.len() + k, addr0 + idx as usize * obj_size);
+        }
+    }
+
     /// Removes the buffers added last, from position `from` on (a refill that could not post
     /// them all), back into `cache`.
     pub fn give_back_from(&mut self, from: u32, cache: &mut MbufCache) {
@@ -231,6 +276,79 @@ impl RxBufs {
         Some(if ok { Ok(m) } else { Err(m) })
     }
 
+    /// Removes the `n` oldest buffers (at most [`RX_RUN_MAX`]) as received packets, oldest
+    /// first, and appends them to `out`: for the `k`-th, `desc(k)` says what the completion
+    /// said. Each header is written as [`RxBufs::pop_received`] writes it, in six 8-byte
+    /// stores (the layout is pinned below). A packet whose length exceeds the data room is
+    /// appended too, its length cut to the room, and counted in the returned
+    /// [`RxRun::too_long`] (and its cut length in [`RxRun::bytes`]): the caller takes it out,
+    /// frees and counts it.
+    ///
+    /// # Panics
+    /// If fewer than `n` buffers are held, `n` exceeds [`RX_RUN_MAX`] or `out`'s spare capacity.
+    #[inline]
+    pub fn pop_run(
+        &mut self,
+        n: u32,
+        port: u16,
+        out: &mut Vec<Mbuf>,
+        mut desc: impl FnMut(usize) -> RxDesc,
+    ) -> RxRun {
+        assert!(
+            n <= self.len() && n <= RX_RUN_MAX && n as usize <= out.capacity() - out.len(),
+            "{n} rx buffers popped of {} into {} free",
+            self.len(),
+            out.capacity() - out.len()
+        );
+        // data_off, refcnt 1, nb_segs 1, port.
+        let rearm = u64::from(self.headroom) | 1 << 16 | 1 << 32 | u64::from(port) << 48;
+        let tail = self.ring.tail;
+        // (Taken first: should `desc` panic, the buffers not yet handed out leak, none is
+        // owned twice.)
+        self.ring.tail = tail.wrapping_add(n);
+        let (a, b) = self.ring.run(tail, n);
+        let (room, hdr0, obj_size, count) = (self.room, self.hdr0, self.obj_size, self.count);
+        let pool = &self.pool;
+        let mut run = RxRun::default();
+        let mut k = 0usize;
+        let mut one = |idx: u32| {
+            debug_assert!(idx < count);
+            pool.audit_in_use(idx, "RxBufs::pop_run");
+            let hdr = (hdr0 + idx as usize * obj_size) as *mut MbufHeader;
+            let d = desc(k);
+            k += 1;
+            // A length over the room is cut to it (the caller frees that packet).
+            let len = d.len.min(room);
+            run.too_long += u32::from(d.len > room);
+            run.bytes += u64::from(len);
+            let fl = d.ol_flags.bits();
+            let w = hdr.cast::<u64>();
+            // SAFETY: `idx` is a free object of `pool` the fifo owned since `refill` took it
+            // from the cache (as in `pop_received`); its slot was consumed above, so no one
+            // else reads or writes its header, which is inside the region (an index below
+            // the object count from the region base) and 64-byte aligned. The stores cover
+            // bytes 0..48 of the header, the fields the layout asserts below place there.
+            unsafe {
+                w.write(rearm);
+                w.add(1).write(fl);
+                w.add(2).write(
+                    u64::from(len) | u64::from(len as u16) << 32 | u64::from(d.vlan_tci) << 48,
+                );
+                w.add(3)
+                    .write(u64::from(d.rss_hash) | u64::from(NO_SEG) << 32);
+                w.add(4).write(0);
+                w.add(5).write(0);
+            }
+            Mbuf {
+                // SAFETY: the region base is not null and `idx` is below the object count.
+                hdr: unsafe { NonNull::new_unchecked(hdr) },
+            }
+        };
+        out.extend(a.iter().map(|&idx| one(idx)));
+        out.extend(b.iter().map(|&idx| one(idx)));
+        run
+    }
+
     /// Removes the oldest buffer, reset (length 0): to drop it or post it again.
     #[inline]
     pub fn pop(&mut self) -> Option<Mbuf> {
@@ -248,7 +366,28 @@ impl Drop for RxBufs {
     }
 }
 
-const _: () = assert!(MBUF_HEADER_BYTES == 128);
+const _: () = {
+    use std::mem::offset_of;
+    assert!(MBUF_HEADER_BYTES == 128);
+    // The words `pop_run` stores, on a little-endian host.
+    assert!(cfg!(target_endian = "little"));
+    assert!(offset_of!(MbufHeader, data_off) == 0);
+    assert!(offset_of!(MbufHeader, refcnt) == 2);
+    assert!(offset_of!(MbufHeader, nb_segs) == 4);
+    assert!(offset_of!(MbufHeader, port) == 6);
+    assert!(offset_of!(MbufHeader, ol_flags) == 8);
+    assert!(offset_of!(MbufHeader, pkt_len) == 16);
+    assert!(offset_of!(MbufHeader, data_len) == 20);
+    assert!(offset_of!(MbufHeader, vlan_tci) == 22);
+    assert!(offset_of!(MbufHeader, rss_hash) == 24);
+    assert!(offset_of!(MbufHeader, next) == 28);
+    assert!(offset_of!(MbufHeader, timestamp) == 32);
+    assert!(offset_of!(MbufHeader, l2_len) == 40);
+    assert!(offset_of!(MbufHeader, l4_len) == 41);
+    assert!(offset_of!(MbufHeader, l3_len) == 42);
+    assert!(offset_of!(MbufHeader, tso_segsz) == 44);
+    assert!(offset_of!(MbufHeader, index) == 48);
+};
 
 #[cfg(test)]
 mod tests {
@@ -309,6 +448,92 @@ mod tests {
         assert_eq!(r.len(), 6);
         drop(r);
         drop(c);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    /// `pop_run` writes what `pop_received` writes (from dirty objects, across the ring's
+    /// wrap), cuts a length over the room and counts it, and sums the lengths.
+    #[test]
+    fn a_run_pops_in_order_with_the_headers_pop_received_writes() {
+        let p = pool(64);
+        let mut c = p.cache();
+        let dirty: Vec<Mbuf> = (0..16)
+            .map(|_| {
+                let mut m = c.alloc().unwrap();
+                m.extend_from_slice(&[1; 100]).unwrap();
+                m.adj(10).unwrap();
+                m.set_ol_flags(OffloadFlags::TX_TCP_SEG);
+                m.set_timestamp(7);
+                m.set_tx_offload(crate::TxOffload {
+                    l2_len: 14,
+                    l3_len: 20,
+                    l4_len: 20,
+                    tso_segsz: 1000,
+                });
+                m
+            })
+            .collect();
+        for m in dirty {
+            m.free_to(&mut c);
+        }
+        let (mut a, mut b) = (RxBufs::new(&p, 8), RxBufs::new(&p, 8));
+        // Move both rings' positions near the end so that the run wraps.
+        for r in [&mut a, &mut b] {
+            assert!(r.refill(&mut c, 6));
+            while r.pop().is_some() {}
+            assert!(r.refill(&mut c, 8));
+        }
+        let fields = |k: usize| {
+            let mut fl = OffloadFlags::RX_RSS_HASH;
+            fl.set_rx_ip_cksum(CksumStatus::Good);
+            RxDesc {
+                len: if k == 3 { a.room() + 5 } else { 60 + k as u32 },
+                ol_flags: fl,
+                rss_hash: 0x1000 + k as u32,
+                vlan_tci: k as u16,
+            }
+        };
+        let want: Vec<_> = (0..8).map(fields).collect();
+        let addrs: Vec<usize> = (0..8)
+            .map(|k| a.data_addr(a.popped().wrapping_add(k)))
+            .collect();
+        let mut out = Vec::with_capacity(8);
+        let run = a.pop_run(8, 9, &mut out, |k| want[k]);
+        assert_eq!(run.too_long, 1);
+        assert_eq!(
+            run.bytes,
+            (0..8)
+                .map(|k| u64::from(want[k].len.min(a.room())))
+                .sum::<u64>()
+        );
+        for (k, m) in out.iter().enumerate() {
+            let d = want[k];
+            let f = RxFields {
+                ol_flags: d.ol_flags,
+                rss_hash: d.rss_hash,
+                vlan_tci: d.vlan_tci,
+                port: 9,
+            };
+            let r = b.pop_received(d.len.min(a.room()), &f).unwrap().unwrap();
+            assert_eq!(m.data_addr(), addrs[k]);
+            let view = |m: &Mbuf| {
+                (
+                    m.headroom(),
+                    m.len(),
+                    m.pkt_len(),
+                    m.nb_segs(),
+                    m.port(),
+                    m.ol_flags(),
+                    m.rss_hash(),
+                    m.vlan_tci(),
+                    m.timestamp(),
+                    m.tx_offload(),
+                )
+            };
+            assert_eq!(view(m), view(&r), "packet {k}");
+        }
+        assert_eq!(a.len(), 0);
+        drop((out, a, b, c));
         assert_eq!(p.in_use(), 0);
     }
 

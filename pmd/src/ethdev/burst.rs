@@ -61,6 +61,13 @@ impl Burst {
         Ok(())
     }
 
+    /// The packets' vector, for a driver that appends a run in place (within the capacity:
+    /// a push beyond it would allocate).
+    #[inline]
+    pub(crate) fn vec_mut(&mut self) -> &mut Vec<Mbuf> {
+        &mut self.pkts
+    }
+
     /// Removes the last packet.
     #[inline]
     pub fn pop(&mut self) -> Option<Mbuf> {

@@ -398,6 +398,48 @@ pub fn deliver_rx(
     }
 }
 
+/// The rare cases of a run of `n` packets a driver appended to `out` from position `start`
+/// with `mempool::RxBufs::pop_run`: `what(k)` says of the `k`-th whether its length exceeded
+/// the data room (it is taken out and freed, and its length, cut to the room, taken off
+/// `bytes`) and which stripped tag to put back into its frame (the tag's bytes added to
+/// `bytes`). Returns how many were freed (the caller counts them, as an error of its kind).
+#[cold]
+#[inline(never)]
+pub fn fix_rx_run(
+    out: &mut Burst,
+    start: usize,
+    n: usize,
+    mut what: impl FnMut(usize) -> (bool, Option<u16>),
+    bytes: &mut u64,
+) -> u64 {
+    let mut freed = 0u64;
+    let mut k = 0usize;
+    // Order kept: the packets after one taken out move up.
+    out.vec_mut().retain_mut(|m| {
+        let i = k;
+        k += 1;
+        if i < start || i >= start + n {
+            return true;
+        }
+        match what(i - start) {
+            (true, _) => {
+                // (Freed by its drop, through this core's cache.)
+                *bytes -= u64::from(m.pkt_len());
+                freed += 1;
+                false
+            }
+            (false, Some(tci)) => {
+                let before = m.pkt_len();
+                reinsert_vlan(m, tci);
+                *bytes += u64::from(m.pkt_len() - before);
+                true
+            }
+            (false, None) => true,
+        }
+    });
+    freed
+}
+
 /// Frees `m` through this core's cache (the error paths of the datapaths).
 pub fn free_one(pool: &std::sync::Arc<MbufPool>, m: mempool::Mbuf) {
     mempool::lcache::with_cache(pool, |cache| m.free_to(cache));

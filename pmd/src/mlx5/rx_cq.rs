@@ -19,13 +19,14 @@ use super::rxq::RxXstats;
 use super::txq::RECOVERY_RETRY_BURSTS;
 use crate::ethdev::Counters;
 use crate::hw::mlx5::cqe::{
-    csum_ok, hdr_type, mini_slot, op_own, Cqe, CqeFormat, CqeOpcode, MiniCqe, MiniCqeFormat,
-    Syndrome,
+    self, csum_ok, hdr_type, mini_slot, op_own, Cqe, CqeFormat, CqeOpcode, MiniCqe, MiniCqeFormat,
+    Syndrome, OP_OWN,
 };
 use crate::hw::mlx5::doorbell::{self, CQ_SET_CI, RCV_DBR};
 use crate::hw::mlx5::{CQE_BYTES, MINI_CQE_BYTES};
 use crate::ring::Polled;
-use crate::sys::DevMem;
+use crate::sys::barrier::udma_from_device_barrier;
+use crate::sys::{DevEntry, DevMem, DevView};
 use mempool::{CksumStatus, OffloadFlags};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -93,6 +94,19 @@ pub(super) struct NormalRx {
     pub key: u8,
     /// The stripped tag (meaningful when the key says so).
     pub vlan: u16,
+}
+
+/// The normal packet CQE `e` (an entry of a [`RxCq::normal_run`]), read in place.
+#[inline]
+pub(super) fn normal_at(e: DevEntry<'_, CQE_BYTES>) -> NormalRx {
+    // hds_ip_ext, l4_l3_hdr_type and vlan_info are one dword (§5.1).
+    let [hds, l4l3, v0, v1] = e.u32_at::<{ cqe::HDS_IP_EXT }>().to_le_bytes();
+    NormalRx {
+        byte_cnt: u32::from_be(e.u32_at::<{ cqe::BYTE_CNT }>()),
+        hash: u32::from_be(e.u32_at::<{ cqe::RX_HASH_RES }>()),
+        key: RxMeta::flags_key(hds, e.u8_at::<{ cqe::RX_HASH_TYPE }>(), l4l3),
+        vlan: u16::from_be_bytes([v0, v1]),
+    }
 }
 
 /// What [`RxCq::next_normal`] found.
@@ -237,6 +251,45 @@ impl RxCq {
             });
         }
         FastPolled::Other(self.decode(&b))
+    }
+
+    /// The run of normal packet CQEs from the consumer on (none mid-session), at most `max`
+    /// and not past the end of the ring: a view of the run's slots, how many are normal
+    /// packet CQEs owned by software (checked in place, one read barrier for all), and
+    /// whether the run went on to the end of the view (so the next run may start at once,
+    /// at the wrap). Read them with [`normal_at`], then [`RxCq::consume`] them.
+    #[inline]
+    pub fn normal_run(&self, max: u32) -> (DevView<'_>, u32, bool) {
+        let (view, m) = self
+            .cq
+            .run_view(if self.session.is_some() { 0 } else { max });
+        // opcode RESP_SEND, format normal, owner bit = the lap parity (§5.2); `se` (bit 1)
+        // does not matter. The owner byte is the top byte of the dword at 60 (big-endian
+        // stored, read in memory order).
+        let want = op_own(
+            CqeOpcode::RespSend.into(),
+            CqeFormat::Normal.into(),
+            self.cq.head() & self.cq.count() != 0,
+        );
+        let mut n = 0;
+        while n < m {
+            let dw = view.load_u32_relaxed(n as usize * CQE_BYTES + OP_OWN - 3);
+            if dw.to_le_bytes()[3] & 0xfd != want {
+                break;
+            }
+            n += 1;
+        }
+        if n > 0 {
+            // The owner fields were read first; no body may be read before them.
+            udma_from_device_barrier();
+        }
+        (view, n, n == m && m > 0)
+    }
+
+    /// Consumes `n` CQEs of a [`RxCq::normal_run`].
+    #[inline]
+    pub fn consume(&mut self, n: u32) {
+        self.cq.consume(n);
     }
 
     /// The next completion, consumed.

@@ -14,10 +14,12 @@
 #![deny(unsafe_code)]
 
 use super::provider::RawRq;
-use super::rx_cq::{FastPolled, NormalRx, Recovery, RxCompletion, RxCq, RxMeta, RxPolled};
+use super::rx_cq::{
+    normal_at, FastPolled, NormalRx, Recovery, RxCompletion, RxCq, RxMeta, RxPolled,
+};
 use crate::ethdev::{
-    deliver_rx, free_one, kick, rx_fields, Burst, Counters, Kick, PortConfig, QueueOwner, RxBurst,
-    RxOffloads,
+    deliver_rx, fix_rx_run, free_one, kick, rx_fields, Burst, Counters, Kick, PortConfig,
+    QueueOwner, RxBurst, RxOffloads,
 };
 use crate::hw::mlx5::cqe::MiniCqeFormat;
 use crate::hw::mlx5::doorbell::{self, RCV_DBR};
@@ -26,7 +28,7 @@ use crate::ring::WorkQueue;
 use crate::sys::barrier::udma_to_device_barrier;
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
-use mempool::{ChunkKeys, MbufPool, OffloadFlags, RxBufs, RxFields};
+use mempool::{ChunkKeys, MbufPool, OffloadFlags, RxBufs, RxDesc, RxFields, RX_RUN_MAX};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -130,6 +132,10 @@ pub struct RxQueue {
     /// The offload flags of a delivered packet by [`NormalRx::key`] (what [`rx_fields`]
     /// makes of the CQE's meta, worked out once).
     flags: [OffloadFlags; 16],
+    /// The first word (length and key) every WQE slot of a one-segment ring holds, written
+    /// at creation for a pool in one chunk: refills then write only the address, as DPDK's
+    /// do.
+    primed: Option<u64>,
 }
 
 impl std::fmt::Debug for RxQueue {
@@ -170,6 +176,17 @@ impl RxQueue {
             "bad rx queue: {n} buffers on {raw:?}"
         );
         let data_room = u32::from(pool.data_room());
+        // One segment per WQE and one key: every slot gets its first word now.
+        let primed = match keys.keys() {
+            [key] if stride == SEG_BYTES => {
+                let head = data_seg_head(*key, data_room);
+                for slot in 0..raw.buf.len() / SEG_BYTES {
+                    raw.buf.write_2x64(slot * SEG_BYTES, head, 0);
+                }
+                Some(head)
+            }
+            _ => None,
+        };
         Self {
             wq: WorkQueue::new(raw.buf, stride),
             cq: RxCq::new(raw.cq, MiniCqeFormat::Hash),
@@ -189,6 +206,7 @@ impl RxQueue {
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
             template: wqe_template(stride),
             flags: flags_table(cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP)),
+            primed,
         }
     }
 
@@ -255,30 +273,41 @@ impl RxQueue {
     /// buffer is in no registered chunk.
     #[inline]
     fn post_wqes(&mut self, from: u32, n: u32) -> u32 {
+        // The usual case: a primed ring (one segment per WQE, its first word written at
+        // creation) of a pool still in one chunk, and a run that does not reach the end of
+        // the ring: only the addresses, through a window checked once.
+        let mem = self.wq.mem();
+        let at = self.wq.head_bytes() as usize & (mem.len() - 1);
+        if let (Some(_), 1, Some(w)) = (
+            self.primed,
+            self.keys.keys().len(),
+            mem.window(at, n as usize * SEG_BYTES),
+        ) {
+            self.bufs.for_each_data_addr(from, n, |i, addr| {
+                w.write_u64(i * SEG_BYTES + 8, (addr as u64).to_be());
+            });
+            self.wq.advance(n);
+            return n;
+        }
+        self.post_wqes_each(from, n)
+    }
+
+    /// [`RxQueue::post_wqes`] one WQE at a time: across the end of the ring, with the key of
+    /// each buffer's chunk, or a stride longer than one segment.
+    #[cold]
+    #[inline(never)]
+    fn post_wqes_each(&mut self, from: u32, n: u32) -> u32 {
         let mem = self.wq.mem();
         let mask = mem.len() - 1;
         let start = self.wq.head_bytes() as usize;
         let wide = self.stride > SEG_BYTES;
-        // A pool in one chunk (the usual case) has one key: the segment's first word (length
-        // and key) is then the same for every buffer.
+        // A pool in one chunk has one key: the segment's first word (length and key) is then
+        // the same for every buffer.
         let single = match self.keys.keys() {
             [key] => Some(data_seg_head(*key, self.data_room)),
             _ => None,
         };
         let mut k = 0;
-        // The run's WQEs, when they do not reach the end of the ring and are one segment
-        // each (the usual case): stored through a window checked once.
-        if let (false, Some(w), Some(head)) = (
-            wide,
-            mem.window(start & mask, n as usize * SEG_BYTES),
-            single,
-        ) {
-            while k < n {
-                let addr = self.bufs.data_addr(from.wrapping_add(k)) as u64;
-                w.write_2x64(k as usize * SEG_BYTES, head, addr.to_be());
-                k += 1;
-            }
-        }
         while k < n {
             let pos = from.wrapping_add(k);
             let head = match single {
@@ -380,6 +409,67 @@ impl RxQueue {
         true
     }
 
+    /// Delivers runs of normal packet CQEs (the common case) read in place, each run's
+    /// owners checked with one read barrier and its headers written by
+    /// [`RxBufs::pop_run`] straight into `out`; stops at the first CQE of any other kind (or
+    /// none), which [`RxQueue::rx_burst`]'s general loop then takes. Returns the errors
+    /// counted.
+    #[inline]
+    fn deliver_runs(&mut self, out: &mut Burst, bytes: &mut u64) -> u64 {
+        let mut too_long = 0u64;
+        loop {
+            let max = (out.spare() as u32).min(self.bufs.len()).min(RX_RUN_MAX);
+            let (view, n, to_end) = self.cq.normal_run(max);
+            if n == 0 {
+                break;
+            }
+            let flags = &self.flags;
+            let start = out.len();
+            let mut keys = 0u8;
+            let mut cqes = view.entries();
+            let run = self.bufs.pop_run(n, self.port_id, out.vec_mut(), |_| {
+                // Completions come in WQE order, one per WQE (§4.1); the run's `n` CQEs are
+                // in the view.
+                let c = normal_at(cqes.next().expect("a CQE of the run"));
+                keys |= c.key;
+                RxDesc {
+                    len: c.byte_cnt,
+                    ol_flags: flags[usize::from(c.key & 15)],
+                    rss_hash: if c.key & 4 != 0 { c.hash } else { 0 },
+                    vlan_tci: if c.key & 8 != 0 { c.vlan } else { 0 },
+                }
+            });
+            *bytes += run.bytes;
+            // A tag the device stripped though the port keeps tags, or a length over the
+            // buffer: rare, taken apart.
+            if run.too_long > 0 || (keys & 8 != 0 && !self.vlan_strip) {
+                let (room, strip) = (self.bufs.room(), self.vlan_strip);
+                too_long += fix_rx_run(
+                    out,
+                    start,
+                    n as usize,
+                    |k| {
+                        let c = normal_at(view.entry(k));
+                        (
+                            c.byte_cnt > room,
+                            (c.key & 8 != 0 && !strip).then_some(c.vlan),
+                        )
+                    },
+                    bytes,
+                );
+            }
+            self.cq.consume(n);
+            self.wq.complete(n);
+            if !to_end {
+                break;
+            }
+        }
+        if too_long > 0 {
+            RxXstats::add(&self.xstats.too_long, too_long);
+        }
+        too_long
+    }
+
     /// See [`crate::ethdev::RxBurst::rx_burst`].
     #[inline]
     pub fn rx_burst(&mut self, out: &mut Burst) -> usize {
@@ -395,6 +485,7 @@ impl RxQueue {
         let mut bytes = 0u64;
         let mut errors = 0u64;
         let sessions0 = self.cq.sessions;
+        errors += self.deliver_runs(out, &mut bytes);
         while out.spare() > 0 {
             let polled = match self.cq.next_normal() {
                 FastPolled::Normal(c) => {
@@ -528,6 +619,14 @@ mod tests {
     }
 
     fn queue_with(pool: &Arc<MbufPool>, state: Arc<TestState>) -> (RxQueue, Nic) {
+        queue_cfg(pool, state, RxOffloads::VLAN_STRIP)
+    }
+
+    fn queue_cfg(
+        pool: &Arc<MbufPool>,
+        state: Arc<TestState>,
+        rx_offloads: RxOffloads,
+    ) -> (RxQueue, Nic) {
         let keys = pool
             .register_chunks(|_| Ok(Registration::new(0x55)))
             .unwrap();
@@ -558,7 +657,7 @@ mod tests {
         };
         let cfg = PortConfig {
             rx_ring_size: N as u16,
-            rx_offloads: RxOffloads::VLAN_STRIP,
+            rx_offloads,
             ..Default::default()
         };
         let mut q = RxQueue::new(
@@ -715,6 +814,71 @@ mod tests {
         }
         let ci = u32::from_be_bytes(nic.cq_dbrec.load_u32(0, Ordering::Acquire).to_ne_bytes());
         assert_eq!(ci, CQN * 5);
+        drop(q);
+        assert_eq!(pool.in_use(), 0);
+    }
+
+    /// One run of normal CQEs with the rare cases inside it, on a port that keeps VLAN tags:
+    /// a length over the buffer (freed, counted as an error and `rx_too_long`, its bytes not
+    /// counted) and tags the device stripped (put back into the frame). The others arrive in
+    /// order with their fields, the byte count is what was delivered, the pool ends whole.
+    #[test]
+    fn a_run_with_a_too_long_packet_and_stripped_tags_keeps_order_and_counts() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-rx-run", 512)).unwrap();
+        let (mut q, mut nic) = queue_cfg(&pool, Arc::default(), RxOffloads::empty());
+        let room = q.bufs.room();
+        // (length, VLAN stripped)
+        let plan = [
+            (60, false),
+            (room + 1, false),
+            (61, true),
+            (62, false),
+            (63, true),
+        ];
+        for (i, &(len, tagged)) in plan.iter().enumerate() {
+            let f = CqeFields {
+                rx_hash_res: 100 + i as u32,
+                rx_hash_type: hash_type::IPV4,
+                l4_l3_hdr_type: u8::from(tagged),
+                vlan_info: 0x0123,
+                ..Default::default()
+            };
+            if len > room {
+                let _ = nic.take_wqe();
+                nic.write_cqe(CqeFields {
+                    opcode: 2,
+                    byte_cnt: len,
+                    ..f
+                });
+            } else {
+                nic.rx(len, i as u8, f);
+            }
+        }
+        let mut b = Burst::with_capacity(32);
+        assert_eq!(q.rx_burst(&mut b), 4);
+        let got: Vec<(usize, u32, bool)> = b
+            .iter()
+            .map(|m| {
+                (
+                    m.len(),
+                    m.rss_hash(),
+                    m.data()[12..16] == [0x81, 0, 0x01, 0x23],
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (60, 100, false),
+                (65, 102, true),
+                (62, 103, false),
+                (67, 104, true)
+            ]
+        );
+        let st = q.counters.snapshot();
+        assert_eq!((st.packets, st.bytes, st.errors), (4, 60 + 65 + 62 + 67, 1));
+        assert_eq!(xstat(&q, "rx_too_long"), 1);
+        drop(b);
         drop(q);
         assert_eq!(pool.in_use(), 0);
     }

@@ -13,7 +13,7 @@
 #![deny(unsafe_code)]
 
 use crate::sys::barrier::udma_from_device_barrier;
-use crate::sys::DevMem;
+use crate::sys::{DevMem, DevView};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -414,6 +414,29 @@ impl<R: OwnerRule> CompletionQueue<R> {
     pub fn skip(&mut self, n: u32) {
         self.head = self.head.wrapping_add(n);
         self.ready = 0;
+    }
+
+    /// A view of the entries from the consumer on, up to `max` of them and not past the end
+    /// of the ring (so they are contiguous), and how many it holds; for a consumer that
+    /// checks the owners of a run itself, fences once ([`udma_from_device_barrier`]) and
+    /// reads the bodies in place, then calls [`CompletionQueue::consume`].
+    #[inline]
+    pub fn run_view(&self, max: u32) -> (DevView<'_>, u32) {
+        let first = self.head & (self.count - 1);
+        let n = max.min(self.count - first);
+        let view = self
+            .mem
+            .view(first as usize * R::ENTRY_BYTES, n as usize * R::ENTRY_BYTES)
+            .expect("entries of the ring are inside its memory (checked at creation)");
+        (view, n)
+    }
+
+    /// Consumes the next `n` entries, whose owners the caller checked and fenced (see
+    /// [`CompletionQueue::run_view`]).
+    #[inline]
+    pub fn consume(&mut self, n: u32) {
+        self.head = self.head.wrapping_add(n);
+        self.ready = self.ready.saturating_sub(n);
     }
 
     /// The byte offset of free-running position `pos` in the ring.

@@ -54,6 +54,20 @@ pub struct DevWindow<'a> {
 }
 
 impl DevWindow<'_> {
+    /// Stores the 8 bytes `v` (native byte order) at `off` of the window.
+    ///
+    /// # Panics
+    /// If the 8 bytes are not inside the window.
+    #[inline]
+    pub fn write_u64(&self, off: usize, v: u64) {
+        if off > self.len.wrapping_sub(8) || self.len < 8 {
+            out_of_range(off, 8, self.ptr, self.len);
+        }
+        // SAFETY: `off..off + 8` is inside the window (checked), which is inside the memory
+        // (checked by `DevMem::window`), valid for writes while the `DevMem` lives.
+        unsafe { self.ptr.add(off).cast::<u64>().write_unaligned(v) }
+    }
+
     /// [`DevMem::write_2x64`] at `off` of the window.
     ///
     /// # Panics
@@ -71,6 +85,159 @@ impl DevWindow<'_> {
             p.write_unaligned(lo);
             p.add(1).write_unaligned(hi);
         }
+    }
+}
+
+/// A checked range of a [`DevMem`] for a run of loads (see [`DevMem::view`]): a run of
+/// completions whose owners are checked and fenced, read in place. Each load checks only
+/// against the view's length.
+#[derive(Debug)]
+pub struct DevView<'a> {
+    ptr: *const u8,
+    len: usize,
+    _mem: std::marker::PhantomData<&'a DevMem>,
+}
+
+impl DevView<'_> {
+    /// Bytes in the view.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the view is empty.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Atomically loads the 4-byte aligned `u32` at `off` with relaxed ordering (an owner
+    /// field the device may be writing; the caller fences before reading what it guards).
+    ///
+    /// # Panics
+    /// If the 4 bytes are not inside the view or not 4-byte aligned.
+    #[inline]
+    pub fn load_u32_relaxed(&self, off: usize) -> u32 {
+        if off > self.len.wrapping_sub(4) || self.len < 4 {
+            out_of_range(off, 4, self.ptr.cast_mut(), self.len);
+        }
+        if !(self.ptr as usize + off).is_multiple_of(4) {
+            unaligned(32, off);
+        }
+        // SAFETY: in range of the view (checked), which is inside the memory (checked by
+        // `DevMem::view`) and valid while the `DevMem` lives (the view borrows it); 4-byte
+        // aligned (checked). Every access to device-written words is atomic or a raw copy.
+        unsafe { AtomicU32::from_ptr(self.ptr.add(off).cast_mut().cast()) }.load(Ordering::Relaxed)
+    }
+
+    /// The `u32` at `off` in memory order (a completion field, read once the owner was
+    /// checked and a read barrier issued: the device no longer writes it).
+    ///
+    /// # Panics
+    /// If the 4 bytes are not inside the view.
+    #[inline]
+    pub fn read_u32(&self, off: usize) -> u32 {
+        if off > self.len.wrapping_sub(4) || self.len < 4 {
+            out_of_range(off, 4, self.ptr.cast_mut(), self.len);
+        }
+        // SAFETY: in range (checked) of memory valid for reads while the view lives; an
+        // unaligned raw load makes no reference into memory the device writes.
+        unsafe { self.ptr.add(off).cast::<u32>().read_unaligned() }
+    }
+
+    /// Entry `k` of the view read as consecutive `N`-byte entries (a ring's slots), checked
+    /// once: the entry's fields are then read at offsets checked at compile time.
+    ///
+    /// # Panics
+    /// If the entry is not inside the view.
+    #[inline]
+    pub fn entry<const N: usize>(&self, k: usize) -> DevEntry<'_, N> {
+        if k >= self.len / N {
+            out_of_range(k * N, N, self.ptr.cast_mut(), self.len);
+        }
+        DevEntry {
+            // (Inside the view, checked just above.)
+            ptr: self.ptr.wrapping_add(k * N),
+            _mem: std::marker::PhantomData,
+        }
+    }
+
+    /// The view's whole `N`-byte entries, in order (a ring's slots: one length check per
+    /// entry, a pointer compare).
+    #[inline]
+    pub fn entries<const N: usize>(&self) -> DevEntries<'_, N> {
+        DevEntries {
+            next: self.ptr,
+            end: self.ptr.wrapping_add(self.len / N * N),
+            _mem: std::marker::PhantomData,
+        }
+    }
+
+    /// The byte at `off` (as [`DevView::read_u32`]).
+    ///
+    /// # Panics
+    /// If `off` is not inside the view.
+    #[inline]
+    pub fn read_u8(&self, off: usize) -> u8 {
+        if off >= self.len {
+            out_of_range(off, 1, self.ptr.cast_mut(), self.len);
+        }
+        // SAFETY: as in `read_u32`, for one byte.
+        unsafe { self.ptr.add(off).read() }
+    }
+}
+
+/// The whole `N`-byte entries of a [`DevView`], in order (see [`DevView::entries`]).
+#[derive(Debug)]
+pub struct DevEntries<'a, const N: usize> {
+    next: *const u8,
+    /// The end of the last whole entry.
+    end: *const u8,
+    _mem: std::marker::PhantomData<&'a DevMem>,
+}
+
+impl<'a, const N: usize> Iterator for DevEntries<'a, N> {
+    type Item = DevEntry<'a, N>;
+
+    #[inline]
+    fn next(&mut self) -> Option<DevEntry<'a, N>> {
+        (self.next != self.end).then(|| {
+            let ptr = self.next;
+            // (`next` moves by whole entries from the view's start to `end`, inside it.)
+            self.next = self.next.wrapping_add(N);
+            DevEntry {
+                ptr,
+                _mem: std::marker::PhantomData,
+            }
+        })
+    }
+}
+
+/// One `N`-byte entry of a [`DevView`] (see [`DevView::entry`]), read at offsets checked at
+/// compile time.
+#[derive(Debug, Clone, Copy)]
+pub struct DevEntry<'a, const N: usize> {
+    ptr: *const u8,
+    _mem: std::marker::PhantomData<&'a DevMem>,
+}
+
+impl<const N: usize> DevEntry<'_, N> {
+    /// The `u32` at `OFF` in memory order (as [`DevView::read_u32`]).
+    #[inline]
+    pub fn u32_at<const OFF: usize>(&self) -> u32 {
+        const { assert!(OFF + 4 <= N, "field outside the entry") };
+        // SAFETY: `OFF..OFF + 4` is inside the entry (asserted at compile time), which is
+        // inside the view (checked by `DevView::entry`) and so inside the memory, valid for
+        // reads while the `DevMem` lives; an unaligned raw load makes no reference.
+        unsafe { self.ptr.add(OFF).cast::<u32>().read_unaligned() }
+    }
+
+    /// The byte at `OFF` (as [`DevEntry::u32_at`]).
+    #[inline]
+    pub fn u8_at<const OFF: usize>(&self) -> u8 {
+        const { assert!(OFF < N, "field outside the entry") };
+        // SAFETY: as in `u32_at`, for one byte.
+        unsafe { self.ptr.add(OFF).read() }
     }
 }
 
@@ -324,6 +491,18 @@ impl DevMem {
     #[inline]
     pub fn window(&self, off: usize, len: usize) -> Option<DevWindow<'_>> {
         (off <= self.len && len <= self.len - off).then(|| DevWindow {
+            // (In range, checked just above.)
+            ptr: self.ptr.wrapping_add(off),
+            len,
+            _mem: std::marker::PhantomData,
+        })
+    }
+
+    /// A view of `len` bytes at `off`, range-checked once, for a run of loads from it
+    /// ([`DevView::read_u32`]); `None` if it does not fit the memory.
+    #[inline]
+    pub fn view(&self, off: usize, len: usize) -> Option<DevView<'_>> {
+        (off <= self.len && len <= self.len - off).then(|| DevView {
             // (In range, checked just above.)
             ptr: self.ptr.wrapping_add(off),
             len,

@@ -128,15 +128,19 @@ pub mod hdr_type {
     pub const FRAG: u8 = 1 << 7;
 }
 
-const RX_HASH_RES: usize = 12;
-const RX_HASH_TYPE: usize = 16;
+/// Offset of `rx_hash_res` (big-endian 32 bits).
+pub const RX_HASH_RES: usize = 12;
+/// Offset of `rx_hash_type` ([`hash_type`]).
+pub const RX_HASH_TYPE: usize = 16;
 const CSUM: usize = 20;
-const HDS_IP_EXT: usize = 28;
+/// Offset of `hds_ip_ext` ([`csum_ok`]); `l4_l3_hdr_type` and `vlan_info` (big-endian) follow it in the same dword.
+pub const HDS_IP_EXT: usize = 28;
 const L4_L3_HDR_TYPE: usize = 29;
 const VLAN_INFO: usize = 30;
 const LRO_NUM_SEG: usize = 32;
 const METADATA: usize = 36;
-const BYTE_CNT: usize = 44;
+/// Offset of `byte_cnt` (big-endian 32 bits).
+pub const BYTE_CNT: usize = 44;
 const TIMESTAMP: usize = 48;
 const SOP_DROP_QPN: usize = 56;
 const WQE_COUNTER: usize = 60;
