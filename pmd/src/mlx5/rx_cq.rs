@@ -109,6 +109,25 @@ pub(super) fn normal_at(e: DevEntry<'_, CQE_BYTES>) -> NormalRx {
     }
 }
 
+/// The index into a queue's run table ([`RUN_KEYS`] entries) of a normal CQE's
+/// `hds_ip_ext` dword (byte 28 on, read in memory order): bit 0 L3 checksum good, bit 1 L4
+/// good, bit 7 a VLAN tag was stripped (`hds_ip_ext` bits 1 and 2, `l4_l3_hdr_type` bit 0,
+/// §5.1), in two instructions; whether the device hashed is read apart.
+#[inline]
+pub(super) fn run_key(w: u32) -> usize {
+    const _: () = assert!(csum_ok::L3 == 1 << 1 && csum_ok::L4 == 1 << 2);
+    const _: () = assert!(hdr_type::CVLAN == 1);
+    ((w >> 1) & 0x83) as usize
+}
+
+/// Entries of a run table: every [`run_key`].
+pub(super) const RUN_KEYS: usize = 0x84;
+
+/// The [`NormalRx::key`] (hash bit clear) a [`run_key`] stands for.
+pub(super) fn key_of_run_key(k: usize) -> u8 {
+    (k & 3) as u8 | (((k >> 7) & 1) << 3) as u8
+}
+
 /// What [`RxCq::next_normal`] found.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum FastPolled {
@@ -175,6 +194,19 @@ pub(super) struct Drained {
     pub flushed: u64,
     /// Other completions (a session's count of them): frames dropped.
     pub dropped: u64,
+}
+
+/// The rest of a compressed session being handed out ([`RxCq::session_left`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SessionLeft {
+    /// The title's position (free-running).
+    pub t: u32,
+    /// The next mini to hand out.
+    pub next: u32,
+    /// Minis left (at least 1).
+    pub left: u32,
+    /// What the title says of every packet.
+    pub meta: RxMeta,
 }
 
 /// A compressed session being handed out.
@@ -264,17 +296,15 @@ impl RxCq {
             .cq
             .run_view(if self.session.is_some() { 0 } else { max });
         // opcode RESP_SEND, format normal, owner bit = the lap parity (§5.2); `se` (bit 1)
-        // does not matter. The owner byte is the top byte of the dword at 60 (big-endian
-        // stored, read in memory order).
+        // does not matter.
         let want = op_own(
             CqeOpcode::RespSend.into(),
             CqeFormat::Normal.into(),
             self.cq.head() & self.cq.count() != 0,
         );
         let mut n = 0;
-        while n < m {
-            let dw = view.load_u32_relaxed(n as usize * CQE_BYTES + OP_OWN - 3);
-            if dw.to_le_bytes()[3] & 0xfd != want {
+        for e in view.entries::<CQE_BYTES>() {
+            if e.load_u8_relaxed::<OP_OWN>() & 0xfd != want {
                 break;
             }
             n += 1;
@@ -284,6 +314,54 @@ impl RxCq {
             udma_from_device_barrier();
         }
         (view, n, n == m && m > 0)
+    }
+
+    /// The session being handed out, if any: what a run of its minis needs.
+    #[inline]
+    pub fn session_left(&self) -> Option<SessionLeft> {
+        self.session.as_ref().map(|s| SessionLeft {
+            t: s.t,
+            next: s.next,
+            left: s.n - s.next,
+            meta: s.meta,
+        })
+    }
+
+    /// Mini `i` of the session whose title is at `t` (one not yet handed out, §6.2), read in
+    /// place: its first word (HASH minis: the hash) and its length.
+    #[inline]
+    pub fn mini(&self, t: u32, i: u32) -> (u32, u32) {
+        let (slot, e) = mini_slot(t, i);
+        let mut b = [0u8; MINI_CQE_BYTES];
+        self.cq
+            .mem()
+            .read(self.cq.offset_of(slot) + e * MINI_CQE_BYTES, &mut b);
+        let [w0, w1, w2, w3, l0, l1, l2, l3] = b;
+        (
+            u32::from_be_bytes([w0, w1, w2, w3]),
+            u32::from_be_bytes([l0, l1, l2, l3]),
+        )
+    }
+
+    /// Marks `k` more minis of the session handed out; after its last, the session ends (its
+    /// slots poisoned, the consumer moved past it).
+    ///
+    /// # Panics
+    /// If no session is being handed out or fewer than `k` minis are left.
+    #[inline]
+    pub fn session_took(&mut self, k: u32) {
+        let s = self.session.as_mut().expect("a session being handed out");
+        assert!(
+            k <= s.n - s.next,
+            "{k} minis taken of {} left",
+            s.n - s.next
+        );
+        s.next += k;
+        if s.next == s.n {
+            let (t, n) = (s.t, s.n);
+            self.end_session(t, n);
+            self.session = None;
+        }
     }
 
     /// Consumes `n` CQEs of a [`RxCq::normal_run`].

@@ -15,15 +15,17 @@
 
 use super::provider::RawRq;
 use super::rx_cq::{
-    normal_at, FastPolled, NormalRx, Recovery, RxCompletion, RxCq, RxMeta, RxPolled,
+    key_of_run_key, normal_at, run_key, FastPolled, NormalRx, Recovery, RxCompletion, RxCq, RxMeta,
+    RxPolled, SessionLeft, RUN_KEYS,
 };
 use crate::ethdev::{
     deliver_rx, fix_rx_run, free_one, kick, rx_fields, Burst, Counters, Kick, PortConfig,
     QueueOwner, RxBurst, RxOffloads,
 };
-use crate::hw::mlx5::cqe::MiniCqeFormat;
+use crate::hw::mlx5::cqe::{self, MiniCqeFormat};
 use crate::hw::mlx5::doorbell::{self, RCV_DBR};
 use crate::hw::mlx5::wqe::{data_seg_head, DataSeg, INVALID_LKEY, SEG_BYTES};
+use crate::hw::mlx5::CQE_BYTES;
 use crate::ring::WorkQueue;
 use crate::sys::barrier::udma_to_device_barrier;
 use crate::sys::DevMem;
@@ -132,6 +134,8 @@ pub struct RxQueue {
     /// The offload flags of a delivered packet by [`NormalRx::key`] (what [`rx_fields`]
     /// makes of the CQE's meta, worked out once).
     flags: [OffloadFlags; 16],
+    /// The same by [`run_key`], the hash flag left out (the runs of normal CQEs).
+    run_flags: [OffloadFlags; RUN_KEYS],
     /// The first word (length and key) every WQE slot of a one-segment ring holds, written
     /// at creation for a pool in one chunk: refills then write only the address, as DPDK's
     /// do.
@@ -206,6 +210,9 @@ impl RxQueue {
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
             template: wqe_template(stride),
             flags: flags_table(cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP)),
+            run_flags: run_flags_table(&flags_table(
+                cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
+            )),
             primed,
         }
     }
@@ -410,39 +417,62 @@ impl RxQueue {
     }
 
     /// Delivers runs of normal packet CQEs (the common case) read in place, each run's
-    /// owners checked with one read barrier and its headers written by
-    /// [`RxBufs::pop_run`] straight into `out`; stops at the first CQE of any other kind (or
-    /// none), which [`RxQueue::rx_burst`]'s general loop then takes. Returns the errors
-    /// counted.
+    /// owners checked with one read barrier, and runs of the minis of a compressed session
+    /// being handed out; their headers written by [`RxBufs::pop_run`] straight into `out`.
+    /// Stops at the first CQE of any other kind (or none), which [`RxQueue::rx_burst`]'s
+    /// general loop then takes. Returns the errors counted.
     #[inline]
     fn deliver_runs(&mut self, out: &mut Burst, bytes: &mut u64) -> u64 {
         let mut too_long = 0u64;
         loop {
             let max = (out.spare() as u32).min(self.bufs.len()).min(RX_RUN_MAX);
+            if max == 0 {
+                break;
+            }
+            if let Some(s) = self.cq.session_left() {
+                too_long += self.deliver_minis(s, max, out, bytes);
+                continue;
+            }
             let (view, n, to_end) = self.cq.normal_run(max);
             if n == 0 {
                 break;
             }
-            let flags = &self.flags;
+            let flags = &self.run_flags;
             let start = out.len();
-            let mut keys = 0u8;
-            let mut cqes = view.entries();
+            let mut dwords = 0u32;
+            let mut cqes = view.entries::<CQE_BYTES>();
             let run = self.bufs.pop_run(n, self.port_id, out.vec_mut(), |_| {
                 // Completions come in WQE order, one per WQE (§4.1); the run's `n` CQEs are
-                // in the view.
-                let c = normal_at(cqes.next().expect("a CQE of the run"));
-                keys |= c.key;
+                // in the view. Each normal CQE's fields, read in place (§5.1).
+                let e = cqes.next().expect("a CQE of the run");
+                let w = e.u32_at::<{ cqe::HDS_IP_EXT }>();
+                dwords |= w;
+                let fl = flags[run_key(w)];
+                let hashed = e.u8_at::<{ cqe::RX_HASH_TYPE }>() != 0;
+                let [_, _, v0, v1] = w.to_le_bytes();
                 RxDesc {
-                    len: c.byte_cnt,
-                    ol_flags: flags[usize::from(c.key & 15)],
-                    rss_hash: if c.key & 4 != 0 { c.hash } else { 0 },
-                    vlan_tci: if c.key & 8 != 0 { c.vlan } else { 0 },
+                    len: u32::from_be(e.u32_at::<{ cqe::BYTE_CNT }>()),
+                    ol_flags: if hashed {
+                        fl | OffloadFlags::RX_RSS_HASH
+                    } else {
+                        fl
+                    },
+                    rss_hash: if hashed {
+                        u32::from_be(e.u32_at::<{ cqe::RX_HASH_RES }>())
+                    } else {
+                        0
+                    },
+                    vlan_tci: if run_key(w) & 0x80 != 0 {
+                        u16::from_be_bytes([v0, v1])
+                    } else {
+                        0
+                    },
                 }
             });
             *bytes += run.bytes;
             // A tag the device stripped though the port keeps tags, or a length over the
             // buffer: rare, taken apart.
-            if run.too_long > 0 || (keys & 8 != 0 && !self.vlan_strip) {
+            if run.too_long > 0 || (run_key(dwords) & 0x80 != 0 && !self.vlan_strip) {
                 let (room, strip) = (self.bufs.room(), self.vlan_strip);
                 too_long += fix_rx_run(
                     out,
@@ -470,6 +500,53 @@ impl RxQueue {
         too_long
     }
 
+    /// Delivers up to `max` (at least 1) of the minis left in the session `s` (§6.2): each
+    /// mini's length and hash, the title's flags and tag for all. Returns the packets freed
+    /// for a length over the buffer.
+    #[inline]
+    fn deliver_minis(&mut self, s: SessionLeft, max: u32, out: &mut Burst, bytes: &mut u64) -> u64 {
+        let k = s.left.min(max);
+        let meta = s.meta;
+        let (f, reinsert) = rx_fields(
+            meta.fl,
+            meta.hashed.then_some(0),
+            meta.vlan,
+            self.vlan_strip,
+            self.port_id,
+        );
+        let cq = &self.cq;
+        let start = out.len();
+        let run = self.bufs.pop_run(k, self.port_id, out.vec_mut(), |j| {
+            // Completions come in WQE order, one per WQE (§4.1): a HASH mini's hash and
+            // length.
+            let (hash, len) = cq.mini(s.t, s.next + j as u32);
+            RxDesc {
+                len,
+                ol_flags: f.ol_flags,
+                rss_hash: if meta.hashed { hash } else { 0 },
+                vlan_tci: f.vlan_tci,
+            }
+        });
+        *bytes += run.bytes;
+        let mut freed = 0;
+        if run.too_long > 0 || reinsert {
+            let room = self.bufs.room();
+            freed = fix_rx_run(
+                out,
+                start,
+                k as usize,
+                |j| {
+                    let (_, len) = cq.mini(s.t, s.next + j as u32);
+                    (len > room, reinsert.then_some(f.vlan_tci))
+                },
+                bytes,
+            );
+        }
+        self.cq.session_took(k);
+        self.wq.complete(k);
+        freed
+    }
+
     /// See [`crate::ethdev::RxBurst::rx_burst`].
     #[inline]
     pub fn rx_burst(&mut self, out: &mut Burst) -> usize {
@@ -485,8 +562,13 @@ impl RxQueue {
         let mut bytes = 0u64;
         let mut errors = 0u64;
         let sessions0 = self.cq.sessions;
-        errors += self.deliver_runs(out, &mut bytes);
-        while out.spare() > 0 {
+        loop {
+            // Runs of normal CQEs and of a session's minis; then one completion of any other
+            // kind (a session's title, an error), or none.
+            errors += self.deliver_runs(out, &mut bytes);
+            if out.spare() == 0 {
+                break;
+            }
             let polled = match self.cq.next_normal() {
                 FastPolled::Normal(c) => {
                     // Completions come in WQE order, one per WQE (§4.1).
@@ -552,6 +634,11 @@ impl RxBurst for RxQueue {
     fn rx_burst(&mut self, out: &mut Burst) -> usize {
         RxQueue::rx_burst(self, out)
     }
+}
+
+/// [`RxQueue::run_flags`] from the flags by [`NormalRx::key`].
+fn run_flags_table(flags: &[OffloadFlags; 16]) -> [OffloadFlags; RUN_KEYS] {
+    std::array::from_fn(|k| flags[usize::from(key_of_run_key(k))])
 }
 
 /// The offload flags by [`NormalRx::key`]: what [`rx_fields`] gives for each key's meta.
@@ -733,16 +820,22 @@ mod tests {
         /// A compressed session of `n` packets (lengths 60 + i, hashes i + 1), basic layout:
         /// the title, mini arrays at t+1 and t+8k, holes left as they are.
         fn rx_session(&mut self, n: u32) {
+            self.rx_session_with(n, CqeFields::default(), |i| 60 + i);
+        }
+        /// [`Nic::rx_session`] with the title's other fields from `title` and mini `i`'s
+        /// length `len(i)` (a length over the buffer is written only into the mini).
+        fn rx_session_with(&mut self, n: u32, title: CqeFields, len: impl Fn(u32) -> u32) {
             let t = self.pi;
             for i in 0..n {
-                let (addr, _, _, _) = self.take_wqe();
-                buffer_view(addr, 60 + i as usize).fill(0, 60 + i as usize, i as u8);
+                let (addr, room, _, _) = self.take_wqe();
+                let l = len(i).min(room) as usize;
+                buffer_view(addr, l).fill(0, l, i as u8);
             }
             for i in 0..n {
                 let (slot, e) = mini_slot(t, i);
                 let mut m = [0u8; 8];
                 m[..4].copy_from_slice(&(i + 1).to_be_bytes());
-                m[4..].copy_from_slice(&(60 + i).to_be_bytes());
+                m[4..].copy_from_slice(&len(i).to_be_bytes());
                 self.cq.write(self.slot(slot) + e * 8, &m);
             }
             // The title last (it makes the session visible).
@@ -754,7 +847,7 @@ mod tests {
                 rx_hash_type: hash_type::IPV4 | hash_type::UDP,
                 hds_ip_ext: csum_ok::L3 | csum_ok::L4,
                 byte_cnt: n,
-                ..Default::default()
+                ..title
             });
             self.cq.write(self.slot(t), &b[..63]);
             self.cq.write(self.slot(t) + 63, &b[63..]);
@@ -880,6 +973,53 @@ mod tests {
         assert_eq!(xstat(&q, "rx_too_long"), 1);
         drop(b);
         drop(q);
+        assert_eq!(pool.in_use(), 0);
+    }
+
+    /// A compressed session on a port that keeps VLAN tags, whose title says the device
+    /// stripped one, with a mini longer than the buffer: every other packet arrives in order
+    /// with its tag put back and its mini's hash, the long one is freed and counted, the
+    /// title's slot and the minis are consumed once.
+    #[test]
+    fn a_session_with_a_stripped_tag_and_a_too_long_mini() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mlx5-rx-zip-tag", 512)).unwrap();
+        let (mut q, mut nic) = queue_cfg(&pool, Arc::default(), RxOffloads::empty());
+        let room = q.bufs.room();
+        let title = CqeFields {
+            l4_l3_hdr_type: 1,
+            vlan_info: 0x0456,
+            ..Default::default()
+        };
+        nic.rx_session_with(12, title, |i| if i == 5 { room + 9 } else { 60 + i });
+        // Bursts of 7: the session's minis come over two bursts.
+        let got = drain(&mut q, 11);
+        let seen: Vec<(usize, u32, bool)> = got
+            .iter()
+            .map(|m| {
+                (
+                    m.len(),
+                    m.rss_hash(),
+                    m.data()[12..16] == [0x81, 0, 0x04, 0x56],
+                )
+            })
+            .collect();
+        let want: Vec<(usize, u32, bool)> = (0..12u32)
+            .filter(|&i| i != 5)
+            .map(|i| (64 + i as usize, i + 1, true))
+            .collect();
+        assert_eq!(seen, want);
+        assert_eq!(xstat(&q, "rx_too_long"), 1);
+        let st = q.counters.snapshot();
+        assert_eq!(
+            (st.packets, st.bytes, st.errors),
+            (11, want.iter().map(|w| w.0 as u64).sum(), 1)
+        );
+        // A normal packet after it is the next completion.
+        nic.rx(70, 0xee, CqeFields::default());
+        let next = drain(&mut q, 1);
+        assert_eq!(next.len(), 1);
+        assert_eq!(next[0].len(), 70);
+        drop((got, next, q));
         assert_eq!(pool.in_use(), 0);
     }
 

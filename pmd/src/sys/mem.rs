@@ -232,6 +232,18 @@ impl<const N: usize> DevEntry<'_, N> {
         unsafe { self.ptr.add(OFF).cast::<u32>().read_unaligned() }
     }
 
+    /// Atomically loads the byte at `OFF` with relaxed ordering (an owner field the device
+    /// may be writing; see [`DevView::load_u32_relaxed`]).
+    #[inline]
+    pub fn load_u8_relaxed<const OFF: usize>(&self) -> u8 {
+        const { assert!(OFF < N, "field outside the entry") };
+        // SAFETY: as in `u32_at`, for one byte (a byte needs no alignment); the memory lives
+        // as long as the view this entry borrows, and is only accessed atomically or by raw
+        // copies.
+        unsafe { std::sync::atomic::AtomicU8::from_ptr(self.ptr.add(OFF).cast_mut()) }
+            .load(Ordering::Relaxed)
+    }
+
     /// The byte at `OFF` (as [`DevEntry::u32_at`]).
     #[inline]
     pub fn u8_at<const OFF: usize>(&self) -> u8 {
