@@ -331,9 +331,10 @@ impl RxBufs {
             unsafe {
                 w.write(rearm);
                 w.add(1).write(fl);
-                w.add(2).write(
-                    u64::from(len) | u64::from(len as u16) << 32 | u64::from(d.vlan_tci) << 48,
-                );
+                // pkt_len and data_len (`len` fits in 16 bits: at most the room), then the
+                // VLAN TCI.
+                w.add(2)
+                    .write(u64::from(len) * 0x1_0000_0001 | u64::from(d.vlan_tci) << 48);
                 w.add(3)
                     .write(u64::from(d.rss_hash) | u64::from(NO_SEG) << 32);
                 w.add(4).write(0);

@@ -34,8 +34,10 @@ use mempool::{ChunkKeys, MbufPool, OffloadFlags, RxBufs, RxDesc, RxFields, RX_RU
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Mbufs allocated per refill step.
-const REFILL_BULK: u32 = 32;
+/// Most mbufs allocated per refill step, and the most a queue waits for before it refills:
+/// a quarter of the ring up to this, as DPDK's vector RX (`MLX5_VPMD_RXQ_RPLNSH_THRESH`,
+/// net/mlx5 `mlx5_defs.h`).
+const REFILL_BULK: u32 = 64;
 /// Largest RQ WQE stride we build (16 scatter entries).
 const MAX_STRIDE: usize = 256;
 
@@ -134,8 +136,11 @@ pub struct RxQueue {
     /// The offload flags of a delivered packet by [`NormalRx::key`] (what [`rx_fields`]
     /// makes of the CQE's meta, worked out once).
     flags: [OffloadFlags; 16],
-    /// The same by [`run_key`], the hash flag left out (the runs of normal CQEs).
-    run_flags: [OffloadFlags; RUN_KEYS],
+    /// The same by [`run_key`], the hash flag left out, with the mask of the CQE's VLAN
+    /// info (all ones where a tag was stripped, else 0): for the runs of normal CQEs.
+    run_flags: [(OffloadFlags, u16); RUN_KEYS],
+    /// Free slots that make a burst refill: a quarter of the ring, at most [`REFILL_BULK`].
+    refill_at: u32,
     /// The first word (length and key) every WQE slot of a one-segment ring holds, written
     /// at creation for a pool in one chunk: refills then write only the address, as DPDK's
     /// do.
@@ -214,6 +219,7 @@ impl RxQueue {
                 cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
             )),
             primed,
+            refill_at: (n / 4).clamp(1, REFILL_BULK),
         }
     }
 
@@ -447,7 +453,7 @@ impl RxQueue {
                 let e = cqes.next().expect("a CQE of the run");
                 let w = e.u32_at::<{ cqe::HDS_IP_EXT }>();
                 dwords |= w;
-                let fl = flags[run_key(w)];
+                let (fl, tci_mask) = flags[run_key(w)];
                 let hashed = e.u8_at::<{ cqe::RX_HASH_TYPE }>() != 0;
                 let [_, _, v0, v1] = w.to_le_bytes();
                 RxDesc {
@@ -462,11 +468,7 @@ impl RxQueue {
                     } else {
                         0
                     },
-                    vlan_tci: if run_key(w) & 0x80 != 0 {
-                        u16::from_be_bytes([v0, v1])
-                    } else {
-                        0
-                    },
+                    vlan_tci: u16::from_be_bytes([v0, v1]) & tci_mask,
                 }
             });
             *bytes += run.bytes;
@@ -618,8 +620,8 @@ impl RxQueue {
         self.counters.add_errors(errors);
         let want = self.bufs.free();
         // A queue that is down posts nothing until a recovery succeeds (which posts all).
-        let low = want > 0 && self.posted() < REFILL_BULK;
-        if !self.recovery.is_down() && (want >= REFILL_BULK || low) {
+        let low = want > 0 && self.posted() < self.refill_at;
+        if !self.recovery.is_down() && (want >= self.refill_at || low) {
             let missing = self.refill(want);
             if missing > 0 {
                 self.counters.add_nombuf(u64::from(missing));
@@ -637,8 +639,14 @@ impl RxBurst for RxQueue {
 }
 
 /// [`RxQueue::run_flags`] from the flags by [`NormalRx::key`].
-fn run_flags_table(flags: &[OffloadFlags; 16]) -> [OffloadFlags; RUN_KEYS] {
-    std::array::from_fn(|k| flags[usize::from(key_of_run_key(k))])
+fn run_flags_table(flags: &[OffloadFlags; 16]) -> [(OffloadFlags, u16); RUN_KEYS] {
+    std::array::from_fn(|k| {
+        let key = key_of_run_key(k);
+        (
+            flags[usize::from(key)],
+            if key & 8 != 0 { u16::MAX } else { 0 },
+        )
+    })
 }
 
 /// The offload flags by [`NormalRx::key`]: what [`rx_fields`] gives for each key's meta.
