@@ -334,7 +334,7 @@ impl RxBufs {
                 // pkt_len and data_len (`len` fits in 16 bits: at most the room), then the
                 // VLAN TCI.
                 w.add(2)
-                    .write(u64::from(len) * 0x1_0000_0001 | u64::from(d.vlan_tci) << 48);
+                    .write((u64::from(len) * 0x1_0000_0001) | (u64::from(d.vlan_tci) << 48));
                 w.add(3)
                     .write(u64::from(d.rss_hash) | u64::from(NO_SEG) << 32);
                 w.add(4).write(0);
