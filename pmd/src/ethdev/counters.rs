@@ -15,8 +15,10 @@ pub struct Counters {
     nombuf: AtomicU64,
 }
 
+/// Adds `n` to a counter that only the calling core writes (a relaxed load and store, no
+/// locked read-modify-write); readers on other cores see the old or the new value.
 #[inline]
-fn bump(c: &AtomicU64, n: u64) {
+pub fn bump(c: &AtomicU64, n: u64) {
     if n != 0 {
         c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
     }

@@ -19,7 +19,7 @@ use super::rx_cq::{
     RxPolled, SessionLeft, RUN_KEYS,
 };
 use crate::ethdev::{
-    deliver_rx, fix_rx_run, free_one, kick, rx_fields, Burst, Counters, Kick, PortConfig,
+    counters, deliver_rx, fix_rx_run, free_one, kick, rx_fields, Burst, Counters, Kick, PortConfig,
     QueueOwner, RxBurst, RxOffloads,
 };
 use crate::hw::mlx5::cqe::{self, MiniCqeFormat};
@@ -76,10 +76,9 @@ impl RxXstats {
     pub(super) fn bump(c: &AtomicU64) {
         Self::add(c, 1);
     }
+    /// Adds `n` (the queue's core is the only writer: no locked read-modify-write).
     pub(super) fn add(c: &AtomicU64, n: u64) {
-        if n != 0 {
-            c.fetch_add(n, Ordering::Relaxed);
-        }
+        counters::bump(c, n);
     }
     /// Counts what a completion poll found wrong.
     pub(super) fn bad(&self, critical: bool) {

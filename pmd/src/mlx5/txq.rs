@@ -18,7 +18,7 @@
 use super::cq::CompletionQueue;
 use super::driver::SetupError;
 use super::provider::{QueueState, RawSq};
-use crate::ethdev::{kick, Burst, Counters, Kick, QueueOwner, TxBurst};
+use crate::ethdev::{counters, kick, Burst, Counters, Kick, QueueOwner, TxBurst};
 use crate::hw::mlx5::cqe::{Cqe, CqeOpcode, Syndrome};
 use crate::hw::mlx5::doorbell::{self, SND_DBR};
 use crate::hw::mlx5::wqe::{
@@ -94,8 +94,9 @@ pub struct TxXstats {
 }
 
 impl TxXstats {
+    /// Adds 1 (the queue's core is the only writer: no locked read-modify-write).
     fn bump(c: &AtomicU64) {
-        c.fetch_add(1, Ordering::Relaxed);
+        counters::bump(c, 1);
     }
     /// The counters by name.
     pub fn list(&self) -> Vec<(String, u64)> {
@@ -419,7 +420,7 @@ impl TxQueue {
         self.counters.add(ok_pkts, ok_bytes);
         if errs > 0 {
             self.counters.add_errors(errs);
-            self.xstats.error_drops.fetch_add(errs, Ordering::Relaxed);
+            counters::bump(&self.xstats.error_drops, errs);
         }
     }
 
@@ -487,9 +488,7 @@ impl TxQueue {
         }
         self.free_done();
         self.counters.add_errors(dropped);
-        self.xstats
-            .error_drops
-            .fetch_add(dropped, Ordering::Relaxed);
+        counters::bump(&self.xstats.error_drops, dropped);
         self.wq.restart();
         self.unrequested = 0;
         self.dbrec.store_u32(
