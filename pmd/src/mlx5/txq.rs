@@ -595,6 +595,20 @@ impl TxQueue {
         let taken = i;
         let mut dropped = 0u64;
         let mask = self.wqes.len() as u32 - 1;
+        if self.posted.iter().all(|&(_, idx)| idx.is_some()) {
+            // Nothing dropped (the usual case): each WQE's packets follow the previous
+            // one's in the descriptors, and they all go in at once.
+            let mut at = self.desc.pushed();
+            for &(n, idx) in &self.posted {
+                if let Some(idx) = idx {
+                    self.wqes[(self.wqe_head & mask) as usize] = (idx, at);
+                    self.wqe_head = self.wqe_head.wrapping_add(1);
+                    at = at.wrapping_add(n);
+                }
+            }
+            self.desc.push_all(pkts.drain_front(taken));
+            return self.posted_tail(taken, last_at, last_ctrl, 0);
+        }
         let mut taken_pkts = pkts.drain_front(taken);
         for &(n, idx) in &self.posted {
             match idx {
@@ -612,6 +626,20 @@ impl TxQueue {
             }
         }
         drop(taken_pkts);
+        self.posted_tail(taken, last_at, last_ctrl, dropped)
+    }
+
+    /// The end of a burst that took `taken` packets: the `dropped` ones (in `done`) freed and
+    /// counted, and, when WQEs were posted (the last at WQEBB `last_at`, its control segment
+    /// `last_ctrl`), a completion requested if due and the doorbell rung.
+    #[inline]
+    fn posted_tail(
+        &mut self,
+        taken: usize,
+        last_at: u32,
+        last_ctrl: Option<[u8; 8]>,
+        dropped: u64,
+    ) -> usize {
         if dropped > 0 {
             self.counters.add_errors(dropped);
             let done = &mut self.done;
