@@ -111,39 +111,7 @@ impl DevView<'_> {
         self.len == 0
     }
 
-    /// Atomically loads the 4-byte aligned `u32` at `off` with relaxed ordering (an owner
-    /// field the device may be writing; the caller fences before reading what it guards).
-    ///
-    /// # Panics
-    /// If the 4 bytes are not inside the view or not 4-byte aligned.
-    #[inline]
-    pub fn load_u32_relaxed(&self, off: usize) -> u32 {
-        if off > self.len.wrapping_sub(4) || self.len < 4 {
-            out_of_range(off, 4, self.ptr.cast_mut(), self.len);
-        }
-        if !(self.ptr as usize + off).is_multiple_of(4) {
-            unaligned(32, off);
-        }
-        // SAFETY: in range of the view (checked), which is inside the memory (checked by
-        // `DevMem::view`) and valid while the `DevMem` lives (the view borrows it); 4-byte
-        // aligned (checked). Every access to device-written words is atomic or a raw copy.
-        unsafe { AtomicU32::from_ptr(self.ptr.add(off).cast_mut().cast()) }.load(Ordering::Relaxed)
-    }
 
-    /// The `u32` at `off` in memory order (a completion field, read once the owner was
-    /// checked and a read barrier issued: the device no longer writes it).
-    ///
-    /// # Panics
-    /// If the 4 bytes are not inside the view.
-    #[inline]
-    pub fn read_u32(&self, off: usize) -> u32 {
-        if off > self.len.wrapping_sub(4) || self.len < 4 {
-            out_of_range(off, 4, self.ptr.cast_mut(), self.len);
-        }
-        // SAFETY: in range (checked) of memory valid for reads while the view lives; an
-        // unaligned raw load makes no reference into memory the device writes.
-        unsafe { self.ptr.add(off).cast::<u32>().read_unaligned() }
-    }
 
     /// Entry `k` of the view read as consecutive `N`-byte entries (a ring's slots), checked
     /// once: the entry's fields are then read at offsets checked at compile time.
@@ -173,18 +141,6 @@ impl DevView<'_> {
         }
     }
 
-    /// The byte at `off` (as [`DevView::read_u32`]).
-    ///
-    /// # Panics
-    /// If `off` is not inside the view.
-    #[inline]
-    pub fn read_u8(&self, off: usize) -> u8 {
-        if off >= self.len {
-            out_of_range(off, 1, self.ptr.cast_mut(), self.len);
-        }
-        // SAFETY: as in `read_u32`, for one byte.
-        unsafe { self.ptr.add(off).read() }
-    }
 }
 
 /// The whole `N`-byte entries of a [`DevView`], in order (see [`DevView::entries`]).
@@ -222,7 +178,8 @@ pub struct DevEntry<'a, const N: usize> {
 }
 
 impl<const N: usize> DevEntry<'_, N> {
-    /// The `u32` at `OFF` in memory order (as [`DevView::read_u32`]).
+    /// The `u32` at `OFF` in memory order: a completion field, read once the owner was
+    /// checked and a read barrier issued (the device no longer writes it).
     #[inline]
     pub fn u32_at<const OFF: usize>(&self) -> u32 {
         const { assert!(OFF + 4 <= N, "field outside the entry") };
@@ -233,7 +190,7 @@ impl<const N: usize> DevEntry<'_, N> {
     }
 
     /// Atomically loads the byte at `OFF` with relaxed ordering (an owner field the device
-    /// may be writing; see [`DevView::load_u32_relaxed`]).
+    /// may be writing; the caller fences before reading what it guards).
     #[inline]
     pub fn load_u8_relaxed<const OFF: usize>(&self) -> u8 {
         const { assert!(OFF < N, "field outside the entry") };
@@ -511,7 +468,7 @@ impl DevMem {
     }
 
     /// A view of `len` bytes at `off`, range-checked once, for a run of loads from it
-    /// ([`DevView::read_u32`]); `None` if it does not fit the memory.
+    /// ([`DevView::entries`], [`DevView::entry`]); `None` if it does not fit the memory.
     #[inline]
     pub fn view(&self, off: usize, len: usize) -> Option<DevView<'_>> {
         (off <= self.len && len <= self.len - off).then(|| DevView {
