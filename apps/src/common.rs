@@ -463,21 +463,17 @@ impl Idle {
     }
 }
 
-/// The counters of a port that count frames lost or refused somewhere on its way (the
-/// device's and the driver's: `dev_tx_wire_drops`, a full cable; `dev_rx_no_wqe`, no
-/// buffer; `wire_rx_stale`, frames sent on a cable before this end was attached;
-/// `*_errors`, `*_drops`, `*_full`, ...), those that are not zero, by name. With them a
-/// tool says where frames went that did not arrive.
+/// The counters of a port that count frames lost or refused somewhere on its way, those that
+/// are not zero, by name: the extended counters its driver, device and wire declare as losses
+/// ([`pmd::ethdev::Loss`]: `dev_tx_wire_drops`, a full cable; `dev_rx_no_wqe`, no buffer;
+/// `wire_rx_stale`, frames sent on a cable before this end was attached; error
+/// completions, ...), then the basic counters'. With them a tool says where frames went that
+/// did not arrive.
 pub fn loss_counters(stats: &Stats) -> Vec<(String, u64)> {
-    const LOSS: [&str; 10] = [
-        "drop", "no_wqe", "full", "miss", "error", "overflow", "trunc", "flush", "stale",
-        "stranded",
-    ];
     let mut out: Vec<(String, u64)> = stats
-        .xstats
+        .losses
         .iter()
-        .filter(|(n, v)| *v > 0 && LOSS.iter().any(|w| n.contains(w)))
-        .cloned()
+        .map(|x| (x.name.clone(), x.value))
         .collect();
     for (name, v) in [
         ("imissed", stats.imissed),
@@ -492,71 +488,8 @@ pub fn loss_counters(stats: &Stats) -> Vec<(String, u64)> {
     out
 }
 
-/// Frames a port's device dropped, by direction, from its counters: what the tools add to
-/// the frames they counted themselves so that every frame sent is accounted for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DeviceDrops {
-    /// Frames the port's driver accepted for sending that never left the device: those the
-    /// driver saw fail (`oerrors`: error completions, and the frames of WQEs flushed with
-    /// them), plus those the device dropped after completing them normally, which only the
-    /// device model can count (`dev_tx_*drops`: a full cable or a link down; on mlx5 a frame
-    /// over the MTU), plus frames it put on a cable that no far end will read
-    /// (`wire_tx_stranded`: the far end went away).
-    pub tx: u64,
-    /// Frames that reached the port and never made it to the application: `imissed` (no
-    /// receive buffer, a full ring under the port), plus those the driver saw fail
-    /// (`ierrors`: error completions, a frame truncated or too long, a bad key), plus the
-    /// device-model counters of frames it lost where the driver cannot see it
-    /// ([`RX_DROP_COUNTERS`], `dev_rx_*drops`: a fault, a full completion queue).
-    pub rx: u64,
-}
-
-impl DeviceDrops {
-    /// Both directions.
-    pub fn total(&self) -> u64 {
-        self.tx + self.rx
-    }
-}
-
-/// A cable end's count of frames it sent that no far end will read (the shm wire's
-/// `tx_stranded`, as the port's extended counters name it).
-pub const TX_STRANDED: &str = "wire_tx_stranded";
-
-/// Device-model counters of frames lost on receive besides `imissed`, `ierrors` and
-/// `dev_rx_*drops`: no room in the completion queue (no completion, so the driver never
-/// knows).
-pub const RX_DROP_COUNTERS: [&str; 1] = ["dev_rx_cq_full"];
-
-/// The frames `stats`' port dropped: see [`DeviceDrops`]. Each frame is counted once: a
-/// frame whose completion failed is the driver's (`oerrors`, `ierrors`), whatever the device
-/// model counts of it too (`dev_tx_errors`, `dev_tx_flushed`, MANA's `dev_tx_mtu_errors`,
-/// `dev_rx_truncated`, `dev_rx_oversize`, `dev_rx_prot_errors`: error completions, not
-/// `*drops`); the model's `dev_tx_*drops` are frames whose WQE completed normally, its
-/// `dev_rx_*drops` frames that never got a completion. The same rule holds on hardware,
-/// where only the driver's counters exist.
-pub fn device_drops(stats: &Stats) -> DeviceDrops {
-    let (mut tx, mut rx, mut stranded) = (stats.oerrors, stats.imissed + stats.ierrors, 0);
-    for (n, v) in &stats.xstats {
-        if n.starts_with("dev_tx_") {
-            if n.ends_with("drops") {
-                tx += v;
-            }
-        } else if n.starts_with("dev_rx_")
-            && (n.ends_with("drops") || RX_DROP_COUNTERS.contains(&n.as_str()))
-        {
-            rx += v;
-        } else if n == TX_STRANDED {
-            stranded += v;
-        }
-    }
-    DeviceDrops {
-        tx: tx + stranded,
-        rx,
-    }
-}
-
 /// A port's statistics for a `--json` report: the basic counters, the frames its device
-/// dropped ([`device_drops`]), every queue's counters and every extended counter by name
+/// dropped (`Stats::device_drops`), every queue's counters and every extended counter by name
 /// (zeros included).
 pub fn stats_json(stats: &Stats) -> Value {
     let x: serde_json::Map<String, Value> = stats
@@ -573,7 +506,7 @@ pub fn stats_json(stats: &Stats) -> Value {
             })
             .collect()
     };
-    let d = device_drops(stats);
+    let d = stats.device_drops;
     json!({
         "ipackets": stats.ipackets, "opackets": stats.opackets, "ibytes": stats.ibytes,
         "obytes": stats.obytes, "imissed": stats.imissed, "ierrors": stats.ierrors,
@@ -612,7 +545,7 @@ pub fn loss_lines(stats: &[Stats]) -> Vec<String> {
 pub fn device_lines(stats: &[Stats]) -> Vec<String> {
     let mut out = Vec::new();
     for (p, s) in stats.iter().enumerate() {
-        let d = device_drops(s);
+        let d = s.device_drops;
         out.push(format!(
             "  port {p} device: ipackets {} opackets {} imissed {} ierrors {} oerrors {} rx_nombuf {}, dropped tx {} rx {}",
             s.ipackets, s.opackets, s.imissed, s.ierrors, s.oerrors, s.rx_nombuf, d.tx, d.rx
@@ -748,44 +681,44 @@ mod tests {
         }
     }
 
-    /// Each dropped frame counts once, by direction: a failed completion as the driver's
-    /// transmit error, a frame the device dropped after a normal completion as the device's.
+    /// The losses a tool lists are the counters declared as losses that are not zero, then
+    /// the basic counters'; the device drops add the declared device drops to the basic
+    /// counters once.
     #[test]
-    fn device_drops_count_each_frame_once() {
-        let mut mana = stats(&[
-            ("tx_cqe_errors", 500),
-            ("dev_tx_frames", 10),
-            ("dev_tx_errors", 500),
-            ("dev_tx_wire_drops", 20),
-            ("dev_tx_mtu_errors", 400),
-            ("dev_rx_frames", 5),
-            ("dev_rx_no_wqe", 7),
-            ("dev_rx_fault_drops", 2),
-            ("dev_rx_truncated", 1),
-            ("wire_rx_drops", 0),
+    fn loss_counters_and_device_drops_follow_the_declared_kinds() {
+        use pmd::ethdev::{DeviceDrops, Loss, Xstat};
+        let s = Stats {
+            imissed: 7,
+            ierrors: 1,
+            oerrors: 500,
+            ..Stats::default()
+        }
+        .with_xstats(vec![
+            Xstat::new("tx_cqe_errors", 500, Loss::Counted),
+            Xstat::new("dev_tx_frames", 10, Loss::None),
+            Xstat::new("dev_tx_wire_drops", 20, Loss::Tx),
+            Xstat::new("dev_rx_fault_drops", 2, Loss::Rx),
+            Xstat::new("dev_rx_no_wqe", 7, Loss::Counted),
+            Xstat::new("wire_rx_drops", 0, Loss::Counted),
+            Xstat::new("wire_tx_stranded", 30, Loss::Tx),
         ]);
-        mana.oerrors = 500;
-        mana.ierrors = 1;
-        assert_eq!(device_drops(&mana), DeviceDrops { tx: 520, rx: 10 });
-        // Frames left on a cable whose far end went away count with the sender's.
-        let mut gone = mana.clone();
-        gone.xstats.push(("wire_tx_stranded".into(), 30));
-        assert_eq!(device_drops(&gone), DeviceDrops { tx: 550, rx: 10 });
-        // mlx5: 3 frames lost with an error CQE and the WQEs flushed after it (the driver's
-        // `tx_error_drops`, its `oerrors`); 9 over the MTU, completed normally.
-        let mut mlx5 = stats(&[
-            ("tx_error_drops", 3),
-            ("dev_tx_errors", 1),
-            ("dev_tx_flushed", 2),
-            ("dev_tx_mtu_drops", 9),
-            ("dev_rx_cq_full", 3),
-            ("dev_rx_oversize", 1),
-            ("dev_rx_compressed_sessions", 100),
-        ]);
-        mlx5.ierrors = 1;
-        assert_eq!(device_drops(&mlx5), DeviceDrops { tx: 12, rx: 11 });
-        assert_eq!(device_drops(&stats(&[])), DeviceDrops { tx: 3, rx: 7 });
-        assert_eq!(device_drops(&mlx5).total(), 23);
+        assert_eq!(s.device_drops, DeviceDrops { tx: 550, rx: 10 });
+        let l = loss_counters(&s);
+        let names: Vec<&str> = l.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "tx_cqe_errors",
+                "dev_tx_wire_drops",
+                "dev_rx_fault_drops",
+                "dev_rx_no_wqe",
+                "wire_tx_stranded",
+                "imissed",
+                "ierrors",
+                "oerrors"
+            ]
+        );
+        assert_eq!(s.xstat("dev_tx_frames"), Some(10));
     }
 
     /// A capture that failed says why, with the OS error's text.

@@ -4,7 +4,7 @@
 #![deny(unsafe_code)]
 
 use crate::cli::{usage, Failure};
-use crate::common::{device_drops, loss_counters, EventWatch};
+use crate::common::{loss_counters, EventWatch};
 use pmd::capture::server::CaptureServer;
 use pmd::port::Port;
 use pmd::telemetry::{
@@ -105,7 +105,7 @@ fn app_answer(cmd: &str, param: Option<&str>, ports: &[Port], events: &EventWatc
                 .iter()
                 .map(|p| {
                     let s = p.stats();
-                    let d = device_drops(&s);
+                    let d = s.device_drops;
                     let counters: Vec<(String, Data)> = loss_counters(&s)
                         .into_iter()
                         .map(|(n, v)| (n, Data::Uint(v)))

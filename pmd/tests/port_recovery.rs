@@ -53,7 +53,7 @@ impl PortDriver for Flaky {
     fn stop(&mut self) {
         self.inner.stop()
     }
-    fn xstats(&self) -> Vec<(String, u64)> {
+    fn xstats(&self) -> Vec<pmd::ethdev::Xstat> {
         self.inner.xstats()
     }
     fn imissed(&self) -> u64 {

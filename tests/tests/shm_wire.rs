@@ -156,8 +156,8 @@ fn a_peer_that_replaces_a_killed_one_gets_none_of_the_frames_sent_meanwhile() {
     let stranded = |a: &Shm| {
         a.stats()
             .into_iter()
-            .find(|(n, _)| n == "tx_stranded")
-            .map(|(_, v)| v)
+            .find(|x| x.name == "tx_stranded")
+            .map(|x| x.value)
     };
     for seq in 0..100 {
         assert!(a.send(&tagged(1, seq)), "the cable holds what nobody reads");

@@ -3,8 +3,8 @@
 
 use apps::cli::{usage, Failure};
 use apps::common::{
-    announce_ready, capture_failure, device_drops, device_lines, failed_capture, loss_lines,
-    open_ports, si, stats_json, wait_links, Counter, EventWatch, Idle, PortSet,
+    announce_ready, capture_failure, device_lines, failed_capture, loss_lines, open_ports, si,
+    stats_json, wait_links, Counter, EventWatch, Idle, PortSet,
 };
 use clap::Parser;
 use mempool::lcache;
@@ -443,7 +443,7 @@ fn main_loop(
                 for (p, (n, l)) in now.iter().zip(&last).enumerate() {
                     // What the device dropped before l2fwd saw a frame, or after it sent it.
                     let s = ports[p].stats();
-                    let d = device_drops(&s);
+                    let d = s.device_drops;
                     line += &format!(
                         "  p{p} rx {} ({}pps) tx {} ({}pps) drop {} missed {} dev-drop tx {} rx {}",
                         n.rx,
@@ -492,7 +492,7 @@ fn report(
     let recoveries: u64 = ends.iter().map(|e| e.recoveries).sum();
     let missed: u64 = port_stats.iter().map(|s| s.imissed).sum();
     // Every frame a device dropped, sending or receiving (imissed included).
-    let dev_drops: u64 = port_stats.iter().map(|s| device_drops(s).total()).sum();
+    let dev_drops: u64 = port_stats.iter().map(|s| s.device_drops.total()).sum();
     if args.json {
         let ports: Vec<_> = t
             .iter()
@@ -528,7 +528,7 @@ fn report(
             si(tx as f64 / secs)
         );
         for (p, (t, s)) in t.iter().zip(port_stats).enumerate() {
-            let dd = device_drops(s);
+            let dd = s.device_drops;
             println!(
                 "  port {p}: rx {} tx {} dropped {} missed {} device drops tx {} rx {}",
                 t.rx, t.tx, t.dropped, s.imissed, dd.tx, dd.rx

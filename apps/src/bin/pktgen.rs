@@ -2,8 +2,8 @@
 
 use apps::cli::{usage, Failure, FrameSizes, MAX_FRAME_SIZE};
 use apps::common::{
-    announce_ready, capture_failure, device_drops, device_lines, failed_capture, loss_lines,
-    open_ports, si, stats_json, wait_links, Counter, EventWatch, Idle, PortSet,
+    announce_ready, capture_failure, device_lines, failed_capture, loss_lines, open_ports, si,
+    stats_json, wait_links, Counter, EventWatch, Idle, PortSet,
 };
 use apps::pktgen::{
     flows_varying, load_pcap, read_stamp, size_cycle, FrameGen, FrameSpec, IpRange, Pacing,
@@ -954,7 +954,7 @@ fn main_loop(
                 let dt = last.2.elapsed().as_secs_f64();
                 // What the ports' devices dropped so far, sending and receiving.
                 let (dtx, drx) = ports.iter().fold((0, 0), |(t, r), p| {
-                    let d = device_drops(&p.stats());
+                    let d = p.stats().device_drops;
                     (t + d.tx, r + d.rx)
                 });
                 eprintln!(
@@ -1004,9 +1004,9 @@ fn report(
     // queue took them) and dropped some of them (a full cable, over the MTU); the
     // receiving port dropped some that reached it (no buffer).
     let np = port_stats.len();
-    let tx_dropped = port_stats.first().map_or(0, |s| device_drops(s).tx);
-    let rx_dropped = port_stats.last().map_or(0, |s| device_drops(s).rx);
-    let dev_dropped: u64 = port_stats.iter().map(|s| device_drops(s).total()).sum();
+    let tx_dropped = port_stats.first().map_or(0, |s| s.device_drops.tx);
+    let rx_dropped = port_stats.last().map_or(0, |s| s.device_drops.rx);
+    let dev_dropped: u64 = port_stats.iter().map(|s| s.device_drops.total()).sum();
     let on_wire = tx_packets.saturating_sub(tx_dropped);
     let l1_bytes = tx_bytes + tx_packets * (FCS_BYTES + L1_OVERHEAD_BYTES);
     let (min, p50, p99, max) = if hist.is_empty() {

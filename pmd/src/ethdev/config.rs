@@ -228,4 +228,29 @@ pub struct Stats {
     pub tx_queues: Vec<QueueStats>,
     /// Driver-specific counters by name (`rx_cqe_truncated`, `tx_cqe_error`, ...).
     pub xstats: Vec<(String, u64)>,
+    /// The frames the port's device dropped, by direction: the basic counters' losses plus
+    /// the extended counters declared as device drops ([`super::Loss`]).
+    pub device_drops: super::DeviceDrops,
+    /// The extended counters that count lost frames and are not zero, with their kind.
+    pub losses: Vec<super::Xstat>,
+}
+
+impl Stats {
+    /// These statistics with the extended counters `x`: their names and values, the device
+    /// drops from the basic counters and `x`'s kinds, and the losses among them.
+    pub fn with_xstats(mut self, x: Vec<super::Xstat>) -> Self {
+        self.device_drops = super::DeviceDrops::of(self.imissed, self.ierrors, self.oerrors, &x);
+        self.losses = x
+            .iter()
+            .filter(|x| x.loss.is_loss() && x.value > 0)
+            .cloned()
+            .collect();
+        self.xstats = x.into_iter().map(|x| (x.name, x.value)).collect();
+        self
+    }
+
+    /// The extended counter `name`, if the port has one.
+    pub fn xstat(&self, name: &str) -> Option<u64> {
+        self.xstats.iter().find(|(n, _)| n == name).map(|x| x.1)
+    }
 }

@@ -18,6 +18,7 @@ pub mod config;
 pub mod counters;
 pub mod events;
 pub mod kick;
+pub mod xstat;
 
 pub use burst::Burst;
 pub use config::{
@@ -27,6 +28,7 @@ pub use config::{
 pub use counters::Counters;
 pub use events::{PortEvent, QueueFault, QueueRef};
 pub use kick::{DeviceKick, Kick};
+pub use xstat::{DeviceDrops, Loss, Xstat};
 
 use crate::net::MacAddr;
 use mempool::MbufPool;
@@ -232,8 +234,8 @@ pub trait PortDriver: Send {
     }
     /// Stops the datapath.
     fn stop(&mut self) {}
-    /// Driver- and device-specific counters by name.
-    fn xstats(&self) -> Vec<(String, u64)> {
+    /// Driver- and device-specific counters, each with what it says about lost frames.
+    fn xstats(&self) -> Vec<Xstat> {
         Vec::new()
     }
     /// Frames the device dropped for lack of posted RX buffers.

@@ -277,7 +277,7 @@ impl PortDriver for Driver {
         self.provider.rx_missed()
     }
 
-    fn xstats(&self) -> Vec<(String, u64)> {
+    fn xstats(&self) -> Vec<crate::ethdev::Xstat> {
         let mut v = Xstats::sum(&self.xstats);
         v.extend(self.provider.xstats());
         v

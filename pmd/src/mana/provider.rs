@@ -266,8 +266,8 @@ pub trait Provider: Send {
     /// Destroys all queues (teardown order of §1.10). Objects a queue handle still holds
     /// ([`QueueOwner`]) go when the handle drops.
     fn destroy_queues(&mut self);
-    /// Device-side counters, by name.
-    fn xstats(&self) -> Vec<(String, u64)> {
+    /// Device-side counters, each with what it says about lost frames.
+    fn xstats(&self) -> Vec<crate::ethdev::Xstat> {
         Vec::new()
     }
     /// Frames the device dropped because no receive WQE was posted.

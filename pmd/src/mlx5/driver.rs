@@ -127,8 +127,8 @@ pub trait Provider: Send {
     }
     /// Destroys all queues; objects a queue handle still holds go when it drops.
     fn destroy_queues(&mut self);
-    /// Device-side counters, by name.
-    fn xstats(&self) -> Vec<(String, u64)> {
+    /// Device-side counters, each with what it says about lost frames.
+    fn xstats(&self) -> Vec<crate::ethdev::Xstat> {
         Vec::new()
     }
     /// Frames dropped for lack of a posted receive buffer.
@@ -380,18 +380,9 @@ impl PortDriver for Driver {
         self.provider.rx_missed()
     }
 
-    fn xstats(&self) -> Vec<(String, u64)> {
-        let mut v: Vec<(String, u64)> = Vec::new();
-        let mut add = |list: Vec<(String, u64)>| {
-            for (k, n) in list {
-                match v.iter_mut().find(|(name, _)| *name == k) {
-                    Some((_, total)) => *total += n,
-                    None => v.push((k, n)),
-                }
-            }
-        };
-        self.rx_xstats.iter().for_each(|x| add(x.list()));
-        self.tx_xstats.iter().for_each(|x| add(x.list()));
+    fn xstats(&self) -> Vec<crate::ethdev::Xstat> {
+        let mut v = RxXstats::sum(&self.rx_xstats);
+        v.extend(TxXstats::sum(&self.tx_xstats));
         v.extend(self.provider.xstats());
         v
     }

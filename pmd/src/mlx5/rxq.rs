@@ -19,7 +19,7 @@ use super::rx_cq::{
     RxPolled, SessionLeft, RUN_KEYS,
 };
 use crate::ethdev::{
-    counters, deliver_rx, fix_rx_run, free_one, kick, rx_fields, Burst, Counters, Kick, PortConfig,
+    deliver_rx, fix_rx_run, free_one, kick, rx_fields, Burst, Counters, Kick, PortConfig,
     QueueOwner, RxBurst, RxOffloads,
 };
 use crate::hw::mlx5::cqe::{self, MiniCqeFormat};
@@ -31,7 +31,7 @@ use crate::sys::barrier::udma_to_device_barrier;
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, MbufPool, OffloadFlags, RxBufs, RxDesc, RxFields, RX_RUN_MAX};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Most mbufs allocated per refill step, and the most a queue waits for before it refills:
@@ -41,71 +41,47 @@ const REFILL_BULK: u32 = 64;
 /// Largest RQ WQE stride we build (16 scatter entries).
 const MAX_STRIDE: usize = 256;
 
-/// RX counters by name (both RX queue kinds).
-#[derive(Debug, Default)]
-pub struct RxXstats {
-    /// Error CQEs a burst found (not those a recovery consumes: see `flushed`,
-    /// `recovery_drops`).
-    pub cqe_errors: AtomicU64,
-    /// ... of which with a syndrome that needs the WQ reset (each starts a recovery).
-    pub critical_errors: AtomicU64,
-    /// Flush CQEs (WR_FLUSH) consumed by recoveries: posted buffers the device gave back
-    /// unused (no frame lost with them).
-    pub flushed: AtomicU64,
-    /// Other completions consumed by recoveries: frames dropped (also counted in errors).
-    pub recovery_drops: AtomicU64,
-    /// Recoveries done: the WQ went through RESET back to RDY and was reposted.
-    pub recoveries: AtomicU64,
-    /// Recovery attempts that failed (a state change refused).
-    pub recovery_failures: AtomicU64,
-    /// Buffers outside every registered chunk.
-    pub no_mkey: AtomicU64,
-    /// Compressed sessions decompressed.
-    pub compressed_sessions: AtomicU64,
-    /// Striding RQ: filler completions (strides left unused at the end of a WQE, §4.2).
-    pub mprq_fillers: AtomicU64,
-    /// Striding RQ: WQEs whose every stride was consumed and that were posted again.
-    pub mprq_wqes_retired: AtomicU64,
-    /// Striding RQ: completions naming strides outside their WQE (dropped).
-    pub mprq_bad_strides: AtomicU64,
-    /// Packets longer than an mbuf's data room (dropped).
-    pub too_long: AtomicU64,
+crate::queue_xstats! {
+    /// RX counters (both RX queue kinds), each with what it says about lost frames.
+    pub struct RxXstats {
+        /// Error CQEs a burst found (not those a recovery consumes: see `flushed`,
+        /// `recovery_drops`; in `ierrors`).
+        cqe_errors: "rx_cqe_errors", Counted;
+        /// ... of which with a syndrome that needs the WQ reset (each starts a recovery).
+        critical_errors: "rx_critical_errors", Counted;
+        /// Flush CQEs (WR_FLUSH) consumed by recoveries: posted buffers the device gave back
+        /// unused (no frame lost with them).
+        flushed: "rx_flushed", None;
+        /// Other completions consumed by recoveries: frames dropped (also counted in
+        /// errors).
+        recovery_drops: "rx_recovery_drops", Counted;
+        /// Recoveries done: the WQ went through RESET back to RDY and was reposted.
+        recoveries: "rx_recoveries", None;
+        /// Recovery attempts that failed (a state change refused).
+        recovery_failures: "rx_recovery_failures", None;
+        /// Buffers outside every registered chunk (in `ierrors`: a buffer, not a frame).
+        no_mkey: "rx_no_mkey", None;
+        /// Compressed sessions decompressed.
+        compressed_sessions: "rx_compressed_sessions", None;
+        /// Striding RQ: filler completions (strides left unused at the end of a WQE, §4.2).
+        mprq_fillers: "rx_mprq_fillers", None;
+        /// Striding RQ: WQEs whose every stride was consumed and that were posted again.
+        mprq_wqes_retired: "rx_mprq_wqes_retired", None;
+        /// Striding RQ: completions naming strides outside their WQE (dropped, in
+        /// `ierrors`).
+        mprq_bad_strides: "rx_mprq_bad_strides", Counted;
+        /// Packets longer than an mbuf's data room (dropped, in `ierrors`).
+        too_long: "rx_too_long", Counted;
+    }
 }
 
 impl RxXstats {
-    pub(super) fn bump(c: &AtomicU64) {
-        Self::add(c, 1);
-    }
-    /// Adds `n` (the queue's core is the only writer: no locked read-modify-write).
-    pub(super) fn add(c: &AtomicU64, n: u64) {
-        counters::bump(c, n);
-    }
     /// Counts what a completion poll found wrong.
     pub(super) fn bad(&self, critical: bool) {
         Self::bump(&self.cqe_errors);
         if critical {
             Self::bump(&self.critical_errors);
         }
-    }
-    /// The counters by name.
-    pub fn list(&self) -> Vec<(String, u64)> {
-        [
-            ("rx_cqe_errors", &self.cqe_errors),
-            ("rx_critical_errors", &self.critical_errors),
-            ("rx_flushed", &self.flushed),
-            ("rx_recovery_drops", &self.recovery_drops),
-            ("rx_recoveries", &self.recoveries),
-            ("rx_recovery_failures", &self.recovery_failures),
-            ("rx_no_mkey", &self.no_mkey),
-            ("rx_compressed_sessions", &self.compressed_sessions),
-            ("rx_mprq_fillers", &self.mprq_fillers),
-            ("rx_mprq_wqes_retired", &self.mprq_wqes_retired),
-            ("rx_mprq_bad_strides", &self.mprq_bad_strides),
-            ("rx_too_long", &self.too_long),
-        ]
-        .iter()
-        .map(|(n, c)| ((*n).to_string(), c.load(Ordering::Relaxed)))
-        .collect()
     }
 }
 
@@ -1133,9 +1109,9 @@ mod tests {
         q.xstats
             .list()
             .into_iter()
-            .find(|(k, _)| k == name)
+            .find(|x| x.name == name)
             .unwrap()
-            .1
+            .value
     }
 
     /// Over rounds that lap the CQ: 3 packets, then a LOCAL_PROT error and the flushes of

@@ -33,7 +33,7 @@ use crate::sys::barrier::{mmio_flush_writes, udma_to_device_barrier};
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, Mbuf, MbufFifo, MbufPool, OffloadFlags};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Packets queued between two completion requests (`MLX5_TX_COMP_THRESH`, §2.8).
@@ -59,68 +59,45 @@ const MAX_TSO_HEADER: usize = 192;
 /// device call or two).
 pub const RECOVERY_RETRY_BURSTS: u32 = 1024;
 
-/// Device-side reasons a TX packet was dropped or failed, by name.
-#[derive(Debug, Default)]
-pub struct TxXstats {
-    /// Error CQEs other than flushes: WQEs the device failed (each starts a recovery).
-    pub cqe_errors: AtomicU64,
-    /// ... of which LOCAL_LENGTH.
-    pub err_local_length: AtomicU64,
-    /// ... of which LOCAL_QP_OP (a malformed WQE).
-    pub err_local_qp_op: AtomicU64,
-    /// ... of which LOCAL_PROT (a bad memory key or range).
-    pub err_local_prot: AtomicU64,
-    /// ... of which any other syndrome.
-    pub err_other: AtomicU64,
-    /// Flush CQEs (WR_FLUSH): WQEs after a failed one that the device did not execute.
-    pub flushed: AtomicU64,
-    /// Packets freed unsent by error recovery: those of the failed WQE and of every WQE
-    /// after it (also counted in the queue's errors).
-    pub error_drops: AtomicU64,
-    /// Recoveries done: the SQ went through RESET back to RTS.
-    pub recoveries: AtomicU64,
-    /// Recovery attempts that failed (a state change refused).
-    pub recovery_failures: AtomicU64,
-    /// Requester CQEs for a WQE that asked for no completion (ignored).
-    pub unexpected_cqes: AtomicU64,
-    /// Packets whose buffer is in no registered chunk.
-    pub no_mkey: AtomicU64,
-    /// Packets needing more units than a WQE holds.
-    pub too_many_segs: AtomicU64,
-    /// Packets whose first segment is shorter than the inline header they need.
-    pub short_header: AtomicU64,
-    /// TSO packets with headers or MSS out of range.
-    pub bad_tso: AtomicU64,
+crate::queue_xstats! {
+    /// Device-side reasons a TX packet was dropped or failed, each with what it says about
+    /// lost frames.
+    pub struct TxXstats {
+        /// Error CQEs other than flushes: WQEs the device failed (each starts a recovery).
+        cqe_errors: "tx_cqe_errors", Counted;
+        /// ... of which LOCAL_LENGTH.
+        err_local_length: "tx_err_local_length", Counted;
+        /// ... of which LOCAL_QP_OP (a malformed WQE).
+        err_local_qp_op: "tx_err_local_qp_op", Counted;
+        /// ... of which LOCAL_PROT (a bad memory key or range).
+        err_local_prot: "tx_err_local_prot", Counted;
+        /// ... of which any other syndrome.
+        err_other: "tx_err_other", Counted;
+        /// Flush CQEs (WR_FLUSH): WQEs after a failed one that the device did not execute
+        /// (their packets among `error_drops`).
+        flushed: "tx_flushed", Counted;
+        /// Packets freed unsent by error recovery: those of the failed WQE and of every WQE
+        /// after it (also counted in the queue's errors).
+        error_drops: "tx_error_drops", Counted;
+        /// Recoveries done: the SQ went through RESET back to RTS.
+        recoveries: "tx_recoveries", None;
+        /// Recovery attempts that failed (a state change refused).
+        recovery_failures: "tx_recovery_failures", None;
+        /// Requester CQEs for a WQE that asked for no completion (ignored).
+        unexpected_cqes: "tx_unexpected_cqes", None;
+        /// Packets whose buffer is in no registered chunk (dropped, in `oerrors`).
+        no_mkey: "tx_no_mkey", Counted;
+        /// Packets needing more units than a WQE holds (dropped, in `oerrors`).
+        too_many_segs: "tx_too_many_segs", Counted;
+        /// Packets whose first segment is shorter than the inline header they need
+        /// (dropped, in `oerrors`).
+        short_header: "tx_short_header", Counted;
+        /// TSO packets with headers or MSS out of range (dropped, in `oerrors`).
+        bad_tso: "tx_bad_tso", Counted;
+    }
 }
 
 impl TxXstats {
-    /// Adds 1 (the queue's core is the only writer: no locked read-modify-write).
-    fn bump(c: &AtomicU64) {
-        counters::bump(c, 1);
-    }
-    /// The counters by name.
-    pub fn list(&self) -> Vec<(String, u64)> {
-        [
-            ("tx_cqe_errors", &self.cqe_errors),
-            ("tx_err_local_length", &self.err_local_length),
-            ("tx_err_local_qp_op", &self.err_local_qp_op),
-            ("tx_err_local_prot", &self.err_local_prot),
-            ("tx_err_other", &self.err_other),
-            ("tx_flushed", &self.flushed),
-            ("tx_error_drops", &self.error_drops),
-            ("tx_recoveries", &self.recoveries),
-            ("tx_recovery_failures", &self.recovery_failures),
-            ("tx_unexpected_cqes", &self.unexpected_cqes),
-            ("tx_no_mkey", &self.no_mkey),
-            ("tx_too_many_segs", &self.too_many_segs),
-            ("tx_short_header", &self.short_header),
-            ("tx_bad_tso", &self.bad_tso),
-        ]
-        .iter()
-        .map(|(n, c)| ((*n).to_string(), c.load(Ordering::Relaxed)))
-        .collect()
-    }
-
     /// Counts an error CQE by its syndrome (a flush apart).
     fn count_error(&self, s: Syndrome) {
         let c = match s {
@@ -1308,7 +1285,14 @@ mod tests {
             );
             let c = q.counters.snapshot();
             assert_eq!((c.packets, c.errors), (4 * (round + 1), 6 * (round + 1)));
-            let x = |n: &str| q.xstats.list().into_iter().find(|(k, _)| k == n).unwrap().1;
+            let x = |n: &str| {
+                q.xstats
+                    .list()
+                    .into_iter()
+                    .find(|x| x.name == n)
+                    .unwrap()
+                    .value
+            };
             assert_eq!(x("tx_cqe_errors"), round + 1);
             assert_eq!(x("tx_err_local_prot"), round + 1);
             assert_eq!(x("tx_flushed"), 5 * (round + 1));
@@ -1346,7 +1330,14 @@ mod tests {
         state.fail.store(1, Ordering::Relaxed);
         q.reclaim();
         assert!(q.is_down());
-        let x = |q: &TxQueue, n: &str| q.xstats.list().into_iter().find(|(k, _)| k == n).unwrap().1;
+        let x = |q: &TxQueue, n: &str| {
+            q.xstats
+                .list()
+                .into_iter()
+                .find(|x| x.name == n)
+                .unwrap()
+                .value
+        };
         assert_eq!(x(&q, "tx_recovery_failures"), 1);
         assert_eq!(x(&q, "tx_err_local_qp_op"), 1);
         // Packet 0 was sent, 1 failed; 2 and 3 wait for the recovery.

@@ -54,7 +54,7 @@ use recovery::{generation, running, Gone, Recovery};
 use crate::capture::ring::Direction;
 use crate::capture::server::Target as CaptureTarget;
 use crate::capture::{Mirror, Tap};
-use crate::ethdev::{check_config, Counters, PortDriver, QueueSetup, RxBurst, TxBurst};
+use crate::ethdev::{check_config, Counters, PortDriver, QueueSetup, RxBurst, TxBurst, Xstat};
 use crate::net::MacAddr;
 use mempool::MbufPool;
 use std::os::fd::RawFd;
@@ -243,7 +243,7 @@ pub struct Port {
     /// Why the recovery failed, once it did.
     failure: Option<String>,
     /// Extended counters and `imissed` of the device generations before this one.
-    xstats_base: Vec<(String, u64)>,
+    xstats_base: Vec<Xstat>,
     imissed_base: u64,
     /// The port's own event descriptor (an epoll set over the driver's descriptor and, while
     /// recovering, a timer): the same for the port's whole life, whatever device is behind
@@ -953,8 +953,9 @@ impl Port {
             oerrors: tx.iter().map(|q| q.errors).sum(),
             rx_queues: rx,
             tx_queues: tx,
-            xstats: recovery::summed(&self.xstats_base, self.driver.xstats()),
+            ..Stats::default()
         }
+        .with_xstats(recovery::summed(&self.xstats_base, self.driver.xstats()))
     }
 
     /// Stops the port and releases the device. Queue handles still held return 0 from now on

@@ -39,10 +39,10 @@
 //! [`PortState::Failed`]: crate::ethdev::PortState::Failed
 #![deny(unsafe_code)]
 
-use crate::ethdev::QueueSetup;
 use crate::ethdev::{
     Burst, Caps, Link, PortConfig, PortDriver, PortError, Queues, RxBurst, TxBurst,
 };
+use crate::ethdev::{QueueSetup, Xstat};
 use crate::net::MacAddr;
 use mempool::MbufPool;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -302,28 +302,15 @@ impl Recovery {
 }
 
 /// Adds `add` into `base` by name (counters summed across device generations).
-pub(super) fn sum_into(base: &mut Vec<(String, u64)>, add: Vec<(String, u64)>) {
-    for (name, v) in add {
-        match base.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, b)) => *b = b.wrapping_add(v),
-            None => base.push((name, v)),
-        }
-    }
+pub(super) fn sum_into(base: &mut Vec<Xstat>, add: Vec<Xstat>) {
+    crate::ethdev::xstat::sum_into(base, add);
 }
 
 /// `a` with `b` added by name, keeping `b`'s order first (the live driver's names), then
 /// the names only earlier generations had.
-pub(super) fn summed(base: &[(String, u64)], live: Vec<(String, u64)>) -> Vec<(String, u64)> {
-    if base.is_empty() {
-        return live;
-    }
+pub(super) fn summed(base: &[Xstat], live: Vec<Xstat>) -> Vec<Xstat> {
     let mut out = live;
-    for (name, v) in base {
-        match out.iter_mut().find(|(n, _)| n == name) {
-            Some((_, x)) => *x = x.wrapping_add(*v),
-            None => out.push((name.clone(), *v)),
-        }
-    }
+    crate::ethdev::xstat::sum_into(&mut out, base.iter().cloned());
     out
 }
 
@@ -356,10 +343,12 @@ mod tests {
 
     #[test]
     fn counters_are_summed_by_name() {
-        let mut base = vec![("a".to_string(), 1)];
-        sum_into(&mut base, vec![("a".into(), 2), ("b".into(), 5)]);
-        assert_eq!(base, vec![("a".into(), 3), ("b".into(), 5)]);
-        let s = summed(&base, vec![("b".into(), 1), ("c".into(), 7)]);
-        assert_eq!(s, vec![("b".into(), 6), ("c".into(), 7), ("a".into(), 3)]);
+        use crate::ethdev::Loss;
+        let x = |n: &str, v| Xstat::new(n, v, Loss::Rx);
+        let mut base = vec![x("a", 1)];
+        sum_into(&mut base, vec![x("a", 2), x("b", 5)]);
+        assert_eq!(base, vec![x("a", 3), x("b", 5)]);
+        let s = summed(&base, vec![x("b", 1), x("c", 7)]);
+        assert_eq!(s, vec![x("b", 6), x("c", 7), x("a", 3)]);
     }
 }

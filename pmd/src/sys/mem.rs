@@ -111,8 +111,6 @@ impl DevView<'_> {
         self.len == 0
     }
 
-
-
     /// Entry `k` of the view read as consecutive `N`-byte entries (a ring's slots), checked
     /// once: the entry's fields are then read at offsets checked at compile time.
     ///
@@ -140,7 +138,6 @@ impl DevView<'_> {
             _mem: std::marker::PhantomData,
         }
     }
-
 }
 
 /// The whole `N`-byte entries of a [`DevView`], in order (see [`DevView::entries`]).

@@ -637,7 +637,7 @@ impl Provider for Mlx5Provider {
         self.objects.clear();
     }
 
-    fn xstats(&self) -> Vec<(String, u64)> {
+    fn xstats(&self) -> Vec<crate::ethdev::Xstat> {
         Vec::new()
     }
 

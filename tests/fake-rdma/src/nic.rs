@@ -116,11 +116,11 @@ impl DeviceDrops {
 }
 
 /// Frames an engine's wire holds that no far end will read (its far end went away).
-pub fn stranded(wire_stats: &[(String, u64)]) -> u64 {
+pub fn stranded(wire_stats: &[pmd::ethdev::Xstat]) -> u64 {
     wire_stats
         .iter()
-        .find(|(n, _)| n == pmd::emu::wire::TX_STRANDED)
-        .map_or(0, |(_, v)| *v)
+        .find(|x| x.name == pmd::emu::wire::TX_STRANDED)
+        .map_or(0, |x| x.value)
 }
 
 /// The MANA model's counters of frames its driver never sees dropped, and its wire's

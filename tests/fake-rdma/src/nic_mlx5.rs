@@ -158,7 +158,7 @@ impl Wire for SteeredWire {
         self.inner.holds_arrivals()
     }
 
-    fn stats(&self) -> Vec<(String, u64)> {
+    fn stats(&self) -> Vec<pmd::ethdev::Xstat> {
         self.inner.stats()
     }
 

@@ -30,8 +30,8 @@ fn main() {
     let failed: u64 = wire
         .stats()
         .iter()
-        .filter(|(n, _)| n == "tx_kick_errors")
-        .map(|(_, v)| v)
+        .filter(|x| x.name == "tx_kick_errors")
+        .map(|x| x.value)
         .sum();
     if failed > 0 {
         eprintln!("wire_send: the kernel refused to send: {:?}", wire.stats());

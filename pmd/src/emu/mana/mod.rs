@@ -46,6 +46,7 @@
 pub mod engine;
 
 pub use crate::emu::thread::EngineMode;
+use crate::ethdev::{Loss, Xstat};
 pub use engine::{CqSpec, DoorbellPage, Engine, EngineError, Faults, ModelStats, RqSpec, SqSpec};
 
 /// The MANA engine behind its lock (see [`crate::emu::thread::EngineCore`]).
@@ -677,32 +678,31 @@ impl Provider for Model {
     }
 
     /// The model's counters (`dev_*`), then its wire's (`wire_*`, see [`wire::Wire::stats`]).
-    fn xstats(&self) -> Vec<(String, u64)> {
+    /// Each with what it says about lost frames: error completions are the driver's
+    /// (`ierrors`, `oerrors`) and frames with no WQE its `imissed`; frames dropped after a
+    /// normal TX completion, or without any RX completion, only the model can count.
+    fn xstats(&self) -> Vec<Xstat> {
         let e = self.shared.lock();
         let s = e.stats;
         let mut v = vec![
-            ("dev_tx_frames".into(), s.tx_frames),
-            ("dev_tx_bytes".into(), s.tx_bytes),
-            ("dev_tx_errors".into(), s.tx_errors),
-            ("dev_tx_wire_drops".into(), s.tx_wire_drops),
-            ("dev_tx_mtu_errors".into(), s.tx_mtu_errors),
-            ("dev_rx_frames".into(), s.rx_frames),
-            ("dev_rx_bytes".into(), s.rx_bytes),
-            ("dev_rx_no_wqe".into(), s.rx_no_wqe),
-            ("dev_rx_truncated".into(), s.rx_truncated),
-            ("dev_rx_fault_drops".into(), s.rx_fault_drops),
-            ("dev_rx_destroyed_drops".into(), s.rx_destroyed_drops),
+            Xstat::new("dev_tx_frames", s.tx_frames, Loss::None),
+            Xstat::new("dev_tx_bytes", s.tx_bytes, Loss::None),
+            Xstat::new("dev_tx_errors", s.tx_errors, Loss::Counted),
+            Xstat::new("dev_tx_wire_drops", s.tx_wire_drops, Loss::Tx),
+            Xstat::new("dev_tx_mtu_errors", s.tx_mtu_errors, Loss::Counted),
+            Xstat::new("dev_rx_frames", s.rx_frames, Loss::None),
+            Xstat::new("dev_rx_bytes", s.rx_bytes, Loss::None),
+            Xstat::new("dev_rx_no_wqe", s.rx_no_wqe, Loss::Counted),
+            Xstat::new("dev_rx_truncated", s.rx_truncated, Loss::Counted),
+            Xstat::new("dev_rx_fault_drops", s.rx_fault_drops, Loss::Rx),
+            Xstat::new("dev_rx_destroyed_drops", s.rx_destroyed_drops, Loss::Rx),
             // Fewer than frames with `cqe-coalesce=1`.
-            ("dev_rx_cqes".into(), s.rx_cqes),
+            Xstat::new("dev_rx_cqes", s.rx_cqes, Loss::None),
             // One per burst: the driver suppresses all but the last WQE's.
-            ("dev_tx_cqes".into(), s.tx_cqes),
-            ("dev_bad_doorbells".into(), s.bad_doorbells),
+            Xstat::new("dev_tx_cqes", s.tx_cqes, Loss::None),
+            Xstat::new("dev_bad_doorbells", s.bad_doorbells, Loss::None),
         ];
-        v.extend(
-            e.wire_stats()
-                .into_iter()
-                .map(|(n, x)| (format!("wire_{n}"), x)),
-        );
+        v.extend(e.wire_stats().into_iter().map(|x| x.prefixed("wire_")));
         v
     }
 

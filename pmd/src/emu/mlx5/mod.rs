@@ -176,7 +176,7 @@ impl ModelHandle {
     }
 
     /// The wire's own counters (see [`Engine::wire_stats`]).
-    pub fn wire_stats(&self) -> Vec<(String, u64)> {
+    pub fn wire_stats(&self) -> Vec<crate::ethdev::Xstat> {
         self.0.lock().wire_stats()
     }
 

@@ -9,6 +9,7 @@ use crate::emu::events::{LinkEvents, LINK_POLL};
 use crate::emu::thread::EngineMode;
 use crate::emu::wire::{self, WireSpec};
 use crate::ethdev::{Link, RssFields};
+use crate::ethdev::{Loss, Xstat};
 use crate::mlx5::{MprqCaps, Provider, QueueState, RawRq, RawSq, RxQueueRequest, SetupError};
 use crate::net::MacAddr;
 use crate::sys::DevMem;
@@ -307,41 +308,41 @@ impl Provider for ModelPort {
     }
 
     /// The model's counters (`dev_*`), then its wire's (`wire_*`, see [`wire::Wire::stats`]).
-    fn xstats(&self) -> Vec<(String, u64)> {
+    /// Each with what it says about lost frames (see the MANA model's): error and flush
+    /// completions are the driver's (`ierrors`, `oerrors`), frames with no WQE its
+    /// `imissed`; a receive flush gives a posted buffer back, no frame.
+    fn xstats(&self) -> Vec<Xstat> {
         let h = self.model.handle();
         let s = h.stats();
         let mut v = vec![
-            ("dev_tx_frames".into(), s.tx_frames),
-            ("dev_tx_send_wqes".into(), s.tx_send_wqes),
-            ("dev_tx_bytes".into(), s.tx_bytes),
-            ("dev_tx_errors".into(), s.tx_errors),
-            ("dev_tx_flushed".into(), s.tx_flushed),
-            ("dev_tx_wire_drops".into(), s.tx_wire_drops),
-            ("dev_tx_mtu_drops".into(), s.tx_mtu_drops),
-            ("dev_rx_frames".into(), s.rx_frames),
-            ("dev_rx_bytes".into(), s.rx_bytes),
-            ("dev_rx_no_wqe".into(), s.rx_no_wqe),
-            ("dev_rx_oversize".into(), s.rx_oversize),
-            ("dev_rx_prot_errors".into(), s.rx_prot_errors),
-            ("dev_rx_flushed".into(), s.rx_flushed),
-            ("dev_rx_fillers".into(), s.rx_fillers),
-            (
-                "dev_rx_compressed_sessions".into(),
+            Xstat::new("dev_tx_frames", s.tx_frames, Loss::None),
+            Xstat::new("dev_tx_send_wqes", s.tx_send_wqes, Loss::None),
+            Xstat::new("dev_tx_bytes", s.tx_bytes, Loss::None),
+            Xstat::new("dev_tx_errors", s.tx_errors, Loss::Counted),
+            Xstat::new("dev_tx_flushed", s.tx_flushed, Loss::Counted),
+            Xstat::new("dev_tx_wire_drops", s.tx_wire_drops, Loss::Tx),
+            Xstat::new("dev_tx_mtu_drops", s.tx_mtu_drops, Loss::Tx),
+            Xstat::new("dev_rx_frames", s.rx_frames, Loss::None),
+            Xstat::new("dev_rx_bytes", s.rx_bytes, Loss::None),
+            Xstat::new("dev_rx_no_wqe", s.rx_no_wqe, Loss::Counted),
+            Xstat::new("dev_rx_oversize", s.rx_oversize, Loss::Counted),
+            Xstat::new("dev_rx_prot_errors", s.rx_prot_errors, Loss::Counted),
+            Xstat::new("dev_rx_flushed", s.rx_flushed, Loss::None),
+            Xstat::new("dev_rx_fillers", s.rx_fillers, Loss::None),
+            Xstat::new(
+                "dev_rx_compressed_sessions",
                 s.rx_compressed_sessions,
+                Loss::None,
             ),
-            ("dev_rx_cq_full".into(), s.rx_cq_full),
-            ("dev_rx_fault_drops".into(), s.rx_fault_drops),
-            ("dev_rx_hash_wrong_type".into(), s.rx_hash_wrong_type),
-            ("dev_tx_cq_stalls".into(), s.tx_cq_stalls),
-            ("dev_tx_bad_doorbells".into(), s.tx_bad_doorbells),
-            ("dev_sq_resets".into(), s.sq_resets),
-            ("dev_rq_resets".into(), s.rq_resets),
+            Xstat::new("dev_rx_cq_full", s.rx_cq_full, Loss::Rx),
+            Xstat::new("dev_rx_fault_drops", s.rx_fault_drops, Loss::Rx),
+            Xstat::new("dev_rx_hash_wrong_type", s.rx_hash_wrong_type, Loss::None),
+            Xstat::new("dev_tx_cq_stalls", s.tx_cq_stalls, Loss::None),
+            Xstat::new("dev_tx_bad_doorbells", s.tx_bad_doorbells, Loss::None),
+            Xstat::new("dev_sq_resets", s.sq_resets, Loss::None),
+            Xstat::new("dev_rq_resets", s.rq_resets, Loss::None),
         ];
-        v.extend(
-            h.wire_stats()
-                .into_iter()
-                .map(|(n, x)| (format!("wire_{n}"), x)),
-        );
+        v.extend(h.wire_stats().into_iter().map(|x| x.prefixed("wire_")));
         v
     }
 

@@ -32,6 +32,7 @@
 
 use super::tpacket::{self, field, RxHeader};
 use super::{Wire, WireError, RX_DROPS};
+use crate::ethdev::{Loss, Xstat};
 use crate::net::csum::{self, TxCsum};
 use crate::sys::net::{if_flags, if_mtu, IFF_RUNNING, IFF_UP};
 use crate::sys::packet_ring::{PacketRings, RingGeometry};
@@ -306,7 +307,7 @@ impl Wire for AfPacket {
     /// `tx_kick_errors` (a kick failed otherwise: the interface is down or gone; its frames
     /// stay in the ring until it is back), `tx_kicks` (system calls made to send). Reading costs one
     /// getsockopt.
-    fn stats(&self) -> Vec<(String, u64)> {
+    fn stats(&self) -> Vec<Xstat> {
         let c = &self.counters;
         if let Ok(s) = self.rings.statistics() {
             c.rx_drops.set(c.rx_drops.get() + u64::from(s.drops));
@@ -314,15 +315,19 @@ impl Wire for AfPacket {
                 .set(c.rx_socket_frames.get() + u64::from(s.packets));
         }
         vec![
-            (RX_DROPS.into(), c.rx_drops.get()),
-            ("rx_socket_frames".into(), c.rx_socket_frames.get()),
-            ("rx_too_long".into(), c.rx_too_long),
-            ("rx_csum_completed".into(), c.rx_csum_completed),
-            ("tx_ring_full".into(), c.tx_ring_full),
-            ("tx_too_long".into(), c.tx_too_long),
-            ("tx_kernel_busy".into(), c.tx_kernel_busy),
-            ("tx_kick_errors".into(), c.tx_kick_errors),
-            ("tx_kicks".into(), c.tx_kicks),
+            // The port's imissed.
+            Xstat::new(RX_DROPS, c.rx_drops.get(), Loss::Counted),
+            Xstat::new("rx_socket_frames", c.rx_socket_frames.get(), Loss::None),
+            // Lost before the device model saw them, counted nowhere else.
+            Xstat::new("rx_too_long", c.rx_too_long, Loss::Rx),
+            Xstat::new("rx_csum_completed", c.rx_csum_completed, Loss::None),
+            // Refused by `send`: the device model counts them (`dev_tx_wire_drops`).
+            Xstat::new("tx_ring_full", c.tx_ring_full, Loss::Counted),
+            Xstat::new("tx_too_long", c.tx_too_long, Loss::Counted),
+            // Sent again at the next kick; a failed kick's frames stay in the ring.
+            Xstat::new("tx_kernel_busy", c.tx_kernel_busy, Loss::None),
+            Xstat::new("tx_kick_errors", c.tx_kick_errors, Loss::None),
+            Xstat::new("tx_kicks", c.tx_kicks, Loss::None),
         ]
     }
 }
@@ -367,7 +372,7 @@ mod tests {
         match AfPacket::open("lo") {
             Ok(w) => {
                 assert!(w.peer_attached(), "lo is up and running");
-                assert!(w.stats().iter().any(|(n, _)| n == RX_DROPS));
+                assert!(w.stats().iter().any(|x| x.name == RX_DROPS));
             }
             Err(e) => eprintln!("skipped: {e}"),
         }

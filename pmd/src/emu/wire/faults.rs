@@ -169,7 +169,7 @@ impl Wire for FaultyWire {
     }
 
     /// The inner wire's (this wrapper's own drops are the model's `rx_fault_drops`).
-    fn stats(&self) -> Vec<(String, u64)> {
+    fn stats(&self) -> Vec<crate::ethdev::Xstat> {
         self.inner.stats()
     }
 }

@@ -39,6 +39,7 @@ pub use shm::{
 };
 pub use spec::{WireSpec, WireSpecError};
 
+use crate::ethdev::Xstat;
 use std::path::PathBuf;
 
 /// Largest frame any wire carries: a 9000-byte MTU frame with Ethernet and VLAN headers fits.
@@ -50,11 +51,11 @@ pub const MAX_FRAME: usize = 9216 - 8;
 pub const RX_DROPS: &str = "rx_drops";
 
 /// The [`RX_DROPS`] entry of a wire's [`Wire::stats`] (0 if it has none).
-pub fn rx_drops(stats: &[(String, u64)]) -> u64 {
+pub fn rx_drops(stats: &[Xstat]) -> u64 {
     stats
         .iter()
-        .filter(|(n, _)| n == RX_DROPS)
-        .map(|(_, v)| v)
+        .filter(|x| x.name == RX_DROPS)
+        .map(|x| x.value)
         .sum()
 }
 
@@ -101,7 +102,7 @@ pub trait Wire: Send {
     /// counts as imissed. Empty for wires that drop nothing on their own.
     ///
     /// Slow path: it may cost a system call (a getsockopt for [`AfPacket`]).
-    fn stats(&self) -> Vec<(String, u64)> {
+    fn stats(&self) -> Vec<Xstat> {
         Vec::new()
     }
 }

@@ -273,13 +273,15 @@ impl Wire for PcapTap {
     /// `pcap_unrecorded` (frames passed on that are not in the file: those after the
     /// failure, and those still buffered when it happened). Frames recorded after the last
     /// call are written when the tap is dropped; a failure there is only logged.
-    fn stats(&self) -> Vec<(String, u64)> {
+    fn stats(&self) -> Vec<crate::ethdev::Xstat> {
+        use crate::ethdev::{Loss, Xstat};
         self.flush_buffered();
         let mut v = self.inner.stats();
+        // The capture's, not the traffic's: no frame on the wire is lost with them.
         v.extend([
-            ("pcap_write_errors".to_string(), self.write_errors.get()),
-            ("pcap_write_errno".to_string(), self.errno.get()),
-            ("pcap_unrecorded".to_string(), self.unrecorded.get()),
+            Xstat::new("pcap_write_errors", self.write_errors.get(), Loss::None),
+            Xstat::new("pcap_write_errno", self.errno.get(), Loss::None),
+            Xstat::new("pcap_unrecorded", self.unrecorded.get(), Loss::None),
         ]);
         v
     }
@@ -366,7 +368,10 @@ mod tests {
         // A capture that records reports no failure.
         let stats = tap.stats();
         for name in ["pcap_write_errors", "pcap_write_errno", "pcap_unrecorded"] {
-            assert!(stats.contains(&(name.to_string(), 0)), "{name}: {stats:?}");
+            assert!(
+                stats.iter().any(|x| x.name == name && x.value == 0),
+                "{name}: {stats:?}"
+            );
         }
         drop(tap);
         let data = std::fs::read(&path).unwrap();

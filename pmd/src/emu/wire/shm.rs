@@ -52,6 +52,7 @@
 
 use super::ring::{ring_bytes, FrameRing};
 use super::{Wire, WireError, MAX_FRAME};
+use crate::ethdev::{Loss, Xstat};
 use crate::sys::net::{pid, process_alive};
 use crate::sys::DevMem;
 use std::path::{Path, PathBuf};
@@ -899,18 +900,19 @@ impl Wire for Shm {
     /// frames this end sent that wait on the cable while no far end is attached (it went
     /// away, or never came): nobody reads them (a new far end discards them as its
     /// `rx_stale`), so they are lost with the cable; 0 while the far end is attached.
-    fn stats(&self) -> Vec<(String, u64)> {
+    fn stats(&self) -> Vec<Xstat> {
         let stranded = if self.peer_attached() {
             0
         } else {
             self.tx.unread_frames()
         };
         vec![
-            ("rx_stale".into(), self.rx_stale),
-            (TX_STRANDED.into(), stranded),
+            // The far end's `tx_stranded` when it went away: counted there.
+            Xstat::new("rx_stale", self.rx_stale, Loss::Counted),
+            Xstat::new(TX_STRANDED, stranded, Loss::Tx),
             // The peer broke the rings' rules (see `FrameRing::corrupt`): events, not frames.
-            ("rx_ring_corrupt".into(), self.rx.corrupt()),
-            ("tx_ring_corrupt".into(), self.tx.corrupt()),
+            Xstat::new("rx_ring_corrupt", self.rx.corrupt(), Loss::None),
+            Xstat::new("tx_ring_corrupt", self.tx.corrupt(), Loss::None),
         ]
     }
 }
@@ -999,8 +1001,8 @@ mod tests {
             let stranded = |a: &Shm| {
                 a.stats()
                     .into_iter()
-                    .find(|(n, _)| n == TX_STRANDED)
-                    .map(|(_, v)| v)
+                    .find(|x| x.name == TX_STRANDED)
+                    .map(|x| x.value)
             };
             for i in 0..10u8 {
                 assert!(a.send(&[i; 60]));
@@ -1079,8 +1081,8 @@ mod tests {
     fn stale(w: &Shm) -> u64 {
         w.stats()
             .iter()
-            .find(|(n, _)| n == "rx_stale")
-            .map(|(_, v)| *v)
+            .find(|x| x.name == "rx_stale")
+            .map(|x| x.value)
             .expect("rx_stale is always reported")
     }
 

@@ -1181,7 +1181,7 @@ impl Engine {
 
     /// The wire's own counters ([`Wire::stats`]: frames it or the kernel under it dropped).
     /// Slow path: may cost a system call.
-    pub fn wire_stats(&self) -> Vec<(String, u64)> {
+    pub fn wire_stats(&self) -> Vec<crate::ethdev::Xstat> {
         self.wire.stats()
     }
 
