@@ -48,7 +48,7 @@ const KINDS: &[&str] = &["mana", "null", "emu", "verbs", "mlx5"];
 const KIND_NAMERS: &[&str] = &["port/probe.rs", "port/devargs.rs"];
 
 /// Crate-root macros, not modules.
-const MACROS: &[&str] = &["dp_trace", "enum_with_unknown"];
+const MACROS: &[&str] = &["dp_trace", "enum_with_unknown", "queue_xstats"];
 
 fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
