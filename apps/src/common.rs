@@ -673,12 +673,11 @@ mod tests {
     }
 
     fn stats(x: &[(&str, u64)]) -> Stats {
-        Stats {
-            imissed: 7,
-            oerrors: 3,
-            xstats: x.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
-            ..Stats::default()
-        }
+        let mut s = Stats::default();
+        s.imissed = 7;
+        s.oerrors = 3;
+        s.xstats = x.iter().map(|(n, v)| (n.to_string(), *v)).collect();
+        s
     }
 
     /// The losses a tool lists are the counters declared as losses that are not zero, then
@@ -687,13 +686,9 @@ mod tests {
     #[test]
     fn loss_counters_and_device_drops_follow_the_declared_kinds() {
         use pmd::ethdev::{DeviceDrops, Loss, Xstat};
-        let s = Stats {
-            imissed: 7,
-            ierrors: 1,
-            oerrors: 500,
-            ..Stats::default()
-        }
-        .with_xstats(vec![
+        let mut s = Stats::default();
+        (s.imissed, s.ierrors, s.oerrors) = (7, 1, 500);
+        let s = s.with_xstats(vec![
             Xstat::new("tx_cqe_errors", 500, Loss::Counted),
             Xstat::new("dev_tx_frames", 10, Loss::None),
             Xstat::new("dev_tx_wire_drops", 20, Loss::Tx),

@@ -203,8 +203,10 @@ pub struct QueueStats {
     pub nombuf: u64,
 }
 
-/// Port statistics, summed over queues, plus the per-queue counters.
+/// Port statistics, summed over queues, plus the per-queue counters. Fields may be added:
+/// build one from `Stats::default()`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Packets received.
     pub ipackets: u64,

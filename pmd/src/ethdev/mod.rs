@@ -35,8 +35,9 @@ use mempool::MbufPool;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-/// Errors of the port slow path.
+/// Errors of the port slow path. New kinds may come: match with a wildcard arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PortError {
     /// No device matches the spec.
     #[error("{spec}: {why}")]

@@ -218,6 +218,7 @@ impl TxQueue {
 }
 
 /// A port: one device (real or modelled) with its queues.
+#[must_use = "dropping a Port stops its queues: keep it as long as its queue handles are used"]
 pub struct Port {
     id: u16,
     name: String,
