@@ -1,6 +1,6 @@
 //! Extended counters with what they say about lost frames: every driver, device model and
 //! wire declares each counter's [`Loss`] where it declares the counter, and
-//! [`crate::Port::stats`] adds the frames a port's device dropped up from those kinds
+//! [`crate::port::Port::stats`] adds the frames a port's device dropped up from those kinds
 //! ([`DeviceDrops`]). No reader has to guess a loss from a counter's name.
 #![deny(unsafe_code)]
 
@@ -72,7 +72,7 @@ pub fn sum_into(into: &mut Vec<Xstat>, more: impl IntoIterator<Item = Xstat>) {
 }
 
 /// Frames a port's device dropped, by direction: what a tool adds to the frames it counted
-/// itself so that every frame sent is accounted for ([`crate::Stats::device_drops`]).
+/// itself so that every frame sent is accounted for ([`crate::ethdev::Stats::device_drops`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeviceDrops {
     /// Frames the port's driver accepted for sending that never left the device: those the
