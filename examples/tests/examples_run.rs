@@ -1,16 +1,32 @@
-//! The examples run and succeed.
+//! The examples run and succeed, and refuse bad arguments as usage errors.
+
+/// Runs `bin` with `args`: its exit code, stdout and stderr.
+fn run(bin: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(bin).args(args).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs `bin` with `args`, which must succeed: its stdout.
+fn run_ok(bin: &str, args: &[&str]) -> String {
+    let (code, out, err) = run(bin, args);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    out
+}
+
+/// `bin` with `args` is a usage error (exit status 2) that says `why`.
+fn assert_usage_error(bin: &str, args: &[&str], why: &str) {
+    let (code, _, err) = run(bin, args);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(why), "{err}");
+}
 
 #[test]
 fn loopback_example_runs() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loopback"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = run_ok(env!("CARGO_BIN_EXE_loopback"), &[]);
     assert!(text.contains("port 0 sent 8 frames"), "{text}");
     assert!(text.contains("mbufs still in use: 0"), "{text}");
 }
@@ -18,38 +34,20 @@ fn loopback_example_runs() {
 #[test]
 fn loopback_help_describes_it_and_bad_arguments_are_usage_errors() {
     let bin = env!("CARGO_BIN_EXE_loopback");
-    let out = std::process::Command::new(bin)
-        .arg("--help")
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = run_ok(bin, &["--help"]);
     assert!(
         text.contains("smallest complete program") && text.contains("Usage: loopback"),
         "{text}"
     );
-    let out = std::process::Command::new(bin)
-        .arg("--bogus")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unexpected argument"));
+    assert_usage_error(bin, &["--bogus"], "unexpected argument");
 }
 
 /// The forwarder moves the frames across, accounts for every one that did not arrive, and
 /// every buffer goes back to the pool.
 #[test]
 fn skeleton_forwards_and_accounts_for_every_frame() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_skeleton"))
-        .args(["--frames", "20000"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let bin = env!("CARGO_BIN_EXE_skeleton");
+    let text = run_ok(bin, &["--frames", "20000"]);
     assert!(text.contains("every frame accounted for"), "{text}");
     assert!(text.contains("mbufs still in use: 0"), "{text}");
     let received: u64 = text
@@ -59,28 +57,15 @@ fn skeleton_forwards_and_accounts_for_every_frame() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no received count in {text}"));
     assert!(received > 0, "{text}");
-    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_skeleton"))
-        .args(["--frames", "x"])
-        .output()
-        .unwrap();
-    assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--frames needs a positive number"));
+    assert_usage_error(bin, &["--frames", "x"], "--frames needs a positive number");
 }
 
 /// Four workers, one per RX queue: every frame arrives with its flow's Toeplitz hash, no flow
 /// is split over two queues, every queue gets some, every buffer goes back.
 #[test]
 fn rss_spreads_flows_over_queues_with_their_hash() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rss"))
-        .args(["--queues", "4", "--flows", "64", "--frames", "5000"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let bin = env!("CARGO_BIN_EXE_rss");
+    let text = run_ok(bin, &["--queues", "4", "--flows", "64", "--frames", "5000"]);
     assert!(
         text.contains("frames with a wrong hash: 0; flows seen on two queues: 0"),
         "{text}"
@@ -93,10 +78,9 @@ fn rss_spreads_flows_over_queues_with_their_hash() {
         assert!(!line.starts_with(&format!("queue {q}: 0 frames")), "{text}");
     }
     assert!(text.contains("mbufs still in use: 0"), "{text}");
-    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_rss"))
-        .args(["--queues", "99"])
-        .output()
-        .unwrap();
-    assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--queues needs a number from 1 to 16"));
+    assert_usage_error(
+        bin,
+        &["--queues", "99"],
+        "--queues needs a number from 1 to 16",
+    );
 }

@@ -396,25 +396,35 @@ mod tests {
     use crate::mbuf::test_pool as pool;
     use crate::{CksumStatus, MbufPoolConfig, PagePolicy};
 
+    /// Gives `n` objects of `c`'s pool a previous life (offsets, flags, a timestamp, TX
+    /// lengths) and frees them back into `c`.
+    fn dirty(c: &mut MbufCache, n: usize) {
+        let ms: Vec<Mbuf> = (0..n)
+            .map(|_| {
+                let mut m = c.alloc().unwrap();
+                m.extend_from_slice(&[1; 100]).unwrap();
+                m.adj(10).unwrap();
+                m.set_ol_flags(OffloadFlags::TX_TCP_SEG);
+                m.set_timestamp(7);
+                m.set_tx_offload(crate::TxOffload {
+                    l2_len: 14,
+                    l3_len: 20,
+                    l4_len: 20,
+                    tso_segsz: 1000,
+                });
+                m
+            })
+            .collect();
+        for m in ms {
+            m.free_to(c);
+        }
+    }
+
     #[test]
     fn buffers_come_back_as_packets_with_their_fields_and_nothing_stale() {
         let p = pool(64);
         let mut c = p.cache();
-        // Dirty some objects first: a previous life with offsets, flags and TX lengths.
-        for _ in 0..8 {
-            let mut m = c.alloc().unwrap();
-            m.extend_from_slice(&[1; 100]).unwrap();
-            m.adj(10).unwrap();
-            m.set_ol_flags(OffloadFlags::TX_TCP_SEG);
-            m.set_timestamp(7);
-            m.set_tx_offload(crate::TxOffload {
-                l2_len: 14,
-                l3_len: 20,
-                l4_len: 20,
-                tso_segsz: 1000,
-            });
-            m.free_to(&mut c);
-        }
+        dirty(&mut c, 8);
         let mut r = RxBufs::new(&p, 8);
         assert!(r.refill(&mut c, 6));
         assert_eq!((r.len(), p.in_use()), (6, 6));
@@ -458,25 +468,7 @@ mod tests {
     fn a_run_pops_in_order_with_the_headers_pop_received_writes() {
         let p = pool(64);
         let mut c = p.cache();
-        let dirty: Vec<Mbuf> = (0..16)
-            .map(|_| {
-                let mut m = c.alloc().unwrap();
-                m.extend_from_slice(&[1; 100]).unwrap();
-                m.adj(10).unwrap();
-                m.set_ol_flags(OffloadFlags::TX_TCP_SEG);
-                m.set_timestamp(7);
-                m.set_tx_offload(crate::TxOffload {
-                    l2_len: 14,
-                    l3_len: 20,
-                    l4_len: 20,
-                    tso_segsz: 1000,
-                });
-                m
-            })
-            .collect();
-        for m in dirty {
-            m.free_to(&mut c);
-        }
+        dirty(&mut c, 16);
         let (mut a, mut b) = (RxBufs::new(&p, 8), RxBufs::new(&p, 8));
         // Move both rings' positions near the end so that the run wraps.
         for r in [&mut a, &mut b] {

@@ -937,6 +937,16 @@ mod tests {
     use crate::mlx5::{RawCq, RawSq};
     use mempool::{MbufPoolConfig, Registration};
 
+    /// The queue's extended counter `n`.
+    fn xstat(q: &TxQueue, n: &str) -> u64 {
+        q.xstats
+            .list()
+            .into_iter()
+            .find(|x| x.name == n)
+            .unwrap_or_else(|| panic!("no tx xstat {n}"))
+            .value
+    }
+
     const WQE_CNT: u32 = 64;
     const CQE_CNT: u32 = 8;
 
@@ -1285,14 +1295,7 @@ mod tests {
             );
             let c = q.counters.snapshot();
             assert_eq!((c.packets, c.errors), (4 * (round + 1), 6 * (round + 1)));
-            let x = |n: &str| {
-                q.xstats
-                    .list()
-                    .into_iter()
-                    .find(|x| x.name == n)
-                    .unwrap()
-                    .value
-            };
+            let x = |n: &str| xstat(&q, n);
             assert_eq!(x("tx_cqe_errors"), round + 1);
             assert_eq!(x("tx_err_local_prot"), round + 1);
             assert_eq!(x("tx_flushed"), 5 * (round + 1));
@@ -1330,14 +1333,7 @@ mod tests {
         state.fail.store(1, Ordering::Relaxed);
         q.reclaim();
         assert!(q.is_down());
-        let x = |q: &TxQueue, n: &str| {
-            q.xstats
-                .list()
-                .into_iter()
-                .find(|x| x.name == n)
-                .unwrap()
-                .value
-        };
+        let x = xstat;
         assert_eq!(x(&q, "tx_recovery_failures"), 1);
         assert_eq!(x(&q, "tx_err_local_qp_op"), 1);
         // Packet 0 was sent, 1 failed; 2 and 3 wait for the recovery.
