@@ -154,3 +154,132 @@ fn the_checker_catches_a_wrong_way_arrow() {
     assert_eq!(bad.len(), 2, "{bad:?}");
     assert!(bad[0].contains("ethdev/burst.rs:1") || bad[1].contains("ethdev/burst.rs:1"));
 }
+
+/// The modules whose files may allow unsafe code for the whole file (`#![allow(unsafe_code)]`):
+/// `sys` (FFI, raw memory, barriers) and `verbs` (the RAII handles over rdma-core's objects,
+/// which are FFI too: each holds a pointer rdma-core gave and frees it on drop). The crate
+/// root denies unsafe code everywhere else.
+const UNSAFE_MODULES: &[&str] = &["sys", "verbs"];
+
+/// Files outside [`UNSAFE_MODULES`] that allow unsafe code on single items
+/// (`#[allow(unsafe_code)]`), and how many: a device model's view of a registered chunk (the
+/// model is the DMA device), and a test's view of a posted buffer.
+const UNSAFE_ITEMS: &[(&str, usize)] = &[
+    ("emu/mana/mod.rs", 1),
+    ("emu/mlx5/port.rs", 1),
+    ("mlx5/rxq.rs", 1),
+];
+
+/// Where `dir`'s files allow unsafe code against the rules above, and `unsafe` blocks,
+/// functions and impls without a `SAFETY` comment in the ten lines above them (or on the
+/// line itself).
+fn unsafe_violations(dir: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    rs_files(dir, &mut files);
+    let mut bad = Vec::new();
+    for f in files {
+        let rel = f
+            .strip_prefix(dir)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        let top = rel.split('/').next().unwrap().trim_end_matches(".rs");
+        let text = std::fs::read_to_string(&f).unwrap();
+        let code: Vec<&str> = text.lines().collect();
+        let whole = code
+            .iter()
+            .any(|l| l.trim_start().starts_with("#![allow(unsafe_code)]"));
+        if whole && !UNSAFE_MODULES.contains(&top) {
+            bad.push(format!(
+                "{rel}: allows unsafe code for the whole file outside {UNSAFE_MODULES:?}"
+            ));
+        }
+        let items = code
+            .iter()
+            .filter(|l| l.trim_start().starts_with("#[allow(unsafe_code)]"))
+            .count();
+        if items > 0 && !UNSAFE_MODULES.contains(&top) {
+            let allowed = UNSAFE_ITEMS
+                .iter()
+                .find(|(f, _)| *f == rel)
+                .map_or(0, |x| x.1);
+            if items > allowed {
+                bad.push(format!(
+                    "{rel}: {items} items allow unsafe code ({allowed} allowed in UNSAFE_ITEMS)"
+                ));
+            }
+        }
+        if !whole && items == 0 {
+            continue;
+        }
+        for (i, l) in code.iter().enumerate() {
+            let t = l.trim_start();
+            if t.starts_with("//") {
+                continue;
+            }
+            let opens = t.contains("unsafe {")
+                || t.starts_with("unsafe impl")
+                || t.contains(" unsafe fn ")
+                || t.starts_with("unsafe fn ")
+                || t.starts_with("pub unsafe fn ")
+                || t.starts_with("pub(crate) unsafe fn ")
+                || t.starts_with("pub(super) unsafe fn ");
+            if !opens {
+                continue;
+            }
+            let from = i.saturating_sub(10);
+            let documented = code[from..=i]
+                .iter()
+                .any(|l| l.contains("SAFETY") || l.contains("# Safety"));
+            if !documented {
+                bad.push(format!(
+                    "{rel}:{}: `unsafe` without a SAFETY comment",
+                    i + 1
+                ));
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn unsafe_code_stays_inside_its_modules_with_a_safety_comment_each() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let bad = unsafe_violations(&src);
+    assert!(
+        bad.is_empty(),
+        "unsafe code out of place:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_unsafe_checker_catches_a_stray_allow_and_a_bare_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::create_dir_all(src.join("mlx5")).unwrap();
+    std::fs::write(
+        src.join("mlx5/txq.rs"),
+        "#![allow(unsafe_code)]\nfn f() {\n    let x = unsafe { g() };\n}\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(src.join("sys")).unwrap();
+    std::fs::write(
+        src.join("sys/mem.rs"),
+        "#![allow(unsafe_code)]\n// SAFETY: fine.\nunsafe impl Send for X {}\nunsafe impl Sync for X {}\n",
+    )
+    .unwrap();
+    let bad = unsafe_violations(src);
+    assert!(
+        bad.iter()
+            .any(|b| b.starts_with("mlx5/txq.rs: allows unsafe code")),
+        "{bad:?}"
+    );
+    assert!(
+        bad.iter()
+            .any(|b| b == "mlx5/txq.rs:3: `unsafe` without a SAFETY comment"),
+        "{bad:?}"
+    );
+    // Within ten lines of the comment: documented.
+    assert!(!bad.iter().any(|b| b.starts_with("sys/")), "{bad:?}");
+}
