@@ -219,7 +219,7 @@ impl Sq {
 
     /// The 8-byte UAR write (the bytes verbatim).
     fn uar(&self, v: [u8; 8]) {
-        self.q.bf_reg.ring_doorbell(0, u64::from_ne_bytes(v));
+        self.q.bf_reg.ring(0, u64::from_ne_bytes(v));
     }
 
     /// Takes the next CQE if software owns it, and updates SET_CI.

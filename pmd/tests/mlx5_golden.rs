@@ -449,7 +449,7 @@ fn the_tx_queue_builds_v1() {
         wqe_cnt: 64,
         sqn: QPN,
         dbrec: mem(),
-        bf_reg: mem(),
+        bf_reg: pmd::sys::Mmio::new(mem()),
         bf_size: 256,
         min_inline: 18,
         cq: RawCq {

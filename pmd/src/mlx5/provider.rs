@@ -4,7 +4,7 @@
 
 use super::driver::SetupError;
 use crate::ethdev::{Kick, QueueOwner, RssConfig};
-use crate::sys::DevMem;
+use crate::sys::{DevMem, Mmio};
 use std::sync::Arc;
 
 /// Striding-RQ geometry (spec §4.2): every WQE is one buffer of `2^log_strides` strides of
@@ -125,8 +125,8 @@ pub struct RawSq {
     pub sqn: u32,
     /// The QP's doorbell record (8 bytes; the SQ counter at byte 4, `MLX5_SND_DBR`).
     pub dbrec: Arc<DevMem>,
-    /// The BlueFlame / doorbell register the 8-byte UAR write goes to.
-    pub bf_reg: Arc<DevMem>,
+    /// The BlueFlame / doorbell register the 8-byte UAR write goes to (write-only MMIO).
+    pub bf_reg: Mmio,
     /// Size of one BlueFlame half (0: a doorbell-only register).
     pub bf_size: u32,
     /// Bytes of each frame the device needs inline in the Ethernet segment (0 on ConnectX-5

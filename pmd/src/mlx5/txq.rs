@@ -30,7 +30,7 @@ use crate::hw::mlx5::{
 };
 use crate::ring::{Polled, WorkQueue};
 use crate::sys::barrier::{mmio_flush_writes, udma_to_device_barrier};
-use crate::sys::DevMem;
+use crate::sys::{DevMem, Mmio};
 use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, Mbuf, MbufFifo, MbufPool, OffloadFlags};
 use std::sync::atomic::Ordering;
@@ -130,7 +130,7 @@ pub struct TxQueue {
     cq: CompletionQueue,
     cq_dbrec: Arc<DevMem>,
     dbrec: Arc<DevMem>,
-    bf_reg: Arc<DevMem>,
+    bf_reg: Mmio,
     sqn: u32,
     min_inline: usize,
     /// Single-segment packets go out in enhanced multi-packet WQEs (§2.7): only where the
@@ -707,7 +707,7 @@ impl TxQueue {
         // The record before the MMIO write (rdma-core's `mmio_wc_start`), then the write
         // (the bytes verbatim), then the write-combining flush.
         mmio_flush_writes();
-        self.bf_reg.ring_doorbell(0, u64::from_ne_bytes(ctrl));
+        self.bf_reg.ring(0, u64::from_ne_bytes(ctrl));
         mmio_flush_writes();
     }
 
@@ -979,7 +979,7 @@ mod tests {
             wqe_cnt: WQE_CNT,
             sqn: 0xab_cd12,
             dbrec: Arc::clone(&dbrec),
-            bf_reg: Arc::clone(&bf),
+            bf_reg: crate::sys::Mmio::new(Arc::clone(&bf)),
             bf_size: 256,
             min_inline,
             cq: RawCq {

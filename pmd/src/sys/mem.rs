@@ -600,6 +600,41 @@ impl DevMem {
     }
 }
 
+/// A device register the driver only writes (an mlx5 UAR / BlueFlame register): MMIO, not
+/// DMA memory, so it has no reads and no copies, only [`Mmio::ring`]. Distinct from
+/// [`DevMem`] so that reading a register, or writing one like queue memory, does not compile.
+/// (A device model, which plays the device, keeps its own [`DevMem`] of the same page to see
+/// the writes.)
+#[derive(Debug, Clone)]
+pub struct Mmio(std::sync::Arc<DevMem>);
+
+impl Mmio {
+    /// The register page `page` (mapped by rdma-core, or a device model's).
+    pub fn new(page: std::sync::Arc<DevMem>) -> Self {
+        Self(page)
+    }
+
+    /// Bytes of the register page.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the page is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Rings the doorbell at `off` with `value` ([`DevMem::ring_doorbell`]: a barrier, then
+    /// one 64-bit store).
+    ///
+    /// # Panics
+    /// If `off` is out of range or not 8-byte aligned.
+    #[inline]
+    pub fn ring(&self, off: usize, value: u64) {
+        self.0.ring_doorbell(off, value);
+    }
+}
+
 /// A queue's doorbell: the device's doorbell page, which the driver writes, and for a device
 /// model, a monitor page of this queue's own that gets a copy of every write (the model's
 /// view of each doorbell as the event it is on hardware; see `emu::mana::DoorbellPage`).

@@ -48,7 +48,7 @@ pub mod seqpacket;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use mem::{DevEntries, DevEntry, DevMem, DevView, DevWindow, Doorbell};
+pub use mem::{DevEntries, DevEntry, DevMem, DevView, DevWindow, Doorbell, Mmio};
 
 /// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`): what a benchmark on a
 /// shared machine measures instead of wall time, which also counts the time other processes

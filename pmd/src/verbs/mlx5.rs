@@ -526,7 +526,7 @@ impl Provider for Mlx5Provider {
                 wqe_cnt: m.wqe_cnt,
                 sqn: m.sqn,
                 dbrec: m.dbrec,
-                bf_reg: m.bf_reg,
+                bf_reg: crate::sys::Mmio::new(m.bf_reg),
                 bf_size: m.bf_size,
                 min_inline: self.min_inline,
                 cq: m.cq,

@@ -222,7 +222,7 @@ pub(crate) fn run_tx(pool: &Arc<MbufPool>, keys: &ChunkKeys, plan: Plan, min_inl
         wqe_cnt: u32::from(RING),
         sqn: SQN,
         dbrec: Arc::clone(&dbrec),
-        bf_reg: bf,
+        bf_reg: pmd::sys::Mmio::new(bf),
         bf_size: 256,
         min_inline,
         cq: RawCq {

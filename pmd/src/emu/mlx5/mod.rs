@@ -87,7 +87,7 @@ use crate::hw::mlx5::cqe::{op_own, CqeOpcode, OP_OWN};
 use crate::hw::mlx5::wqe::MPRQ_WQE_BYTES;
 use crate::hw::mlx5::{CQE_BYTES, WQEBB_BYTES};
 use crate::mlx5::{Mprq, RawCq, RawRq, RawSq};
-use crate::sys::DevMem;
+use crate::sys::{DevMem, Mmio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -310,12 +310,14 @@ impl Model {
     pub fn create_sq(&self, wqe_cnt: u32, cq: &RawCq) -> Result<RawSq, ModelError> {
         let wqe_cnt = pow2(wqe_cnt, "SQ WQEBBs", engine::MAX_WQE_CNT)?;
         let sqn = self.id();
+        // The engine sees the register's writes through its own view of the page.
+        let bf = alloc(2 * BF_SIZE as usize, "BlueFlame register")?;
         let sq = RawSq {
             buf: alloc(wqe_cnt as usize * WQEBB_BYTES, "SQ")?,
             wqe_cnt,
             sqn,
             dbrec: alloc(8, "QP doorbell record")?,
-            bf_reg: alloc(2 * BF_SIZE as usize, "BlueFlame register")?,
+            bf_reg: Mmio::new(Arc::clone(&bf)),
             bf_size: BF_SIZE,
             min_inline: self.min_inline,
             cq: cq.clone(),
@@ -323,7 +325,7 @@ impl Model {
             state: Arc::new(port::ModelQueueState::sq(self.handle(), sqn)),
             kick: self.kick(QueueId::Sq(sqn)),
         };
-        self.core.lock().add_sq(SqSpec::from(&sq))?;
+        self.core.lock().add_sq(SqSpec::of(&sq, bf))?;
         Ok(sq)
     }
 

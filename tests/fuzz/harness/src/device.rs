@@ -460,7 +460,7 @@ mod mlx5 {
             wqe_cnt: u32::from(RING),
             sqn: SQN,
             dbrec: anon(4096),
-            bf_reg: anon(4096),
+            bf_reg: pmd::sys::Mmio::new(anon(4096)),
             bf_size: 256,
             min_inline,
             cq: raw_cq,

@@ -193,14 +193,16 @@ pub struct SqSpec {
     pub cq: CqSpec,
 }
 
-impl From<&RawSq> for SqSpec {
-    fn from(q: &RawSq) -> Self {
+impl SqSpec {
+    /// The spec of `q`, whose UAR register the engine reads through `uar` (the same page as
+    /// `q.bf_reg`, which the driver can only write).
+    pub fn of(q: &RawSq, uar: Arc<DevMem>) -> Self {
         Self {
             buf: Arc::clone(&q.buf),
             wqe_cnt: q.wqe_cnt,
             sqn: q.sqn,
             dbrec: Arc::clone(&q.dbrec),
-            uar: Arc::clone(&q.bf_reg),
+            uar,
             bf_size: q.bf_size,
             min_inline: q.min_inline,
             cq: CqSpec::from(&q.cq),
