@@ -3,7 +3,7 @@
 //! datapath's queues over them.
 #![deny(unsafe_code)]
 
-use super::provider::{Mprq, MprqCaps, RawRq, RawSq, RxQueueRequest};
+use super::provider::{Mprq, MprqCaps, Provider, RxQueueRequest, SetupError};
 use super::{rxq_mprq, RxQueue, RxXstats, TxQueue, TxXstats};
 use crate::ethdev::{
     rx_fill_error, Caps, Link, PoolRegistration, PortConfig, PortDriver, PortError, PortEvent,
@@ -11,42 +11,12 @@ use crate::ethdev::{
 };
 use crate::net::MacAddr;
 use crate::sys::mem::DeviceBuffers;
-use mempool::{ChunkInfo, MbufPool, Registration};
+use mempool::MbufPool;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
 /// Smallest ring the driver takes.
 pub const MIN_DESC: u16 = 64;
-
-/// Errors of an mlx5 provider's control path.
-#[derive(Debug, thiserror::Error)]
-pub enum SetupError {
-    /// No port matches the selection (the message says what there is).
-    #[error("{0}")]
-    NoPort(String),
-    /// Queue sizes or counts outside the device's limits.
-    #[error("{what}: {requested} requested, device maximum is {max}")]
-    Limit {
-        /// Which limit.
-        what: &'static str,
-        /// Asked.
-        requested: u32,
-        /// Allowed.
-        max: u32,
-    },
-    /// The device cannot do what was asked (e.g. a striding RQ on a device without the
-    /// capability); the error says what and why.
-    #[error("{what} is not supported: {why}")]
-    Unsupported {
-        /// What was asked.
-        what: &'static str,
-        /// Why not, and what to do instead.
-        why: String,
-    },
-    /// A device call failed; the error names the call, the object, errno and what to do.
-    #[error("{0}")]
-    Device(Box<dyn std::error::Error + Send + Sync>),
-}
 
 /// How the driver sets its receive queues up (the `mprq=` and `cqe-comp=` device arguments).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,77 +41,6 @@ impl Default for Options {
 const L2_OVERHEAD: u32 = crate::ethdev::L2_OVERHEAD as u32;
 /// The largest MTU of a ConnectX port (DPDK net/mlx5's range).
 const MAX_MTU: u16 = 9978;
-
-/// What the mlx5 datapath needs from below (spec §1).
-pub trait Provider: Send {
-    /// The port's MAC address.
-    fn mac(&self) -> MacAddr;
-    /// Link state.
-    fn link(&self) -> Link;
-    /// Most queues of each kind.
-    fn max_queues(&self) -> u16;
-    /// Most descriptors per queue.
-    fn max_desc(&self) -> u32;
-    /// Whether the port can receive frames for any destination (a flow rule on hardware).
-    fn promiscuous(&self) -> bool {
-        false
-    }
-    /// The largest MTU the device takes, where the provider can tell (on hardware: the
-    /// kernel netdev's `maxmtu`, e.g. 1500 on a host without jumbo frames); the port's MTU
-    /// range is the driver's, capped by it.
-    fn max_mtu(&self) -> Option<u16> {
-        None
-    }
-    /// Sets the port's MTU.
-    ///
-    /// # Errors
-    /// The device refused the value.
-    fn set_mtu(&mut self, mtu: u16) -> Result<(), SetupError>;
-    /// Registers one chunk of memory (`ibv_reg_mr`); the registration lasts until the guard
-    /// drops. Chunks of mbuf pools, and of the page-aligned buffers a striding RQ posts
-    /// ([`DeviceBuffers`]).
-    ///
-    /// # Errors
-    /// The registration failed.
-    fn reg_mr(&mut self, chunk: &ChunkInfo) -> Result<Registration, SetupError>;
-    /// Creates `n` send queues (raw-packet QP + CQ each) with room for `nb_desc` WQEBBs.
-    ///
-    /// # Errors
-    /// Limits; device failures.
-    fn create_tx_queues(&mut self, n: u16, nb_desc: u32) -> Result<Vec<RawSq>, SetupError>;
-    /// Creates `req.n` receive queues (WQ + CQ each), spread by RSS over `req.rss`: cyclic
-    /// RQs of `req.nb_desc` WQEs, or, with `req.mprq`, striding RQs of `req.nb_desc / strides`
-    /// WQEs of that geometry; each CQ compressed when `req.cqe_compression` asks and the
-    /// device can (see [`RxQueueRequest`] for the CQ size and mini formats). Each [`RawRq`]
-    /// says what the queue got (`mprq`, `cqe_compression`).
-    ///
-    /// # Errors
-    /// As `create_tx_queues`; [`SetupError::Unsupported`] or [`SetupError::Limit`] when the
-    /// device refuses the striding geometry (the driver checks it against
-    /// [`Provider::mprq_caps`] first).
-    fn create_rx_queues(&mut self, req: &RxQueueRequest) -> Result<Vec<RawRq>, SetupError>;
-    /// What the device allows for striding RQs (`striding_rq_caps`, §1.2), `None` when it has
-    /// none.
-    fn mprq_caps(&self) -> Option<MprqCaps> {
-        None
-    }
-    /// Destroys all queues; objects a queue handle still holds go when it drops.
-    fn destroy_queues(&mut self);
-    /// Device-side counters, each with what it says about lost frames.
-    fn xstats(&self) -> Vec<crate::ethdev::Xstat> {
-        Vec::new()
-    }
-    /// Frames dropped for lack of a posted receive buffer.
-    fn rx_missed(&self) -> u64 {
-        0
-    }
-    /// The port's pollable event descriptor, if it has one.
-    fn event_fd(&self) -> Option<RawFd> {
-        None
-    }
-    /// Appends the events that arrived since the last call.
-    fn take_events(&mut self, _out: &mut Vec<PortEvent>) {}
-}
 
 /// The mlx5 port driver over a [`Provider`].
 pub struct Driver {

@@ -1,11 +1,13 @@
 //! The mlx5 driver (ConnectX-4 … ConnectX-7): our own datapath over the raw queues
 //! `mlx5dv_init_obj` describes.
 //!
-//! * [`provider`]: the raw queue descriptions a provider hands out, each with the
-//!   [`QueueState`] machine the queue's error recovery moves it through.
+//! * [`provider`]: the provider contract ([`Provider`], [`SetupError`]) and the raw queue
+//!   descriptions a provider hands out, each with the [`QueueState`] machine the queue's
+//!   error recovery moves it through.
 //! * [`driver`]: the port driver over a [`Provider`] (the device model for `emu-mlx5`
 //!   ports, rdma-core for `mlx5:` ports), which asks for its RX queues with one
 //!   [`RxQueueRequest`] (cyclic or striding, CQE compression).
+//! * [`xstats`]: the queues' extended counters, each with its loss kind.
 //! * [`txq`]: SEND/TSO with the device's minimum inline header, VLAN, checksum flags,
 //!   multi-segment, eMPW, completion moderation.
 //! * [`rxq`]: cyclic RQ (one mbuf per WQE). [`rxq_mprq`]: multi-packet (striding) RQ, each
@@ -30,9 +32,13 @@ mod rx_cq;
 pub mod rxq;
 pub mod rxq_mprq;
 pub mod txq;
+pub mod xstats;
 
-pub use driver::{check_mprq, Driver, Options, Provider, SetupError};
-pub use provider::{Mprq, MprqCaps, QueueState, RawCq, RawRq, RawSq, RxQueueRequest};
+pub use driver::{check_mprq, Driver, Options};
+pub use provider::{
+    Mprq, MprqCaps, Provider, QueueState, RawCq, RawRq, RawSq, RxQueueRequest, SetupError,
+};
 
-pub use rxq::{RxQueue, RxXstats};
-pub use txq::{TxQueue, TxXstats};
+pub use rxq::RxQueue;
+pub use txq::TxQueue;
+pub use xstats::{RxXstats, TxXstats};

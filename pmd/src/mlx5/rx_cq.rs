@@ -13,10 +13,10 @@
 #![deny(unsafe_code)]
 
 use super::cq::CompletionQueue;
-use super::driver::SetupError;
+use super::provider::SetupError;
 use super::provider::{QueueState, RawCq};
-use super::rxq::RxXstats;
 use super::txq::RECOVERY_RETRY_BURSTS;
+use super::xstats::RxXstats;
 use crate::ethdev::Counters;
 use crate::hw::mlx5::cqe::{
     self, csum_ok, hdr_type, mini_slot, op_own, Cqe, CqeFormat, CqeOpcode, MiniCqe, MiniCqeFormat,

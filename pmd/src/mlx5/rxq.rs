@@ -18,6 +18,7 @@ use super::rx_cq::{
     key_of_run_key, normal_at, run_key, FastPolled, NormalRx, Recovery, RxCompletion, RxCq, RxMeta,
     RxPolled, SessionLeft, RUN_KEYS,
 };
+use super::xstats::RxXstats;
 use crate::ethdev::{
     deliver_rx, fix_rx_run, free_one, kick, rx_fields, Burst, Counters, Kick, PortConfig,
     QueueOwner, RxBurst, RxOffloads,
@@ -40,50 +41,6 @@ use std::sync::Arc;
 const REFILL_BULK: u32 = 64;
 /// Largest RQ WQE stride we build (16 scatter entries).
 const MAX_STRIDE: usize = 256;
-
-crate::queue_xstats! {
-    /// RX counters (both RX queue kinds), each with what it says about lost frames.
-    pub struct RxXstats {
-        /// Error CQEs a burst found (not those a recovery consumes: see `flushed`,
-        /// `recovery_drops`; in `ierrors`).
-        cqe_errors: "rx_cqe_errors", Counted;
-        /// ... of which with a syndrome that needs the WQ reset (each starts a recovery).
-        critical_errors: "rx_critical_errors", Counted;
-        /// Flush CQEs (WR_FLUSH) consumed by recoveries: posted buffers the device gave back
-        /// unused (no frame lost with them).
-        flushed: "rx_flushed", None;
-        /// Other completions consumed by recoveries: frames dropped (also counted in
-        /// errors).
-        recovery_drops: "rx_recovery_drops", Counted;
-        /// Recoveries done: the WQ went through RESET back to RDY and was reposted.
-        recoveries: "rx_recoveries", None;
-        /// Recovery attempts that failed (a state change refused).
-        recovery_failures: "rx_recovery_failures", None;
-        /// Buffers outside every registered chunk (in `ierrors`: a buffer, not a frame).
-        no_mkey: "rx_no_mkey", None;
-        /// Compressed sessions decompressed.
-        compressed_sessions: "rx_compressed_sessions", None;
-        /// Striding RQ: filler completions (strides left unused at the end of a WQE, §4.2).
-        mprq_fillers: "rx_mprq_fillers", None;
-        /// Striding RQ: WQEs whose every stride was consumed and that were posted again.
-        mprq_wqes_retired: "rx_mprq_wqes_retired", None;
-        /// Striding RQ: completions naming strides outside their WQE (dropped, in
-        /// `ierrors`).
-        mprq_bad_strides: "rx_mprq_bad_strides", Counted;
-        /// Packets longer than an mbuf's data room (dropped, in `ierrors`).
-        too_long: "rx_too_long", Counted;
-    }
-}
-
-impl RxXstats {
-    /// Counts what a completion poll found wrong.
-    pub(super) fn bad(&self, critical: bool) {
-        Self::bump(&self.cqe_errors);
-        if critical {
-            Self::bump(&self.critical_errors);
-        }
-    }
-}
 
 /// An mlx5 RX queue, owned by one core.
 pub struct RxQueue {

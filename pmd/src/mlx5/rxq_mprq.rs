@@ -38,7 +38,7 @@
 
 use super::provider::{Mprq, RawRq};
 use super::rx_cq::{Recovery, RxCompletion, RxCq, RxPolled};
-use super::rxq::RxXstats;
+use super::xstats::RxXstats;
 use crate::ethdev::{
     finish_rx, kick, Burst, Counters, Kick, PortConfig, QueueOwner, RxBurst, RxOffloads,
 };

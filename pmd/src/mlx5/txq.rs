@@ -16,10 +16,11 @@
 #![deny(unsafe_code)]
 
 use super::cq::CompletionQueue;
-use super::driver::SetupError;
+use super::provider::SetupError;
 use super::provider::{QueueState, RawSq};
+use super::xstats::TxXstats;
 use crate::ethdev::{counters, kick, Burst, Counters, Kick, QueueOwner, TxBurst};
-use crate::hw::mlx5::cqe::{Cqe, CqeOpcode, Syndrome};
+use crate::hw::mlx5::cqe::{Cqe, CqeOpcode};
 use crate::hw::mlx5::doorbell::{self, SND_DBR};
 use crate::hw::mlx5::wqe::{
     data_seg_words, eth_seg_units, CtrlSeg, DataSeg, EthSeg, CE_ALWAYS, CE_FIRST_ERROR, CS_L3,
@@ -58,59 +59,6 @@ const MAX_TSO_HEADER: usize = 192;
 /// Bursts a queue whose recovery failed lets pass before it tries again (each try is a
 /// device call or two).
 pub const RECOVERY_RETRY_BURSTS: u32 = 1024;
-
-crate::queue_xstats! {
-    /// Device-side reasons a TX packet was dropped or failed, each with what it says about
-    /// lost frames.
-    pub struct TxXstats {
-        /// Error CQEs other than flushes: WQEs the device failed (each starts a recovery).
-        cqe_errors: "tx_cqe_errors", Counted;
-        /// ... of which LOCAL_LENGTH.
-        err_local_length: "tx_err_local_length", Counted;
-        /// ... of which LOCAL_QP_OP (a malformed WQE).
-        err_local_qp_op: "tx_err_local_qp_op", Counted;
-        /// ... of which LOCAL_PROT (a bad memory key or range).
-        err_local_prot: "tx_err_local_prot", Counted;
-        /// ... of which any other syndrome.
-        err_other: "tx_err_other", Counted;
-        /// Flush CQEs (WR_FLUSH): WQEs after a failed one that the device did not execute
-        /// (their packets among `error_drops`).
-        flushed: "tx_flushed", Counted;
-        /// Packets freed unsent by error recovery: those of the failed WQE and of every WQE
-        /// after it (also counted in the queue's errors).
-        error_drops: "tx_error_drops", Counted;
-        /// Recoveries done: the SQ went through RESET back to RTS.
-        recoveries: "tx_recoveries", None;
-        /// Recovery attempts that failed (a state change refused).
-        recovery_failures: "tx_recovery_failures", None;
-        /// Requester CQEs for a WQE that asked for no completion (ignored).
-        unexpected_cqes: "tx_unexpected_cqes", None;
-        /// Packets whose buffer is in no registered chunk (dropped, in `oerrors`).
-        no_mkey: "tx_no_mkey", Counted;
-        /// Packets needing more units than a WQE holds (dropped, in `oerrors`).
-        too_many_segs: "tx_too_many_segs", Counted;
-        /// Packets whose first segment is shorter than the inline header they need
-        /// (dropped, in `oerrors`).
-        short_header: "tx_short_header", Counted;
-        /// TSO packets with headers or MSS out of range (dropped, in `oerrors`).
-        bad_tso: "tx_bad_tso", Counted;
-    }
-}
-
-impl TxXstats {
-    /// Counts an error CQE by its syndrome (a flush apart).
-    fn count_error(&self, s: Syndrome) {
-        let c = match s {
-            Syndrome::WrFlush => return Self::bump(&self.flushed),
-            Syndrome::LocalLength => &self.err_local_length,
-            Syndrome::LocalQpOp => &self.err_local_qp_op,
-            Syndrome::LocalProt => &self.err_local_prot,
-            _ => &self.err_other,
-        };
-        Self::bump(&self.cqe_errors);
-        Self::bump(c);
-    }
-}
 
 /// A completion requested (CE = ALWAYS on WQE `wqe`): when its CQE arrives, the SQ is
 /// consumed up to `wq_head` and the descriptors up to `desc_head` (free-running counters as
@@ -932,7 +880,7 @@ impl Drop for TxQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hw::mlx5::cqe::CqeFields;
+    use crate::hw::mlx5::cqe::{CqeFields, Syndrome};
     use crate::mlx5::provider::testing::TestState;
     use crate::mlx5::{RawCq, RawSq};
     use mempool::{MbufPoolConfig, Registration};
