@@ -81,7 +81,7 @@ impl FromStr for PortRange {
 #[derive(Debug, Clone)]
 pub struct FrameSpec {
     /// Frame lengths in bytes (without FCS), one cycle: frame `seq` has length
-    /// `sizes[seq % sizes.len()]` (see [`size_cycle`]). Not empty.
+    /// `sizes[seq % sizes.len()]` (see [`super::size_cycle`]). Not empty.
     pub sizes: Vec<u16>,
     /// Number of flows (distinct 5-tuples, cycled).
     pub flows: u32,
