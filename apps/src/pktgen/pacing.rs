@@ -20,7 +20,7 @@ pub enum Pacing {
 }
 
 impl Pacing {
-    /// The timing of a capture's frames ([`Capture::times_ns`]), replayed `speed` times as
+    /// The timing of a capture's frames ([`super::Capture::times_ns`]), replayed `speed` times as
     /// fast.
     ///
     /// # Errors
