@@ -3,10 +3,11 @@
 //! the RQ doorbell once per burst.
 #![deny(unsafe_code)]
 
-use super::cq::CompletionQueue;
+use super::cq::{CompletionQueue, GdmaOwner};
 use super::{QueueOwner, RawRxQueue, Xstats};
 use crate::ethdev::{
-    deliver_rx, free_one, kick, rx_fields, Burst, Counters, Kick, PortConfig, RxBurst, RxOffloads,
+    deliver_rx, fix_rx_run, free_one, kick, rx_fields, Burst, Counters, Kick, PortConfig, RxBurst,
+    RxOffloads,
 };
 use crate::hw::mana::cqe::{
     Cqe, CqeType, RxCsum, RxFlagsWord, RxSingle, RX_HEAD_BYTES, RX_PPI_COUNT,
@@ -14,10 +15,13 @@ use crate::hw::mana::cqe::{
 use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
 use crate::hw::mana::{BU_BYTES, CQE_BYTES};
-use crate::ring::{Polled, WorkQueue};
-use crate::sys::Doorbell;
+use crate::ring::{OwnerRule, Polled, Slot, WorkQueue};
+use crate::sys::barrier::udma_from_device_barrier;
+use crate::sys::{DevEntry, Doorbell};
 use mempool::lcache::with_cache;
-use mempool::{ChunkKeys, CksumStatus, MbufPool, OffloadFlags, RxBufs, RxFields};
+use mempool::{
+    ChunkKeys, CksumStatus, MbufPool, OffloadFlags, RxBufs, RxDesc, RxFields, RX_RUN_MAX,
+};
 use std::sync::Arc;
 
 /// Mbufs allocated per refill step.
@@ -47,6 +51,10 @@ pub struct RxQueue {
     /// A CQE whose packets were not all delivered (the caller's burst was full), and the
     /// index of the next packet in it.
     backlog: Option<([u8; CQE_BYTES], usize)>,
+    /// Whether the last completion read one at a time was a single-packet RX_OKAY: the
+    /// run path is tried only then, so that a queue the kernel set to coalesce (RX_COALESCED_4
+    /// CQEs, which the run path does not take) does not scan owners twice per burst.
+    singles: bool,
     /// Checksum flags by a CQE's checksum bits.
     csum_flags: Box<[OffloadFlags; 128]>,
 }
@@ -100,6 +108,7 @@ impl RxQueue {
             data_room,
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
             backlog: None,
+            singles: true,
             csum_flags: csum_table(),
         }
     }
@@ -125,6 +134,92 @@ impl RxQueue {
         } else {
             Err(missing)
         }
+    }
+
+    /// Delivers a run of single-packet RX_OKAY CQEs (the common completion) from the consumer
+    /// on, read in place: their owners checked with one read barrier for the run, their
+    /// headers written by [`RxBufs::pop_run`] straight into `out`. Stops before the first
+    /// CQE of any other kind, which [`RxQueue::rx_burst`]'s loop then takes. Returns the
+    /// packets delivered and those freed for a length over the buffer.
+    #[inline]
+    fn deliver_run(&mut self, out: &mut Burst, bytes: &mut u64) -> (u64, u64) {
+        let max = (out.spare() as u32).min(self.bufs.len()).min(RX_RUN_MAX);
+        if max == 0 || self.backlog.is_some() || !self.singles {
+            return (0, 0);
+        }
+        let (head, count) = (self.cq.head(), self.cq.count());
+        let mut owned = 0;
+        while owned < max {
+            let pos = head.wrapping_add(owned);
+            match GdmaOwner::check(self.cq.mem(), self.cq.offset_of(pos), pos, count) {
+                Slot::New => owned += 1,
+                Slot::Empty | Slot::Overflow => break,
+            }
+        }
+        if owned == 0 {
+            return (0, 0);
+        }
+        // The owner fields were read first; no body may be read before them.
+        udma_from_device_barrier();
+        let (view, m) = self.cq.run_view(owned);
+        let single = |e: DevEntry<'_, CQE_BYTES>| {
+            const W: [usize; 5] = RxSingle::WORDS;
+            RxSingle::from_words(
+                e.u32_at::<{ W[0] }>(),
+                e.u32_at::<{ W[1] }>(),
+                e.u32_at::<{ W[2] }>(),
+                e.u32_at::<{ W[3] }>(),
+                e.u32_at::<{ W[4] }>(),
+            )
+        };
+        let n = view
+            .entries::<CQE_BYTES>()
+            .take(m as usize)
+            .take_while(|e| single(*e).is_some())
+            .count() as u32;
+        if n == 0 {
+            return (0, 0);
+        }
+        let start = out.len();
+        let mut cqes = view.entries::<CQE_BYTES>();
+        let mut tagged = false;
+        let (csum, strip, port) = (&self.csum_flags, self.vlan_strip, self.port_id);
+        let run = self.bufs.pop_run(n, port, out.vec_mut(), |_| {
+            let p = single(cqes.next().expect("a CQE of the run")).expect("counted single");
+            let fl = csum[csum_index(p.flags.csum_bits())];
+            let hash = (p.flags.hash_type() != 0).then_some(p.hash);
+            let (f, reinsert) = rx_fields(fl, hash, p.flags.vlan(), strip, port);
+            tagged |= reinsert;
+            RxDesc {
+                len: u32::from(p.len),
+                ol_flags: f.ol_flags,
+                rss_hash: f.rss_hash,
+                vlan_tci: f.vlan_tci,
+            }
+        });
+        *bytes += run.bytes;
+        let mut freed = 0;
+        if run.too_long > 0 || tagged {
+            let room = self.bufs.room();
+            freed = fix_rx_run(
+                out,
+                start,
+                n as usize,
+                |k| {
+                    let e = view
+                        .entries::<CQE_BYTES>()
+                        .nth(k)
+                        .expect("a CQE of the run");
+                    let p = single(e).expect("counted single");
+                    let tag = p.flags.vlan().filter(|_| !strip);
+                    (u32::from(p.len) > room, tag)
+                },
+                bytes,
+            );
+        }
+        self.cq.consume(n);
+        self.wq.complete(n);
+        (u64::from(n) - freed, freed)
     }
 
     /// Posts up to `n` new buffers, rings the doorbell once if any were posted, and returns
@@ -229,6 +324,9 @@ impl RxQueue {
         let mut bytes = 0u64;
         let mut errors = 0u64;
         let mut coalesced = 0u64;
+        let (d, freed) = self.deliver_run(out, &mut bytes);
+        delivered += d as usize;
+        errors += freed;
         'cqes: while out.spare() > 0 {
             // The completion is read once, straight into this buffer (the common case);
             // one left over from the last burst is copied in.
@@ -239,7 +337,9 @@ impl RxQueue {
                         // The common completion, one packet: its first 32 bytes say all.
                         let mut head = [0u8; RX_HEAD_BYTES];
                         self.cq.read(off, &mut head);
-                        if let Some(p) = RxSingle::parse(&head) {
+                        let single = RxSingle::parse(&head);
+                        self.singles = single.is_some();
+                        if let Some(p) = single {
                             match self.deliver_single(p, out, &mut bytes) {
                                 Some(true) => delivered += 1,
                                 Some(false) => errors += 1,
@@ -501,6 +601,64 @@ mod tests {
         );
         q.fill().unwrap();
         (q, cq)
+    }
+
+    /// One run of single-packet CQEs with the rare cases inside it, on a port that keeps VLAN
+    /// tags: a length over the buffer (freed and counted as an error, its bytes not counted)
+    /// and stripped tags (put back into the frame). The others arrive in order with their
+    /// hashes, the byte count is what was delivered, and the pool ends whole.
+    #[test]
+    fn a_run_with_a_too_long_packet_and_stripped_tags_keeps_order_and_counts() {
+        let pool = MbufPool::new(MbufPoolConfig::new("mana-rx-run", 512)).unwrap();
+        let (mut q, cq) = queue(&pool);
+        let room = u32::from(pool.data_room());
+        // (length, VLAN stripped)
+        let plan = [
+            (60, false),
+            (room + 1, false),
+            (61, true),
+            (62, false),
+            (63, true),
+        ];
+        for (i, &(len, tagged)) in plan.iter().enumerate() {
+            let mut b = [0u8; CQE_BYTES];
+            b[0] = u8::from(CqeType::RxOkay);
+            // Hashed (type bits 16..24), a tag 0x123 where stripped.
+            let flags = (1u32 << 16) | if tagged { (1 << 12) | 0x123 } else { 0 };
+            b[4..8].copy_from_slice(&flags.to_le_bytes());
+            b[8..12].copy_from_slice(&len.to_le_bytes());
+            b[16..20].copy_from_slice(&(100 + i as u32).to_le_bytes());
+            let slot = i * CQE_BYTES;
+            cq.write(slot, &b[..60]);
+            let owner = u32::from(owner_for(i as u64, N));
+            cq.store_u32(slot + 60, 0x1234 | (owner << 29), Ordering::Release);
+        }
+        let mut out = Burst::with_capacity(32);
+        assert_eq!(q.rx_burst(&mut out), 4);
+        let got: Vec<(usize, u32, bool)> = out
+            .iter()
+            .map(|m| {
+                (
+                    m.len(),
+                    m.rss_hash(),
+                    m.data()[12..16] == [0x81, 0, 0x01, 0x23],
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (60, 100, false),
+                (65, 102, true),
+                (62, 103, false),
+                (67, 104, true)
+            ]
+        );
+        let st = q.counters.snapshot();
+        assert_eq!((st.packets, st.bytes, st.errors), (4, 60 + 65 + 62 + 67, 1));
+        drop(out);
+        drop(q);
+        assert_eq!(pool.in_use(), 0);
     }
 
     proptest! {

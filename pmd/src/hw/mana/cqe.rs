@@ -367,6 +367,30 @@ pub struct RxSingle {
 }
 
 impl RxSingle {
+    /// The CQE words a [`RxSingle`] is read from, as offsets: the type dword, the flags
+    /// dword, the first PPI's length and hash, and the second PPI's length (0 for a single
+    /// packet), each little-endian (§7.3).
+    pub const WORDS: [usize; 5] = [
+        0,
+        4,
+        field::PPI_BASE,
+        field::PPI_BASE + field::PPI_HASH,
+        field::PPI_BASE + field::PPI_STRIDE,
+    ];
+
+    /// [`RxSingle::parse`] from the words at [`RxSingle::WORDS`] (host order), read in place.
+    #[inline]
+    pub fn from_words(ty: u32, flags: u32, len: u32, hash: u32, next: u32) -> Option<Self> {
+        let (len, next) = (len as u16, next as u16);
+        (ty & 0x3f == u32::from(u8::from(CqeType::RxOkay)) && len != 0 && next == 0).then_some(
+            Self {
+                flags: RxFlagsWord(flags),
+                len,
+                hash,
+            },
+        )
+    }
+
     /// The single packet of `head` (a CQE's first bytes), or `None` when it is another type,
     /// carries no packet or more than one.
     #[inline]
