@@ -258,21 +258,17 @@ impl RxBufs {
             hdr: unsafe { NonNull::new_unchecked(hdr) },
         };
         let ok = len <= self.room;
-        let h: &mut MbufHeader = m.h_mut();
-        // Free objects keep next = none, one segment, refcnt 1; the rest is written here.
-        h.data_off = h.headroom;
-        h.port = fields.port;
-        h.ol_flags = if ok { fields.ol_flags.bits() } else { 0 };
-        let len = if ok { len } else { 0 };
-        h.pkt_len = len;
-        h.data_len = len as u16;
-        h.vlan_tci = fields.vlan_tci;
-        h.rss_hash = fields.rss_hash;
-        h.timestamp = 0;
-        h.l2_len = 0;
-        h.l4_len = 0;
-        h.l3_len = 0;
-        h.tso_segsz = 0;
+        let d = RxDesc {
+            len: if ok { len } else { 0 },
+            ol_flags: if ok {
+                fields.ol_flags
+            } else {
+                OffloadFlags::empty()
+            },
+            rss_hash: fields.rss_hash,
+            vlan_tci: fields.vlan_tci,
+        };
+        write_received(m.h_mut(), self.rearm(fields.port), &d);
         Some(if ok { Ok(m) } else { Err(m) })
     }
 
@@ -300,8 +296,7 @@ impl RxBufs {
             self.len(),
             out.capacity() - out.len()
         );
-        // data_off, refcnt 1, nb_segs 1, port.
-        let rearm = u64::from(self.headroom) | 1 << 16 | 1 << 32 | u64::from(port) << 48;
+        let rearm = self.rearm(port);
         let tail = self.ring.tail;
         // (Taken first: should `desc` panic, the buffers not yet handed out leak, none is
         // owned twice.)
@@ -321,25 +316,12 @@ impl RxBufs {
             let len = d.len.min(room);
             run.too_long += u32::from(d.len > room);
             run.bytes += u64::from(len);
-            let fl = d.ol_flags.bits();
-            let w = hdr.cast::<u64>();
+            let d = RxDesc { len, ..d };
             // SAFETY: `idx` is a free object of `pool` the fifo owned since `refill` took it
             // from the cache (as in `pop_received`); its slot was consumed above, so no one
             // else reads or writes its header, which is inside the region (an index below
-            // the object count from the region base) and 64-byte aligned. The stores cover
-            // bytes 0..48 of the header, the fields the layout asserts below place there.
-            unsafe {
-                w.write(rearm);
-                w.add(1).write(fl);
-                // pkt_len and data_len (`len` fits in 16 bits: at most the room), then the
-                // VLAN TCI.
-                w.add(2)
-                    .write((u64::from(len) * 0x1_0000_0001) | (u64::from(d.vlan_tci) << 48));
-                w.add(3)
-                    .write(u64::from(d.rss_hash) | u64::from(NO_SEG) << 32);
-                w.add(4).write(0);
-                w.add(5).write(0);
-            }
+            // the object count from the region base).
+            write_received(unsafe { &mut *hdr }, rearm, &d);
             Mbuf {
                 // SAFETY: the region base is not null and `idx` is below the object count.
                 hdr: unsafe { NonNull::new_unchecked(hdr) },
@@ -356,6 +338,37 @@ impl RxBufs {
         self.pop_received(0, &RxFields::default()).map(|r| match r {
             Ok(m) | Err(m) => m,
         })
+    }
+}
+
+impl RxBufs {
+    /// The first header word of a received packet of port `port`: data offset at the
+    /// headroom, refcnt 1, one segment, the port.
+    #[inline]
+    fn rearm(&self, port: u16) -> u64 {
+        u64::from(self.headroom) | 1 << 16 | 1 << 32 | u64::from(port) << 48
+    }
+}
+
+/// Writes the header of a received packet: `rearm` ([`RxBufs::rearm`]), then `d`'s length,
+/// flags, tag and hash, with the timestamp and TX offload lengths cleared, in six 8-byte
+/// stores (the layout is pinned below). `d.len` fits 16 bits (at most the data room). Free
+/// objects keep next = none, one segment and refcnt 1, which the words restate.
+#[inline(always)]
+fn write_received(h: &mut MbufHeader, rearm: u64, d: &RxDesc) {
+    let w = std::ptr::from_mut(h).cast::<u64>();
+    // SAFETY: `h` is an exclusive reference to a 128-byte, 64-byte aligned header; the six
+    // stores cover its bytes 0..48, the fields the layout asserts below place there.
+    unsafe {
+        w.write(rearm);
+        w.add(1).write(d.ol_flags.bits());
+        // pkt_len and data_len, then the VLAN TCI.
+        w.add(2)
+            .write((u64::from(d.len) * 0x1_0000_0001) | (u64::from(d.vlan_tci) << 48));
+        w.add(3)
+            .write(u64::from(d.rss_hash) | u64::from(NO_SEG) << 32);
+        w.add(4).write(0);
+        w.add(5).write(0);
     }
 }
 

@@ -443,6 +443,46 @@ pub fn fix_rx_run(
     freed
 }
 
+/// The drivers' tests of a run with its rare cases: the packets of `PLAN` (length, VLAN tag
+/// 0x0123 stripped; the second longer than any buffer) with hashes 100 + their index, received
+/// on a port that keeps tags, must come out as the four that fit, in order, their tags put
+/// back, and be counted as 4 packets of their bytes and 1 error.
+#[cfg(test)]
+pub(crate) mod rare_run {
+    /// (length, VLAN stripped); `None` for the length over the buffer.
+    pub const PLAN: [(Option<u32>, bool); 5] = [
+        (Some(60), false),
+        (None, false),
+        (Some(61), true),
+        (Some(62), false),
+        (Some(63), true),
+    ];
+
+    /// Checks what the queue delivered (`out`) and counted (`st`).
+    pub fn check(out: &super::Burst, st: super::QueueStats) {
+        let got: Vec<(usize, u32, bool)> = out
+            .iter()
+            .map(|m| {
+                (
+                    m.len(),
+                    m.rss_hash(),
+                    m.data()[12..16] == [0x81, 0, 0x01, 0x23],
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (60, 100, false),
+                (65, 102, true),
+                (62, 103, false),
+                (67, 104, true)
+            ]
+        );
+        assert_eq!((st.packets, st.bytes, st.errors), (4, 60 + 65 + 62 + 67, 1));
+    }
+}
+
 /// Frees `m` through this core's cache (the error paths of the datapaths).
 pub fn free_one(pool: &std::sync::Arc<MbufPool>, m: mempool::Mbuf) {
     mempool::lcache::with_cache(pool, |cache| m.free_to(cache));
