@@ -504,15 +504,24 @@ impl RxBurst for RxQueue {
 impl Drop for RxQueue {
     /// Completions the device wrote that no burst took (the queue is going away: its port
     /// closes, or a dead device's queues are dropped before they are rebuilt) are frames the
-    /// application never got: counted as missed, so that none is lost uncounted.
+    /// application never got: a completion's packets are counted as missed, an error
+    /// completion as the error a burst would have counted ([`Cqe::rx_frames`]), so that none
+    /// is lost uncounted.
     fn drop(&mut self) {
+        // (missed, errors) of one completion, from packet `first` on.
         let frames_in = |cqe: &[u8; CQE_BYTES], first: usize| {
-            Cqe::new_checked(&cqe[..]).map_or(0, |c| c.rx_packets(first))
+            Cqe::new_checked(&cqe[..]).map_or((0, 0), |c| {
+                let n = c.rx_frames(first);
+                match c.cqe_type() {
+                    CqeType::RxOkay | CqeType::RxCoalesced4 => (n, 0),
+                    _ => (0, n),
+                }
+            })
         };
-        let mut lost = self
+        let (mut missed, mut errors) = self
             .backlog
             .take()
-            .map_or(0, |(cqe, first)| frames_in(&cqe, first));
+            .map_or((0, 0), |(cqe, first)| frames_in(&cqe, first));
         // At most a ring's worth: a device that keeps writing cannot hold the drop.
         for _ in 0..self.cq.count() {
             let Polled::Entry(off) = self.cq.poll() else {
@@ -520,9 +529,12 @@ impl Drop for RxQueue {
             };
             let mut cqe = [0u8; CQE_BYTES];
             self.cq.read(off, &mut cqe);
-            lost += frames_in(&cqe, 0);
+            let (m, e) = frames_in(&cqe, 0);
+            missed += m;
+            errors += e;
         }
-        self.counters.add_missed(lost);
+        self.counters.add_missed(missed);
+        self.counters.add_errors(errors);
     }
 }
 
@@ -685,15 +697,22 @@ mod tests {
     }
 
     /// Completions no burst took when the queue goes away are frames the application never
-    /// got: the queue's counters say so (missed), coalesced ones counted per packet.
+    /// got: the queue's counters say so, coalesced ones counted per packet (missed), an error
+    /// completion as the error a burst would have counted (its frame is lost all the same).
     #[test]
-    fn completions_left_at_drop_are_counted_missed() {
+    fn completions_left_at_drop_are_counted() {
         let pool = MbufPool::new(MbufPoolConfig::new("rx-left", 1024)).unwrap();
         let (mut q, cq) = queue(&pool);
         let counters = Arc::clone(&q.counters);
-        // RX_OKAY (one 60-byte packet), RX_COALESCED_4 with three packets, then one more
-        // RX_OKAY that a one-packet burst leaves behind after taking the first.
-        let bodies: [(u8, &[u16]); 3] = [(1, &[60]), (2, &[60, 60, 60]), (1, &[60])];
+        // RX_OKAY (one 60-byte packet), RX_COALESCED_4 with three packets, one more RX_OKAY
+        // that a one-packet burst leaves behind after taking the first, then an RX_TRUNCATED.
+        let rx_truncated = u8::from(CqeType::RxTruncated);
+        let bodies: [(u8, &[u16]); 4] = [
+            (1, &[60]),
+            (2, &[60, 60, 60]),
+            (1, &[60]),
+            (rx_truncated, &[]),
+        ];
         for (n, (t, lens)) in bodies.iter().enumerate() {
             let mut bytes = [0u8; CQE_BYTES];
             bytes[0] = *t;
@@ -713,11 +732,9 @@ mod tests {
         );
         drop(b);
         drop(q);
-        assert_eq!(
-            counters.snapshot().missed,
-            3,
-            "two coalesced packets and the last CQE"
-        );
+        let s = counters.snapshot();
+        assert_eq!(s.missed, 3, "two coalesced packets and the third CQE");
+        assert_eq!(s.errors, 1, "the RX_TRUNCATED completion's frame");
         mempool::lcache::flush();
         assert_eq!(pool.in_use(), 0);
     }

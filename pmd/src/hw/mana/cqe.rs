@@ -278,6 +278,17 @@ impl<T: AsRef<[u8]>> Cqe<T> {
             _ => 0,
         }
     }
+    /// RX: the frames this completion accounts for from packet `first` on, delivered or
+    /// not: an RX_OKAY or RX_COALESCED_4 completion's packets ([`Cqe::rx_packets`]); any
+    /// other completion (an error, RX_TRUNCATED among them) consumed one receive WQE for a
+    /// frame it did not deliver: one, counted at `first == 0` only. What a queue that goes
+    /// away with completions unread counts as lost, so that none is lost uncounted.
+    pub fn rx_frames(&self, first: usize) -> u64 {
+        match self.cqe_type() {
+            CqeType::RxOkay | CqeType::RxCoalesced4 => self.rx_packets(first),
+            _ => u64::from(first == 0),
+        }
+    }
     /// RX: Toeplitz hash of packet `k`.
     pub fn rx_pkt_hash(&self, k: usize) -> u32 {
         debug_assert!(k < RX_PPI_COUNT);

@@ -77,9 +77,9 @@ pub struct ModelStats {
     pub rx_truncated: u64,
     /// Frames dropped by faults or link down.
     pub rx_fault_drops: u64,
-    /// Frames delivered into an RQ's buffers whose completions were still held back
-    /// (`completion_delay_steps`) when the RQ was destroyed: lost with the queue, and never
-    /// seen by the driver.
+    /// Frames whose completions were still held back (`completion_delay_steps`) when the
+    /// RQ was destroyed: lost with the queue, and never seen by the driver (those delivered
+    /// into its buffers, and those an RX error completion was to report).
     pub rx_destroyed_drops: u64,
     /// TX frames over the MTU, completed with TX_MTU_DROP: error completions, so also in
     /// `tx_errors` (the driver sees them fail; unlike mlx5's `tx_mtu_drops`, which complete
@@ -466,13 +466,14 @@ impl Engine {
             .ok_or(EngineError::NoSuchQueue { kind: "RQ", id })?;
         let q = self.rqs.remove(i);
         self.delayed -= q.cq.delayed.len();
-        // Frames already in the RQ's buffers whose completions were held back die with the
-        // queue, as on a device whose queue is destroyed before it completes them.
+        // Frames whose completions were held back die with the queue, as on a device whose
+        // queue is destroyed before it completes them: those in the RQ's buffers, and those
+        // an error completion (RX_TRUNCATED) was to report, which no driver will see either.
         self.stats.rx_destroyed_drops +=
             q.cq.delayed
                 .iter()
                 .map(|(_, body, _, _)| {
-                    crate::hw::mana::cqe::Cqe::new_checked(&body[..]).map_or(0, |c| c.rx_packets(0))
+                    crate::hw::mana::cqe::Cqe::new_checked(&body[..]).map_or(0, |c| c.rx_frames(0))
                 })
                 .sum::<u64>();
         q.db.unregister(DoorbellKind::Rq, id);
