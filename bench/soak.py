@@ -324,6 +324,19 @@ def _run_part(part, seconds, args, bin_dir, work, started):
     if lost != counted:
         fail(f"lost {lost} frames, the devices and l2fwd counted {counted} "
              f"({'uncounted' if lost > counted else 'counted twice'}: {abs(lost - counted)})")
+        # Where to look, in the verdict itself (a CI run's log folder does not outlive it).
+        detail = result.setdefault("details", []).append
+        for i, r in enumerate(reports):
+            detail(f"pktgen run {i + 1}: sent {r['tx_packets']}, received {r['rx_packets']}, "
+                   f"lost {r['lost']}, longest gap {r.get('longest_gap')}, "
+                   f"stale on its cables {xsum(r['ports'], ['wire_rx_stale'])}")
+        for p in ports:
+            st = p.get("stats", {})
+            nonzero = {k: v for k, v in p.get("xstats", {}).items() if v}
+            detail(f"l2fwd port {p['port']}: rx {p['rx_packets']}, tx {p['tx_packets']}, "
+                   f"dropped {p['dropped']}, down {p['down_drops']}, recoveries {p['recoveries']}, "
+                   f"imissed {st.get('imissed')}, ierrors {st.get('ierrors')}, "
+                   f"oerrors {st.get('oerrors')}; xstats {nonzero}")
     in_use = [l2r["pool_in_use"]] + [r["pool_in_use"] for r in reports]
     if any(in_use):
         fail(f"pools not whole at exit (in use: l2fwd {in_use[0]}, pktgen {in_use[1:]})")
@@ -375,6 +388,7 @@ def describe(r):
         f"tx errors {f['tx_errors']}; RSS {rss[0] if rss else 0}->{rss[-1] if rss else 0} KiB, "
         f"fds {r['fds'][0] if r['fds'] else 0}->{r['fds'][-1] if r['fds'] else 0}"
         + ("" if not r["failures"] else "\n          " + "\n          ".join(r["failures"]))
+        + "".join(f"\n            {d}" for d in r.get("details", []))
     )
 
 
