@@ -25,7 +25,7 @@ Environment:
                          [,netdev_up_after_reset=1]
                      either also [,faults=KIND[+KIND...]|all][,fault_period=SECONDS]:
                      the device model cycles those faults, as a device-model port's
-                     faults= devarg (docs/ports.md, "Ports"): error completions, drops, bad keys
+                     faults= devarg (pmd/README.md, "Ports"): error completions, drops, bad keys
                      WIRE is a device-model wire (none, shm:NAME, loop:NAME, afpacket:IF);
                      netdev=IFNAME names a real interface that plays the port's kernel
                      netdev: on MANA, while it is up it holds the port (raw QPs fail with
