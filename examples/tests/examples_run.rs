@@ -84,3 +84,34 @@ fn rss_spreads_flows_over_queues_with_their_hash() {
         "--queues needs a number from 1 to 16",
     );
 }
+
+/// The router explains itself and refuses a bad command line before it opens a port.
+#[test]
+fn router_help_and_bad_arguments_are_usage_errors() {
+    let bin = env!("CARGO_BIN_EXE_router");
+    let text = run_ok(bin, &["--help"]);
+    assert!(
+        text.contains("longest-prefix match") && text.contains("Usage: router"),
+        "{text}"
+    );
+    let port = "emu-mana:wire=loop:router-usage";
+    assert_usage_error(bin, &["--port", port], "at least two --port");
+    assert_usage_error(bin, &["--port", port, "--port", port], "no --route");
+    assert_usage_error(
+        bin,
+        &["--route", "10.0.0.1/8,0,02:00:00:00:00:01"],
+        "did you mean 10.0.0.0/8",
+    );
+    assert_usage_error(
+        bin,
+        &[
+            "--port",
+            port,
+            "--port",
+            port,
+            "--route",
+            "10.0.0.0/8,2,02:00:00:00:00:01",
+        ],
+        "out of port 2, but there are 2 ports",
+    );
+}
