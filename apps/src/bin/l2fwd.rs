@@ -3,8 +3,8 @@
 
 use apps::cli::{usage, Failure};
 use apps::common::{
-    announce_ready, capture_failure, device_lines, failed_capture, loss_lines, open_ports, si,
-    stats_json, wait_links, Counter, EventWatch, Idle, PortSet,
+    announce_ready, device_lines, loss_lines, open_ports, si, stats_json, wait_links, Counter,
+    EventWatch, Idle, PortSet,
 };
 use clap::Parser;
 use mempool::lcache;
@@ -307,6 +307,9 @@ fn run(args: &Args) -> Result<(), Failure> {
     // What each device dropped before l2fwd saw it (imissed: no RX buffer, or a full ring
     // under the port, such as the kernel's on an afpacket wire), and its extended counters.
     let port_stats: Vec<Stats> = ports.iter().map(Port::stats).collect();
+    // A capture that failed since the main loop last looked (reading the statistics above
+    // wrote out what the capture still buffered): its event is there now.
+    let _ = events.wait(&mut ports, Duration::ZERO);
     let ends: Vec<PortEnd> = ports
         .iter()
         .map(|p| PortEnd {
@@ -324,20 +327,11 @@ fn run(args: &Args) -> Result<(), Failure> {
     if in_use != 0 {
         return Err(format!("{in_use} mbufs were not returned to the pool").into());
     }
-    // A capture that failed since the main loop last looked (reading the statistics above
-    // wrote out what the capture still buffered).
-    if let Some((p, m)) = port_stats
-        .iter()
-        .enumerate()
-        .find_map(|(p, s)| capture_failure(s).map(|m| (p, m)))
-    {
-        return Err(format!("port {p} ({}): {m}", args.ports[p]).into());
+    if let Some(f) = events.capture_failure() {
+        return Err(f.into());
     }
     Ok(())
 }
-
-/// How often the main loop looks at the ports' pcap captures.
-const CAPTURE_CHECK: Duration = Duration::from_millis(200);
 
 /// One port's counters summed over the cores.
 #[derive(Debug, Clone, Copy, Default)]
@@ -413,7 +407,6 @@ fn main_loop(
         .then(|| Duration::from_secs_f64(args.stats_interval));
     let mut last = totals(counters, np);
     let mut last_t = Instant::now();
-    let mut last_check = Instant::now();
     let mut lost = None;
     while !stop.is_set() && deadline.is_none_or(|d| t0.elapsed() < d) {
         // Port events are watched here, never on the polling cores (which is also where a
@@ -425,16 +418,13 @@ fn main_loop(
             }
             lost.get_or_insert(f);
         }
-        // Telemetry's questions about the ports, answered here where the ports are.
-        apps::telemetry::serve(telemetry, ports, events);
         // A capture that stopped recording (a full disk) stops the run: it is not the
         // capture that was asked for.
-        if last_check.elapsed() >= CAPTURE_CHECK {
-            last_check = Instant::now();
-            if let Some(f) = failed_capture(ports) {
-                return Some(f);
-            }
+        if let Some(f) = events.capture_failure() {
+            return Some(f.to_string());
         }
+        // Telemetry's questions about the ports, answered here where the ports are.
+        apps::telemetry::serve(telemetry, ports, events);
         if let Some(iv) = interval {
             if last_t.elapsed() >= iv {
                 let now = totals(counters, np);

@@ -2,8 +2,8 @@
 
 use apps::cli::{usage, Failure, FrameSizes, MAX_FRAME_SIZE};
 use apps::common::{
-    announce_ready, capture_failure, device_lines, failed_capture, loss_lines, open_ports, si,
-    stats_json, wait_links, Counter, EventWatch, Idle, PortSet,
+    announce_ready, device_lines, loss_lines, open_ports, si, stats_json, wait_links, Counter,
+    EventWatch, Idle, PortSet,
 };
 use apps::pktgen::{
     flows_varying, load_pcap, read_stamp, size_cycle, FrameGen, FrameSpec, IpRange, Pacing,
@@ -641,6 +641,9 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     }
     // The ports' own counters say where lost frames went (a full cable, no buffer, ...).
     let port_stats: Vec<Stats> = ports.iter().map(Port::stats).collect();
+    // A capture that failed since the main loop last looked (reading the statistics above
+    // wrote out what the capture still buffered): its event is there now.
+    let _ = events.wait(&mut ports, Duration::ZERO);
     drop(ports);
     lcache::flush();
     let in_use = pool.in_use();
@@ -665,12 +668,8 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         return Ok(ExitCode::FAILURE);
     }
     // A capture that failed since the main loop last looked.
-    if let Some((p, m)) = port_stats
-        .iter()
-        .enumerate()
-        .find_map(|(p, s)| capture_failure(s).map(|m| (p, m)))
-    {
-        return Err(format!("port {p} ({}): {m}", args.ports[p]).into());
+    if let Some(f) = events.capture_failure() {
+        return Err(f.into());
     }
     if let Some(max) = args.max_loss {
         let tx = shared.tx_packets.get();
@@ -899,7 +898,6 @@ fn main_loop(
     let mut last = (sh.tx_packets.get(), sh.rx_packets.get(), Instant::now());
     // (drain start, frames seen, last progress, whether a stop signal had come by then)
     let mut drain: Option<(Instant, u64, Instant, bool)> = None;
-    let mut last_check = Instant::now();
     loop {
         // Port events are watched here, never on the polling cores.
         if let Some(f) = events.wait(ports, Duration::from_millis(10)) {
@@ -908,11 +906,8 @@ fn main_loop(
         // Telemetry's questions about the ports, answered here where the ports are.
         apps::telemetry::serve(telemetry, ports, events);
         // A capture that stopped recording (a full disk) stops the run.
-        if last_check.elapsed() >= Duration::from_millis(200) {
-            last_check = Instant::now();
-            if let Some(f) = failed_capture(ports) {
-                return Some(f);
-            }
+        if let Some(f) = events.capture_failure() {
+            return Some(f.to_string());
         }
         if signalled.is_set() {
             // Stop sending; what is in flight gets the drain window below (a second

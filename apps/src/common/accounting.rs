@@ -2,7 +2,7 @@
 //! lines, the JSON statistics and a failed capture's cause, all from `Port::stats()`.
 #![deny(unsafe_code)]
 
-use pmd::port::{Port, Stats};
+use pmd::port::Stats;
 use serde_json::{json, Value};
 
 /// The counters of a port that count frames lost or refused somewhere on its way, those that
@@ -126,57 +126,9 @@ pub fn device_lines(stats: &[Stats]) -> Vec<String> {
     out
 }
 
-/// The [`Wire::stats`](pmd::emu::wire::Wire::stats) entries of a device-model port's pcap
-/// capture (`pcap=FILE`), as its extended counters name them: write failures, and the OS
-/// error of the first.
-const PCAP_ERRORS: &str = "wire_pcap_write_errors";
-const PCAP_ERRNO: &str = "wire_pcap_write_errno";
-const PCAP_UNRECORDED: &str = "wire_pcap_unrecorded";
-
-/// Why the pcap capture of `stats`' port failed after it opened (a full disk), or `None`
-/// while it records (or the port records nothing). A tool stops on it with status 1: a
-/// capture with frames missing is not what was asked for.
-pub fn capture_failure(stats: &Stats) -> Option<String> {
-    let get = |name: &str| {
-        stats
-            .xstats
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or(0, |(_, v)| *v)
-    };
-    if get(PCAP_ERRORS) == 0 {
-        return None;
-    }
-    let why = match i32::try_from(get(PCAP_ERRNO)) {
-        Ok(e) if e > 0 => std::io::Error::from_raw_os_error(e).to_string(),
-        _ => "write error".to_string(),
-    };
-    Some(format!(
-        "writing the pcap capture failed ({why}): the file ends at the last whole record \
-         before it; the frames it lacks are counted as {PCAP_UNRECORDED}"
-    ))
-}
-
-/// The first port whose pcap capture failed ([`capture_failure`]), as a fatal message for a
-/// tool's main loop: `port 0 (SPEC): writing the pcap capture failed (...): stopping`.
-pub fn failed_capture(ports: &[Port]) -> Option<String> {
-    ports.iter().enumerate().find_map(|(i, p)| {
-        capture_failure(&p.stats()).map(|m| format!("port {i} ({}): {m}: stopping", p.name()))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pmd::port::Stats;
-
-    fn stats(x: &[(&str, u64)]) -> Stats {
-        let mut s = Stats::default();
-        s.imissed = 7;
-        s.oerrors = 3;
-        s.xstats = x.iter().map(|(n, v)| (n.to_string(), *v)).collect();
-        s
-    }
 
     /// The losses a tool lists are the counters declared as losses that are not zero, then
     /// the basic counters'; the device drops add the declared device drops to the basic
@@ -212,20 +164,5 @@ mod tests {
             ]
         );
         assert_eq!(s.xstat("dev_tx_frames"), Some(10));
-    }
-
-    /// A capture that failed says why, with the OS error's text.
-    #[test]
-    fn capture_failures_name_the_os_error() {
-        assert_eq!(
-            capture_failure(&stats(&[("wire_pcap_write_errors", 0)])),
-            None
-        );
-        let m = capture_failure(&stats(&[
-            ("wire_pcap_write_errors", 1),
-            ("wire_pcap_write_errno", 28),
-        ]))
-        .unwrap();
-        assert!(m.contains("(No space left on device"), "{m}");
     }
 }

@@ -26,6 +26,7 @@ pub struct EventWatch {
     t0: Instant,
     seen: Vec<SeenEvent>,
     poll_failed: bool,
+    capture_failed: Option<String>,
 }
 
 impl EventWatch {
@@ -37,6 +38,7 @@ impl EventWatch {
             t0,
             seen: Vec::new(),
             poll_failed: false,
+            capture_failed: None,
         }
     }
 
@@ -87,6 +89,9 @@ impl EventWatch {
             if ends && fatal.is_none() {
                 fatal = Some(format!("{what}: stopping"));
             }
+            if matches!(event, PortEvent::CaptureFailed { .. }) && self.capture_failed.is_none() {
+                self.capture_failed = Some(format!("{what}: stopping"));
+            }
             self.seen.push(SeenEvent {
                 t_s: self.t0.elapsed().as_secs_f64(),
                 port,
@@ -94,6 +99,13 @@ impl EventWatch {
             });
         }
         fatal
+    }
+
+    /// Why a port's capture (`pcap=FILE`) stopped recording ([`PortEvent::CaptureFailed`]),
+    /// as a message for the tool to stop with, once one did: a capture with frames missing is
+    /// not the capture that was asked for, whatever the tool does about lost ports.
+    pub fn capture_failure(&self) -> Option<&str> {
+        self.capture_failed.as_deref()
     }
 
     /// The events seen so far, oldest first.

@@ -2,7 +2,9 @@
 //! themselves ([`PortEvent::LinkUp`] / [`PortEvent::LinkDown`]), one per change of the link
 //! the model shows, in order. Both models report through it what a NIC reports through
 //! rdma-core's asynchronous events (`IBV_EVENT_PORT_ACTIVE` / `IBV_EVENT_PORT_ERR`): the far
-//! end of the cable attaching or going away, a link-down fault set or cleared.
+//! end of the cable attaching or going away, a link-down fault set or cleared. A capture on
+//! the model's wire that stops recording is reported the same way, once
+//! ([`PortEvent::CaptureFailed`]).
 #![deny(unsafe_code)]
 
 use crate::ethdev::PortEvent;
@@ -17,6 +19,7 @@ pub const LINK_POLL: Duration = Duration::from_millis(10);
 
 struct State {
     up: bool,
+    capture_failed: bool,
     pending: Vec<PortEvent>,
 }
 
@@ -46,6 +49,7 @@ impl LinkEvents {
         Self {
             state: Mutex::new(State {
                 up,
+                capture_failed: false,
                 pending: Vec::new(),
             }),
             efd,
@@ -74,6 +78,20 @@ impl LinkEvents {
         }
     }
 
+    /// Records the state of the wire's capture (`Wire::capture_error`): the first failure
+    /// queues [`PortEvent::CaptureFailed`] (and signals the descriptor); later looks add none.
+    pub fn note_capture(&self, error: Option<i32>) {
+        let Some(errno) = error else { return };
+        let mut s = self.lock();
+        if !s.capture_failed {
+            s.capture_failed = true;
+            s.pending.push(PortEvent::CaptureFailed { errno });
+            if let Some(fd) = &self.efd {
+                fd.signal();
+            }
+        }
+    }
+
     /// The descriptor readable while events wait.
     pub fn fd(&self) -> Option<RawFd> {
         self.efd.as_ref().map(AsRawFd::as_raw_fd)
@@ -92,6 +110,27 @@ impl LinkEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_capture_is_reported_once() {
+        let ev = LinkEvents::new(true, 0);
+        let mut out = Vec::new();
+        ev.note_capture(None);
+        ev.take(&mut out);
+        assert!(out.is_empty());
+        ev.note_capture(Some(libc::ENOSPC));
+        ev.note_capture(Some(libc::ENOSPC));
+        ev.take(&mut out);
+        assert_eq!(
+            out,
+            [PortEvent::CaptureFailed {
+                errno: libc::ENOSPC
+            }]
+        );
+        ev.note_capture(Some(libc::EIO));
+        ev.take(&mut out);
+        assert_eq!(out.len(), 1, "reported once");
+    }
 
     #[test]
     fn one_event_per_change_in_order() {

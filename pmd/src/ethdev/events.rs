@@ -103,11 +103,20 @@ pub enum PortEvent {
         /// What happened.
         what: QueueFault,
     },
+    /// The port's capture (a device model's `pcap=FILE`) stopped recording: a write failed
+    /// (`errno`, e.g. `ENOSPC` for a full disk; 0 if the write failed without one). The file
+    /// ends at the last whole record before it; traffic goes on, and the frames the file
+    /// lacks are counted (`wire_pcap_unrecorded`). Reported once.
+    CaptureFailed {
+        /// The OS error of the write that failed (0: none).
+        errno: i32,
+    },
 }
 
 impl PortEvent {
     /// A short machine-readable name: `link_up`, `link_down`, `device_fatal`,
-    /// `device_removed`, `recovering`, `recovered`, `recovery_failed`, `queue_error`.
+    /// `device_removed`, `recovering`, `recovered`, `recovery_failed`, `queue_error`,
+    /// `capture_failed`.
     pub fn name(&self) -> &'static str {
         match self {
             PortEvent::LinkUp => "link_up",
@@ -118,6 +127,7 @@ impl PortEvent {
             PortEvent::Recovered { .. } => "recovered",
             PortEvent::RecoveryFailed => "recovery_failed",
             PortEvent::QueueError { .. } => "queue_error",
+            PortEvent::CaptureFailed { .. } => "capture_failed",
         }
     }
 
@@ -147,6 +157,18 @@ impl fmt::Display for PortEvent {
                 f.write_str("recovery failed: the device did not come back")
             }
             PortEvent::QueueError { queue, what } => write!(f, "{queue}: {what}"),
+            PortEvent::CaptureFailed { errno } => {
+                let why = if *errno > 0 {
+                    std::io::Error::from_raw_os_error(*errno).to_string()
+                } else {
+                    "write error".to_string()
+                };
+                write!(
+                    f,
+                    "writing the pcap capture failed ({why}): the file ends at the last whole \
+                     record before it; the frames it lacks are counted as wire_pcap_unrecorded"
+                )
+            }
         }
     }
 }
@@ -154,6 +176,24 @@ impl fmt::Display for PortEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failed capture says why, with the OS error's text, and where the missing frames
+    /// are counted.
+    #[test]
+    fn a_failed_capture_names_the_os_error() {
+        let e = PortEvent::CaptureFailed {
+            errno: libc::ENOSPC,
+        };
+        assert_eq!(e.name(), "capture_failed");
+        assert!(!e.is_fatal());
+        let m = e.to_string();
+        assert!(
+            m.contains("(No space left on device") && m.contains("wire_pcap_unrecorded"),
+            "{m}"
+        );
+        let m = PortEvent::CaptureFailed { errno: 0 }.to_string();
+        assert!(m.contains("(write error)"), "{m}");
+    }
 
     #[test]
     fn names_and_messages_say_what_happened() {

@@ -155,10 +155,12 @@ impl Shared {
         self.core.lock()
     }
 
-    /// Records the link state `e` shows, queueing an event when it changed. Called with the
-    /// engine locked (`e`), so that observers from two threads cannot report out of order.
+    /// Records the link state `e` shows (and its wire's capture), queueing an event when it
+    /// changed. Called with the engine locked (`e`), so that observers from two threads
+    /// cannot report out of order.
     fn note_link(&self, e: &Engine) {
         self.events.note(link_up(e));
+        self.events.note_capture(e.capture_error());
     }
 }
 

@@ -450,6 +450,9 @@ impl Provider for Model {
             Xstat::new("dev_bad_doorbells", s.bad_doorbells, Loss::None),
         ];
         v.extend(e.wire_stats().into_iter().map(|x| x.prefixed("wire_")));
+        // Reading the wire's counters wrote out what a capture buffered: a failure there is
+        // reported now, not at the next look.
+        self.shared.events.note_capture(e.capture_error());
         v
     }
 

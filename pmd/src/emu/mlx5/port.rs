@@ -73,6 +73,7 @@ impl ModelPort {
             Box::new(move |e: &super::Engine| {
                 if let Some(ev) = watched.upgrade() {
                     ev.note(e.link_up());
+                    ev.note_capture(e.capture_error());
                 }
             }),
         );
@@ -343,6 +344,9 @@ impl Provider for ModelPort {
             Xstat::new("dev_rq_resets", s.rq_resets, Loss::None),
         ];
         v.extend(h.wire_stats().into_iter().map(|x| x.prefixed("wire_")));
+        // Reading the wire's counters wrote out what a capture buffered: a failure there is
+        // reported now, not at the next look.
+        self.events.note_capture(h.engine().capture_error());
         v
     }
 

@@ -172,6 +172,10 @@ impl Wire for FaultyWire {
     fn stats(&self) -> Vec<crate::ethdev::Xstat> {
         self.inner.stats()
     }
+
+    fn capture_error(&self) -> Option<i32> {
+        self.inner.capture_error()
+    }
 }
 
 #[cfg(test)]

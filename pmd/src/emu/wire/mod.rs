@@ -105,6 +105,14 @@ pub trait Wire: Send {
     fn stats(&self) -> Vec<Xstat> {
         Vec::new()
     }
+    /// A capture on this wire (`pcap=FILE`) that stopped recording: the OS error of the
+    /// write that failed (0 if there was none, e.g. a short write), or `None` while it
+    /// records (or nothing captures). A device model reports it once, as
+    /// [`PortEvent::CaptureFailed`](crate::ethdev::PortEvent::CaptureFailed). Wrappers pass
+    /// it on. Slow path, like [`Wire::stats`].
+    fn capture_error(&self) -> Option<i32> {
+        None
+    }
 }
 
 /// Errors opening a wire.

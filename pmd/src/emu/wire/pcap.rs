@@ -285,6 +285,15 @@ impl Wire for PcapTap {
         ]);
         v
     }
+
+    /// The capture's failure, once a write failed (what was buffered is written out first,
+    /// so a failure in it shows now).
+    fn capture_error(&self) -> Option<i32> {
+        self.flush_buffered();
+        self.failed()
+            .then(|| i32::try_from(self.errno.get()).unwrap_or(0))
+            .or_else(|| self.inner.capture_error())
+    }
 }
 
 impl Drop for PcapTap {

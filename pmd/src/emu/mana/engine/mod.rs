@@ -612,6 +612,11 @@ impl Engine {
         self.wire.stats()
     }
 
+    /// The failure of a capture on the wire ([`Wire::capture_error`]), if it stopped.
+    pub fn capture_error(&self) -> Option<i32> {
+        self.wire.capture_error()
+    }
+
     /// How many send and receive queues the engine serves.
     pub fn queue_counts(&self) -> (usize, usize) {
         (self.sqs.len(), self.rqs.len())

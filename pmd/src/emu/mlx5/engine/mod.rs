@@ -1187,6 +1187,11 @@ impl Engine {
         self.wire.stats()
     }
 
+    /// The failure of a capture on the wire ([`Wire::capture_error`]), if it stopped.
+    pub fn capture_error(&self) -> Option<i32> {
+        self.wire.capture_error()
+    }
+
     /// The numbers of the receive queues served, oldest first.
     pub fn rq_numbers(&self) -> Vec<u32> {
         self.rqs.iter().map(|q| q.rqn).collect()
