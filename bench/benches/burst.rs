@@ -91,11 +91,7 @@ fn pair(
     mut b: pmd::port::Port,
     step: &dyn Fn(),
 ) {
-    let cfg = PortConfig {
-        rx_ring_size: 256,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(256, 256);
     a.configure(&cfg, pool).unwrap();
     b.configure(&cfg, pool).unwrap();
     let mut tx = a.tx_queue(0).unwrap();
@@ -194,11 +190,7 @@ fn chain(c: &mut Criterion) {
         let spec = || -> pmd::port::PortSpec {
             format!("{kind}:wire={wire},engine=inline").parse().unwrap()
         };
-        let cfg = PortConfig {
-            rx_ring_size: 1024,
-            tx_ring_size: 1024,
-            ..Default::default()
-        };
+        let cfg = PortConfig::default().with_ring_sizes(1024, 1024);
         let mut a = pmd::port::Port::open(0, &spec()).unwrap();
         let mut b = pmd::port::Port::open(1, &spec()).unwrap();
         a.configure(&cfg, &pool).unwrap();

@@ -41,7 +41,7 @@
 //! use mempool::lcache;
 //! use pmd::port::{Burst, Port, PortConfig};
 //! let pool = mempool::MbufPool::new(mempool::MbufPoolConfig::new("doc-lib", 1024))?;
-//! let cfg = PortConfig { rx_ring_size: 64, tx_ring_size: 64, ..Default::default() };
+//! let cfg = PortConfig::default().with_ring_sizes(64, 64);
 //! let mut a = Port::open(0, &"emu-mana:wire=loop:doc-lib".parse()?)?;
 //! let mut b = Port::open(1, &"emu-mana:wire=loop:doc-lib".parse()?)?;
 //! a.configure(&cfg, &pool)?;

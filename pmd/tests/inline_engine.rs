@@ -33,11 +33,7 @@ fn pair(pool: &Arc<MbufPool>, kind: &str, extra: &str, rx_ring: u16) -> Pair {
         std::process::id(),
         CABLE.fetch_add(1, Ordering::SeqCst)
     );
-    let cfg = PortConfig {
-        rx_ring_size: rx_ring,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(rx_ring, 256);
     let spec = |id: u16| {
         format!("{kind}:wire=loop:{name}{extra},mac=02:00:00:00:00:0{id}")
             .parse()
@@ -210,11 +206,7 @@ fn a_paused_inline_engine_moves_frames_only_when_stepped() {
     let opts = pmd::mana::Options::default();
     let mut p0 = probe::mana(0, "a".into(), Box::new(m0), opts.clone());
     let mut p1 = probe::mana(1, "b".into(), Box::new(m1), opts);
-    let cfg = PortConfig {
-        rx_ring_size: 64,
-        tx_ring_size: 64,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(64, 64);
     p0.configure(&cfg, &pool).unwrap();
     p1.configure(&cfg, &pool).unwrap();
     let (mut tx, mut rx) = (p0.tx_queue(0).unwrap(), p1.rx_queue(0).unwrap());

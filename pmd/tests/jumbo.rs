@@ -62,11 +62,10 @@ fn pair(
         std::process::id(),
         CABLE.fetch_add(1, Ordering::SeqCst)
     );
-    let cfg = |mtu| PortConfig {
-        rx_ring_size: 256,
-        tx_ring_size: 256,
-        mtu,
-        ..Default::default()
+    let cfg = |mtu| {
+        PortConfig::default()
+            .with_ring_sizes(256, 256)
+            .with_mtu(mtu)
     };
     let spec = |id: u16| {
         format!("{kind}:wire=loop:{name}{args},mac=02:00:00:00:00:0{id}")
@@ -310,11 +309,7 @@ fn an_mtu_the_pool_or_device_cannot_take_is_refused_with_what_to_change() {
     ];
     for (spec, mtu, pool, needles) in cases {
         let mut port = Port::open(0, &spec.parse().unwrap()).unwrap();
-        let cfg = PortConfig {
-            mtu: *mtu,
-            rx_ring_size: 256,
-            ..Default::default()
-        };
+        let cfg = PortConfig::default().with_mtu(*mtu).with_rx_ring_size(256);
         let e = port.configure(&cfg, pool).unwrap_err().to_string();
         for n in *needles {
             assert!(e.contains(n), "{spec} mtu {mtu}: error {e:?} lacks {n:?}");
@@ -326,11 +321,7 @@ fn an_mtu_the_pool_or_device_cannot_take_is_refused_with_what_to_change() {
         ("emu-mlx5:wire=none", 9000, &big),
     ] {
         let mut port = Port::open(0, &spec.parse().unwrap()).unwrap();
-        let cfg = PortConfig {
-            mtu,
-            rx_ring_size: 256,
-            ..Default::default()
-        };
+        let cfg = PortConfig::default().with_mtu(mtu).with_rx_ring_size(256);
         port.configure(&cfg, pool).unwrap();
     }
 }

@@ -45,12 +45,9 @@ fn pair(cfg_b: PortConfig, pool_size: u32) -> Pair {
     let (mut b, mb) = model_port(1, &format!("loop:{name}"));
     ma.pause();
     mb.pause();
-    let cfg_a = PortConfig {
-        rx_ring_size: 64,
-        tx_ring_size: 64,
-        tx_offloads: TxOffloads::all() & b.caps().tx_offloads,
-        ..Default::default()
-    };
+    let cfg_a = PortConfig::default()
+        .with_ring_sizes(64, 64)
+        .with_tx_offloads(TxOffloads::all() & b.caps().tx_offloads);
     a.configure(&cfg_a, &pool).unwrap();
     b.configure(&cfg_b, &pool).unwrap();
     let tx = a.tx_queue(0).unwrap();
@@ -71,11 +68,7 @@ fn pair(cfg_b: PortConfig, pool_size: u32) -> Pair {
 }
 
 fn small_cfg() -> PortConfig {
-    PortConfig {
-        rx_ring_size: 64,
-        tx_ring_size: 64,
-        ..Default::default()
-    }
+    PortConfig::default().with_ring_sizes(64, 64)
 }
 
 /// An Ethernet/IPv4/UDP frame with a sequence number in its payload.
@@ -159,10 +152,8 @@ fn frames_cross_byte_exact_over_many_ring_laps() {
 #[test]
 fn in_order_delivery_and_rx_metadata() {
     let mut p = pair(
-        PortConfig {
-            rx_offloads: RxOffloads::all() & !RxOffloads::SCATTER & !RxOffloads::TIMESTAMP,
-            ..small_cfg()
-        },
+        small_cfg()
+            .with_rx_offloads(RxOffloads::all() & !RxOffloads::SCATTER & !RxOffloads::TIMESTAMP),
         512,
     );
     let mut burst = Burst::with_capacity(16);
@@ -196,10 +187,7 @@ fn in_order_delivery_and_rx_metadata() {
 
 #[test]
 fn rss_spreads_flows_by_toeplitz_and_reports_the_hash() {
-    let cfg = PortConfig {
-        rx_queues: 4,
-        ..small_cfg()
-    };
+    let cfg = small_cfg().with_rx_queues(4);
     let key = cfg.rss.key;
     let mut p = pair(cfg, 2048);
     let mut burst = Burst::with_capacity(64);
@@ -263,13 +251,7 @@ fn multi_segment_tx_arrives_as_one_frame() {
 
 #[test]
 fn tx_checksum_and_vlan_offloads_are_applied_by_the_device() {
-    let mut p = pair(
-        PortConfig {
-            rx_offloads: RxOffloads::VLAN_STRIP,
-            ..small_cfg()
-        },
-        256,
-    );
+    let mut p = pair(small_cfg().with_rx_offloads(RxOffloads::VLAN_STRIP), 256);
     let mut f = udp_frame(1, 1234, 200);
     // Spoil both checksums: the device must fill them in.
     f[24] = 0;
@@ -713,13 +695,7 @@ fn mtu_is_enforced_by_the_device_and_promiscuous_mode_is_refused() {
     mb.pause();
     // MANA has no promiscuous mode: asking for it is a clear configuration error.
     let e = a
-        .configure(
-            &PortConfig {
-                promiscuous: true,
-                ..cfg.clone()
-            },
-            &pool,
-        )
+        .configure(&cfg.clone().with_promiscuous(true), &pool)
         .unwrap_err();
     assert!(
         matches!(
@@ -770,14 +746,8 @@ fn mtu_is_enforced_by_the_device_and_promiscuous_mode_is_refused() {
 fn the_model_exposes_the_raw_queues_it_handed_out() {
     let (mut port, model) = model_port(3, "none");
     let pool = MbufPool::new(MbufPoolConfig::new("raw", 512)).unwrap();
-    port.configure(
-        &PortConfig {
-            rx_queues: 2,
-            ..small_cfg()
-        },
-        &pool,
-    )
-    .unwrap();
+    port.configure(&small_cfg().with_rx_queues(2), &pool)
+        .unwrap();
     let (txq, rxq) = (model.tx_queues(), model.rx_queues());
     assert_eq!((txq.len(), rxq.len()), (1, 2));
     assert_eq!(txq[0].tx_vp_offset, 3);

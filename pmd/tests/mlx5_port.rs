@@ -51,11 +51,7 @@ fn pair_on(pool: &Arc<MbufPool>, rx_args: &str, ring: u16, engine: &str) -> Pair
         std::process::id(),
         CABLE.fetch_add(1, Ordering::SeqCst)
     );
-    let cfg = PortConfig {
-        rx_ring_size: ring,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(ring, 256);
     let s0 = format!("emu-mlx5:wire=loop:{name}{engine}")
         .parse()
         .unwrap();
@@ -277,11 +273,9 @@ fn bad_striding_settings_are_refused_with_what_to_change() {
     for (args, mtu, ring, needles) in cases {
         let spec = format!("emu-mlx5:wire=none,{args}").parse().unwrap();
         let mut port = Port::open(0, &spec).unwrap();
-        let cfg = PortConfig {
-            mtu: *mtu,
-            rx_ring_size: *ring,
-            ..Default::default()
-        };
+        let cfg = PortConfig::default()
+            .with_mtu(*mtu)
+            .with_rx_ring_size(*ring);
         let e = port.configure(&cfg, &pool).unwrap_err().to_string();
         for n in *needles {
             assert!(e.contains(n), "{args}: error {e:?} lacks {n:?}");
@@ -292,10 +286,6 @@ fn bad_striding_settings_are_refused_with_what_to_change() {
         MbufPool::new(MbufPoolConfig::new("mlx5-port-jumbo", 1024).data_room(9018)).unwrap();
     let spec = "emu-mlx5:wire=none,mprq=1".parse().unwrap();
     let mut port = Port::open(0, &spec).unwrap();
-    let cfg = PortConfig {
-        mtu: 9000,
-        rx_ring_size: 256,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_mtu(9000).with_rx_ring_size(256);
     port.configure(&cfg, &jumbo).unwrap();
 }

@@ -66,11 +66,7 @@ fn pair_with(pool: &Arc<MbufPool>, stepped: bool, min_inline: u16, rx: Options) 
         h0.pause();
         h1.pause();
     }
-    let cfg = PortConfig {
-        rx_ring_size: 256,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(256, 256);
     let mut p0 = probe::mlx5(0, "tx".into(), Box::new(m0));
     let mut p1 = probe::mlx5_with(1, "rx".into(), Box::new(m1), rx);
     p0.configure(&cfg, pool).unwrap();

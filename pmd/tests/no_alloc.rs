@@ -81,11 +81,7 @@ fn fill(m: &mut mempool::Mbuf, dst: [u8; 6], seq: u32) {
 fn a_steady_burst_loop_allocates_nothing_on_either_driver() {
     for kind in ["emu-mana", "emu-mlx5"] {
         let pool = MbufPool::new(MbufPoolConfig::new(format!("noalloc-{kind}"), 4096)).unwrap();
-        let cfg = PortConfig {
-            rx_ring_size: 256,
-            tx_ring_size: 256,
-            ..Default::default()
-        };
+        let cfg = PortConfig::default().with_ring_sizes(256, 256);
         let name = format!("noalloc-{kind}-{}", std::process::id());
         let spec = |id: u8| {
             format!("{kind}:wire=loop:{name},engine=thread,mac=02:00:00:00:00:0{id}")

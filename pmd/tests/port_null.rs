@@ -23,11 +23,7 @@ fn lifecycle_and_bursts_on_a_stopped_port() {
         Err(PortError::State { op: "start", .. })
     ));
 
-    let cfg = PortConfig {
-        rx_queues: 2,
-        tx_queues: 2,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_queues(2, 2);
     port.configure(&cfg, &pool).unwrap();
     let mut rx = port.rx_queue(1).unwrap();
     let mut tx = port.tx_queue(0).unwrap();
@@ -93,37 +89,19 @@ fn bad_configs_are_refused_with_the_limits() {
     let pool = pool(256);
     let mut port = null_port(0, "null");
     let e = port
-        .configure(
-            &PortConfig {
-                rx_queues: 0,
-                ..Default::default()
-            },
-            &pool,
-        )
+        .configure(&PortConfig::default().with_rx_queues(0), &pool)
         .unwrap_err();
     assert_eq!(
         e.to_string(),
         "rx queues: 0 requested, the port allows 1..=64"
     );
     let e = port
-        .configure(
-            &PortConfig {
-                rx_ring_size: 512,
-                ..Default::default()
-            },
-            &pool,
-        )
+        .configure(&PortConfig::default().with_rx_ring_size(512), &pool)
         .unwrap_err();
     assert!(e.to_string().contains("at least 512 mbufs"), "{e}");
     let mut big = null_port(0, "null:size=4000");
     let e = big
-        .configure(
-            &PortConfig {
-                rx_ring_size: 64,
-                ..Default::default()
-            },
-            &pool,
-        )
+        .configure(&PortConfig::default().with_rx_ring_size(64), &pool)
         .unwrap_err();
     assert!(
         e.to_string().contains("null frame size: 4000 requested"),
@@ -134,11 +112,7 @@ fn bad_configs_are_refused_with_the_limits() {
 #[test]
 fn pool_exhaustion_counts_nombuf_and_recovers() {
     let pool = pool(64);
-    let cfg = PortConfig {
-        rx_ring_size: 16,
-        tx_ring_size: 16,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(16, 16);
     let (port, mut rx, mut tx) =
         Port::open_started(0, &"null".parse().unwrap(), &cfg, &pool).unwrap();
     let mut held = Vec::new();
@@ -176,10 +150,7 @@ fn hardware_kinds_explain_what_to_do_without_hardware() {
 #[test]
 fn queues_move_to_other_threads() {
     let pool = pool(1024);
-    let cfg = PortConfig {
-        rx_ring_size: 64,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_rx_ring_size(64);
     let (port, mut rx, mut tx) =
         Port::open_started(0, &"null".parse().unwrap(), &cfg, &pool).unwrap();
     let moved = std::thread::spawn(move || {

@@ -98,11 +98,7 @@ struct Rig {
 }
 
 fn cfg() -> PortConfig {
-    PortConfig {
-        rx_ring_size: 64,
-        tx_ring_size: 64,
-        ..Default::default()
-    }
+    PortConfig::default().with_ring_sizes(64, 64)
 }
 
 fn rig(timeout: Duration) -> Rig {

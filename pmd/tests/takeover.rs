@@ -40,11 +40,7 @@ impl Drop for Veth {
 }
 
 fn cfg() -> PortConfig {
-    PortConfig {
-        rx_ring_size: 64,
-        tx_ring_size: 64,
-        ..Default::default()
-    }
+    PortConfig::default().with_ring_sizes(64, 64)
 }
 
 #[test]

@@ -212,11 +212,7 @@ fn afpacket_port(
     let spec = format!("emu-{kind}:wire=afpacket:{ifname},mac=02:00:00:42:00:01")
         .parse()
         .unwrap();
-    let cfg = PortConfig {
-        rx_ring_size: 256,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(256, 256);
     Port::open_started(0, &spec, &cfg, pool).unwrap()
 }
 
@@ -420,14 +416,11 @@ fn paused_model_port(
             (port, Box::new(move || h.step()))
         }
     };
-    let cfg = PortConfig {
-        rx_ring_size,
-        tx_ring_size,
+    let cfg = PortConfig::default()
+        .with_ring_sizes(rx_ring_size, tx_ring_size)
         // The test's frames are for another MAC: an mlx5 port takes them in promiscuous
         // mode (a MANA port has none, and its model does not filter).
-        promiscuous: kind == "mlx5",
-        ..Default::default()
-    };
+        .with_promiscuous(kind == "mlx5");
     port.configure(&cfg, pool).unwrap();
     let rx = port.rx_queue(0).unwrap();
     let tx = port.tx_queue(0).unwrap();

@@ -99,12 +99,9 @@ fn jumbo_ping(peer: &Peer, kind: &str) {
     )
     .parse()
     .unwrap();
-    let cfg = PortConfig {
-        rx_ring_size: 256,
-        tx_ring_size: 256,
-        mtu: MTU,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default()
+        .with_ring_sizes(256, 256)
+        .with_mtu(MTU);
     let (port, mut rx, mut tx) = Port::open_started(0, &spec, &cfg, &pool).unwrap();
     let payload: Vec<u8> = (0..PAYLOAD).map(|i| (i * 7 + 3) as u8).collect();
     let mut request = Vec::new();

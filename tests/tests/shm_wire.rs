@@ -16,11 +16,7 @@ fn frames_cross_between_processes_and_back() {
 
     std::env::set_var("PMD_SHM_DIR", dir.path());
     let pool = MbufPool::new(MbufPoolConfig::new("it", 1024)).unwrap();
-    let cfg = PortConfig {
-        rx_ring_size: 256,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(256, 256);
     let (port, mut rx, mut tx) =
         Port::open_started(0, &spec.parse().unwrap(), &cfg, &pool).unwrap();
 

@@ -100,11 +100,7 @@ fn kernel_stack_is_a_real_peer_both_ways() {
     )
     .parse()
     .unwrap();
-    let cfg = PortConfig {
-        rx_ring_size: 256,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(256, 256);
     let (port, mut rx, mut tx) = Port::open_started(0, &spec, &cfg, &pool).unwrap();
 
     // 1. A ping from the namespace arrives at our RX.

@@ -134,15 +134,11 @@ fn run(args: &Args) -> Result<(), Failure> {
     args.lcores.validate().map_err(|e| usage(e.to_string()))?;
     let cores = args.lcores.cores().len();
     let mac_updating = !args.no_mac_updating;
-    let cfg = PortConfig {
-        rx_queues: args.rxq,
-        tx_queues: cores as u16,
-        rx_ring_size: args.ring_size,
-        tx_ring_size: args.ring_size,
-        promiscuous: !args.no_promiscuous,
-        mtu: args.mtu,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default()
+        .with_queues(args.rxq, cores as u16)
+        .with_ring_sizes(args.ring_size, args.ring_size)
+        .with_promiscuous(!args.no_promiscuous)
+        .with_mtu(args.mtu);
     // Stop signals are guarded before the first port opens: from then on a taken-over netdev
     // is given back however the process stops (first signal: clean stop; second: clean stop without the drain; third: at once).
     let stop = StopFlag::new();

@@ -433,15 +433,12 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         ),
     };
     let pacing = pacing(args, mean_len, capture_times.as_deref())?;
-    let cfg = PortConfig {
-        rx_ring_size: args.ring_size,
-        tx_ring_size: args.ring_size,
+    let cfg = PortConfig::default()
+        .with_ring_sizes(args.ring_size, args.ring_size)
         // A child process must never share pages the NIC writes.
-        fork_safe: args.run.is_some(),
-        promiscuous: !args.no_promiscuous,
-        mtu,
-        ..Default::default()
-    };
+        .with_fork_safe(args.run.is_some())
+        .with_promiscuous(!args.no_promiscuous)
+        .with_mtu(mtu);
     // Stop signals are guarded before the first port opens: from then on a taken-over netdev
     // is given back however the process stops (first signal: clean stop; second: clean stop without the drain; third: at once).
     // The signals set `signalled`; the workers stop on `stop`, which the main loop lets go

@@ -50,10 +50,8 @@ pub fn open_ports(
     let mut cfgs = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         let port = Port::open(i as u16, spec).map_err(|e| format!("port {i} ({spec}): {e}"))?;
-        let cfg = PortConfig {
-            promiscuous: base.promiscuous && port.caps().promiscuous,
-            ..port_config(spec, base)
-        };
+        let cfg =
+            port_config(spec, base).with_promiscuous(base.promiscuous && port.caps().promiscuous);
         cfgs.push(port.effective_config(&cfg));
         asked.push(cfg);
         ports.push(port);
@@ -77,11 +75,9 @@ pub fn open_ports(
 /// `rxq=` (else `base.rx_queues`) and `txq=` (never fewer than `base.tx_queues`: every polling
 /// core sends on its own).
 pub fn port_config(spec: &PortSpec, base: &PortConfig) -> PortConfig {
-    PortConfig {
-        rx_queues: spec.rxq.unwrap_or(base.rx_queues),
-        tx_queues: spec.txq.unwrap_or(base.tx_queues).max(base.tx_queues),
-        ..base.clone()
-    }
+    base.clone()
+        .with_rx_queues(spec.rxq.unwrap_or(base.rx_queues))
+        .with_tx_queues(spec.txq.unwrap_or(base.tx_queues).max(base.tx_queues))
 }
 
 /// The mbuf pool a tool makes: how many buffers, and how much data room each has.
@@ -286,13 +282,9 @@ mod tests {
     use super::*;
 
     fn cfg(rxq: u16, txq: u16, ring: u16) -> PortConfig {
-        PortConfig {
-            rx_queues: rxq,
-            tx_queues: txq,
-            rx_ring_size: ring,
-            tx_ring_size: ring,
-            ..Default::default()
-        }
+        PortConfig::default()
+            .with_queues(rxq, txq)
+            .with_ring_sizes(ring, ring)
     }
 
     #[test]

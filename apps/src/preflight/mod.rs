@@ -202,12 +202,9 @@ pub struct Report {
 /// A usage error for a `--pool-size` smaller than the rings need (the tools refuse it too).
 pub fn run(opts: &Options) -> Result<Report, Failure> {
     let spec = &opts.spec;
-    let base = PortConfig {
-        rx_ring_size: opts.ring_size,
-        tx_ring_size: opts.ring_size,
-        mtu: opts.mtu,
-        ..PortConfig::default()
-    };
+    let base = PortConfig::default()
+        .with_ring_sizes(opts.ring_size, opts.ring_size)
+        .with_mtu(opts.mtu);
     // As l2fwd sizes it with its defaults: one polling core, so one TX queue per port.
     let cfg = port_config(spec, &base);
     let plan = PoolPlan::new(&[cfg], 1, opts.pool_size, opts.mtu)?;

@@ -68,11 +68,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| *available_cores().last().unwrap_or(&0));
     let cores: CoreList = core.to_string().parse()?;
     let pool = MbufPool::new(MbufPoolConfig::new("null_fwd", 8192))?;
-    let cfg = PortConfig {
-        rx_ring_size: 1024,
-        tx_ring_size: 1024,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(1024, 1024);
     let spec = format!("null:size={}", args.size).parse()?;
     let mut p0 = Port::open(0, &spec)?;
     let mut p1 = Port::open(1, &spec)?;

@@ -36,11 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     pmd::log::init("info");
     let pool = MbufPool::new(MbufPoolConfig::new("example", 2048))?;
-    let cfg = PortConfig {
-        rx_ring_size: 256,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(256, 256);
 
     let mut a = Port::open(0, &"emu-mana:wire=loop:example".parse()?)?;
     let mut b = Port::open(1, &"emu-mana:wire=loop:example".parse()?)?;

@@ -339,11 +339,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     pmd::log::init("warn");
     let table = Table::new(args.routes).unwrap_or_else(|e| usage(&e));
     let pool = MbufPool::new(MbufPoolConfig::new("router", 8192))?;
-    let cfg = PortConfig {
-        rx_ring_size: 256,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(256, 256);
     let mut ports = Vec::new();
     for (id, spec) in args.ports.iter().enumerate() {
         let mut p = Port::open(id as u16, &spec.parse()?)?;

@@ -102,23 +102,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args();
     pmd::log::init("warn");
     let pool = MbufPool::new(MbufPoolConfig::new("rss", 16384))?;
-    let rx_cfg = PortConfig {
-        rx_queues: args.queues,
-        rx_ring_size: 256,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
+    let rx_cfg = PortConfig::default()
+        .with_rx_queues(args.queues)
+        .with_ring_sizes(256, 256);
     let rss = rx_cfg.rss.clone();
     let mut sender = Port::open(0, &"emu-mana:wire=loop:rss-example".parse()?)?;
     let mut receiver = Port::open(1, &"emu-mana:wire=loop:rss-example".parse()?)?;
-    sender.configure(
-        &PortConfig {
-            rx_ring_size: 256,
-            tx_ring_size: 256,
-            ..Default::default()
-        },
-        &pool,
-    )?;
+    sender.configure(&PortConfig::default().with_ring_sizes(256, 256), &pool)?;
     receiver.configure(&rx_cfg, &pool)?;
     let mut tx = sender.tx_queue(0)?;
     let rxqs = (0..args.queues)

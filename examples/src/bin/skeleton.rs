@@ -69,11 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     pmd::log::init("warn");
     // Four ports of 256-entry rings, their bursts and the per-core caches.
     let pool = MbufPool::new(MbufPoolConfig::new("skeleton", 8192))?;
-    let cfg = PortConfig {
-        rx_ring_size: 256,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(256, 256);
     // Two cables: generator <-> port 0, port 1 <-> sink.
     let mut ports = Vec::new();
     for (id, cable) in [

@@ -210,11 +210,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args();
     pmd::log::init("warn");
     let pool = MbufPool::new(MbufPoolConfig::new("tcp-echo", 4096))?;
-    let cfg = PortConfig {
-        rx_ring_size: 256,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(256, 256);
     let mut port = Port::open(0, &args.port.parse()?)?;
     port.configure(&cfg, &pool)?;
     let (rx, tx) = (port.rx_queue(0)?, port.tx_queue(0)?);

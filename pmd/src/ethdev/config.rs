@@ -102,7 +102,21 @@ pub fn cap_mtu(driver_max: u16, device_max: Option<u16>) -> u16 {
 }
 
 /// How to set a port up: queue counts, ring sizes, offloads, RSS, MTU.
+///
+/// Built from [`PortConfig::default`] with the `with_*` setters (the type is
+/// `#[non_exhaustive]`, so that a new setting is not a breaking change), and readable field
+/// by field:
+///
+/// ```
+/// use pmd::port::{PortConfig, RxOffloads};
+/// let cfg = PortConfig::default()
+///     .with_queues(4, 4)
+///     .with_ring_sizes(1024, 1024)
+///     .with_rx_offloads(RxOffloads::RSS_HASH);
+/// assert_eq!((cfg.rx_queues, cfg.tx_ring_size), (4, 1024));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PortConfig {
     /// Number of RX queues (each owned by one core).
     pub rx_queues: u16,
@@ -148,6 +162,81 @@ impl Default for PortConfig {
             promiscuous: false,
             fork_safe: false,
         }
+    }
+}
+
+impl PortConfig {
+    /// `rx` RX queues and `tx` TX queues.
+    #[must_use]
+    pub fn with_queues(mut self, rx: u16, tx: u16) -> Self {
+        (self.rx_queues, self.tx_queues) = (rx, tx);
+        self
+    }
+    /// `n` RX queues.
+    #[must_use]
+    pub fn with_rx_queues(mut self, n: u16) -> Self {
+        self.rx_queues = n;
+        self
+    }
+    /// `n` TX queues.
+    #[must_use]
+    pub fn with_tx_queues(mut self, n: u16) -> Self {
+        self.tx_queues = n;
+        self
+    }
+    /// `rx` descriptors per RX queue and `tx` per TX queue.
+    #[must_use]
+    pub fn with_ring_sizes(mut self, rx: u16, tx: u16) -> Self {
+        (self.rx_ring_size, self.tx_ring_size) = (rx, tx);
+        self
+    }
+    /// `n` descriptors per RX queue.
+    #[must_use]
+    pub fn with_rx_ring_size(mut self, n: u16) -> Self {
+        self.rx_ring_size = n;
+        self
+    }
+    /// `n` descriptors per TX queue.
+    #[must_use]
+    pub fn with_tx_ring_size(mut self, n: u16) -> Self {
+        self.tx_ring_size = n;
+        self
+    }
+    /// The RX offloads requested.
+    #[must_use]
+    pub fn with_rx_offloads(mut self, o: RxOffloads) -> Self {
+        self.rx_offloads = o;
+        self
+    }
+    /// The TX offloads requested.
+    #[must_use]
+    pub fn with_tx_offloads(mut self, o: TxOffloads) -> Self {
+        self.tx_offloads = o;
+        self
+    }
+    /// The RSS settings.
+    #[must_use]
+    pub fn with_rss(mut self, rss: RssConfig) -> Self {
+        self.rss = rss;
+        self
+    }
+    /// The MTU (see [`PortConfig::mtu`]).
+    #[must_use]
+    pub fn with_mtu(mut self, mtu: u16) -> Self {
+        self.mtu = mtu;
+        self
+    }
+    /// Promiscuous mode (see [`PortConfig::promiscuous`]).
+    #[must_use]
+    pub fn with_promiscuous(mut self, on: bool) -> Self {
+        self.promiscuous = on;
+        self
+    }
+    /// Fork-safe memory registration (see [`PortConfig::fork_safe`]).
+    #[must_use]
+    pub fn with_fork_safe(mut self, on: bool) -> Self {
+        self.fork_safe = on;
+        self
     }
 }
 

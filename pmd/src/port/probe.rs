@@ -9,7 +9,7 @@
 //! let (model, handle) = testing::mana("none", 0)?;
 //! let mut port = probe::mana(0, "my-model".into(), Box::new(model), mana::Options::default());
 //! let pool = mempool::MbufPool::new(mempool::MbufPoolConfig::new("doc-probe", 1024))?;
-//! port.configure(&PortConfig { rx_ring_size: 64, tx_ring_size: 64, ..Default::default() }, &pool)?;
+//! port.configure(&PortConfig::default().with_ring_sizes(64, 64), &pool)?;
 //! assert_eq!(handle.tx_queues().len(), 1);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

@@ -19,11 +19,7 @@ fn main() {
     let count: u64 = count.parse().expect("COUNT");
     let secs: f64 = secs.parse().expect("SECONDS");
     let pool = MbufPool::new(MbufPoolConfig::new("echo", 1024)).expect("pool");
-    let cfg = PortConfig {
-        rx_ring_size: 256,
-        tx_ring_size: 256,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(256, 256);
     let (port, mut rx, mut tx) = Port::open_started(1, &spec.parse().expect("spec"), &cfg, &pool)
         .unwrap_or_else(|e| {
             eprintln!("shm_echo: {e}");

@@ -187,11 +187,7 @@ pub(crate) fn run_rx(
         owner: Arc::new(()),
         kick: None,
     };
-    let cfg = PortConfig {
-        rx_ring_size: RING,
-        tx_ring_size: RING,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(RING, RING);
     let mut q = RxQueue::new(
         raw,
         &cfg,

@@ -335,11 +335,7 @@ pub(crate) fn run_rx(
         state: Arc::new(NoState),
         kick: None,
     };
-    let cfg = PortConfig {
-        rx_ring_size: RING,
-        tx_ring_size: RING,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(RING, RING);
     let mut q = RxQueue::new(
         raw,
         &cfg,
@@ -471,11 +467,7 @@ pub(crate) fn run_rx_mprq(pool: &Arc<MbufPool>, plan: Plan, compressed: bool) ->
         state: Arc::new(NoState),
         kick: None,
     };
-    let cfg = PortConfig {
-        rx_ring_size: RING,
-        tx_ring_size: RING,
-        ..Default::default()
-    };
+    let cfg = PortConfig::default().with_ring_sizes(RING, RING);
     let mut q = rxq_mprq::RxQueue::new(
         raw,
         bufs,

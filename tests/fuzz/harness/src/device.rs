@@ -29,11 +29,7 @@ const MAX_OPS: usize = 4096;
 
 /// A port configuration with [`RING`]-descriptor rings.
 fn config() -> PortConfig {
-    PortConfig {
-        rx_ring_size: RING,
-        tx_ring_size: RING,
-        ..Default::default()
-    }
+    PortConfig::default().with_ring_sizes(RING, RING)
 }
 
 fn anon(len: usize) -> Arc<DevMem> {
