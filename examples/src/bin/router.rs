@@ -10,8 +10,10 @@
 //! With ports on veth ends through the afpacket wire, the Linux kernel in two network
 //! namespaces is a real peer on each side (see `examples/tests/router_netns.rs`):
 //!
-//!     router --port emu-mana:wire=afpacket:veth0 --port emu-mana:wire=afpacket:veth1 \
-//!            --route 169.254.20.0/24,1,02:00:00:00:00:22 --route 169.254.10.0/24,0,02:00:00:00:00:11
+//! ```text
+//! router --port emu-mana:wire=afpacket:veth0 --port emu-mana:wire=afpacket:veth1 \
+//!        --route 169.254.20.0/24,1,02:00:00:00:00:22 --route 169.254.10.0/24,0,02:00:00:00:00:11
+//! ```
 
 use mempool::{MbufPool, MbufPoolConfig};
 use pmd::net::mac::MacAddr;

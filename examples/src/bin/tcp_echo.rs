@@ -4,8 +4,10 @@
 //! wire, the Linux kernel in a network namespace is the client (see
 //! `examples/tests/tcp_echo_netns.rs`):
 //!
-//!     tcp_echo --port emu-mana:wire=afpacket:veth0 --ip 169.254.30.1/24
-//!     ip netns exec NS nc 169.254.30.1 7
+//! ```text
+//! tcp_echo --port emu-mana:wire=afpacket:veth0 --ip 169.254.30.1/24
+//! ip netns exec NS nc 169.254.30.1 7
+//! ```
 
 use mempool::{MbufPool, MbufPoolConfig};
 use pmd::port::{Burst, Port, PortConfig, RxQueue, TxQueue};

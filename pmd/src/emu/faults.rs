@@ -1,5 +1,5 @@
 //! Faults that take turns: a [`FaultPlan`] names kinds of fault ([`FaultKind`]) and a period;
-//! a model given one ([`mana::ModelHandle::cycle_faults`], [`mlx5::ModelHandle::cycle_faults`],
+//! a model given one ([`EngineHandle::cycle_faults`] on either model,
 //! the `faults=` devarg of the device-model ports) runs clean for one period, turns the first
 //! kind on for one period, runs clean again, turns on the next, round and round, for as long
 //! as it lives. (Clean first: a port comes up, and its link with it, before the first fault.) This is what a soak run (`bench/soak.sh`) leans on: every fault the model can
@@ -14,8 +14,7 @@
 //! phase of a fraction of a second hits hundreds of frames at the soak's rates, not so strong
 //! that nothing gets through.
 //!
-//! [`mana::ModelHandle::cycle_faults`]: crate::emu::mana::ModelHandle::cycle_faults
-//! [`mlx5::ModelHandle::cycle_faults`]: crate::emu::mlx5::ModelHandle::cycle_faults
+//! [`EngineHandle::cycle_faults`]: crate::emu::handle::EngineHandle::cycle_faults
 #![deny(unsafe_code)]
 
 use std::fmt;

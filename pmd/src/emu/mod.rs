@@ -10,6 +10,7 @@
 
 pub mod events;
 pub mod faults;
+pub mod handle;
 pub mod mana;
 pub mod mlx5;
 pub mod mr;

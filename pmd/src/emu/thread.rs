@@ -232,6 +232,18 @@ impl<E: Nic> EngineCore<E> {
         total
     }
 
+    /// Changes the engine with `f`, then runs the watch at once (taking the watch lock
+    /// first, as the thread's loop does), so that what `f` changed that the watch reports (a
+    /// link-down fault) is reported now, not at the next look.
+    pub fn update(&self, f: impl FnOnce(&mut E)) {
+        let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        let mut e = self.lock();
+        f(&mut e);
+        if let Some((_, watch)) = w.as_mut() {
+            watch(&e);
+        }
+    }
+
     /// Has the engine thread call `f` with the engine locked about every `every` (when idle,
     /// or every 1024 passes while busy, so the clock is rarely read under load); an inline
     /// engine's kicks do the same, every `KICKS_PER_WATCH` kicks.

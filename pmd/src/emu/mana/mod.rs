@@ -37,7 +37,7 @@
 //! value names its queue by id among all the port's queues, as on hardware.
 //!
 //! Port events: the model has an eventfd that it signals when its link changes (the
-//! link-down fault set or cleared through [`ModelHandle::set_faults`], or the far end of the
+//! link-down fault set or cleared through [`EngineHandle::set_faults`], or the far end of the
 //! wire attaching or going away, which the engine thread looks at every
 //! [`LINK_POLL`]), and hands out [`PortEvent::LinkUp`] / [`PortEvent::LinkDown`] for each
 //! transition, in order.
@@ -58,6 +58,7 @@ pub type EngineCore = crate::emu::thread::EngineCore<Engine>;
 pub type EngineThread = crate::emu::thread::EngineThread<Engine>;
 
 use crate::emu::events::LinkEvents;
+pub use crate::emu::handle::EngineHandle;
 use crate::emu::thread::{QueueId, QueueKick};
 use crate::emu::wire::Wire as _;
 use crate::emu::wire::{self, WireSpec};
@@ -164,88 +165,56 @@ impl Shared {
     }
 }
 
-/// A handle on a running model: step it, inject faults, read its counters.
+/// A handle on a running model: step it, inject faults, read its counters (the handle both
+/// models share, [`EngineHandle`], through `Deref`), and what only the MANA model has: the
+/// raw queues it handed out, its memory regions, a kernel netdev that holds the port.
 #[derive(Clone)]
-pub struct ModelHandle(Arc<Shared>);
+pub struct ModelHandle {
+    engine: EngineHandle<Engine>,
+    shared: Arc<Shared>,
+}
 
 impl std::fmt::Debug for ModelHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ModelHandle({})", self.0.lock().wire.describe())
+        write!(f, "ModelHandle({})", self.shared.lock().wire.describe())
+    }
+}
+
+impl std::ops::Deref for ModelHandle {
+    type Target = EngineHandle<Engine>;
+    fn deref(&self) -> &EngineHandle<Engine> {
+        &self.engine
     }
 }
 
 impl ModelHandle {
-    /// Stops the engine thread from running steps (it keeps sleeping); drive with [`step`].
-    /// When this returns no step of the thread is in progress and none starts until
-    /// [`resume`] (see [`EngineCore::pause`]).
-    ///
-    /// [`step`]: ModelHandle::step
-    /// [`resume`]: ModelHandle::resume
-    pub fn pause(&self) {
-        self.0.core.pause();
-    }
-
-    /// Lets the engine thread run again.
-    pub fn resume(&self) {
-        self.0.core.resume();
-    }
-
-    /// One engine pass; returns the work done.
-    pub fn step(&self) -> usize {
-        self.0.core.step()
-    }
-
-    /// Steps until a pass does nothing (at most `max` passes); returns the total work.
-    pub fn run_until_idle(&self, max: usize) -> usize {
-        self.0.core.run_until_idle(max)
-    }
-
-    /// Sets the faults. Setting or clearing `link_down` changes the link at once and queues
-    /// a [`PortEvent`] when it changed.
-    pub fn set_faults(&self, f: Faults) {
-        let mut e = self.0.lock();
-        e.faults = f;
-        self.0.note_link(&e);
-    }
-
-    /// Has the faults of `plan` take turns from now on ([`Engine::cycle_faults`]); `None`
-    /// stops them. Link phases reach the port's events within [`LINK_POLL`].
-    ///
-    /// # Errors
-    /// A kind of fault the MANA model does not have.
-    pub fn cycle_faults(
-        &self,
-        plan: Option<&crate::emu::faults::FaultPlan>,
-    ) -> Result<(), crate::emu::faults::FaultKind> {
-        self.0.lock().cycle_faults(plan)
+    fn new(shared: &Arc<Shared>) -> Self {
+        Self {
+            engine: EngineHandle::new(Arc::clone(&shared.core)),
+            shared: Arc::clone(shared),
+        }
     }
 
     /// Sets the vPort's RX CQE coalescing (what `cqe-coalesce=1` sets when the model opens;
     /// [`Engine::set_rx_coalesce`]). Faults set later leave it as it is.
     pub fn set_rx_coalesce(&self, on: bool) {
-        self.0.lock().set_rx_coalesce(on);
-    }
-
-    /// Device-side counters.
-    pub fn stats(&self) -> ModelStats {
-        self.0.lock().stats
+        self.engine().set_rx_coalesce(on);
     }
 
     /// The TX queues the model created (what `manadv_init_obj` handed the driver): ring
     /// memory, ids, doorbell page, so a test can act as the NIC or as the driver.
     pub fn tx_queues(&self) -> Vec<RawTxQueue> {
-        lock(&self.0.queues).0.clone()
+        lock(&self.shared.queues).0.clone()
     }
 
     /// The RX queues the model created.
     pub fn rx_queues(&self) -> Vec<RawRxQueue> {
-        lock(&self.0.queues).1.clone()
+        lock(&self.shared.queues).1.clone()
     }
 
     /// The memory keys of the registered memory regions, with their address ranges.
     pub fn memory_regions(&self) -> Vec<(u32, usize, usize)> {
-        self.0
-            .lock()
+        self.engine()
             .mrs
             .iter()
             .map(|m| (m.lkey, m.addr, m.len))
@@ -254,7 +223,7 @@ impl ModelHandle {
 
     /// Makes the "kernel" hold the port (queue creation fails as with EBUSY), or frees it.
     pub fn set_held_by(&self, netdev: Option<&str>) {
-        *lock(&self.0.held_by) = netdev.map(str::to_string);
+        *lock(&self.shared.held_by) = netdev.map(str::to_string);
     }
 }
 

@@ -125,7 +125,7 @@ impl Model {
 
     /// A handle to step the model and inject faults.
     pub fn handle(&self) -> ModelHandle {
-        ModelHandle(Arc::clone(&self.shared))
+        ModelHandle::new(&self.shared)
     }
 
     /// What a queue handle holds: the model's shared state (as a QP holds its context).
@@ -295,13 +295,7 @@ impl Provider for Model {
             .add_mr(lkey, chunk.addr as u64, mem)
             .map_err(engine_refused("memory region"))?;
         tracing::debug!(target: "pmd::emu", lkey, addr = chunk.addr, len = chunk.len, "memory region registered");
-        Ok(Registration::with_guard(
-            lkey,
-            MrGuard {
-                shared: Arc::downgrade(&self.shared),
-                lkey,
-            },
-        ))
+        Ok(Registration::with_guard(lkey, self.handle().mr_guard(lkey)))
     }
 
     fn create_tx_queues(&mut self, n: u16, nb_desc: u32) -> Result<Vec<RawTxQueue>, SetupError> {
@@ -476,19 +470,5 @@ impl Drop for Model {
     fn drop(&mut self) {
         // The engine thread stops when `_thread` is dropped, after this.
         *lock(&self.shared.queues) = (Vec::new(), Vec::new());
-    }
-}
-
-/// Deregisters a memory region when the pool drops its registration (before unmapping).
-struct MrGuard {
-    shared: std::sync::Weak<Shared>,
-    lkey: u32,
-}
-
-impl Drop for MrGuard {
-    fn drop(&mut self) {
-        if let Some(s) = self.shared.upgrade() {
-            s.lock().remove_mr(self.lkey);
-        }
     }
 }

@@ -61,7 +61,7 @@
 //!   pointer segment read as if its key were unknown every n-th (`tx_bad_key_every`), an RX
 //!   WQE likewise (`rx_bad_key_every`), the next n state changes refused
 //!   (`fail_state_changes`), and the wire's dropped frames and link down; or faults that
-//!   take turns ([`ModelHandle::cycle_faults`], the `faults=` devarg, see
+//!   take turns ([`crate::emu::handle::EngineHandle::cycle_faults`], the `faults=` devarg, see
 //!   [`crate::emu::faults`]).
 //! * Port events ([`port::ModelPort`]): a link-down or link-up event per change of the link
 //!   (the far end of the wire attaching or going away, the link-down fault), as the port's
@@ -121,70 +121,9 @@ pub enum ModelError {
     },
 }
 
-/// A handle on a running model: step it, inject faults, read its counters.
-#[derive(Clone)]
-pub struct ModelHandle(Arc<EngineCore<Engine>>);
-
-impl std::fmt::Debug for ModelHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ModelHandle({:?})", self.0)
-    }
-}
-
-impl ModelHandle {
-    /// Stops the engine thread from running steps; drive it with [`step`](Self::step). When
-    /// this returns no step of the thread is in progress.
-    pub fn pause(&self) {
-        self.0.pause();
-    }
-
-    /// Lets the engine thread run again.
-    pub fn resume(&self) {
-        self.0.resume();
-    }
-
-    /// One engine pass; returns the work done (WQEs + frames).
-    pub fn step(&self) -> usize {
-        self.0.step()
-    }
-
-    /// Steps until a pass does nothing (at most `max` passes); returns the total work.
-    pub fn run_until_idle(&self, max: usize) -> usize {
-        self.0.run_until_idle(max)
-    }
-
-    /// Sets the faults.
-    pub fn set_faults(&self, f: Faults) {
-        self.0.lock().set_faults(f);
-    }
-
-    /// Has the faults of `plan` take turns from now on ([`Engine::cycle_faults`]); `None`
-    /// stops them.
-    ///
-    /// # Errors
-    /// A kind of fault the mlx5 model does not have.
-    pub fn cycle_faults(
-        &self,
-        plan: Option<&crate::emu::faults::FaultPlan>,
-    ) -> Result<(), crate::emu::faults::FaultKind> {
-        self.0.lock().cycle_faults(plan)
-    }
-
-    /// Device-side counters.
-    pub fn stats(&self) -> ModelStats {
-        self.0.lock().stats()
-    }
-
-    /// The wire's own counters (see [`Engine::wire_stats`]).
-    pub fn wire_stats(&self) -> Vec<crate::ethdev::Xstat> {
-        self.0.lock().wire_stats()
-    }
-
-    /// The engine, locked, for anything the handle does not offer.
-    pub fn engine(&self) -> std::sync::MutexGuard<'_, Engine> {
-        self.0.lock()
-    }
-}
+/// A handle on a running model: step it, inject faults, read its counters (the handle both
+/// models share).
+pub type ModelHandle = crate::emu::handle::EngineHandle<Engine>;
 
 /// The mlx5 device model.
 pub struct Model {
@@ -261,7 +200,7 @@ impl Model {
 
     /// A handle to step the model, inject faults and read counters.
     pub fn handle(&self) -> ModelHandle {
-        ModelHandle(Arc::clone(&self.core))
+        ModelHandle::new(Arc::clone(&self.core))
     }
 
     fn id(&self) -> u32 {

@@ -168,18 +168,6 @@ impl QueueState for ModelQueueState {
     }
 }
 
-/// Deregisters a memory region when the pool drops its registration (before unmapping).
-struct MrGuard {
-    handle: ModelHandle,
-    lkey: u32,
-}
-
-impl Drop for MrGuard {
-    fn drop(&mut self) {
-        self.handle.engine().remove_mr(self.lkey);
-    }
-}
-
 impl Provider for ModelPort {
     fn mac(&self) -> MacAddr {
         self.mac
@@ -224,10 +212,7 @@ impl Provider for ModelPort {
         let lkey = self.model.reg_mr(&mem).map_err(dev)?;
         Ok(Registration::with_guard(
             lkey,
-            MrGuard {
-                handle: self.model.handle(),
-                lkey,
-            },
+            self.model.handle().mr_guard(lkey),
         ))
     }
 
