@@ -55,24 +55,85 @@ impl ChunkInfo {
     }
 }
 
+/// A memory key: the local key (`lkey`) of a memory region, which a device's scatter-gather
+/// entries and data segments name beside an [`Iova`]. A type of its own, so that a key and a
+/// length (both `u32`) cannot trade places in a descriptor setter.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lkey(pub u32);
+
+impl fmt::Debug for Lkey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Lkey({:#x})", self.0)
+    }
+}
+
+impl fmt::LowerHex for Lkey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for Lkey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// An I/O virtual address: where a device reads or writes a buffer. A memory region
+/// registered at its own virtual address (what the drivers do: `ibv_reg_mr`) makes it the
+/// buffer's address in this process.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Iova(pub u64);
+
+impl Iova {
+    /// The IOVA of `p` in memory registered at its virtual address.
+    #[inline]
+    pub fn of<T>(p: *const T) -> Self {
+        Iova(p as usize as u64)
+    }
+}
+
+impl std::ops::Add<u64> for Iova {
+    type Output = Iova;
+    /// `n` bytes further.
+    #[inline]
+    fn add(self, n: u64) -> Iova {
+        Iova(self.0.wrapping_add(n))
+    }
+}
+
+impl fmt::LowerHex for Iova {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for Iova {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Iova({:#x})", self.0)
+    }
+}
+
 /// What a registration hook returns for one chunk: its key and, optionally, a guard that
 /// undoes the registration when dropped.
 ///
 /// The pool (or [`ChunkKeys`]) keeps the guard until just before the memory is unmapped, so a
 /// memory region handle put here is deregistered while its memory still exists.
 pub struct Registration {
-    key: u32,
+    key: Lkey,
     guard: Option<Box<dyn Any + Send + Sync>>,
 }
 
 impl Registration {
     /// A key with nothing to undo.
-    pub fn new(key: u32) -> Self {
+    pub fn new(key: Lkey) -> Self {
         Registration { key, guard: None }
     }
 
     /// A key plus a guard that is dropped before the chunk's memory is unmapped.
-    pub fn with_guard(key: u32, guard: impl Any + Send + Sync) -> Self {
+    pub fn with_guard(key: Lkey, guard: impl Any + Send + Sync) -> Self {
         Registration {
             key,
             guard: Some(Box::new(guard)),
@@ -80,13 +141,13 @@ impl Registration {
     }
 
     /// The key.
-    pub fn key(&self) -> u32 {
+    pub fn key(&self) -> Lkey {
         self.key
     }
 }
 
-impl From<u32> for Registration {
-    fn from(key: u32) -> Self {
+impl From<Lkey> for Registration {
+    fn from(key: Lkey) -> Self {
         Registration::new(key)
     }
 }
@@ -94,7 +155,7 @@ impl From<u32> for Registration {
 impl fmt::Debug for Registration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Registration")
-            .field("key", &format_args!("{:#x}", self.key))
+            .field("key", &self.key)
             .field("guard", &self.guard.is_some())
             .finish()
     }
@@ -146,7 +207,7 @@ impl Layout {
 /// the registrations are undone when the last copy goes.
 #[derive(Clone)]
 pub struct ChunkKeys {
-    keys: Arc<[u32]>,
+    keys: Arc<[Lkey]>,
     layout: Layout,
     _owner: Arc<KeysOwner>,
 }
@@ -174,7 +235,7 @@ impl ChunkKeys {
     /// Key of the chunk that holds object `obj` (a shift and an array load); `None` when the
     /// index is outside the pool.
     #[inline]
-    pub fn key_of(&self, obj: u32) -> Option<u32> {
+    pub fn key_of(&self, obj: u32) -> Option<Lkey> {
         if obj >= self.layout.obj_count {
             return None;
         }
@@ -183,7 +244,7 @@ impl ChunkKeys {
 
     /// Key of the chunk that holds `addr`; `None` when the address is not in the pool.
     #[inline]
-    pub fn key_for_addr(&self, addr: usize) -> Option<u32> {
+    pub fn key_for_addr(&self, addr: usize) -> Option<Lkey> {
         // A pool in one chunk (the usual case): one compare.
         if let [key] = self.keys[..] {
             return (addr.wrapping_sub(self.layout.base) < self.layout.span).then_some(key);
@@ -194,7 +255,7 @@ impl ChunkKeys {
     }
 
     /// The keys, one per chunk, in chunk order.
-    pub fn keys(&self) -> &[u32] {
+    pub fn keys(&self) -> &[Lkey] {
         &self.keys
     }
 }

@@ -61,7 +61,7 @@
 //! let pool = MbufPool::new(
 //!     MbufPoolConfig::new("rx0", 4096)
 //!         .cache_size(256)
-//!         .on_chunk(|chunk| Ok(Registration::new(0x1000 + chunk.index as u32))),
+//!         .on_chunk(|chunk| Ok(Registration::new(mempool::Lkey(0x1000 + chunk.index as u32)))),
 //! )?;
 //! println!("pool on {} pages", pool.page_size());
 //!
@@ -109,7 +109,7 @@ mod ring;
 
 pub use audit::AUDIT_ENABLED;
 pub use cache::PoolCache;
-pub use chunk::{ChunkInfo, ChunkKeys, Registration};
+pub use chunk::{ChunkInfo, ChunkKeys, Iova, Lkey, Registration};
 pub use error::{BoxError, Error};
 pub use mbuf::{
     ChainError, Mbuf, MbufCache, MbufError, MbufFifo, MbufPool, MbufPoolConfig, RawMbuf, RxBufs,

@@ -179,7 +179,7 @@ pub(crate) struct CacheSlot {
 pub struct Mempool {
     ring: Ring,
     layout: Layout,
-    keys: Box<[u32]>,
+    keys: Box<[crate::Lkey]>,
     default_cache_size: u32,
     audit: Audit,
     caches: Mutex<Vec<Arc<CacheSlot>>>,
@@ -420,7 +420,7 @@ impl Mempool {
     /// Key the creation-time hook returned for the chunk holding object `idx` (a shift and an
     /// array load); `None` without a hook or for an index outside the pool.
     #[inline]
-    pub fn chunk_key(&self, idx: u32) -> Option<u32> {
+    pub fn chunk_key(&self, idx: u32) -> Option<crate::Lkey> {
         if idx >= self.layout.obj_count {
             return None;
         }
@@ -429,7 +429,7 @@ impl Mempool {
 
     /// Key of the chunk holding `addr`; `None` without a hook or outside the pool.
     #[inline]
-    pub fn key_for_addr(&self, addr: usize) -> Option<u32> {
+    pub fn key_for_addr(&self, addr: usize) -> Option<crate::Lkey> {
         self.layout
             .chunk_of_addr(addr)
             .and_then(|c| self.keys.get(c).copied())

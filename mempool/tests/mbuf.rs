@@ -205,7 +205,7 @@ fn buffer_keys_come_from_the_registration_hook() {
         MbufPoolConfig::new("lkeys", 1000)
             .page_policy(PagePolicy::Normal)
             .max_chunk_bytes(128 * 2304)
-            .on_chunk(|c| Ok(Registration::new(0xabc0 + c.index as u32))),
+            .on_chunk(|c| Ok(Registration::new(mempool::Lkey(0xabc0 + c.index as u32)))),
     )
     .unwrap();
     assert_eq!(p.obj_size(), 2304);
@@ -216,7 +216,7 @@ fn buffer_keys_come_from_the_registration_hook() {
     for _ in 0..10 {
         assert!(p.alloc_bulk(&mut cache, &mut burst));
         for &r in &burst {
-            let key = Some(0xabc0 + r.index() / 128);
+            let key = Some(mempool::Lkey(0xabc0 + r.index() / 128));
             assert_eq!(p.chunk_key(r), key);
             assert_eq!(p.key_for_addr(p.rx_data_addr(r)), key);
             assert_eq!(

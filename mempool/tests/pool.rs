@@ -231,7 +231,7 @@ fn chunks_are_capped_and_keys_found_by_index_and_address() {
             .page_policy(PagePolicy::Normal)
             .on_chunk(move |c| {
                 seen2.lock().unwrap().push(*c);
-                Ok(Registration::new(0x100 + c.index as u32))
+                Ok(Registration::new(mempool::Lkey(0x100 + c.index as u32)))
             }),
     )
     .unwrap();
@@ -250,9 +250,12 @@ fn chunks_are_capped_and_keys_found_by_index_and_address() {
         let chunk = p.chunk_of(i);
         assert_eq!(chunk, i as usize / 128);
         assert!(chunks[chunk].contains(p.obj_ptr(i) as usize));
-        assert_eq!(p.chunk_key(i), Some(0x100 + chunk as u32));
+        assert_eq!(p.chunk_key(i), Some(mempool::Lkey(0x100 + chunk as u32)));
         let addr = p.obj_ptr(i) as usize + 2047;
-        assert_eq!(p.key_for_addr(addr), Some(0x100 + chunk as u32));
+        assert_eq!(
+            p.key_for_addr(addr),
+            Some(mempool::Lkey(0x100 + chunk as u32))
+        );
     }
     assert_eq!(p.chunk_key(1000), None);
     assert_eq!(p.key_for_addr(p.region().addr() - 1), None);
@@ -260,15 +263,20 @@ fn chunks_are_capped_and_keys_found_by_index_and_address() {
 
     // A second registration (e.g. another device) has its own keys.
     let keys = p
-        .register_chunks(|c: &ChunkInfo| Ok(Registration::new(0x9000 + c.index as u32)))
+        .register_chunks(|c: &ChunkInfo| {
+            Ok(Registration::new(mempool::Lkey(0x9000 + c.index as u32)))
+        })
         .unwrap();
     assert_eq!(keys.keys().len(), 8);
-    assert_eq!(keys.key_of(130), Some(0x9001));
-    assert_eq!(keys.key_for_addr(p.obj_ptr(999) as usize), Some(0x9007));
+    assert_eq!(keys.key_of(130), Some(mempool::Lkey(0x9001)));
+    assert_eq!(
+        keys.key_for_addr(p.obj_ptr(999) as usize),
+        Some(mempool::Lkey(0x9007))
+    );
     assert_eq!(keys.key_of(1000), None);
     assert_eq!(
         p.chunk_key(130),
-        Some(0x101),
+        Some(mempool::Lkey(0x101)),
         "creation-time keys unchanged"
     );
 }
@@ -299,7 +307,7 @@ fn registration_guards_are_released_with_the_pool() {
             .page_policy(PagePolicy::Normal)
             .on_chunk(move |c| {
                 Ok(Registration::with_guard(
-                    c.index as u32,
+                    mempool::Lkey(c.index as u32),
                     Guard(Arc::clone(&r2)),
                 ))
             }),
@@ -309,7 +317,10 @@ fn registration_guards_are_released_with_the_pool() {
     assert_eq!(released.load(Ordering::SeqCst), 0);
     let keys = p
         .register_chunks(|_: &ChunkInfo| {
-            Ok(Registration::with_guard(7, Guard(Arc::clone(&released))))
+            Ok(Registration::with_guard(
+                mempool::Lkey(7),
+                Guard(Arc::clone(&released)),
+            ))
         })
         .unwrap();
     let copy = keys.clone();
@@ -326,7 +337,7 @@ fn registration_guards_are_released_with_the_pool() {
         0,
         "a copy keeps everything registered"
     );
-    assert_eq!(copy.key_of(99), Some(7));
+    assert_eq!(copy.key_of(99), Some(mempool::Lkey(7)));
     drop(copy);
     assert_eq!(released.load(Ordering::SeqCst), 14);
 }
@@ -343,7 +354,10 @@ fn failed_registration_undoes_earlier_chunks_and_names_the_chunk() {
                 if c.index == 3 {
                     Err("device refused".into())
                 } else {
-                    Ok(Registration::with_guard(1, Guard(Arc::clone(&r2))))
+                    Ok(Registration::with_guard(
+                        mempool::Lkey(1),
+                        Guard(Arc::clone(&r2)),
+                    ))
                 }
             }),
     )

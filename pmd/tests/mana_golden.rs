@@ -75,9 +75,11 @@ fn tx_short_oob_one_sge_matches_dpdk() {
         ..Default::default()
     };
     TxOob::new_checked(&mut wqe[8..16]).unwrap().write(&f);
-    Sge::new_checked(&mut wqe[16..32])
-        .unwrap()
-        .set(0x1122_3344_5566_7788, 0xaabb_ccdd, 60);
+    Sge::new_checked(&mut wqe[16..32]).unwrap().set(
+        mempool::Iova(0x1122_3344_5566_7788),
+        mempool::Lkey(0xaabb_ccdd),
+        60,
+    );
     assert_eq!(wqe.to_vec(), hex(TX_SHORT_1SGE_BYTES));
     assert_eq!(wqe_size_in_bu(SHORT_OOB_BYTES, 1), 1);
     // DPDK rang the SQ doorbell with head 1 BU = 32 bytes.
@@ -108,10 +110,10 @@ fn tx_long_oob_vlan_two_sges_matches_dpdk() {
     TxOob::new_checked(&mut wqe[8..32]).unwrap().write(&f);
     Sge::new_checked(&mut wqe[32..48])
         .unwrap()
-        .set(0x1000, 0x11, 14);
+        .set(mempool::Iova(0x1000), mempool::Lkey(0x11), 14);
     Sge::new_checked(&mut wqe[48..64])
         .unwrap()
-        .set(0x2000, 0x22, 46);
+        .set(mempool::Iova(0x2000), mempool::Lkey(0x22), 46);
     assert_eq!(wqe.to_vec(), hex(TX_LONG_VLAN_2SGE_BYTES));
     let o = TxOob::new_checked(&wqe[8..32]).unwrap();
     assert_eq!(o.vlan(), (3, false, 100));
@@ -144,7 +146,7 @@ fn tx_wqe_wrapping_the_ring_matches_dpdk() {
     {
         Sge::new_checked(&mut wqe[16 + 16 * i..32 + 16 * i])
             .unwrap()
-            .set(a, k, n);
+            .set(mempool::Iova(a), mempool::Lkey(k), n);
     }
     // Bring the producer to BU 127 (the last slot) the way the driver gets there.
     let head_bu: u32 = 127;
@@ -178,9 +180,11 @@ fn rx_wqe_matches_dpdk() {
     WqeHeader::new_checked(&mut wqe[..8])
         .unwrap()
         .init(SHORT_OOB_BYTES, 1);
-    Sge::new_checked(&mut wqe[16..32])
-        .unwrap()
-        .set(0x7f00_0000_1080, 0x1234, 2048);
+    Sge::new_checked(&mut wqe[16..32]).unwrap().set(
+        mempool::Iova(0x7f00_0000_1080),
+        mempool::Lkey(0x1234),
+        2048,
+    );
     assert_eq!(wqe.to_vec(), hex(RX_WQE_BYTES));
     assert_eq!(
         doorbell::rq(0x05_4321, 32).to_le_bytes().to_vec(),

@@ -145,9 +145,11 @@ impl Sq {
         for s in segs {
             match s {
                 Seg::Ptr(addr, lkey, len) => {
-                    DataSeg::new_checked(&mut w[off..off + 16])
-                        .unwrap()
-                        .set(*addr, *lkey, *len);
+                    DataSeg::new_checked(&mut w[off..off + 16]).unwrap().set(
+                        mempool::Iova(*addr),
+                        mempool::Lkey(*lkey),
+                        *len,
+                    );
                     off += 16;
                 }
                 Seg::Inline(data) => {
@@ -663,9 +665,13 @@ impl Rq {
             for (k, e) in w.chunks_exact_mut(16).enumerate() {
                 let mut d = DataSeg::new_checked(e).unwrap();
                 if k == 0 {
-                    d.set(self.buf.addr(slot * RX_BUF), self.buf.lkey, len);
+                    d.set(
+                        mempool::Iova(self.buf.addr(slot * RX_BUF)),
+                        mempool::Lkey(self.buf.lkey),
+                        len,
+                    );
                 } else {
-                    d.set(0, INVALID_LKEY, 0);
+                    d.set(mempool::Iova(0), INVALID_LKEY, 0);
                 }
             }
             self.q.buf.write(slot * self.q.stride as usize, &w);
@@ -795,11 +801,11 @@ fn a_frame_is_scattered_over_the_entries_of_one_wqe() {
     for (k, (off, len)) in [(0, 40), (100, 30), (200, 1000)].into_iter().enumerate() {
         DataSeg::new_checked(&mut w[k * 16..k * 16 + 16])
             .unwrap()
-            .set(buf.addr(off), buf.lkey, len);
+            .set(mempool::Iova(buf.addr(off)), mempool::Lkey(buf.lkey), len);
     }
     DataSeg::new_checked(&mut w[48..])
         .unwrap()
-        .set(0, INVALID_LKEY, 0);
+        .set(mempool::Iova(0), INVALID_LKEY, 0);
     q.buf.write(0, &w);
     q.dbrec
         .store_u32(RCV_DBR, u32::from_ne_bytes(rq_record(1)), Ordering::Release);
@@ -1174,8 +1180,8 @@ fn a_bad_rx_key_puts_the_rq_in_error_until_reset_and_rdy() {
     // WQE 2 names a key the model never registered.
     let mut w = vec![0u8; rq.q.stride as usize];
     DataSeg::new_checked(&mut w[..16]).unwrap().set(
-        rq.buf.addr(2 * RX_BUF),
-        rq.buf.lkey + 77,
+        mempool::Iova(rq.buf.addr(2 * RX_BUF)),
+        mempool::Lkey(rq.buf.lkey + 77),
         RX_BUF as u32,
     );
     rq.q.buf.write(2 * rq.q.stride as usize, &w);
@@ -1436,8 +1442,8 @@ impl StridingRq {
             let slot = (self.posted & (self.q.wqe_cnt - 1)) as usize;
             let mut w = [0u8; MPRQ_WQE_BYTES];
             MprqWqe::new_checked(&mut w[..]).unwrap().write(
-                self.buf.addr(slot * self.wqe_bytes()),
-                self.buf.lkey,
+                mempool::Iova(self.buf.addr(slot * self.wqe_bytes())),
+                mempool::Lkey(self.buf.lkey),
                 self.wqe_bytes() as u32,
             );
             self.q.buf.write(slot * MPRQ_WQE_BYTES, &w);

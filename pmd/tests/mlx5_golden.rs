@@ -146,9 +146,11 @@ fn v1_send_with_18_inline_bytes_matches_rdma_core() {
         .unwrap()
         .write(CS_L3 | CS_L4, 0, &F18);
     w[32..48].copy_from_slice(&F18[2..]);
-    DataSeg::new_checked(&mut w[48..64])
-        .unwrap()
-        .set(F_ADDR + 18, LKEY, 42);
+    DataSeg::new_checked(&mut w[48..64]).unwrap().set(
+        mempool::Iova(F_ADDR + 18),
+        mempool::Lkey(LKEY),
+        42,
+    );
     assert_eq!(w.to_vec(), hex(V1));
     assert_eq!(1 + eth_seg_units(18) + 1, 4);
     // Read back.
@@ -167,9 +169,11 @@ fn v2_vlan_insert_command_and_software_tag_match_dpdk() {
     EthSeg::new_checked(&mut w[16..32])
         .unwrap()
         .write_vlan_insert(CS_L3 | CS_L4, 100);
-    DataSeg::new_checked(&mut w[32..48])
-        .unwrap()
-        .set(F_ADDR, LKEY, 60);
+    DataSeg::new_checked(&mut w[32..48]).unwrap().set(
+        mempool::Iova(F_ADDR),
+        mempool::Lkey(LKEY),
+        60,
+    );
     assert_eq!(w.to_vec(), hex(V2A));
     assert_eq!(
         EthSeg::new_checked(&w[16..]).unwrap().vlan_insert(),
@@ -186,9 +190,11 @@ fn v2_vlan_insert_command_and_software_tag_match_dpdk() {
         .unwrap()
         .write(CS_L3 | CS_L4, 0, &tagged);
     w[32..48].copy_from_slice(&tagged[2..]);
-    DataSeg::new_checked(&mut w[48..64])
-        .unwrap()
-        .set(F_ADDR + 14, LKEY, 46);
+    DataSeg::new_checked(&mut w[48..64]).unwrap().set(
+        mempool::Iova(F_ADDR + 14),
+        mempool::Lkey(LKEY),
+        46,
+    );
     assert_eq!(w.to_vec(), hex(V2B));
 }
 
@@ -203,12 +209,16 @@ fn v3_tso_header_inline_and_two_segments_match_rdma_core() {
         .write(CS_L3 | CS_L4, 1448, hdr);
     w[32..32 + 52].copy_from_slice(&hdr[2..]);
     assert_eq!(1 + eth_seg_units(54) + 2, 8);
-    DataSeg::new_checked(&mut w[96..112])
-        .unwrap()
-        .set(0x7f00_1240_0036, LKEY, 1448);
-    DataSeg::new_checked(&mut w[112..128])
-        .unwrap()
-        .set(0x7f00_1250_0000, 0x0044_5566, 1448);
+    DataSeg::new_checked(&mut w[96..112]).unwrap().set(
+        mempool::Iova(0x7f00_1240_0036),
+        mempool::Lkey(LKEY),
+        1448,
+    );
+    DataSeg::new_checked(&mut w[112..128]).unwrap().set(
+        mempool::Iova(0x7f00_1250_0000),
+        mempool::Lkey(0x0044_5566),
+        1448,
+    );
     assert_eq!(w.to_vec(), want);
     let e = EthSeg::new_checked(&w[16..]).unwrap();
     assert_eq!((e.mss(), e.inline_hdr_sz(), e.cs_flags()), (1448, 54, 0xc0));
@@ -227,9 +237,11 @@ fn v4_empw_title_and_descriptors_match_dpdk() {
         .enumerate()
     {
         let at = 32 + 16 * k;
-        DataSeg::new_checked(&mut w[at..at + 16])
-            .unwrap()
-            .set(0x7f00_0000_0000 + off, LKEY, len);
+        DataSeg::new_checked(&mut w[at..at + 16]).unwrap().set(
+            mempool::Iova(0x7f00_0000_0000 + off),
+            mempool::Lkey(LKEY),
+            len,
+        );
     }
     assert_eq!(w.to_vec(), hex(V4A));
     // Inline descriptors: the marker and length, then the bytes (V4b's first one).
@@ -376,9 +388,11 @@ fn v10_mini_cqe_formats_match_dpdk() {
 #[test]
 fn v11_striding_rq_wqe_cqe_and_filler_match_the_spec_tables() {
     let mut w = [0xeeu8; 32];
-    MprqWqe::new_checked(&mut w[..])
-        .unwrap()
-        .write(0x7f00_1234_0000, LKEY, 64 * 2048);
+    MprqWqe::new_checked(&mut w[..]).unwrap().write(
+        mempool::Iova(0x7f00_1234_0000),
+        mempool::Lkey(LKEY),
+        64 * 2048,
+    );
     assert_eq!(w.to_vec(), hex(V11_WQE));
     let mut c = [0u8; 64];
     Cqe::new_checked(&mut c[..]).unwrap().write(&CqeFields {
@@ -436,7 +450,7 @@ impl QueueState for NoStateChange {
 fn the_tx_queue_builds_v1() {
     let pool = MbufPool::new(MbufPoolConfig::new("mlx5-golden", 64)).unwrap();
     let keys = pool
-        .register_chunks(|_| Ok(Registration::new(LKEY)))
+        .register_chunks(|_| Ok(Registration::new(mempool::Lkey(LKEY))))
         .unwrap();
     let sq = Arc::new(DevMem::anon(64 * 64).unwrap());
     let mem = || Arc::new(DevMem::anon(4096).unwrap());

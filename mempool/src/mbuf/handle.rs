@@ -199,7 +199,7 @@ impl Mbuf {
 
     /// Creation-time key (lkey) of the chunk holding this buffer.
     #[inline]
-    pub fn chunk_key(&self) -> Option<u32> {
+    pub fn chunk_key(&self) -> Option<crate::Lkey> {
         self.pool().chunk_key(self.h().index)
     }
 

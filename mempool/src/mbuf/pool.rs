@@ -245,13 +245,13 @@ impl MbufPool {
 
     /// Creation-time key (lkey) of the chunk holding `m`: a shift and an array load.
     #[inline]
-    pub fn chunk_key(&self, m: RawMbuf) -> Option<u32> {
+    pub fn chunk_key(&self, m: RawMbuf) -> Option<crate::Lkey> {
         self.mp.chunk_key(m.0)
     }
 
     /// Creation-time key of the chunk holding `addr`.
     #[inline]
-    pub fn key_for_addr(&self, addr: usize) -> Option<u32> {
+    pub fn key_for_addr(&self, addr: usize) -> Option<crate::Lkey> {
         self.mp.key_for_addr(addr)
     }
 

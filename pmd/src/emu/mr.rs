@@ -4,6 +4,7 @@
 #![deny(unsafe_code)]
 
 use crate::sys::DevMem;
+use mempool::{Iova, Lkey};
 use std::sync::Arc;
 
 /// One registered region.
@@ -86,7 +87,8 @@ impl MrTable {
 
     /// The region of `key` and the offset of `addr` in it, if `len` bytes from there fit.
     #[inline]
-    pub fn find(&self, addr: u64, key: u32, len: usize) -> Option<(&Mr, usize)> {
+    pub fn find(&self, addr: Iova, key: Lkey, len: usize) -> Option<(&Mr, usize)> {
+        let (addr, key) = (addr.0, key.0);
         let mr = match self.mrs.get(self.last.get()) {
             Some(m) if m.lkey == key => m,
             _ => {
@@ -103,7 +105,7 @@ impl MrTable {
     /// Reads `out.len()` bytes at `addr` through `key` (a DMA read); `false`, with nothing
     /// read, if the range is not inside the key's region.
     #[inline]
-    pub fn read(&self, addr: u64, key: u32, out: &mut [u8]) -> bool {
+    pub fn read(&self, addr: Iova, key: Lkey, out: &mut [u8]) -> bool {
         match self.find(addr, key, out.len()) {
             Some((mr, off)) => {
                 mr.mem.read(off, out);
@@ -116,7 +118,7 @@ impl MrTable {
     /// Writes `data` at `addr` through `key` (a DMA write); `false`, with nothing written, if
     /// the range is not inside the key's region.
     #[inline]
-    pub fn write(&self, addr: u64, key: u32, data: &[u8]) -> bool {
+    pub fn write(&self, addr: Iova, key: Lkey, data: &[u8]) -> bool {
         match self.find(addr, key, data.len()) {
             Some((mr, off)) => {
                 mr.mem.write(off, data);
@@ -140,15 +142,15 @@ mod tests {
             t.add(7, 0, Arc::new(DevMem::anon(4096).unwrap())),
             Err(DuplicateKey { lkey: 7 })
         );
-        assert!(t.write(0x10_0000 + 4090, 7, &[1, 2, 3, 4, 5, 6]));
-        assert!(!t.write(0x10_0000 + 4091, 7, &[1, 2, 3, 4, 5, 6]));
-        assert!(!t.write(0x10_0000 - 1, 7, &[1]));
-        assert!(!t.write(0x10_0000, 8, &[1]));
+        assert!(t.write(Iova(0x10_0000 + 4090), Lkey(7), &[1, 2, 3, 4, 5, 6]));
+        assert!(!t.write(Iova(0x10_0000 + 4091), Lkey(7), &[1, 2, 3, 4, 5, 6]));
+        assert!(!t.write(Iova(0x10_0000 - 1), Lkey(7), &[1]));
+        assert!(!t.write(Iova(0x10_0000), Lkey(8), &[1]));
         let mut out = [0u8; 6];
-        assert!(t.read(0x10_0000 + 4090, 7, &mut out));
+        assert!(t.read(Iova(0x10_0000 + 4090), Lkey(7), &mut out));
         assert_eq!(out, [1, 2, 3, 4, 5, 6]);
         assert!(t.remove(7));
         assert!(!t.remove(7));
-        assert!(!t.read(0x10_0000, 7, &mut out));
+        assert!(!t.read(Iova(0x10_0000), Lkey(7), &mut out));
     }
 }

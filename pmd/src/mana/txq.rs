@@ -19,14 +19,14 @@ use crate::ethdev::{kick, Burst, Counters, Kick, TxBurst};
 use crate::hw::mana::cqe::{Cqe, CqeHeader, CqeType, CQE_HEADER_BYTES};
 use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{
-    Sge, TxOob, TxOobFields, WqeHeader, SGE_BYTES, SHORT_OOB_BYTES, WQE_HEADER_BYTES,
+    sge_key_size, Sge, TxOob, TxOobFields, WqeHeader, SGE_BYTES, SHORT_OOB_BYTES, WQE_HEADER_BYTES,
 };
 use crate::hw::mana::{BU_BYTES, CQE_BYTES, MAX_SQ_WQE_BYTES, MAX_TX_SGES};
 use crate::net::parse::{pseudo_sum, IpVersion};
 use crate::ring::{Polled, WorkQueue};
 use crate::sys::Doorbell;
 use mempool::lcache::with_cache;
-use mempool::{ChunkKeys, Mbuf, MbufFifo, MbufPool, OffloadFlags};
+use mempool::{ChunkKeys, Iova, Mbuf, MbufFifo, MbufPool, OffloadFlags};
 use std::sync::Arc;
 
 /// `suppress_txcqe_gen` in the first byte of the TX OOB (§4.1).
@@ -394,8 +394,8 @@ impl TxQueue {
             return Build::Small([
                 SMALL_WQE_HEADER,
                 u64::from(dw0) | (u64::from(dw1) << 32),
-                addr as u64,
-                u64::from(key) | ((data.len() as u64) << 32),
+                Iova(addr as u64).0,
+                sge_key_size(key, data.len() as u32),
             ]);
         }
         let sge_off = WQE_HEADER_BYTES + oob;
@@ -426,7 +426,7 @@ impl TxQueue {
             };
             for (a, n) in pieces.into_iter().filter(|p| p.1 > 0) {
                 if let Some(mut s) = Sge::new_checked(&mut w[at..at + SGE_BYTES]) {
-                    s.set(a as u64, key, n as u32);
+                    s.set(Iova(a as u64), key, n as u32);
                 }
                 at += SGE_BYTES;
             }

@@ -31,7 +31,7 @@ use crate::ring::WorkQueue;
 use crate::sys::barrier::udma_to_device_barrier;
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
-use mempool::{ChunkKeys, MbufPool, OffloadFlags, RxBufs, RxDesc, RxFields, RX_RUN_MAX};
+use mempool::{ChunkKeys, Iova, MbufPool, OffloadFlags, RxBufs, RxDesc, RxFields, RX_RUN_MAX};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -599,7 +599,7 @@ fn wqe_template(stride: usize) -> [u8; MAX_STRIDE] {
     let mut wqe = [0u8; MAX_STRIDE];
     for at in (SEG_BYTES..stride).step_by(SEG_BYTES) {
         if let Some(mut d) = DataSeg::new_checked(&mut wqe[at..at + SEG_BYTES]) {
-            d.set(0, INVALID_LKEY, 0);
+            d.set(Iova(0), INVALID_LKEY, 0);
         }
     }
     wqe
@@ -624,6 +624,7 @@ mod tests {
     use crate::mlx5::provider::testing::TestState;
     use crate::mlx5::txq::RECOVERY_RETRY_BURSTS;
     use crate::mlx5::RawCq;
+    use mempool::Lkey;
     use mempool::OffloadFlags;
     use mempool::{Mbuf, MbufPoolConfig, Registration};
 
@@ -656,7 +657,7 @@ mod tests {
         rx_offloads: RxOffloads,
     ) -> (RxQueue, Nic) {
         let keys = pool
-            .register_chunks(|_| Ok(Registration::new(0x55)))
+            .register_chunks(|_| Ok(Registration::new(mempool::Lkey(0x55))))
             .unwrap();
         let rq = Arc::new(DevMem::anon(N as usize * 32).unwrap());
         let cq = Arc::new(DevMem::anon(CQN as usize * CQE_BYTES).unwrap());
@@ -720,14 +721,14 @@ mod tests {
             )
         }
         /// Takes the next WQE: its buffer (address, length, key), second entry's key.
-        fn take_wqe(&mut self) -> (u64, u32, u32, u32) {
+        fn take_wqe(&mut self) -> (u64, u32, Lkey, Lkey) {
             assert!(self.posted().wrapping_sub(self.rq_ci) > 0, "no WQE posted");
             let mut w = [0u8; 32];
             self.rq.read((self.rq_ci % N) as usize * 32, &mut w);
             self.rq_ci += 1;
             let d = DataSeg::new_checked(&w[..16]).unwrap();
             let d2 = DataSeg::new_checked(&w[16..]).unwrap();
-            (d.addr(), d.byte_count(), d.lkey(), d2.lkey())
+            (d.addr().0, d.byte_count(), d.lkey(), d2.lkey())
         }
         fn slot(&self, pos: u32) -> usize {
             (pos % CQN) as usize * CQE_BYTES
@@ -746,7 +747,7 @@ mod tests {
         /// One packet of `len` bytes with `fill`, a normal CQE.
         fn rx(&mut self, len: u32, fill: u8, f: CqeFields) {
             let (addr, room, key, key2) = self.take_wqe();
-            assert_eq!((key, key2), (0x55, INVALID_LKEY));
+            assert_eq!((key, key2), (Lkey(0x55), INVALID_LKEY));
             assert!(room >= len);
             // The device writes the frame into the posted buffer.
             let buf = buffer_view(addr, len as usize);
@@ -1029,8 +1030,8 @@ mod tests {
                     self.rq.read((i % N) as usize * 32, &mut w);
                     let d = DataSeg::new_checked(&w[..16]).unwrap();
                     let d2 = DataSeg::new_checked(&w[16..]).unwrap();
-                    assert_eq!((d.lkey(), d2.lkey()), (0x55, INVALID_LKEY), "WQE {i}");
-                    d.addr()
+                    assert_eq!((d.lkey(), d2.lkey()), (Lkey(0x55), INVALID_LKEY), "WQE {i}");
+                    d.addr().0
                 })
                 .collect()
         }

@@ -49,7 +49,7 @@ use crate::sys::barrier::udma_to_device_barrier;
 use crate::sys::mem::DeviceBuffers;
 use crate::sys::DevMem;
 use mempool::lcache::with_cache;
-use mempool::{Mbuf, MbufPool};
+use mempool::{Iova, Mbuf, MbufPool};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -188,7 +188,7 @@ impl RxQueue {
     pub fn fill(&mut self) {
         let mut w = [0u8; MPRQ_WQE_BYTES];
         for i in 0..self.wqe_cnt {
-            let addr = (self.bufs.mem.addr() + i as usize * self.bufs.pitch) as u64;
+            let addr = Iova((self.bufs.mem.addr() + i as usize * self.bufs.pitch) as u64);
             // Every buffer has a key (checked in `new`).
             let lkey = self.bufs.keys.key_of(i).unwrap_or_default();
             if let Some(mut v) = MprqWqe::new_checked(&mut w[..]) {
@@ -436,7 +436,7 @@ mod tests {
         let dbrec = Arc::new(DevMem::anon(64).unwrap());
         let cq_dbrec = Arc::new(DevMem::anon(64).unwrap());
         let bufs = DeviceBuffers::new("mprq-test", wqe_cnt, geo.wqe_bytes() as usize, |_| {
-            Ok(Registration::new(LKEY))
+            Ok(Registration::new(mempool::Lkey(LKEY)))
         })
         .unwrap();
         let view = Arc::clone(&bufs.mem);
@@ -558,9 +558,9 @@ mod tests {
             assert_eq!(&w[..16], &[0u8; 16]);
             assert_eq!(
                 (d.lkey(), u64::from(d.byte_count())),
-                (LKEY, self.geo.wqe_bytes())
+                (mempool::Lkey(LKEY), self.geo.wqe_bytes())
             );
-            let at = d.addr() as usize + self.stride as usize * sb - self.bufs.addr();
+            let at = d.addr().0 as usize + self.stride as usize * sb - self.bufs.addr();
             self.bufs.write(at, bytes);
             let f = CqeFields {
                 opcode: 2,

@@ -33,7 +33,7 @@ use crate::ring::{Polled, WorkQueue};
 use crate::sys::barrier::{mmio_flush_writes, udma_to_device_barrier};
 use crate::sys::{DevMem, Mmio};
 use mempool::lcache::with_cache;
-use mempool::{ChunkKeys, Mbuf, MbufFifo, MbufPool, OffloadFlags};
+use mempool::{ChunkKeys, Iova, Mbuf, MbufFifo, MbufPool, OffloadFlags};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -699,10 +699,10 @@ impl TxQueue {
             bytes += data.len() as u64;
             let at = (2 + n) * SEG_BYTES;
             if let Some(w) = &window {
-                let (lo, hi) = data_seg_words(addr as u64, key, data.len() as u32);
+                let (lo, hi) = data_seg_words(Iova(addr as u64), key, data.len() as u32);
                 w.write_2x64(at, lo, hi);
             } else {
-                let d = DataSeg::bytes(addr as u64, key, data.len() as u32);
+                let d = DataSeg::bytes(Iova(addr as u64), key, data.len() as u32);
                 self.wqe[at..at + SEG_BYTES].copy_from_slice(&d);
             }
             n += 1;
@@ -838,7 +838,7 @@ impl TxQueue {
                 return Build::Drop;
             };
             if let Some(mut d) = DataSeg::new_checked(&mut w[at..at + SEG_BYTES]) {
-                d.set(addr as u64, key, len as u32);
+                d.set(Iova(addr as u64), key, len as u32);
             }
             at += SEG_BYTES;
         }
@@ -913,7 +913,7 @@ mod tests {
 
     fn queue_with(pool: &Arc<MbufPool>, min_inline: u16, state: Arc<TestState>) -> (TxQueue, Nic) {
         let keys = pool
-            .register_chunks(|_| Ok(Registration::new(0x77)))
+            .register_chunks(|_| Ok(Registration::new(mempool::Lkey(0x77))))
             .unwrap();
         let sq = Arc::new(DevMem::anon(WQE_CNT as usize * WQEBB_BYTES).unwrap());
         let cq = Arc::new(DevMem::anon(CQE_CNT as usize * CQE_BYTES).unwrap());
@@ -1030,7 +1030,7 @@ mod tests {
         let expect: Vec<u8> = (0..18).map(|i| 1u8.wrapping_add(i)).collect();
         assert_eq!(e.inline(), &expect[..]);
         let d = DataSeg::new_checked(&w[48..64]).unwrap();
-        assert_eq!((d.byte_count(), d.lkey()), (42, 0x77));
+        assert_eq!((d.byte_count(), d.lkey()), (42, mempool::Lkey(0x77)));
         assert_eq!(nic.sq_record(), 1);
         assert_eq!(
             nic.bf.load_u64(0, Ordering::Acquire).to_ne_bytes(),
@@ -1145,7 +1145,7 @@ mod tests {
             assert_eq!((e.cs_flags(), e.inline_hdr_sz()), (cs, 0));
             for k in 0..pk {
                 let d = DataSeg::new_checked(&w[32 + 16 * k..48 + 16 * k]).unwrap();
-                assert_eq!(d.lkey(), 0x77);
+                assert_eq!(d.lkey(), mempool::Lkey(0x77));
             }
             at += crate::hw::mlx5::wqebbs(2 + pk) as u32;
         }

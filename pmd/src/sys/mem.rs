@@ -884,7 +884,7 @@ mod tests {
         let mut seen = Vec::new();
         let b = DeviceBuffers::new("devbuf-test", 3, 5000, |c| {
             seen.push((c.addr, c.len));
-            Ok(mempool::Registration::new(0x77))
+            Ok(mempool::Registration::new(mempool::Lkey(0x77)))
         })
         .unwrap();
         assert_eq!(b.pitch, 8192);
@@ -893,7 +893,7 @@ mod tests {
         assert_eq!(seen, vec![(b.mem.addr(), 3 * 8192)]);
         assert_eq!(
             (0..3).map(|i| b.keys.key_of(i)).collect::<Vec<_>>(),
-            [Some(0x77); 3]
+            [Some(mempool::Lkey(0x77)); 3]
         );
         b.mem.write(2 * 8192 + 4999, &[9]);
         let mut x = [0u8];

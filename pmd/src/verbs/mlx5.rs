@@ -490,7 +490,7 @@ impl Provider for Mlx5Provider {
 
     fn reg_mr(&mut self, chunk: &ChunkInfo) -> Result<Registration, SetupError> {
         let mr = Mr::register(&self.pd, chunk.addr, chunk.len).map_err(verbs)?;
-        Ok(Registration::with_guard(mr.lkey(), mr))
+        Ok(Registration::with_guard(mempool::Lkey(mr.lkey()), mr))
     }
 
     fn create_tx_queues(&mut self, n: u16, nb_desc: u32) -> Result<Vec<RawSq>, SetupError> {

@@ -322,7 +322,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let keys: ChunkKeys = match pool.register_chunks(|_| Ok(Registration::new(LKEY))) {
+    let keys: ChunkKeys = match pool.register_chunks(|_| Ok(Registration::new(mempool::Lkey(LKEY))))
+    {
         Ok(k) => k,
         Err(e) => {
             eprintln!("datapath: registering the pool: {e}");

@@ -445,7 +445,7 @@ pub(crate) fn run_rx_mprq(pool: &Arc<MbufPool>, plan: Plan, compressed: bool) ->
     let (ring, dbrec) = (anon(MPRQ_WQES as usize * MPRQ_WQE_BYTES), anon(4096));
     let (cq, cq_dbrec) = (new_cq(cq_n), anon(4096));
     let bufs = DeviceBuffers::new("datapath-mprq", MPRQ_WQES, geo.wqe_bytes() as usize, |_| {
-        Ok(Registration::new(LKEY))
+        Ok(Registration::new(mempool::Lkey(LKEY)))
     })
     .expect("stride buffers");
     let view = Arc::clone(&bufs.mem);

@@ -295,7 +295,10 @@ impl Provider for Model {
             .add_mr(lkey, chunk.addr as u64, mem)
             .map_err(engine_refused("memory region"))?;
         tracing::debug!(target: "pmd::emu", lkey, addr = chunk.addr, len = chunk.len, "memory region registered");
-        Ok(Registration::with_guard(lkey, self.handle().mr_guard(lkey)))
+        Ok(Registration::with_guard(
+            mempool::Lkey(lkey),
+            self.handle().mr_guard(lkey),
+        ))
     }
 
     fn create_tx_queues(&mut self, n: u16, nb_desc: u32) -> Result<Vec<RawTxQueue>, SetupError> {

@@ -211,7 +211,7 @@ impl Provider for ModelPort {
         let mem = Arc::new(unsafe { DevMem::for_registered_chunk(chunk) });
         let lkey = self.model.reg_mr(&mem).map_err(dev)?;
         Ok(Registration::with_guard(
-            lkey,
+            mempool::Lkey(lkey),
             self.model.handle().mr_guard(lkey),
         ))
     }

@@ -4,6 +4,7 @@
 
 use super::BU_BYTES;
 use crate::hw::bits::{le32, le64, set_le32, set_le64};
+use mempool::{Iova, Lkey};
 
 /// Size of the WQE header ("DMA OOB", §3.1).
 pub const WQE_HEADER_BYTES: usize = 8;
@@ -133,12 +134,12 @@ impl<T: AsRef<[u8]>> Sge<T> {
         (buf.as_ref().len() >= SGE_BYTES).then_some(Self(buf))
     }
     /// Process virtual address of the data (user MR: IOVA = VA, §1.9).
-    pub fn address(&self) -> u64 {
-        le64(self.0.as_ref(), 0)
+    pub fn address(&self) -> Iova {
+        Iova(le64(self.0.as_ref(), 0))
     }
     /// Memory key (the MR's lkey).
-    pub fn mem_key(&self) -> u32 {
-        le32(self.0.as_ref(), 8)
+    pub fn mem_key(&self) -> Lkey {
+        Lkey(le32(self.0.as_ref(), 8))
     }
     /// Length in bytes.
     pub fn size(&self) -> u32 {
@@ -149,12 +150,25 @@ impl<T: AsRef<[u8]>> Sge<T> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Sge<T> {
     /// Writes all three fields.
     #[inline]
-    pub fn set(&mut self, address: u64, mem_key: u32, size: u32) {
+    pub fn set(&mut self, address: Iova, mem_key: Lkey, size: u32) {
         let b = self.0.as_mut();
-        set_le64(b, 0, address);
-        set_le32(b, 8, mem_key);
+        set_le64(b, 0, address.0);
+        set_le32(b, 8, mem_key.0);
         set_le32(b, 12, size);
     }
+}
+
+/// An SGE as two 8-byte words in native order (a ring store writes each `to_le()`, as the
+/// device reads them): the address, then the key and size.
+#[inline]
+pub fn sge_words(address: Iova, mem_key: Lkey, size: u32) -> (u64, u64) {
+    (address.0, sge_key_size(mem_key, size))
+}
+
+/// The second word of [`sge_words`] (the same for every RX buffer of a one-key pool).
+#[inline]
+pub fn sge_key_size(mem_key: Lkey, size: u32) -> u64 {
+    u64::from(mem_key.0) | (u64::from(size) << 32)
 }
 
 /// `packet_format` of a TX OOB (§4.1).
@@ -469,9 +483,11 @@ mod tests {
     #[test]
     fn sge_layout_from_spec_table() {
         let mut b = [0u8; 16];
-        Sge::new_checked(&mut b[..])
-            .unwrap()
-            .set(0x1122_3344_5566_7788, 0xaabb_ccdd, 60);
+        Sge::new_checked(&mut b[..]).unwrap().set(
+            Iova(0x1122_3344_5566_7788),
+            Lkey(0xaabb_ccdd),
+            60,
+        );
         assert_eq!(
             b,
             [0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 0xdd, 0xcc, 0xbb, 0xaa, 60, 0, 0, 0]

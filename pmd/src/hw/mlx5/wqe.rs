@@ -5,6 +5,7 @@
 
 use super::{Opcode, DS_BYTES};
 use crate::hw::bits::{be16, be32, be64, set_be16, set_be32, set_be64};
+use mempool::{Iova, Lkey};
 
 /// Size of a control, Ethernet (without its inline tail) or data segment.
 pub const SEG_BYTES: usize = DS_BYTES;
@@ -28,7 +29,7 @@ pub const VLAN_INSERT_CMD: u16 = 0x8000;
 /// Inline data segment marker in its first dword (`MLX5_INLINE_SEG`, §2.4).
 pub const INLINE_SEG: u32 = 0x8000_0000;
 /// The lkey of unused trailing RX scatter entries (§4.1).
-pub const INVALID_LKEY: u32 = 0x100;
+pub const INVALID_LKEY: Lkey = Lkey(0x100);
 
 mod ctrl {
     use crate::hw::bits::Bits32;
@@ -245,12 +246,12 @@ impl<T: AsRef<[u8]>> DataSeg<T> {
         self.byte_count() & INLINE_SEG != 0
     }
     /// Memory key.
-    pub fn lkey(&self) -> u32 {
-        be32(self.0.as_ref(), 4)
+    pub fn lkey(&self) -> Lkey {
+        Lkey(be32(self.0.as_ref(), 4))
     }
     /// Virtual address.
-    pub fn addr(&self) -> u64 {
-        be64(self.0.as_ref(), 8)
+    pub fn addr(&self) -> Iova {
+        Iova(be64(self.0.as_ref(), 8))
     }
 }
 
@@ -258,25 +259,25 @@ impl<T: AsRef<[u8]>> DataSeg<T> {
 /// byte count and key (first word, native order, bytes big-endian as the device reads them),
 /// then the address.
 #[inline]
-pub fn data_seg_words(addr: u64, lkey: u32, len: u32) -> (u64, u64) {
-    (data_seg_head(lkey, len), addr.to_be())
+pub fn data_seg_words(addr: Iova, lkey: Lkey, len: u32) -> (u64, u64) {
+    (data_seg_head(lkey, len), addr.0.to_be())
 }
 
 /// The first word of [`data_seg_words`] (constant for a queue's RX buffers).
 #[inline]
-pub fn data_seg_head(lkey: u32, len: u32) -> u64 {
-    u64::from((len & !INLINE_SEG).to_be()) | (u64::from(lkey.to_be()) << 32)
+pub fn data_seg_head(lkey: Lkey, len: u32) -> u64 {
+    u64::from((len & !INLINE_SEG).to_be()) | (u64::from(lkey.0.to_be()) << 32)
 }
 
 impl DataSeg<[u8; SEG_BYTES]> {
     /// The 16 bytes of a pointer segment for `len` bytes at `addr` through `lkey`, to store
     /// into a ring in one piece.
     #[inline]
-    pub fn bytes(addr: u64, lkey: u32, len: u32) -> [u8; SEG_BYTES] {
+    pub fn bytes(addr: Iova, lkey: Lkey, len: u32) -> [u8; SEG_BYTES] {
         let mut b = [0u8; SEG_BYTES];
         b[..4].copy_from_slice(&(len & !INLINE_SEG).to_be_bytes());
-        b[4..8].copy_from_slice(&lkey.to_be_bytes());
-        b[8..].copy_from_slice(&addr.to_be_bytes());
+        b[4..8].copy_from_slice(&lkey.0.to_be_bytes());
+        b[8..].copy_from_slice(&addr.0.to_be_bytes());
         b
     }
 }
@@ -284,11 +285,11 @@ impl DataSeg<[u8; SEG_BYTES]> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> DataSeg<T> {
     /// Writes `len` bytes at `addr` through `lkey`.
     #[inline]
-    pub fn set(&mut self, addr: u64, lkey: u32, len: u32) {
+    pub fn set(&mut self, addr: Iova, lkey: Lkey, len: u32) {
         let b = self.0.as_mut();
         set_be32(b, 0, len & !INLINE_SEG);
-        set_be32(b, 4, lkey);
-        set_be64(b, 8, addr);
+        set_be32(b, 4, lkey.0);
+        set_be64(b, 8, addr.0);
     }
 }
 
@@ -336,7 +337,7 @@ impl<T: AsRef<[u8]>> MprqWqe<T> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> MprqWqe<T> {
     /// Writes the whole WQE: the first 16 bytes zero, then `addr`, `lkey` and the buffer's
     /// `bytes`.
-    pub fn write(&mut self, addr: u64, lkey: u32, bytes: u32) {
+    pub fn write(&mut self, addr: Iova, lkey: Lkey, bytes: u32) {
         let b = self.0.as_mut();
         b[..MPRQ_DSEG_OFFSET].fill(0);
         DataSeg(&mut b[MPRQ_DSEG_OFFSET..MPRQ_WQE_BYTES]).set(addr, lkey, bytes);
@@ -388,11 +389,14 @@ mod seg_word_tests {
 
     #[test]
     fn the_two_words_are_the_segment_bytes() {
-        let (lo, hi) = data_seg_words(0x1122_3344_5566_7788, 0xabcdef, 60);
+        let (lo, hi) = data_seg_words(Iova(0x1122_3344_5566_7788), Lkey(0xabcdef), 60);
         let mut b = [0u8; 16];
         b[..8].copy_from_slice(&lo.to_ne_bytes());
         b[8..].copy_from_slice(&hi.to_ne_bytes());
-        assert_eq!(b, DataSeg::bytes(0x1122_3344_5566_7788, 0xabcdef, 60));
+        assert_eq!(
+            b,
+            DataSeg::bytes(Iova(0x1122_3344_5566_7788), Lkey(0xabcdef), 60)
+        );
     }
 }
 
@@ -424,15 +428,17 @@ mod tests {
     #[test]
     fn mprq_wqe_leaves_the_next_segment_zero_and_puts_the_buffer_at_byte_16() {
         let mut w = [0xaau8; MPRQ_WQE_BYTES];
-        MprqWqe::new_checked(&mut w[..])
-            .unwrap()
-            .write(0x7f00_1234_0000, 0x55, 64 * 2048);
+        MprqWqe::new_checked(&mut w[..]).unwrap().write(
+            Iova(0x7f00_1234_0000),
+            Lkey(0x55),
+            64 * 2048,
+        );
         assert_eq!(&w[..16], &[0u8; 16]);
         assert_eq!(&w[16..20], &(64u32 * 2048).to_be_bytes());
         assert_eq!(&w[20..24], &0x55u32.to_be_bytes());
         assert_eq!(&w[24..32], &0x7f00_1234_0000u64.to_be_bytes());
         let d = MprqWqe::new_checked(&w[..]).unwrap();
-        assert_eq!(d.dseg().addr(), 0x7f00_1234_0000);
+        assert_eq!(d.dseg().addr(), Iova(0x7f00_1234_0000));
         assert!(MprqWqe::new_checked(&w[..31]).is_none());
     }
 

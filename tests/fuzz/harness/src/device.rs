@@ -48,7 +48,7 @@ fn pool(name: &'static str) -> (Arc<MbufPool>, ChunkKeys) {
     }
     let pool = MbufPool::new(MbufPoolConfig::new(name, 512)).expect("mbuf pool");
     let keys = pool
-        .register_chunks(|_| Ok(Registration::new(LKEY)))
+        .register_chunks(|_| Ok(Registration::new(mempool::Lkey(LKEY))))
         .expect("register");
     pools.push((name, Arc::clone(&pool), keys.clone()));
     (pool, keys)
@@ -415,7 +415,7 @@ mod mlx5 {
         let (cq, raw_cq) = Cq::new(if compressed { 128 } else { 64 });
         let bufs =
             pmd::sys::mem::DeviceBuffers::new("fuzz-mprq", WQES, geo.wqe_bytes() as usize, |_| {
-                Ok(Registration::new(LKEY))
+                Ok(Registration::new(mempool::Lkey(LKEY)))
             })
             .expect("stride buffers");
         let raw = RawRq {

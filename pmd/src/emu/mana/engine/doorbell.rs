@@ -346,9 +346,11 @@ mod tests {
                 sq_id: q.id,
                 ..Default::default()
             });
-        Sge::new_checked(&mut w[16..32])
-            .unwrap()
-            .set(iova as u64, LKEY, len);
+        Sge::new_checked(&mut w[16..32]).unwrap().set(
+            mempool::Iova(iova as u64),
+            mempool::Lkey(LKEY),
+            len,
+        );
         write_wrapped(&q.mem, q.pos, &w);
         q.pos += WQE as u32;
         q.pos
@@ -506,9 +508,11 @@ mod tests {
         WqeHeader::new_checked(&mut w[..8])
             .unwrap()
             .init(SHORT_OOB_BYTES, 1);
-        Sge::new_checked(&mut w[16..32])
-            .unwrap()
-            .set((base + 4096) as u64, LKEY, 2048);
+        Sge::new_checked(&mut w[16..32]).unwrap().set(
+            mempool::Iova((base + 4096) as u64),
+            mempool::Lkey(LKEY),
+            2048,
+        );
         write_wrapped(&rq, 0, &w);
         db.ring_doorbell(doorbell::RQ_OFFSET, doorbell::rq(0x1003, WQE as u32));
         assert!(peer.send(&[0x5a; 60]));
