@@ -53,7 +53,7 @@
 //! # Example
 //!
 //! ```
-//! use mempool::{MbufPool, MbufPoolConfig, OffloadFlags, Registration, RawMbuf};
+//! use mempool::{Lkey, MbufPool, MbufPoolConfig, OffloadFlags, Registration, RawMbuf};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // 4096 mbufs of 2048 data bytes; hugepages when the machine has them, else 4 KiB pages.
@@ -61,7 +61,7 @@
 //! let pool = MbufPool::new(
 //!     MbufPoolConfig::new("rx0", 4096)
 //!         .cache_size(256)
-//!         .on_chunk(|chunk| Ok(Registration::new(mempool::Lkey(0x1000 + chunk.index as u32)))),
+//!         .on_chunk(|chunk| Ok(Registration::new(Lkey(0x1000 + chunk.index as u32)))),
 //! )?;
 //! println!("pool on {} pages", pool.page_size());
 //!
@@ -74,7 +74,7 @@
 //! m.prepend(4)?.copy_from_slice(b"hdr:");
 //! m.set_ol_flags(OffloadFlags::TX_IPV4 | OffloadFlags::TX_IP_CKSUM);
 //! assert_eq!(&m[..], b"hdr:payload");
-//! assert_eq!(m.chunk_key(), Some(0x1000));
+//! assert_eq!(m.chunk_key(), Some(Lkey(0x1000)));
 //! m.free_to(&mut cache);
 //!
 //! // Driver path: raw bursts, a copy of 32 indices in and out of the cache.

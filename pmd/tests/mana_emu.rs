@@ -90,6 +90,18 @@ fn mbuf_with(pool: &Arc<MbufPool>, bytes: &[u8]) -> Mbuf {
     m
 }
 
+/// Sends `n` numbered 64-byte UDP frames from port A (all taken) and lets both models run.
+fn send_udp(p: &mut Pair, n: u32) {
+    let mut burst = Burst::with_capacity(n as usize);
+    for i in 0..n {
+        burst
+            .push(mbuf_with(&p.pool, &udp_frame(i, 1, 64)))
+            .unwrap();
+    }
+    assert_eq!(p.tx.tx_burst(&mut burst), n as usize);
+    step_both(p);
+}
+
 fn step_both(p: &Pair) {
     for _ in 0..4 {
         p.ma.run_until_idle(100);
@@ -427,14 +439,7 @@ fn error_completions_are_counted_not_fatal() {
         rx_error_every: 3,
         ..Default::default()
     });
-    let mut burst = Burst::with_capacity(12);
-    for i in 0..12 {
-        burst
-            .push(mbuf_with(&p.pool, &udp_frame(i, 1, 64)))
-            .unwrap();
-    }
-    assert_eq!(p.tx.tx_burst(&mut burst), 12);
-    step_both(&p);
+    send_udp(&mut p, 12);
     p.tx.tx_burst(&mut Burst::with_capacity(1));
     let sa = p.a.stats();
     assert_eq!((sa.opackets, sa.oerrors), (6, 6));
@@ -457,14 +462,7 @@ fn completions_held_back_when_the_queue_goes_are_counted() {
         completion_delay_steps: 1_000_000,
         ..Default::default()
     });
-    let mut burst = Burst::with_capacity(12);
-    for i in 0..12 {
-        burst
-            .push(mbuf_with(&p.pool, &udp_frame(i, 1, 64)))
-            .unwrap();
-    }
-    assert_eq!(p.tx.tx_burst(&mut burst), 12);
-    step_both(&p);
+    send_udp(&mut p, 12);
     let mut frames = Vec::new();
     drop(drain(&mut p.rx[0], &mut frames));
     assert!(frames.is_empty(), "every completion is held back");

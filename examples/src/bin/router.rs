@@ -15,6 +15,7 @@
 //!        --route 169.254.20.0/24,1,02:00:00:00:00:22 --route 169.254.10.0/24,0,02:00:00:00:00:11
 //! ```
 
+use examples::Cli;
 use mempool::{MbufPool, MbufPoolConfig};
 use pmd::net::mac::MacAddr;
 use pmd::port::{Burst, Port, PortConfig, RxQueue, TxQueue};
@@ -234,61 +235,49 @@ impl Counts {
 
 struct Args {
     ports: Vec<String>,
-    routes: Vec<Route>,
+    table: Table,
     duration: Option<Duration>,
 }
 
 fn parse_args() -> Args {
-    let mut a = Args {
-        ports: Vec::new(),
-        routes: Vec::new(),
-        duration: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
+    let mut cli = Cli::new("router", HELP);
+    let (mut ports, mut routes, mut duration) = (Vec::new(), Vec::new(), None);
+    while let Some(arg) = cli.next_option() {
         match arg.as_str() {
-            "-h" | "--help" => {
-                println!("{HELP}");
-                std::process::exit(0);
+            "--port" => ports.push(cli.text("--port", "a port spec")),
+            "--route" => match cli.text("--route", "NET/LEN,PORT,MAC").parse::<Route>() {
+                Ok(r) => routes.push(r),
+                Err(e) => cli.usage(&format!("--route {e}")),
+            },
+            "--duration" => {
+                let s: f64 = cli.value("--duration", "a positive number of seconds", |s| {
+                    *s > 0.0 && f64::is_finite(*s)
+                });
+                duration = Some(Duration::from_secs_f64(s));
             }
-            "--port" => match args.next() {
-                Some(p) => a.ports.push(p),
-                None => usage("--port needs a port spec"),
-            },
-            "--route" => match args.next().map(|r| r.parse::<Route>()) {
-                Some(Ok(r)) => a.routes.push(r),
-                Some(Err(e)) => usage(&format!("--route {e}")),
-                None => usage("--route needs NET/LEN,PORT,MAC"),
-            },
-            "--duration" => match args.next().and_then(|v| v.parse::<f64>().ok()) {
-                Some(s) if s > 0.0 && s.is_finite() => {
-                    a.duration = Some(Duration::from_secs_f64(s));
-                }
-                _ => usage("--duration needs a positive number of seconds"),
-            },
-            other => usage(&format!("unexpected argument {other:?}")),
+            other => cli.unexpected(other),
         }
     }
-    if a.ports.len() < 2 {
-        usage("at least two --port are needed");
+    if ports.len() < 2 {
+        cli.usage("at least two --port are needed");
     }
-    if a.routes.is_empty() {
-        usage("no --route: nothing could be forwarded");
+    if routes.is_empty() {
+        cli.usage("no --route: nothing could be forwarded");
     }
-    if let Some(r) = a.routes.iter().find(|r| r.port >= a.ports.len()) {
-        usage(&format!(
+    if let Some(r) = routes.iter().find(|r| r.port >= ports.len()) {
+        cli.usage(&format!(
             "a route goes out of port {}, but there are {} ports (0 to {})",
             r.port,
-            a.ports.len(),
-            a.ports.len() - 1
+            ports.len(),
+            ports.len() - 1
         ));
     }
-    a
-}
-
-fn usage(msg: &str) -> ! {
-    eprintln!("router: {msg}\n\n{HELP}");
-    std::process::exit(2);
+    let table = Table::new(routes).unwrap_or_else(|e| cli.usage(&e));
+    Args {
+        ports,
+        table,
+        duration,
+    }
 }
 
 /// Sends what `out` holds on `tx`; frees and counts what the ring had no room for.
@@ -339,7 +328,7 @@ fn poll(
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args();
     pmd::log::init("warn");
-    let table = Table::new(args.routes).unwrap_or_else(|e| usage(&e));
+    let table = &args.table;
     let pool = MbufPool::new(MbufPoolConfig::new("router", 8192))?;
     let cfg = PortConfig::default().with_ring_sizes(256, 256);
     let mut ports = Vec::new();
@@ -389,7 +378,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &mut outs,
             &mut b,
             &macs,
-            &table,
+            table,
             &mut counts,
         );
         if n == 0 {
@@ -490,6 +479,15 @@ mod tests {
         assert!(twice.unwrap_err().contains("two routes"));
     }
 
+    /// Two ports' MACs and a table with one route out of port 1.
+    fn two_ports() -> (Vec<MacAddr>, Table) {
+        let macs = ["02:00:00:00:00:a0", "02:00:00:00:00:a1"]
+            .iter()
+            .map(|m| m.parse().unwrap())
+            .collect();
+        (macs, table(&["169.254.20.0/24,1,02:00:00:00:00:22"]))
+    }
+
     /// An Ethernet/IPv4/UDP frame to `dst` with `ttl`, from etherparse.
     fn frame(to: MacAddr, dst: [u8; 4], ttl: u8) -> Vec<u8> {
         let b = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 9], to.0)
@@ -502,11 +500,7 @@ mod tests {
 
     #[test]
     fn a_routed_frame_has_its_ttl_checksum_and_macs_rewritten() {
-        let macs: Vec<MacAddr> = ["02:00:00:00:00:a0", "02:00:00:00:00:a1"]
-            .iter()
-            .map(|m| m.parse().unwrap())
-            .collect();
-        let t = table(&["169.254.20.0/24,1,02:00:00:00:00:22"]);
+        let (macs, t) = two_ports();
         for ttl in [2u8, 64, 255] {
             let mut f = frame(macs[0], [169, 254, 20, 2], ttl);
             assert_eq!(route(&mut f, macs[0], &macs, &t), Verdict::Forward(1));
@@ -521,11 +515,7 @@ mod tests {
 
     #[test]
     fn frames_that_cannot_be_forwarded_are_told_apart() {
-        let macs: Vec<MacAddr> = ["02:00:00:00:00:a0", "02:00:00:00:00:a1"]
-            .iter()
-            .map(|m| m.parse().unwrap())
-            .collect();
-        let t = table(&["169.254.20.0/24,1,02:00:00:00:00:22"]);
+        let (macs, t) = two_ports();
         let check = |mut f: Vec<u8>, want: Verdict| {
             let before = f.clone();
             assert_eq!(route(&mut f, macs[0], &macs, &t), want);

@@ -8,6 +8,7 @@
 //!     cargo run --release -p examples --bin rss -- --queues 4 --flows 256
 
 use etherparse::PacketBuilder;
+use examples::Cli;
 use mempool::lcache;
 use mempool::{MbufPool, MbufPoolConfig};
 use pmd::port::{Burst, Port, PortConfig, RssConfig};
@@ -39,34 +40,24 @@ struct Args {
     frames: u64,
 }
 
-fn usage(msg: &str) -> ! {
-    eprintln!("rss: {msg}\n\n{HELP}");
-    std::process::exit(2);
-}
-
 fn parse_args() -> Args {
+    let mut cli = Cli::new("rss", HELP);
     let mut a = Args {
         queues: 4,
         flows: 256,
         frames: 20_000,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
+    while let Some(arg) = cli.next_option() {
         let mut num = |what: &str, lo: u64, hi: u64| -> u64 {
-            match it.next().and_then(|v| v.parse::<u64>().ok()) {
-                Some(n) if (lo..=hi).contains(&n) => n,
-                _ => usage(&format!("{what} needs a number from {lo} to {hi}")),
-            }
+            cli.value(what, &format!("a number from {lo} to {hi}"), |n| {
+                (lo..=hi).contains(n)
+            })
         };
         match arg.as_str() {
-            "-h" | "--help" => {
-                println!("{HELP}");
-                std::process::exit(0);
-            }
             "--queues" => a.queues = num("--queues", 1, 16) as u16,
             "--flows" => a.flows = num("--flows", 1, 50_000) as u16,
             "--frames" => a.frames = num("--frames", 1, u64::MAX),
-            other => usage(&format!("unexpected argument {other:?}")),
+            other => cli.unexpected(other),
         }
     }
     a

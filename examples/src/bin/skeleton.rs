@@ -8,6 +8,7 @@
 //!
 //!     cargo run --release -p examples --bin skeleton -- --frames 200000
 
+use examples::Cli;
 use mempool::lcache;
 use mempool::{MbufPool, MbufPoolConfig};
 use pmd::port::{Burst, Port, PortConfig, RxQueue, TxQueue};
@@ -41,27 +42,15 @@ fn forward(rx: &mut RxQueue, tx: &mut TxQueue, b: &mut Burst, dropped: &mut u64)
 }
 
 fn parse_args() -> u64 {
+    let mut cli = Cli::new("skeleton", HELP);
     let mut frames = 100_000u64;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
+    while let Some(a) = cli.next_option() {
         match a.as_str() {
-            "-h" | "--help" => {
-                println!("{HELP}");
-                std::process::exit(0);
-            }
-            "--frames" => match args.next().and_then(|v| v.parse().ok()) {
-                Some(n) if n > 0 => frames = n,
-                _ => usage("--frames needs a positive number"),
-            },
-            other => usage(&format!("unexpected argument {other:?}")),
+            "--frames" => frames = cli.value("--frames", "a positive number", |n| *n > 0),
+            other => cli.unexpected(other),
         }
     }
     frames
-}
-
-fn usage(msg: &str) -> ! {
-    eprintln!("skeleton: {msg}\n\n{HELP}");
-    std::process::exit(2);
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -9,6 +9,7 @@
 //! ip netns exec NS nc 169.254.30.1 7
 //! ```
 
+use examples::Cli;
 use mempool::{MbufPool, MbufPoolConfig};
 use pmd::port::{Burst, Port, PortConfig, RxQueue, TxQueue};
 use smoltcp::iface::{Config, Interface, SocketSet};
@@ -35,6 +36,8 @@ Usage: tcp_echo --port SPEC [--ip ADDR/LEN] [--listen PORT] [--duration SECONDS]
   --duration SECONDS stop after this long (default: until SIGINT/SIGTERM)";
 
 const BURST: usize = 32;
+/// Sockets listening on the port at once (each serves one connection at a time).
+const LISTENERS: usize = 4;
 /// The largest frame smoltcp is given to build (Ethernet header and 1500 bytes of IP).
 const MAX_FRAME: usize = 1514;
 
@@ -165,36 +168,34 @@ struct Args {
 }
 
 fn parse_args() -> Args {
+    let mut cli = Cli::new("tcp_echo", HELP);
     let mut port = None;
     let mut ip = "169.254.30.1/24"
         .parse::<IpCidr>()
         .expect("a valid default");
     let mut listen = 7u16;
     let mut duration = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
+    while let Some(a) = cli.next_option() {
         match a.as_str() {
-            "-h" | "--help" => {
-                println!("{HELP}");
-                std::process::exit(0);
+            "--port" => port = Some(cli.text("--port", "a spec")),
+            "--ip" => {
+                ip = cli.value(
+                    "--ip",
+                    "a unicast ADDR/LEN, e.g. 169.254.30.1/24",
+                    |c: &IpCidr| c.address().is_unicast(),
+                );
             }
-            "--port" => port = Some(args.next().unwrap_or_else(|| usage("--port needs a spec"))),
-            "--ip" => match args.next().map(|v| v.parse::<IpCidr>()) {
-                Some(Ok(c)) if c.address().is_unicast() => ip = c,
-                _ => usage("--ip needs a unicast ADDR/LEN, e.g. 169.254.30.1/24"),
-            },
-            "--listen" => match args.next().and_then(|v| v.parse().ok()) {
-                Some(p) if p > 0 => listen = p,
-                _ => usage("--listen needs a TCP port (1 to 65535)"),
-            },
-            "--duration" => match args.next().and_then(|v| v.parse::<f64>().ok()) {
-                Some(s) if s > 0.0 && s.is_finite() => duration = Some(Duration::from_secs_f64(s)),
-                _ => usage("--duration needs a positive number of seconds"),
-            },
-            other => usage(&format!("unexpected argument {other:?}")),
+            "--listen" => listen = cli.value("--listen", "a TCP port (1 to 65535)", |p| *p > 0),
+            "--duration" => {
+                let s: f64 = cli.value("--duration", "a positive number of seconds", |s| {
+                    *s > 0.0 && f64::is_finite(*s)
+                });
+                duration = Some(Duration::from_secs_f64(s));
+            }
+            other => cli.unexpected(other),
         }
     }
-    let port = port.unwrap_or_else(|| usage("--port is needed"));
+    let port = port.unwrap_or_else(|| cli.usage("--port is needed"));
     Args {
         port,
         ip,
@@ -203,9 +204,40 @@ fn parse_args() -> Args {
     }
 }
 
-fn usage(msg: &str) -> ! {
-    eprintln!("tcp_echo: {msg}\n\n{HELP}");
-    std::process::exit(2);
+/// One socket's turn: listens again once closed, counts a connection when one starts, echoes
+/// what arrived (as much as the send buffer has room for) and closes once the client closed
+/// its side and everything went back. Returns the bytes echoed.
+fn serve(
+    s: &mut tcp::Socket<'_>,
+    port: u16,
+    serving: &mut bool,
+    connections: &mut u64,
+    scratch: &mut [u8],
+) -> Result<u64, Box<dyn std::error::Error>> {
+    if !s.is_open() {
+        s.listen(port)?;
+        *serving = false;
+    }
+    if s.is_active() && !*serving {
+        *connections += 1;
+        *serving = true;
+    }
+    let mut echoed = 0;
+    if s.can_recv() && s.can_send() {
+        let room = (s.send_capacity() - s.send_queue()).min(scratch.len());
+        let n = s.recv(|b| {
+            let n = b.len().min(room);
+            scratch[..n].copy_from_slice(&b[..n]);
+            (n, n)
+        })?;
+        let sent = s.send_slice(&scratch[..n])?;
+        debug_assert_eq!(sent, n);
+        echoed = n as u64;
+    }
+    if !s.may_recv() && s.may_send() && s.send_queue() == 0 {
+        s.close();
+    }
+    Ok(echoed)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -240,11 +272,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         a.push(args.ip).expect("room for one address");
     });
     let mut sockets = SocketSet::new(Vec::new());
-    let socket = tcp::Socket::new(
-        tcp::SocketBuffer::new(vec![0; 64 * 1024]),
-        tcp::SocketBuffer::new(vec![0; 64 * 1024]),
-    );
-    let handle = sockets.add(socket);
+    // A few sockets listen at once (smoltcp has no listen backlog: a socket serves one
+    // connection), so that a client's next connection finds one listening while another
+    // is still closing the last.
+    let handles: Vec<_> = (0..LISTENERS)
+        .map(|_| {
+            sockets.add(tcp::Socket::new(
+                tcp::SocketBuffer::new(vec![0; 64 * 1024]),
+                tcp::SocketBuffer::new(vec![0; 64 * 1024]),
+            ))
+        })
+        .collect();
     println!(
         "port 0: {}, mac {mac}; listening on {}:{}",
         args.port,
@@ -256,35 +294,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stop = Arc::new(AtomicBool::new(false));
     pmd::takeover::exit::on_stop_signal(Arc::clone(&stop))?;
     let (mut connections, mut echoed) = (0u64, 0u64);
-    let mut was_open = false;
+    let mut serving = [false; LISTENERS];
     let mut scratch = vec![0u8; 16 * 1024];
     while !stop.load(Ordering::Relaxed) && args.duration.is_none_or(|d| t0.elapsed() < d) {
         iface.poll(now(), &mut dev, &mut sockets);
-        let s = sockets.get_mut::<tcp::Socket>(handle);
-        if !s.is_open() {
-            // Closed (at the start, or after a client): wait for the next one.
-            s.listen(args.listen)?;
-            was_open = false;
-        }
-        if s.is_active() && !was_open {
-            connections += 1;
-            was_open = true;
-        }
-        // Echo what arrived, as much as the send buffer has room for.
-        if s.can_recv() && s.can_send() {
-            let room = (s.send_capacity() - s.send_queue()).min(scratch.len());
-            let n = s.recv(|b| {
-                let n = b.len().min(room);
-                scratch[..n].copy_from_slice(&b[..n]);
-                (n, n)
-            })?;
-            let sent = s.send_slice(&scratch[..n])?;
-            debug_assert_eq!(sent, n);
-            echoed += n as u64;
-        }
-        // The client closed its side and everything went back: close ours.
-        if !s.may_recv() && s.may_send() && s.send_queue() == 0 {
-            s.close();
+        for (&h, serving) in handles.iter().zip(serving.iter_mut()) {
+            let s = sockets.get_mut::<tcp::Socket>(h);
+            echoed += serve(s, args.listen, serving, &mut connections, &mut scratch)?;
         }
         iface.poll(now(), &mut dev, &mut sockets);
         dev.flush();

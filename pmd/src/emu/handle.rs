@@ -30,6 +30,36 @@ pub trait DeviceModel: Nic {
     fn remove_mr(&mut self, lkey: u32) -> bool;
 }
 
+/// Implements [`DeviceModel`] for an engine type whose inherent methods of the same names
+/// (`set_faults`, `cycle_faults`, `stats`, `wire_stats`, `remove_mr`) do the work.
+macro_rules! device_model {
+    ($engine:ty, $faults:ty, $stats:ty) => {
+        impl $crate::emu::handle::DeviceModel for $engine {
+            type Faults = $faults;
+            type Stats = $stats;
+            fn set_faults(&mut self, f: $faults) {
+                <$engine>::set_faults(self, f);
+            }
+            fn cycle_faults(
+                &mut self,
+                plan: Option<&$crate::emu::faults::FaultPlan>,
+            ) -> Result<(), $crate::emu::faults::FaultKind> {
+                <$engine>::cycle_faults(self, plan)
+            }
+            fn stats(&self) -> $stats {
+                <$engine>::stats(self)
+            }
+            fn wire_stats(&self) -> Vec<$crate::ethdev::Xstat> {
+                <$engine>::wire_stats(self)
+            }
+            fn remove_mr(&mut self, lkey: u32) -> bool {
+                <$engine>::remove_mr(self, lkey)
+            }
+        }
+    };
+}
+pub(crate) use device_model;
+
 /// A handle on a running model's engine (cheap to clone; the engine lives while a handle or
 /// its port does).
 pub struct EngineHandle<E: Nic>(Arc<EngineCore<E>>);

@@ -1301,22 +1301,4 @@ impl crate::emu::thread::Nic for Engine {
     }
 }
 
-impl crate::emu::handle::DeviceModel for Engine {
-    type Faults = Faults;
-    type Stats = ModelStats;
-    fn set_faults(&mut self, f: Faults) {
-        Engine::set_faults(self, f);
-    }
-    fn cycle_faults(&mut self, plan: Option<&FaultPlan>) -> Result<(), FaultKind> {
-        Engine::cycle_faults(self, plan)
-    }
-    fn stats(&self) -> ModelStats {
-        Engine::stats(self)
-    }
-    fn wire_stats(&self) -> Vec<crate::ethdev::Xstat> {
-        Engine::wire_stats(self)
-    }
-    fn remove_mr(&mut self, lkey: u32) -> bool {
-        Engine::remove_mr(self, lkey)
-    }
-}
+crate::emu::handle::device_model!(Engine, Faults, ModelStats);
