@@ -18,6 +18,7 @@ pub mod config;
 pub mod counters;
 pub mod events;
 pub mod kick;
+pub mod setup;
 pub mod xstat;
 
 pub use burst::Burst;
@@ -28,6 +29,7 @@ pub use config::{
 pub use counters::Counters;
 pub use events::{PortEvent, QueueFault, QueueRef};
 pub use kick::{DeviceKick, Kick};
+pub use setup::SetupError;
 pub use xstat::{DeviceDrops, Loss, Xstat};
 
 use crate::net::MacAddr;

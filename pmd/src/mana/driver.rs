@@ -79,7 +79,7 @@ impl Driver {
         loop {
             let busy = match self.provider.create_tx_queues(cfg.tx_queues, nb_desc) {
                 Err(e @ SetupError::PortBusy { .. }) => e,
-                other => return other.map_err(|e| setup_err("creating tx queues", e)),
+                other => return other.map_err(|e| e.into_port_error("creating tx queues")),
             };
             match (self.opts.busy, &busy) {
                 (
@@ -119,7 +119,7 @@ impl Driver {
                     std::thread::sleep(backoff.min(timeout - waited));
                     backoff = (backoff * 2).min(BUSY_BACKOFF.1);
                 }
-                _ => return Err(setup_err("creating tx queues", busy)),
+                _ => return Err(busy.into_port_error("creating tx queues")),
             }
         }
     }
@@ -142,21 +142,7 @@ fn waited_too_long(busy: SetupError, waited: Duration) -> PortError {
                 hint: crate::takeover::busy::hint_after_wait(h.as_ref(), errno, waited),
             }
         }
-        other => setup_err("creating tx queues", other),
-    }
-}
-
-fn setup_err(spec_what: &str, e: SetupError) -> PortError {
-    match e {
-        SetupError::PortBusy { holder, hint, .. } => PortError::Busy {
-            spec: spec_what.to_string(),
-            holder,
-            hint,
-        },
-        other => PortError::Setup {
-            what: spec_what.to_string(),
-            source: Box::new(other),
-        },
+        other => other.into_port_error("creating tx queues"),
     }
 }
 
@@ -207,18 +193,18 @@ impl PortDriver for Driver {
         self.xstats.clear();
         self.provider
             .set_mtu(cfg.mtu)
-            .map_err(|e| setup_err("setting the mtu", e))?;
+            .map_err(|e| e.into_port_error("setting the mtu"))?;
         if cfg.fork_safe || crate::ethdev::fork_safe_from_env() {
             self.provider
                 .fork_safe()
-                .map_err(|e| setup_err("making memory registration fork-safe", e))?;
+                .map_err(|e| e.into_port_error("making memory registration fork-safe"))?;
         }
         let keys = self.keys_for(pool)?;
         let raw_tx = self.create_tx(cfg)?;
         let raw_rx = self
             .provider
             .create_rx_queues(cfg.rx_queues, u32::from(cfg.rx_ring_size), &cfg.rss)
-            .map_err(|e| setup_err("creating rx queues", e))?;
+            .map_err(|e| e.into_port_error("creating rx queues"))?;
         let mut rx: Vec<Box<dyn RxBurst>> = Vec::new();
         for (raw, c) in raw_rx.into_iter().zip(&q.rx_counters) {
             let x = Arc::new(Xstats::default());

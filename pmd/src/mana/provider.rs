@@ -87,54 +87,10 @@ impl std::fmt::Debug for RawRxQueue {
     }
 }
 
-/// Errors of a MANA provider's control path.
-#[derive(Debug, thiserror::Error)]
-pub enum SetupError {
-    /// Raw-packet QP creation failed with EBUSY / ENODEV: someone else holds the vPort.
-    /// Build it with [`SetupError::port_busy`] (or [`SetupError::raw_qp`]), which fill in the
-    /// master, the holder and the hint.
-    #[error("{holder} holds the port")]
-    PortBusy {
-        /// The kernel netdev that holds the port, when known (what a take-over brings down).
-        netdev: Option<String>,
-        /// The netdev's master (the `hv_netvsc` interface on Azure), when it has one.
-        master: Option<String>,
-        /// What QP creation returned (EBUSY or ENODEV).
-        errno: i32,
-        /// Who, e.g. "kernel netdev enP7s1 (master eth1)".
-        holder: String,
-        /// What to do: the exact command, and the `busy=` policies.
-        hint: String,
-    },
-    /// Queue sizes or counts outside the device's limits.
-    #[error("{what}: {requested} requested, device maximum is {max}")]
-    Limit {
-        /// Which limit.
-        what: &'static str,
-        /// Asked.
-        requested: u32,
-        /// Allowed.
-        max: u32,
-    },
-    /// No port matches what the user named (the message lists what there is).
-    #[error("{0}")]
-    NoPort(String),
-    /// A device call failed; the error names the call, the object, errno and what to do.
-    #[error("{0}")]
-    Device(Box<dyn std::error::Error + Send + Sync>),
-    /// A verbs call (or its model equivalent) failed.
-    #[error("{call} failed while creating {object}: {source}")]
-    Verbs {
-        /// The call.
-        call: &'static str,
-        /// The object.
-        object: &'static str,
-        /// errno.
-        #[source]
-        source: std::io::Error,
-    },
-}
+pub use crate::ethdev::SetupError;
 
+/// The constructors of the busy error live with the driver whose ports the kernel can hold
+/// (port exclusivity, [`crate::takeover`]).
 impl SetupError {
     /// The error for a port whose raw-packet QP creation failed with `errno` (EBUSY or
     /// ENODEV, see [`crate::takeover::is_port_busy_errno`]) because `netdev` (the port's

@@ -3,7 +3,7 @@
 //! datapath's queues over them.
 #![deny(unsafe_code)]
 
-use super::provider::{Mprq, MprqCaps, Provider, RxQueueRequest, SetupError};
+use super::provider::{Mprq, MprqCaps, Provider, RxQueueRequest};
 use super::{rxq_mprq, RxQueue, RxXstats, TxQueue, TxXstats};
 use crate::ethdev::{
     rx_fill_error, Caps, Link, PoolRegistration, PortConfig, PortDriver, PortError, PortEvent,
@@ -137,13 +137,6 @@ pub fn check_mprq(m: Mprq, caps: Option<MprqCaps>, cfg: &PortConfig) -> Result<(
     Ok(())
 }
 
-fn setup_err(what: &str, e: SetupError) -> PortError {
-    PortError::Setup {
-        what: what.to_string(),
-        source: Box::new(e),
-    }
-}
-
 impl PortDriver for Driver {
     fn caps(&self) -> Caps {
         let max_desc = self.provider.max_desc().min(u32::from(u16::MAX)) as u16;
@@ -191,7 +184,7 @@ impl PortDriver for Driver {
         self.tx_xstats.clear();
         self.provider
             .set_mtu(cfg.mtu)
-            .map_err(|e| setup_err("setting the mtu", e))?;
+            .map_err(|e| e.into_port_error("setting the mtu"))?;
         let provider = &mut self.provider;
         let keys = self
             .registered
@@ -199,7 +192,7 @@ impl PortDriver for Driver {
         let raw_tx = self
             .provider
             .create_tx_queues(cfg.tx_queues, u32::from(cfg.tx_ring_size))
-            .map_err(|e| setup_err("creating tx queues", e))?;
+            .map_err(|e| e.into_port_error("creating tx queues"))?;
         let req = RxQueueRequest {
             n: cfg.rx_queues,
             nb_desc: u32::from(cfg.rx_ring_size),
@@ -211,7 +204,7 @@ impl PortDriver for Driver {
         let raw_rx = self
             .provider
             .create_rx_queues(&req)
-            .map_err(|e| setup_err("creating rx queues", e))?;
+            .map_err(|e| e.into_port_error("creating rx queues"))?;
         let mut rx: Vec<Box<dyn RxBurst>> = Vec::new();
         for (i, (raw, c)) in raw_rx.into_iter().zip(&q.rx_counters).enumerate() {
             let x = Arc::new(RxXstats::default());

@@ -10,35 +10,7 @@ use mempool::{ChunkInfo, Registration};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-/// Errors of an mlx5 provider's control path.
-#[derive(Debug, thiserror::Error)]
-pub enum SetupError {
-    /// No port matches the selection (the message says what there is).
-    #[error("{0}")]
-    NoPort(String),
-    /// Queue sizes or counts outside the device's limits.
-    #[error("{what}: {requested} requested, device maximum is {max}")]
-    Limit {
-        /// Which limit.
-        what: &'static str,
-        /// Asked.
-        requested: u32,
-        /// Allowed.
-        max: u32,
-    },
-    /// The device cannot do what was asked (e.g. a striding RQ on a device without the
-    /// capability); the error says what and why.
-    #[error("{what} is not supported: {why}")]
-    Unsupported {
-        /// What was asked.
-        what: &'static str,
-        /// Why not, and what to do instead.
-        why: String,
-    },
-    /// A device call failed; the error names the call, the object, errno and what to do.
-    #[error("{0}")]
-    Device(Box<dyn std::error::Error + Send + Sync>),
-}
+pub use crate::ethdev::SetupError;
 
 /// What the mlx5 datapath needs from below (spec §1).
 pub trait Provider: Send {
