@@ -13,13 +13,12 @@ use crate::hw::mana::cqe::{
     Cqe, CqeType, RxCsum, RxFlagsWord, RxSingle, RX_HEAD_BYTES, RX_PPI_COUNT,
 };
 use crate::hw::mana::doorbell;
-use crate::hw::mana::wqe::{sge_key_size, sge_words, WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
+use crate::hw::mana::wqe::{WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
 use crate::hw::mana::{BU_BYTES, CQE_BYTES};
 use crate::ring::{OwnerRule, Polled, Slot, WorkQueue};
 use crate::sys::barrier::udma_from_device_barrier;
 use crate::sys::{DevEntry, Doorbell};
 use mempool::lcache::with_cache;
-use mempool::Iova;
 use mempool::{
     ChunkKeys, CksumStatus, MbufPool, OffloadFlags, RxBufs, RxDesc, RxFields, RX_RUN_MAX,
 };
@@ -271,6 +270,7 @@ impl RxQueue {
             h.init(SHORT_OOB_BYTES, 1);
         }
         let hdr = u64::from_le_bytes(hdr);
+        let size = u64::from(self.data_room) << 32;
         let single = match self.keys.keys() {
             [key] => Some(*key),
             _ => None,
@@ -280,14 +280,13 @@ impl RxQueue {
         // (the usual case): stored through a window checked once.
         if let (Some(w), Some(key)) = (mem.window(start & mask, n as usize * RX_WQE_BYTES), single)
         {
-            let sge_hi = sge_key_size(key, self.data_room).to_le();
+            let sge_hi = (u64::from(key.0) | size).to_le();
             while k < n {
                 let at = k as usize * RX_WQE_BYTES;
                 w.write_2x64(at, hdr.to_le(), 0);
-                let addr = Iova(self.bufs.data_addr(from.wrapping_add(k)) as u64);
                 w.write_2x64(
                     at + WQE_HEADER_BYTES + SHORT_OOB_BYTES,
-                    addr.0.to_le(),
+                    (self.bufs.data_addr(from.wrapping_add(k)) as u64).to_le(),
                     sge_hi,
                 );
                 k += 1;
@@ -301,11 +300,10 @@ impl RxQueue {
             let off = (start + k as usize * RX_WQE_BYTES) & mask;
             // Header and the (zero) OOB, then the SGE: address, key, size (little-endian).
             mem.write_2x64(off, hdr.to_le(), 0);
-            let (lo, hi) = sge_words(Iova(self.bufs.data_addr(pos) as u64), key, self.data_room);
             mem.write_2x64(
                 off + WQE_HEADER_BYTES + SHORT_OOB_BYTES,
-                lo.to_le(),
-                hi.to_le(),
+                (self.bufs.data_addr(pos) as u64).to_le(),
+                (u64::from(key.0) | size).to_le(),
             );
             k += 1;
         }

@@ -158,14 +158,8 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Sge<T> {
     }
 }
 
-/// An SGE as two 8-byte words in native order (a ring store writes each `to_le()`, as the
-/// device reads them): the address, then the key and size.
-#[inline]
-pub fn sge_words(address: Iova, mem_key: Lkey, size: u32) -> (u64, u64) {
-    (address.0, sge_key_size(mem_key, size))
-}
-
-/// The second word of [`sge_words`] (the same for every RX buffer of a one-key pool).
+/// An SGE's second 8-byte word in native order (a ring store writes it `to_le()`, as the
+/// device reads it): the key, then the size.
 #[inline]
 pub fn sge_key_size(mem_key: Lkey, size: u32) -> u64 {
     u64::from(mem_key.0) | (u64::from(size) << 32)
