@@ -340,7 +340,9 @@ fn port_mtu(given: Option<u16>, frames: &Frames, vlan: bool) -> Result<u16, Fail
     }
 }
 
-fn run(args: &Args) -> Result<ExitCode, Failure> {
+/// The checks of a command line that clap cannot make; the sending time (`None`: until
+/// --count frames are sent).
+fn check_args(args: &Args) -> Result<Option<Duration>, Failure> {
     let np = args.ports.len();
     if np > 2 {
         return Err(usage(format!(
@@ -360,11 +362,25 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
             "--rx-only sends nothing: it takes neither --pcap nor --count",
         ));
     }
-    let duration = match (args.duration, args.count) {
+    Ok(match (args.duration, args.count) {
         (Some(d), _) => Some(Duration::from_secs_f64(d)),
         (None, Some(_)) => None,
         (None, None) => Some(Duration::from_secs(10)),
-    };
+    })
+}
+
+/// What pktgen sends: generated or replayed frames, the capture's timestamps (a replay), the
+/// mean frame length, the MTU the ports need, and a line that says it.
+struct Traffic {
+    frames: Frames,
+    capture_times: Option<Vec<u64>>,
+    mean_len: f64,
+    mtu: u16,
+    what: String,
+}
+
+/// The frames of `args` (--pcap, or the generator's --size/--imix/--flows/addresses).
+fn traffic(args: &Args) -> Result<Traffic, Failure> {
     let sizes = if args.imix {
         size_cycle(&IMIX)
     } else {
@@ -383,7 +399,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         dst_mac: args.dst_mac.0,
     };
     let mut capture_times = None;
-    let mut frames = match &args.pcap {
+    let frames = match &args.pcap {
         Some(p) => {
             let longest = args.mtu.map_or(MAX_FRAME_SIZE.into(), max_frame_bytes);
             let cap = load_pcap(p, longest as usize)?;
@@ -432,6 +448,25 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
             }
         ),
     };
+    Ok(Traffic {
+        frames,
+        capture_times,
+        mean_len,
+        mtu,
+        what,
+    })
+}
+
+fn run(args: &Args) -> Result<ExitCode, Failure> {
+    let duration = check_args(args)?;
+    let (np, ncores) = (args.ports.len(), args.lcores.cores().len());
+    let Traffic {
+        mut frames,
+        capture_times,
+        mean_len,
+        mtu,
+        what,
+    } = traffic(args)?;
     let pacing = pacing(args, mean_len, capture_times.as_deref())?;
     let cfg = PortConfig::default()
         .with_ring_sizes(args.ring_size, args.ring_size)
