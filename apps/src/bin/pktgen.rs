@@ -12,7 +12,7 @@ use apps::pktgen::{
 use clap::Parser;
 use hdrhistogram::Histogram;
 use mempool::lcache;
-use pmd::lcore::{launch_each, CoreList, StopFlag};
+use pmd::lcore::{launch_each, CoreList, Lcore, StopFlag};
 use pmd::port::{max_frame_bytes, Burst, Port, PortConfig, PortSpec, RxQueue, Stats, TxQueue};
 use pmd::MacAddr;
 use std::path::PathBuf;
@@ -604,37 +604,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         &lcores,
         &stop,
         roles,
-        |lcore, role| {
-            let mut idle = Idle::new(busy);
-            let out = match role {
-                Role::Tx(mut t) => {
-                    while !lcore.stop.is_set() {
-                        let w = t.poll(&pool, &sh, epoch);
-                        pace(&t, w, busy, &mut idle);
-                    }
-                    t.finish(&pool);
-                    Outcome::Tx
-                }
-                Role::Rx(mut r) => {
-                    while !lcore.stop.is_set() {
-                        let w = r.poll(&pool, &sh);
-                        idle.after(w);
-                    }
-                    Outcome::Rx(Box::new(r))
-                }
-                Role::Both(mut t, mut r) => {
-                    while !lcore.stop.is_set() {
-                        let a = t.poll(&pool, &sh, epoch);
-                        let b = r.poll(&pool, &sh);
-                        pace(&t, a || b, busy, &mut idle);
-                    }
-                    t.finish(&pool);
-                    Outcome::Rx(r)
-                }
-            };
-            lcache::flush();
-            out
-        },
+        |lcore, role| work(&lcore, role, &pool, &sh, epoch, busy),
         |_| {
             fatal = main_loop(
                 args,
@@ -692,6 +662,60 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         &events,
         &port_stats,
     );
+    verdict(args, in_use, fatal, &events, &shared, &tracker)
+}
+
+/// One polling core's run: its role's loop until the stop, then (a sending core) the frames
+/// in flight let complete; what the receiving side saw comes back.
+fn work(
+    lcore: &Lcore,
+    role: Role,
+    pool: &Arc<mempool::MbufPool>,
+    sh: &Shared,
+    epoch: Instant,
+    busy: bool,
+) -> Outcome {
+    let mut idle = Idle::new(busy);
+    let out = match role {
+        Role::Tx(mut t) => {
+            while !lcore.stop.is_set() {
+                let w = t.poll(pool, sh, epoch);
+                pace(&t, w, busy, &mut idle);
+            }
+            t.finish(pool);
+            Outcome::Tx
+        }
+        Role::Rx(mut r) => {
+            while !lcore.stop.is_set() {
+                let w = r.poll(pool, sh);
+                idle.after(w);
+            }
+            Outcome::Rx(Box::new(r))
+        }
+        Role::Both(mut t, mut r) => {
+            while !lcore.stop.is_set() {
+                let a = t.poll(pool, sh, epoch);
+                let b = r.poll(pool, sh);
+                pace(&t, a || b, busy, &mut idle);
+            }
+            t.finish(pool);
+            Outcome::Rx(r)
+        }
+    };
+    lcache::flush();
+    out
+}
+
+/// The run's exit status once the report is out: a failure for buffers missing from the
+/// pool, a port lost for good, a capture that stopped, or more loss than --max-loss.
+fn verdict(
+    args: &Args,
+    in_use: u32,
+    fatal: Option<String>,
+    events: &EventWatch,
+    shared: &Shared,
+    tracker: &SeqTracker,
+) -> Result<ExitCode, Failure> {
     if in_use != 0 {
         return Err(format!("{in_use} mbufs were not returned to the pool").into());
     }
