@@ -32,6 +32,9 @@ from pathlib import Path
 PARTS = ["emu-mana", "emu-mlx5", "mana", "mlx5"]
 # How much l2fwd's anonymous resident memory may grow from the end of the first pktgen run to
 # the end.
+# The shortest part that gives every fault its turn while pktgen sends (12 s a part did not:
+# the TX-error phase came after the traffic, and no TX error completion happened).
+MIN_PART_SECONDS = 15
 RSS_GROWTH_LIMIT_KIB = 2048
 
 
@@ -414,6 +417,10 @@ def main():
         (args.work / "result.json").write_text(json.dumps(r))
         return 0
     each = args.duration / len(parts)
+    if each < MIN_PART_SECONDS:
+        sys.exit(f"soak: {args.duration:g} s over {len(parts)} parts is {each:.1f} s a part: each part "
+                 f"needs at least {MIN_PART_SECONDS} s for every fault to take its turn while "
+                 f"traffic flows (give DURATION >= {MIN_PART_SECONDS * len(parts)}, or fewer --parts)")
     top = Path(tempfile.mkdtemp(prefix="pmd-soak-"))
     try:
         results = run_parts(parts, each, args, top)

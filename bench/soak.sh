@@ -5,7 +5,8 @@
 # Usage: bench/soak.sh [DURATION] [--parts emu-mana,emu-mlx5,mana,mlx5] [--rate PPS]
 #                      [--period SECONDS] [--leg-seconds SECONDS] [--keep]
 #
-# DURATION is shared by four parts, run one after the other:
+# DURATION is shared by four parts (at least 15 s each: shorter, not every fault gets its
+# turn while traffic flows, and the soak refuses it), run one after the other:
 #   emu-mana, emu-mlx5  l2fwd on two device-model ports with faults=all (link flaps, frames
 #                       dropped on arrival, truncated frames, TX error completions, bad
 #                       memory keys, failed queue state changes, slow completions), each
