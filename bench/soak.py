@@ -32,7 +32,8 @@ from pathlib import Path
 PARTS = ["emu-mana", "emu-mlx5", "mana", "mlx5"]
 # How much l2fwd's anonymous resident memory may grow from the end of the first pktgen run to
 # the end.
-# The shortest part that gives every fault its turn while pktgen sends (12 s a part did not:
+# The shortest part that gives every fault its turn while pktgen sends, at the default --period
+# of 0.5 s (12 s a part did not:
 # the TX-error phase came after the traffic, and no TX error completion happened).
 MIN_PART_SECONDS = 15
 RSS_GROWTH_LIMIT_KIB = 2048
@@ -417,10 +418,12 @@ def main():
         (args.work / "result.json").write_text(json.dumps(r))
         return 0
     each = args.duration / len(parts)
-    if each < MIN_PART_SECONDS:
+    # The fault cycle is as long as its period: a longer --period needs longer parts.
+    least = MIN_PART_SECONDS * max(1.0, args.period / 0.5)
+    if each < least:
         sys.exit(f"soak: {args.duration:g} s over {len(parts)} parts is {each:.1f} s a part: each part "
-                 f"needs at least {MIN_PART_SECONDS} s for every fault to take its turn while "
-                 f"traffic flows (give DURATION >= {MIN_PART_SECONDS * len(parts)}, or fewer --parts)")
+                 f"needs at least {least:g} s for every fault to take its turn while traffic "
+                 f"flows (give DURATION >= {least * len(parts):g}, or fewer --parts)")
     top = Path(tempfile.mkdtemp(prefix="pmd-soak-"))
     try:
         results = run_parts(parts, each, args, top)
