@@ -15,10 +15,10 @@ use crate::hw::mana::cqe::{
 use crate::hw::mana::doorbell;
 use crate::hw::mana::wqe::{WqeHeader, SHORT_OOB_BYTES, WQE_HEADER_BYTES};
 use crate::hw::mana::{BU_BYTES, CQE_BYTES};
+use crate::ring::refill::{self, PostRx};
 use crate::ring::{OwnerRule, Polled, Slot, WorkQueue};
 use crate::sys::barrier::udma_from_device_barrier;
 use crate::sys::{DevEntry, Doorbell};
-use mempool::lcache::with_cache;
 use mempool::{
     ChunkKeys, CksumStatus, MbufPool, OffloadFlags, RxBufs, RxDesc, RxFields, RX_RUN_MAX,
 };
@@ -221,31 +221,7 @@ impl RxQueue {
     /// Posts up to `n` new buffers, rings the doorbell once if any were posted, and returns
     /// how many could not be posted for lack of mbufs.
     fn refill(&mut self, n: u32) -> u32 {
-        let mut left = n.min(self.bufs.free());
-        let mut posted = false;
-        while left > 0 {
-            let k = left.min(REFILL_BULK);
-            let from = self.bufs.pushed();
-            let (bufs, pool) = (&mut self.bufs, &self.pool);
-            if !with_cache(pool, |cache| bufs.refill(cache, k)) {
-                break;
-            }
-            let done = self.post_wqes(from, k);
-            posted |= done > 0;
-            if done < k {
-                // Every pool chunk was registered at configure time; a buffer outside them
-                // would be posted with a key the device rejects: counted (an error, not a
-                // pool shortage), and it and the ones after it go back.
-                Xstats::bump(&self.xstats.rx_no_mkey);
-                self.counters.add_errors(1);
-                let (bufs, pool) = (&mut self.bufs, &self.pool);
-                with_cache(pool, |cache| {
-                    bufs.give_back_from(from.wrapping_add(done), cache)
-                });
-                break;
-            }
-            left -= k;
-        }
+        let (left, posted) = refill::refill(self, n, REFILL_BULK);
         if posted {
             // One doorbell per refill, with the absolute producer position (§6.3).
             self.db.ring(
@@ -491,6 +467,23 @@ fn csum_flags(cs: &RxCsum) -> OffloadFlags {
             CksumStatus::Unknown
         });
         fl
+    }
+}
+
+impl PostRx for RxQueue {
+    #[inline]
+    fn bufs_and_pool(&mut self) -> (&mut RxBufs, &Arc<MbufPool>) {
+        (&mut self.bufs, &self.pool)
+    }
+    #[inline]
+    fn post_wqes(&mut self, from: u32, n: u32) -> u32 {
+        RxQueue::post_wqes(self, from, n)
+    }
+    /// Every pool chunk was registered at configure time; a buffer outside them would be
+    /// posted with a key the device rejects: counted (an error, not a pool shortage).
+    fn count_unkeyed(&mut self) {
+        Xstats::bump(&self.xstats.rx_no_mkey);
+        self.counters.add_errors(1);
     }
 }
 

@@ -27,10 +27,10 @@ use crate::hw::mlx5::cqe::{self, MiniCqeFormat};
 use crate::hw::mlx5::doorbell::{self, RCV_DBR};
 use crate::hw::mlx5::wqe::{data_seg_head, DataSeg, INVALID_LKEY, SEG_BYTES};
 use crate::hw::mlx5::CQE_BYTES;
+use crate::ring::refill::{self, PostRx};
 use crate::ring::WorkQueue;
 use crate::sys::barrier::udma_to_device_barrier;
 use crate::sys::DevMem;
-use mempool::lcache::with_cache;
 use mempool::{ChunkKeys, Iova, MbufPool, OffloadFlags, RxBufs, RxDesc, RxFields, RX_RUN_MAX};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -183,29 +183,7 @@ impl RxQueue {
 
     /// Posts up to `n` buffers and writes the RQ record once; returns how many were missing.
     fn refill(&mut self, n: u32) -> u32 {
-        let mut left = n.min(self.bufs.free());
-        let mut posted = false;
-        while left > 0 {
-            let k = left.min(REFILL_BULK);
-            let from = self.bufs.pushed();
-            let (bufs, pool) = (&mut self.bufs, &self.pool);
-            if !with_cache(pool, |cache| bufs.refill(cache, k)) {
-                break;
-            }
-            let done = self.post_wqes(from, k);
-            posted |= done > 0;
-            if done < k {
-                // A buffer in no registered chunk: it and the ones after it go back.
-                RxXstats::bump(&self.xstats.no_mkey);
-                self.counters.add_errors(1);
-                let (bufs, pool) = (&mut self.bufs, &self.pool);
-                with_cache(pool, |cache| {
-                    bufs.give_back_from(from.wrapping_add(done), cache)
-                });
-                break;
-            }
-            left -= k;
-        }
+        let (left, posted) = refill::refill(self, n, REFILL_BULK);
         if posted {
             self.write_record();
         }
@@ -560,6 +538,22 @@ impl RxQueue {
             }
         }
         delivered
+    }
+}
+
+impl PostRx for RxQueue {
+    #[inline]
+    fn bufs_and_pool(&mut self) -> (&mut RxBufs, &Arc<MbufPool>) {
+        (&mut self.bufs, &self.pool)
+    }
+    #[inline]
+    fn post_wqes(&mut self, from: u32, n: u32) -> u32 {
+        RxQueue::post_wqes(self, from, n)
+    }
+    /// A buffer in no registered chunk.
+    fn count_unkeyed(&mut self) {
+        RxXstats::bump(&self.xstats.no_mkey);
+        self.counters.add_errors(1);
     }
 }
 

@@ -12,6 +12,8 @@
 //! units in flight even after the counters wrap, because ring sizes divide 2^32.
 #![deny(unsafe_code)]
 
+pub(crate) mod refill;
+
 use crate::sys::barrier::udma_from_device_barrier;
 use crate::sys::{DevMem, DevView};
 use std::marker::PhantomData;
