@@ -8,7 +8,7 @@
 //! to the pool.
 //!
 //! With ports on veth ends through the afpacket wire, the Linux kernel in two network
-//! namespaces is a real peer on each side (see `examples/tests/router_netns.rs`):
+//! namespaces is a real peer on each side (see `examples/tests/all/netns.rs`):
 //!
 //! ```text
 //! router --port emu-mana:wire=afpacket:veth0 --port emu-mana:wire=afpacket:veth1 \

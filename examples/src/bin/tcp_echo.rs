@@ -2,7 +2,7 @@
 //! TCP echo server on it. smoltcp does ARP, IPv4 and TCP; the port moves the frames (on MANA
 //! and mlx5 hardware, or a device model). With the port on a veth end through the afpacket
 //! wire, the Linux kernel in a network namespace is the client (see
-//! `examples/tests/tcp_echo_netns.rs`):
+//! `examples/tests/all/netns.rs`):
 //!
 //! ```text
 //! tcp_echo --port emu-mana:wire=afpacket:veth0 --ip 169.254.30.1/24
