@@ -87,14 +87,6 @@ impl fmt::Display for Lkey {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct Iova(pub u64);
 
-impl Iova {
-    /// The IOVA of `p` in memory registered at its virtual address.
-    #[inline]
-    pub fn of<T>(p: *const T) -> Self {
-        Iova(p as usize as u64)
-    }
-}
-
 impl std::ops::Add<u64> for Iova {
     type Output = Iova;
     /// `n` bytes further.

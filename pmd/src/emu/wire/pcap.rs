@@ -286,10 +286,11 @@ impl Wire for PcapTap {
         v
     }
 
-    /// The capture's failure, once a write failed (what was buffered is written out first,
-    /// so a failure in it shows now).
+    /// The capture's failure, once a write failed. Writes nothing itself: it is asked from
+    /// the model's link watch, which an inline engine runs on a polling core; what is
+    /// buffered is written when the buffer fills or [`Wire::stats`] is read (the models read
+    /// this right after it there).
     fn capture_error(&self) -> Option<i32> {
-        self.flush_buffered();
         self.failed()
             .then(|| i32::try_from(self.errno.get()).unwrap_or(0))
             .or_else(|| self.inner.capture_error())
