@@ -1,6 +1,7 @@
 //! pktgen's rate control on the device model: the achieved TX rate over 5 s is within 1% of
 //! the requested rate, up to 1 Mpps. (Its own test binary, so it runs alone.)
 
+#[path = "all/support.rs"]
 mod support;
 
 use support::{bin, succeeded};

@@ -3,9 +3,9 @@
 //! net/mlx5's Verbs order, a clear error and nothing left alive when any step fails, port
 //! selection, the minimum inline header by device, and every frame forwarded.
 
-mod common;
-
-use common::{bin, live_at_exit, text, Fake};
+use crate::common;
+use crate::common::serial;
+use crate::common::{bin, live_at_exit, text, Fake};
 use std::process::{Command, Output};
 
 const PORT1: &str = "mlx5:dev=mlx5_0";
@@ -14,13 +14,6 @@ const PORT2: &str = "mlx5:dev=mlx5_1";
 /// Two ConnectX-5 functions without wires (no traffic, no shared-memory cables to create).
 const NO_WIRES: &str =
     "mlx5_0/1:mac=02:00:00:00:20:01,wire=none;mlx5_1/1:mac=02:00:00:00:20:02,wire=none";
-
-/// One run at a time in this file (as in `mana_port.rs`: traffic beside other runs starves
-/// the rings on 2 cores).
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// l2fwd between two ports for a moment, on `fake`, with `env`, receiving only the ports'
 /// own MACs and broadcast (two steering rules per port).

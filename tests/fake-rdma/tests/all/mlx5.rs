@@ -5,6 +5,7 @@
 //! behind the fake: steering rules, SQ and RQ resets), a ConnectX-4's minimum inline
 //! header, the world's mlx5 entries, and the `mlx5dv_*` exports at their real versions.
 
+use crate::common;
 use pmd::emu::wire::{Shm, Wire as _};
 use std::collections::BTreeSet;
 use std::io::Read as _;
@@ -13,9 +14,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-mod common;
-
-use common::{fake_so, live_at_exit, profile_dir, text, Fake};
+use crate::common::{fake_so, live_at_exit, profile_dir, text, Fake};
 
 /// The C program, compiled once per test process with the real headers and linked against
 /// the real libraries.

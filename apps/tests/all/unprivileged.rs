@@ -5,12 +5,11 @@
 //! Needs root (to drop to that user) and `setpriv`; skipped otherwise, unless
 //! PMD_REQUIRE_PRIVILEGED is set.
 
-mod support;
-
+use crate::support;
+use crate::support::{json, stop, succeeded, Bg};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use support::{json, stop, succeeded, Bg};
 
 const NOBODY: &str = "65534";
 

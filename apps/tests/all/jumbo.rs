@@ -7,11 +7,9 @@
 //! fewer frames than that loses nothing however the processes are scheduled; nothing here is
 //! timed.
 
-mod support;
-
+use crate::support::{bin, stop, succeeded, Bg};
 use std::process::Stdio;
 use std::time::Duration;
-use support::{bin, stop, succeeded, Bg};
 
 /// Frames per run: fewer than a cable holds at 9014 bytes each.
 const N: u64 = 800;

@@ -5,6 +5,7 @@
 //! against the installed libraries and what our binaries import, and frames through the
 //! queues to the port's wire and back (the device model behind the fake).
 
+use crate::common;
 use pmd::emu::wire::{Shm, Wire as _};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -12,9 +13,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-mod common;
-
-use common::{fake_so, profile_dir, Fake};
+use crate::common::{fake_so, profile_dir, Fake};
 
 /// The C bring-up program, compiled once per test process with the real headers and
 /// linked against the real libraries.

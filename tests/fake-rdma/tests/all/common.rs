@@ -230,3 +230,12 @@ pub fn interrupt(pid: u32) {
         Err(e) => panic!("SIGINT to {pid}: {e}"),
     }
 }
+
+/// One traffic run at a time in this test binary: on a 2-core machine, a run beside another
+/// (six processes and their engine threads) starves l2fwd's rings (256 TX descriptors, the v44
+/// maximum), which then drop what they cannot take, and count it. Every test that runs
+/// l2fwd or pktgen with traffic holds this.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}

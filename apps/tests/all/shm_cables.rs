@@ -4,12 +4,11 @@
 //! attaches later and counted there (`wire_rx_stale`), never delivered. Nothing here is
 //! timed: each step waits for what the tools print.
 
-mod support;
-
+use crate::support;
+use crate::support::{json, succeeded};
 use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use support::{json, succeeded};
 
 /// The tool `name` with its cable files in `dir`.
 fn bin(name: &str, dir: &std::path::Path) -> Command {

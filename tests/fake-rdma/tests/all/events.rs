@@ -5,9 +5,8 @@
 //! flap and keeps going, recovers from a device failure, and stops (after the ports'
 //! recover timeout) on a removal.
 
-mod common;
-
-use common::{bin, live_at_exit, text, Fake};
+use crate::common;
+use crate::common::{bin, live_at_exit, text, Fake};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};

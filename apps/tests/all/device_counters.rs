@@ -4,12 +4,10 @@
 //! L1 rate, a capture's own timing) do what they say; a capture that fails after it opened
 //! (a full disk) fails the tool. Nothing here is timed: counts are exact.
 
-mod support;
-
+use crate::support::{bin, json, spawn_with_lines};
 use std::process::{Child, Command, Output};
 use std::sync::mpsc;
 use std::time::Duration;
-use support::{bin, json, spawn_with_lines};
 
 fn ok(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();

@@ -4,9 +4,7 @@
 //! the port, a spec that matches two ports and a device libibverbs does not list fail, each
 //! with its fix.
 
-mod common;
-
-use common::{bin, text, Fake};
+use crate::common::{bin, text, Fake};
 use std::process::Output;
 
 const PORT1: &str = "mana:dev=mana_0,port=1";

@@ -7,14 +7,12 @@
 //! killed pmd-dumpcap leaves l2fwd forwarding with nothing lost and the port free to capture
 //! again.
 
-mod support;
-
+use crate::support::{bin, json, spawn_with_lines, stop, succeeded, Bg};
 use pcap_file::pcapng::blocks::interface_statistics::InterfaceStatisticsOption;
 use pcap_file::pcapng::{Block, PcapNgReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
-use support::{bin, json, spawn_with_lines, stop, succeeded, Bg};
 
 struct Setup {
     dir: tempfile::TempDir,

@@ -8,12 +8,10 @@
 //! so frames wait on the cables (131,072 of 60 bytes each) while a process is not
 //! scheduled, and a test sends fewer than that; nothing in these tests is timed.
 
-mod support;
-
+use crate::support::{bin, json, stop, succeeded, Bg};
 use std::io::Read;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
-use support::{bin, json, stop, succeeded, Bg};
 
 struct Topology {
     dir: tempfile::TempDir,

@@ -6,9 +6,8 @@
 //! with queues that work (frames cross the MANA port's wire, whose far end stayed attached
 //! through the servicing) and a second servicing that works too.
 
-mod common;
-
-use common::{live_at_exit, text, Fake};
+use crate::common;
+use crate::common::{live_at_exit, text, Fake};
 use integration_tests::{Netns, IF};
 use pmd::emu::wire::{Shm, Wire as _};
 use std::path::{Path, PathBuf};

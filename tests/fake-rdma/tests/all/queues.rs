@@ -35,9 +35,9 @@
 //! l2fwd polls on up to 4 of the CPUs this process may use: on a 2-CPU machine 2 of the 4
 //! TX queues send, and the other 2 exist on the page and stay idle.
 
-mod common;
-
-use common::{bin, live_at_exit, text, Fake, Pair};
+use crate::common;
+use crate::common::serial;
+use crate::common::{bin, live_at_exit, text, Fake, Pair};
 use std::process::{Command, Stdio};
 
 /// Frames pktgen sends through l2fwd.
@@ -53,13 +53,6 @@ const QUEUES: usize = 4;
 
 /// Distinct 5-tuples pktgen sends.
 const FLOWS: u32 = 64;
-
-/// One run at a time in this file: traffic beside another run (on a 2-core machine)
-/// starves l2fwd's rings, which then drop what they cannot take.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Up to [`QUEUES`] of the CPUs this process may run on, as an `--lcores` list: l2fwd's
 /// polling cores, one TX queue each.

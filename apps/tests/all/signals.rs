@@ -2,13 +2,12 @@
 //! a second stop signal never skips the cleanup: the report is printed, the exit status is 0
 //! and no cable file is left behind.
 
-mod support;
-
+use crate::support;
+use crate::support::spawn_with_lines as spawn;
 use std::path::Path;
 use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use support::spawn_with_lines as spawn;
 
 /// The tool `name`, logging warnings too.
 fn bin(name: &str) -> Command {

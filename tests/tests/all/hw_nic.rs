@@ -1,6 +1,6 @@
 //! Tests on a real NIC, ignored unless `PMD_TEST_PORT` names the port to use: a MANA port (an
 //! Azure VM with Accelerated Networking), e.g.
-//! `PMD_TEST_PORT=mana:dev=mana_0,port=2 cargo test -p integration-tests --test hw_nic -- --ignored`,
+//! `PMD_TEST_PORT=mana:dev=mana_0,port=2 cargo test -p integration-tests --test all hw_nic -- --ignored`,
 //! or an mlx5 one (`PMD_TEST_PORT=mlx5:dev=mlx5_0`). `PMD_TEST_MANA_PORT` is the older name.
 //! A MANA port's netdev must be down (or add `busy=takeover` to the spec). Never name the NIC
 //! that carries your SSH session.

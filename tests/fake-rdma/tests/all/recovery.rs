@@ -6,18 +6,12 @@
 //! and goes on forwarding; every frame is received or counted as lost; nothing is left alive.
 //! And a device that does not come back fails the port after `recover-timeout`.
 
-mod common;
-
-use common::{bin, live_at_exit, text, Fake};
+use crate::common;
+use crate::common::serial;
+use crate::common::{bin, live_at_exit, text, Fake};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-/// One run at a time in this file (traffic on a 2-core machine; see mana_port.rs).
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The fatal knob of device `dev` in `fake`'s world.
 fn knob(fake: &Fake, dev: &str) -> PathBuf {

@@ -13,9 +13,8 @@
 //! l2fwd and the tools share one runtime directory (`RUNTIME_DIRECTORY`) in a temporary
 //! folder, and one file prefix; pktgen has a runtime directory of its own.
 
-mod common;
-
-use common::{bin, live_at_exit, text, Fake, Pair};
+use crate::common::serial;
+use crate::common::{bin, live_at_exit, text, Fake, Pair};
 use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketOption;
 use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionOption;
 use pcap_file::pcapng::blocks::interface_statistics::InterfaceStatisticsOption;
@@ -40,13 +39,6 @@ const FRAMES: u64 = 20_000;
 /// (rdma-core v44's maximum for MANA) hold 128 ms of traffic, so l2fwd, pktgen, pmd-dumpcap
 /// and the device models may share 2 busy cores without a ring running over.
 const RATE: u64 = 2_000;
-
-/// One run at a time in this file: a second one's traffic beside it (on a 2-core machine)
-/// starves l2fwd's TX ring, which then drops what it cannot send.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A tool running in the background: killed and reaped if the test ends without stopping it
 /// (an assertion failed), so that no process outlives its test.

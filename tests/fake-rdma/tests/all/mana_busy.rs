@@ -4,9 +4,7 @@
 //! for newer kernels), as the kernel does. Needs root and `ip netns`; each test prints
 //! SKIPPED otherwise (unless PMD_REQUIRE_PRIVILEGED is set).
 
-mod common;
-
-use common::{bin, Fake};
+use crate::common::{bin, Fake};
 use integration_tests::{eventually, finish, Netns, StderrLines, IF};
 use pmd::sys::net::{send_signal, SIGINT, SIGTERM};
 use std::process::{Command, Stdio};

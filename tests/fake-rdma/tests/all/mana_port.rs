@@ -2,9 +2,9 @@
 //! bring-up in DPDK net/mana's order, a clear error and nothing left alive when any step
 //! fails, in both rdma-core profiles, port selection, and a port held by its netdev.
 
-mod common;
-
-use common::{bin, live_at_exit, text, Fake};
+use crate::common;
+use crate::common::serial;
+use crate::common::{bin, live_at_exit, text, Fake};
 use std::process::{Command, Output};
 
 const PORT1: &str = "mana:dev=mana_0,port=1";
@@ -15,14 +15,6 @@ const PORT2: &str = "mana:dev=mana_0,port=2";
 /// filesystems (overlay in containers).
 const NO_WIRES: &str =
     "mana_0/1:mac=02:00:00:00:10:01,wire=none;mana_0/2:mac=02:00:00:00:10:02,wire=none";
-
-/// One run at a time in this file: on a 2-core machine, traffic runs beside other runs (six
-/// processes and their engine threads) starve l2fwd's TX ring of 256 descriptors (the v44
-/// maximum), which then drops what it cannot send, and counts it.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// l2fwd between two `mana:` ports for a moment, on `fake`, with `env`.
 fn l2fwd(fake: &Fake, ports: [&str; 2], env: &[(&str, &str)]) -> Output {

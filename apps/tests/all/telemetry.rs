@@ -8,14 +8,12 @@
 //! Every process of a test shares one runtime directory (`RUNTIME_DIRECTORY`) in a
 //! temporary folder, each with a file prefix of its own.
 
-mod support;
-
+use crate::support::{bin, json, stop, succeeded, Bg};
 use pmd::telemetry::{Client, ClientError, SOCKET_NAME};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use support::{bin, json, stop, succeeded, Bg};
 
 /// Debian's DPDK telemetry client.
 const DPDK_TELEMETRY_PY: &str = "/usr/bin/dpdk-telemetry.py";
