@@ -13,21 +13,13 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::common::{fake_so, profile_dir, Fake};
+use crate::common::{fake_so, profile_dir, text, Fake};
 
 /// The C bring-up program, compiled once per test process with the real headers and
 /// linked against the real libraries.
 fn c_program() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| common::compile_c("mana_bringup", &[], common::C_LIBS))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// `allocs A frees F null_frees N live L` from the program's last line: buffers allocated,
