@@ -93,6 +93,7 @@ pub mod lcore;
 pub mod log;
 pub mod mana;
 pub mod mlx5;
+pub mod mp;
 pub mod net;
 pub mod null;
 pub mod port;

@@ -156,6 +156,13 @@ impl SeqConn {
         Ok(())
     }
 
+    /// Shuts the connection down both ways: the peer reads the end of it at once, even
+    /// while another handle to this socket stays open.
+    pub fn shutdown(&self) {
+        // ENOTCONN (the peer went first) leaves nothing to do.
+        let _ = socket::shutdown(self.fd.as_raw_fd(), socket::Shutdown::Both);
+    }
+
     /// Sends one message.
     ///
     /// # Errors

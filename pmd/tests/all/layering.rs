@@ -30,6 +30,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "verbs",
         &["mana", "mlx5", "ethdev", "hw", "net", "sys", "devices"],
     ),
+    // Multi-process control: the prefix's runtime directory is telemetry's.
+    ("mp", &["sys", "telemetry"]),
     // Answers about ports from its own threads; nothing below uses it.
     ("telemetry", &["port", "ethdev", "net", "sys", "log"]),
     // The port layer; only the composition root names kinds (see KIND_NAMERS). `sys` for

@@ -15,6 +15,7 @@ mod mlx5_emu;
 mod mlx5_golden;
 mod mlx5_port;
 mod mlx5_recovery;
+mod mp;
 mod port_events;
 mod port_null;
 mod port_recovery;

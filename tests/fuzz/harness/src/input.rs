@@ -44,6 +44,14 @@ impl<'a> Input<'a> {
         out
     }
 
+    /// The next `n` bytes, or as many as are left.
+    pub fn take(&mut self, n: usize) -> &'a [u8] {
+        let start = self.at.min(self.data.len());
+        let end = start.saturating_add(n).min(self.data.len());
+        self.at = self.at.saturating_add(n);
+        &self.data[start..end]
+    }
+
     /// The rest of the bytes.
     pub fn rest(&mut self) -> &'a [u8] {
         let r = self.data.get(self.at..).unwrap_or(&[]);

@@ -20,6 +20,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("pcap_file", text::pcap_file),
     ("shm_ring", text::shm_ring),
     ("telemetry", text::telemetry),
+    ("mp_control", text::mp_control),
     ("mana_rx", device::mana_rx),
     ("mana_tx", device::mana_tx),
     ("mlx5_rx", device::mlx5_rx),

@@ -1,4 +1,4 @@
-//! Frames, devargs, capture files and telemetry requests: the parsers of bytes that come from
+//! Frames, devargs, capture files, telemetry requests and multi-process records: the parsers of bytes that come from
 //! outside.
 
 use crate::input::Input;
@@ -231,5 +231,22 @@ pub fn telemetry(data: &[u8]) {
             "{} bytes over {max_len}: {out}",
             out.len()
         );
+    }
+}
+
+/// A multi-process control record from a peer (a secondary or a primary: another local
+/// process, hostile, buggy or of another build): a sequence of records, each a two-byte
+/// length (up to one over the longest record) and that many bytes. Invariants: nothing panics; a record that decodes encodes back to
+/// exactly its bytes (no field is read loosely); one that fails names why.
+pub fn mp_control(data: &[u8]) {
+    use pmd::mp::protocol::Msg;
+    let mut input = Input::new(data);
+    while !input.done() {
+        let n = usize::from(input.u16()) % (pmd::mp::protocol::MAX_RECORD + 2);
+        let rec = input.take(n);
+        match Msg::decode(rec) {
+            Ok(m) => assert_eq!(m.encode(), rec, "{m:?}"),
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
     }
 }

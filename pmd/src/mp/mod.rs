@@ -1,0 +1,175 @@
+//! Multi-process: a primary process that owns the ports publishes them on a control socket,
+//! and secondary processes attach to it and take queue pairs, as DPDK's multi-process model
+//! does (`--proc-type primary|secondary`, one `--file-prefix` per primary).
+//!
+//! This module is the control plane, and only that so far:
+//! - [`Primary`] listens at `mp_socket` in the runtime directory of its file prefix (DPDK's
+//!   EAL keeps its `mp_socket` there too), publishes ports ([`Primary::publish`]) and keeps
+//!   the one owner of every queue pair: itself, one secondary, or nobody. A queue is polled by
+//!   one process; a second claim is refused naming the holder.
+//! - [`Secondary`] connects, learns the ports, claims queue pairs (a given one or the next
+//!   free) and gives them back. A secondary that exits, cleanly or killed, gives back
+//!   everything it held: the primary sees its connection close, and reports it
+//!   ([`MpEvent::Released`] with [`ReleaseWhy::Exited`]) so that it can take the queues back.
+//! - The primary stopping tells every secondary ([`Secondary::primary_gone`]); a secondary
+//!   finds the same when the primary is killed (its connection closes).
+//! - A second primary on a prefix whose primary runs is refused with that process's pid; a
+//!   secondary whose primary is not running, or is gone, is refused saying which.
+//!
+//! Not built yet (the issue stays open): the datapath of a secondary. Sharing the queue
+//! memory, the doorbell page and the mbuf pool between processes, the verbs command fd
+//! passed by `SCM_RIGHTS` and `ibv_import_device` / `ibv_import_pd` / `ibv_import_mr` on
+//! it, and the fake rdma-core's kernel shared between processes. See `pmd/README.md`
+//! ("Multi-process").
+//!
+//! ```
+//! use pmd::mp::{MpConfig, Owner, Primary, Secondary};
+//! # fn main() -> Result<(), pmd::mp::MpError> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! // The primary (`MpConfig::new("fwd")` alone uses the prefix's runtime directory).
+//! let primary = Primary::start(&MpConfig::new("fwd").with_dir(dir.path()))?;
+//! primary.publish(0, "emu-mana:wire=shm:a", 4, &[0]); // it polls queue 0 itself
+//!
+//! // A secondary, normally another process: `Secondary::attach("fwd", "worker")`.
+//! let mut worker = Secondary::attach_at(primary.socket_path(), "fwd", "worker")?;
+//! assert_eq!(worker.claim(0, None)?, 1); // the next free queue pair
+//! assert_eq!(primary.owners(0).unwrap()[1], Owner::Secondary(std::process::id()));
+//! # Ok(()) }
+//! ```
+//!
+//! Every record a peer sends is checked ([`protocol`]); a bad one closes that connection and
+//! costs nothing else. Nothing here is on a datapath: the threads only read the socket and
+//! the table, under a lock.
+#![deny(unsafe_code)]
+
+mod primary;
+pub mod protocol;
+mod secondary;
+#[cfg(test)]
+mod tests;
+
+pub use primary::{MpConfig, MpEvent, Owner, Primary, ReleaseWhy};
+pub use protocol::{PortInfo, Refusal};
+pub use secondary::Secondary;
+
+use std::path::{Path, PathBuf};
+
+/// The control socket's file name in the runtime directory (DPDK's EAL names its own
+/// multi-process socket the same).
+pub const SOCKET_NAME: &str = "mp_socket";
+
+/// The most secondaries a primary serves at once.
+pub const MAX_SECONDARIES: usize = 64;
+
+/// The control socket of the primary with file prefix `prefix`.
+pub fn socket_path(prefix: &str) -> PathBuf {
+    crate::telemetry::runtime_dir(prefix).join(SOCKET_NAME)
+}
+
+/// Which role a process plays (`--proc-type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProcType {
+    /// Owns the ports (the default).
+    #[default]
+    Primary,
+    /// Attaches to a running primary.
+    Secondary,
+}
+
+impl std::str::FromStr for ProcType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "primary" => Ok(ProcType::Primary),
+            "secondary" => Ok(ProcType::Secondary),
+            _ => Err(format!(
+                "unknown process type '{s}' (expected primary or secondary)"
+            )),
+        }
+    }
+}
+
+/// What went wrong attaching, publishing or claiming.
+#[derive(Debug, thiserror::Error)]
+pub enum MpError {
+    /// A file prefix that cannot name a directory.
+    #[error("bad file prefix '{0}': it names one directory (no '/', not empty, '.' or '..')")]
+    BadPrefix(String),
+    /// Another primary runs with this prefix.
+    #[error(
+        "a primary process already runs with file prefix '{prefix}'{}: \
+         use another --file-prefix, or start this one as a secondary",
+        pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    PrimaryRunning {
+        /// The prefix.
+        prefix: String,
+        /// That process, where the kernel says.
+        pid: Option<u32>,
+    },
+    /// Nothing listens at the prefix's socket and no file is there.
+    #[error(
+        "no primary process runs with file prefix '{prefix}' (nothing at {}): \
+         start the primary first, with --proc-type primary --file-prefix {prefix}",
+        path.display()
+    )]
+    NoPrimary {
+        /// The prefix.
+        prefix: String,
+        /// The socket it looked for.
+        path: PathBuf,
+    },
+    /// The socket file is there but nobody listens: its primary died.
+    #[error(
+        "the primary process of file prefix '{prefix}' is gone ({} is left from it): \
+         start the primary again",
+        path.display()
+    )]
+    PrimaryGone {
+        /// The prefix.
+        prefix: String,
+        /// The socket file.
+        path: PathBuf,
+    },
+    /// The primary stopped (or was killed) while this secondary was attached.
+    #[error("the primary stopped: {0}")]
+    Stopped(String),
+    /// The primary refused a request.
+    #[error("port {port} queue {}: {why}", if *queue == protocol::NEXT_FREE { "(next free)".to_string() } else { queue.to_string() })]
+    Refused {
+        /// The port the request named.
+        port: u16,
+        /// The queue it named.
+        queue: u16,
+        /// Why.
+        why: Refusal,
+    },
+    /// The peer sent a record that is not a valid message, or not the one expected.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// No answer within the time allowed.
+    #[error("the primary did not answer {0} within {1:?}")]
+    NoAnswer(&'static str, std::time::Duration),
+    /// A socket or file call failed.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn check_prefix(prefix: &str) -> Result<(), MpError> {
+    crate::telemetry::check_prefix(prefix).map_err(|_| MpError::BadPrefix(prefix.to_string()))
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> MpError + 'a {
+    move |source| MpError::Io {
+        what,
+        path: path.to_owned(),
+        source,
+    }
+}

@@ -1,0 +1,572 @@
+//! The primary's side: the listening socket, one thread per secondary, and the table of
+//! queue owners.
+#![deny(unsafe_code)]
+
+use super::protocol::{self, Msg, PortInfo, Refusal, MAX_RECORD, NEXT_FREE};
+use super::{check_prefix, io_err, MpError, MAX_SECONDARIES, SOCKET_NAME};
+use crate::sys::seqpacket::{BindError, SeqConn, SeqListener};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How often a waiting thread looks at the stop flag.
+const POLL: Duration = Duration::from_millis(100);
+
+/// How long a send to one secondary may block (its socket buffer full: it stopped reading).
+const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Where a primary listens.
+#[derive(Debug, Clone)]
+pub struct MpConfig {
+    /// The file prefix (`--file-prefix`).
+    pub file_prefix: String,
+    /// The runtime directory to use instead of the prefix's (tests).
+    pub dir: Option<PathBuf>,
+}
+
+impl MpConfig {
+    /// The prefix's runtime directory.
+    pub fn new(file_prefix: impl Into<String>) -> Self {
+        Self {
+            file_prefix: file_prefix.into(),
+            dir: None,
+        }
+    }
+
+    /// Listens in `dir` instead.
+    #[must_use]
+    pub fn with_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.dir = Some(dir.into());
+        self
+    }
+}
+
+/// Who polls a queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// Nobody: a secondary may claim it.
+    Free,
+    /// The primary itself.
+    Primary,
+    /// A secondary (its pid).
+    Secondary(u32),
+}
+
+/// Why a queue pair went back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseWhy {
+    /// The secondary released it, or said goodbye.
+    Asked,
+    /// The secondary's connection closed without a goodbye: it exited or was killed, and
+    /// may have left the queue mid-burst.
+    Exited,
+    /// The secondary broke the protocol and was cut off.
+    Cut,
+}
+
+/// What happened on the control socket, for the primary's own loop
+/// ([`Primary::events`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MpEvent {
+    /// A secondary attached.
+    Attached {
+        /// Its pid.
+        pid: u32,
+        /// Its program name.
+        app: String,
+    },
+    /// A secondary took a queue pair.
+    Claimed {
+        /// Its pid.
+        pid: u32,
+        /// The port.
+        port: u16,
+        /// The queue pair.
+        queue: u16,
+    },
+    /// A queue pair went back from a secondary.
+    Released {
+        /// The secondary's pid.
+        pid: u32,
+        /// The port.
+        port: u16,
+        /// The queue pair.
+        queue: u16,
+        /// Why.
+        why: ReleaseWhy,
+    },
+    /// A secondary's connection ended.
+    Detached {
+        /// Its pid.
+        pid: u32,
+        /// Whether it said goodbye.
+        clean: bool,
+    },
+}
+
+/// One connection's identity in the table: a process may connect twice, and each
+/// connection's queues go back when that connection ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ConnId(u64);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Free,
+    Primary,
+    Secondary(ConnId, u32),
+}
+
+struct PortEntry {
+    info: PortInfo,
+    slots: Vec<Slot>,
+}
+
+#[derive(Default)]
+struct Table {
+    ports: Vec<PortEntry>,
+}
+
+impl Table {
+    fn port(&mut self, port: u16) -> Option<&mut PortEntry> {
+        self.ports.iter_mut().find(|p| p.info.id == port)
+    }
+
+    fn claim(&mut self, conn: ConnId, pid: u32, port: u16, queue: u16) -> Result<u16, Refusal> {
+        let p = self.port(port).ok_or(Refusal::NoSuchPort)?;
+        let q = if queue == NEXT_FREE {
+            p.slots
+                .iter()
+                .position(|s| *s == Slot::Free)
+                .ok_or(Refusal::NoneFree)?
+        } else {
+            usize::from(queue)
+        };
+        match p.slots.get(q).ok_or(Refusal::NoSuchQueue)? {
+            Slot::Free => {
+                p.slots[q] = Slot::Secondary(conn, pid);
+                Ok(q as u16)
+            }
+            Slot::Primary => Err(Refusal::Taken(0)),
+            Slot::Secondary(_, holder) => Err(Refusal::Taken(*holder)),
+        }
+    }
+
+    fn release(&mut self, conn: ConnId, port: u16, queue: u16) -> Result<(), Refusal> {
+        let p = self.port(port).ok_or(Refusal::NoSuchPort)?;
+        let slot = p
+            .slots
+            .get_mut(usize::from(queue))
+            .ok_or(Refusal::NoSuchQueue)?;
+        match *slot {
+            Slot::Secondary(c, _) if c == conn => {
+                *slot = Slot::Free;
+                Ok(())
+            }
+            _ => Err(Refusal::NotYours),
+        }
+    }
+
+    /// Frees every queue of `conn`: (port, queue) pairs.
+    fn release_all(&mut self, conn: ConnId) -> Vec<(u16, u16)> {
+        let mut freed = Vec::new();
+        for p in &mut self.ports {
+            for (q, s) in p.slots.iter_mut().enumerate() {
+                if matches!(s, Slot::Secondary(c, _) if *c == conn) {
+                    *s = Slot::Free;
+                    freed.push((p.info.id, q as u16));
+                }
+            }
+        }
+        freed
+    }
+}
+
+struct Conn {
+    sock: Arc<SeqConn>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    table: Mutex<Table>,
+    events: Sender<MpEvent>,
+    conns: Mutex<Vec<Conn>>,
+    next_conn: AtomicU64,
+}
+
+impl Shared {
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn event(&self, e: MpEvent) {
+        // The receiver lives as long as the Primary; a send after it is gone is moot.
+        let _ = self.events.send(e);
+    }
+}
+
+/// A running primary's control socket. Dropping it tells every secondary to stop (with
+/// the reason given to [`Primary::shutdown`], else "the primary exited"), closes the
+/// connections and removes the socket file.
+pub struct Primary {
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+    events: Receiver<MpEvent>,
+    path: PathBuf,
+    reason: String,
+}
+
+impl std::fmt::Debug for Primary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Primary").field("path", &self.path).finish()
+    }
+}
+
+impl Primary {
+    /// Creates the runtime directory (mode 0700) and listens at its `mp_socket`.
+    ///
+    /// # Errors
+    /// [`MpError::PrimaryRunning`] when a live primary listens there;
+    /// [`MpError::BadPrefix`]; [`MpError::Io`].
+    pub fn start(cfg: &MpConfig) -> Result<Self, MpError> {
+        use std::os::unix::fs::DirBuilderExt;
+        check_prefix(&cfg.file_prefix)?;
+        let dir = cfg
+            .dir
+            .clone()
+            .unwrap_or_else(|| crate::telemetry::runtime_dir(&cfg.file_prefix));
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io_err("creating the runtime directory", &dir))?;
+        let path = dir.join(SOCKET_NAME);
+        let listener = SeqListener::bind(&path, 8).map_err(|e| match e {
+            BindError::Live { pid, .. } => MpError::PrimaryRunning {
+                prefix: cfg.file_prefix.clone(),
+                pid,
+            },
+            BindError::Io { path, err } => MpError::Io {
+                what: "listening at",
+                path,
+                source: err,
+            },
+        })?;
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            table: Mutex::new(Table::default()),
+            events: tx,
+            conns: Mutex::new(Vec::new()),
+            next_conn: AtomicU64::new(1),
+        });
+        let s = Arc::clone(&shared);
+        let accept = std::thread::Builder::new()
+            .name("pmd-mp".into())
+            .spawn(move || accept_loop(&listener, &s))
+            .map_err(io_err("starting the control thread for", &path))?;
+        tracing::info!(target: "pmd::mp", "primary listening at {}", path.display());
+        Ok(Self {
+            shared,
+            accept: Some(accept),
+            events: rx,
+            path,
+            reason: "the primary exited".into(),
+        })
+    }
+
+    /// The socket's path.
+    pub fn socket_path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Publishes a port with `queues` queue pairs, of which the primary polls `kept` itself;
+    /// the others are free for secondaries. Publishing a port again replaces it (its
+    /// secondaries' claims included: call it before secondaries attach).
+    ///
+    /// # Panics
+    /// `queues` is 0 or [`NEXT_FREE`], a kept queue is out of range, or more than
+    /// [`protocol::MAX_PORTS`] ports are published: the caller's bugs.
+    pub fn publish(&self, id: u16, name: &str, queues: u16, kept: &[u16]) {
+        assert!(queues > 0 && queues != NEXT_FREE, "queue count {queues}");
+        let mut slots = vec![Slot::Free; usize::from(queues)];
+        for &q in kept {
+            slots[usize::from(q)] = Slot::Primary;
+        }
+        let entry = PortEntry {
+            info: PortInfo {
+                id,
+                queues,
+                name: name.to_string(),
+            },
+            slots,
+        };
+        let mut t = self.shared.table();
+        match t.ports.iter_mut().find(|p| p.info.id == id) {
+            Some(p) => *p = entry,
+            None => {
+                assert!(t.ports.len() < protocol::MAX_PORTS, "too many ports");
+                t.ports.push(entry);
+            }
+        }
+    }
+
+    /// Who polls each queue pair of `port` (`None`: not published).
+    pub fn owners(&self, port: u16) -> Option<Vec<Owner>> {
+        let mut t = self.shared.table();
+        let p = t.port(port)?;
+        Some(
+            p.slots
+                .iter()
+                .map(|s| match s {
+                    Slot::Free => Owner::Free,
+                    Slot::Primary => Owner::Primary,
+                    Slot::Secondary(_, pid) => Owner::Secondary(*pid),
+                })
+                .collect(),
+        )
+    }
+
+    /// The secondaries attached now (pids, in the order they came).
+    pub fn secondaries(&self) -> Vec<u32> {
+        let conns = self
+            .shared
+            .conns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        conns
+            .iter()
+            .filter(|c| c.thread.as_ref().is_some_and(|t| !t.is_finished()))
+            .filter_map(|c| c.sock.peer_pid())
+            .collect()
+    }
+
+    /// What happened since the last call (never blocks).
+    pub fn events(&self) -> Vec<MpEvent> {
+        self.events.try_iter().collect()
+    }
+
+    /// Waits up to `timeout` for the next event.
+    pub fn next_event(&self, timeout: Duration) -> Option<MpEvent> {
+        self.events.recv_timeout(timeout).ok()
+    }
+
+    /// Sets what the secondaries are told when this primary stops, then stops it.
+    pub fn shutdown(mut self, reason: &str) {
+        self.reason = reason.to_string();
+    }
+}
+
+impl Drop for Primary {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        let conns = std::mem::take(
+            &mut *self
+                .shared
+                .conns
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        let bye = Msg::Shutdown {
+            reason: self.reason.clone(),
+        }
+        .encode();
+        for c in &conns {
+            let _ = c.sock.send(&bye);
+        }
+        for mut c in conns {
+            if let Some(t) = c.thread.take() {
+                let _ = t.join();
+            }
+        }
+        // The listener removed its file when the accept thread dropped it.
+    }
+}
+
+fn accept_loop(listener: &SeqListener, shared: &Arc<Shared>) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        let conn = match listener.accept_timeout(POLL) {
+            Ok(Some(c)) => c,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(target: "pmd::mp", "accept: {e}");
+                std::thread::sleep(POLL);
+                continue;
+            }
+        };
+        let mut conns = shared.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        // Forget connections whose threads ended.
+        conns.retain_mut(|c| match &c.thread {
+            Some(t) if t.is_finished() => {
+                if let Some(t) = c.thread.take() {
+                    let _ = t.join();
+                }
+                false
+            }
+            _ => true,
+        });
+        if conns.len() >= MAX_SECONDARIES {
+            let _ = conn.send(
+                &Msg::Refused {
+                    port: 0,
+                    queue: 0,
+                    why: Refusal::TooMany,
+                }
+                .encode(),
+            );
+            continue;
+        }
+        if conn.set_timeouts(Some(POLL), Some(SEND_TIMEOUT)).is_err() {
+            continue;
+        }
+        let id = ConnId(shared.next_conn.fetch_add(1, Ordering::Relaxed));
+        let sock = Arc::new(conn);
+        let (s, k) = (Arc::clone(shared), Arc::clone(&sock));
+        let thread = std::thread::Builder::new()
+            .name("pmd-mp-conn".into())
+            .spawn(move || serve(&s, &k, id));
+        match thread {
+            Ok(t) => conns.push(Conn {
+                sock,
+                thread: Some(t),
+            }),
+            Err(e) => tracing::warn!(target: "pmd::mp", "no thread for a secondary: {e}"),
+        }
+    }
+}
+
+/// What ended a connection.
+enum End {
+    Bye,
+    Closed,
+    Cut(String),
+    Stop,
+}
+
+fn serve(shared: &Shared, sock: &SeqConn, id: ConnId) {
+    let pid = sock.peer_pid().unwrap_or(0);
+    let end = converse(shared, sock, id, pid);
+    // The accept loop keeps a handle until it prunes this connection: shut the socket now
+    // so the secondary reads its end at once.
+    sock.shutdown();
+    let why = match &end {
+        End::Bye | End::Stop => ReleaseWhy::Asked,
+        End::Closed => ReleaseWhy::Exited,
+        End::Cut(e) => {
+            tracing::warn!(target: "pmd::mp", "secondary pid {pid} cut off: {e}");
+            ReleaseWhy::Cut
+        }
+    };
+    for (port, queue) in shared.table().release_all(id) {
+        if why != ReleaseWhy::Asked {
+            tracing::warn!(
+                target: "pmd::mp",
+                "secondary pid {pid} left port {port} queue {queue} without releasing it"
+            );
+        }
+        shared.event(MpEvent::Released {
+            pid,
+            port,
+            queue,
+            why,
+        });
+    }
+    shared.event(MpEvent::Detached {
+        pid,
+        clean: matches!(end, End::Bye),
+    });
+}
+
+fn converse(shared: &Shared, sock: &SeqConn, id: ConnId, pid: u32) -> End {
+    let mut buf = vec![0u8; MAX_RECORD + 1];
+    let mut hello = false;
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return End::Stop;
+        }
+        let n = match sock.recv(&mut buf) {
+            Ok((0, _)) => return End::Closed,
+            Ok((_, true)) => return End::Cut(format!("a record over {MAX_RECORD} bytes")),
+            Ok((n, false)) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue
+            }
+            Err(_) => return End::Closed,
+        };
+        let rec = &buf[..n];
+        let msg = match Msg::decode(rec) {
+            Ok(m) => m,
+            Err(e) => {
+                if let Some(v) = protocol::record_version(rec).filter(|&v| v != protocol::VERSION) {
+                    let _ = sock.send(
+                        &Msg::Refused {
+                            port: 0,
+                            queue: 0,
+                            why: Refusal::Version(protocol::VERSION),
+                        }
+                        .encode(),
+                    );
+                    return End::Cut(format!("protocol version {v}"));
+                }
+                return End::Cut(e.to_string());
+            }
+        };
+        let reply = match msg {
+            Msg::Hello { app } if !hello => {
+                hello = true;
+                shared.event(MpEvent::Attached {
+                    pid,
+                    app: app.clone(),
+                });
+                tracing::info!(target: "pmd::mp", "secondary {app} (pid {pid}) attached");
+                let ports = shared
+                    .table()
+                    .ports
+                    .iter()
+                    .map(|p| p.info.clone())
+                    .collect();
+                Msg::Welcome { ports }
+            }
+            _ if !hello => return End::Cut("a request before its hello".into()),
+            Msg::Claim { port, queue } => match shared.table().claim(id, pid, port, queue) {
+                Ok(q) => {
+                    shared.event(MpEvent::Claimed {
+                        pid,
+                        port,
+                        queue: q,
+                    });
+                    Msg::Granted { port, queue: q }
+                }
+                Err(why) => Msg::Refused { port, queue, why },
+            },
+            Msg::Release { port, queue } => match shared.table().release(id, port, queue) {
+                Ok(()) => {
+                    shared.event(MpEvent::Released {
+                        pid,
+                        port,
+                        queue,
+                        why: ReleaseWhy::Asked,
+                    });
+                    Msg::Released { port, queue }
+                }
+                Err(why) => Msg::Refused { port, queue, why },
+            },
+            Msg::Bye => return End::Bye,
+            other => return End::Cut(format!("a primary's message from a secondary: {other:?}")),
+        };
+        if sock.send(&reply.encode()).is_err() {
+            return End::Closed;
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The secondary's side: attach, claim and release queue pairs, and notice the primary
+//! stopping.
+#![deny(unsafe_code)]
+
+use super::protocol::{Msg, PortInfo, MAX_RECORD, NEXT_FREE};
+use super::{check_prefix, io_err, socket_path, MpError};
+use crate::sys::seqpacket::SeqConn;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How often the reader thread looks at the stop flag.
+const POLL: Duration = Duration::from_millis(100);
+
+/// How long a request waits for its answer.
+const ANSWER: Duration = Duration::from_secs(5);
+
+/// Why the primary is gone, once it is.
+#[derive(Default)]
+struct Gone {
+    flag: AtomicBool,
+    reason: Mutex<Option<String>>,
+}
+
+impl Gone {
+    fn set(&self, reason: String) {
+        let mut r = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
+        r.get_or_insert(reason);
+        self.flag.store(true, Ordering::Release);
+    }
+
+    fn reason(&self) -> Option<String> {
+        if !self.flag.load(Ordering::Acquire) {
+            return None;
+        }
+        self.reason
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// A secondary attached to a primary. Dropping it gives back every queue pair it holds
+/// (it says goodbye); a secondary that exits without dropping it (killed) gives them back
+/// too, as its connection closes.
+pub struct Secondary {
+    sock: Arc<SeqConn>,
+    ports: Vec<PortInfo>,
+    primary_pid: Option<u32>,
+    answers: Receiver<Msg>,
+    gone: Arc<Gone>,
+    stop: Arc<AtomicBool>,
+    reader: Option<JoinHandle<()>>,
+    held: Vec<(u16, u16)>,
+}
+
+impl std::fmt::Debug for Secondary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secondary")
+            .field("primary_pid", &self.primary_pid)
+            .field("ports", &self.ports)
+            .field("held", &self.held)
+            .finish()
+    }
+}
+
+impl Secondary {
+    /// Attaches to the primary with file prefix `prefix`, as program `app`.
+    ///
+    /// # Errors
+    /// [`MpError::NoPrimary`], [`MpError::PrimaryGone`], [`MpError::Refused`] (another
+    /// protocol version, too many secondaries), [`MpError::NoAnswer`],
+    /// [`MpError::Protocol`], [`MpError::Io`].
+    pub fn attach(prefix: &str, app: &str) -> Result<Self, MpError> {
+        check_prefix(prefix)?;
+        Self::attach_at(&socket_path(prefix), prefix, app)
+    }
+
+    /// [`attach`](Self::attach) to the socket at `path` (`prefix` only names it in errors).
+    ///
+    /// # Errors
+    /// As [`attach`](Self::attach).
+    pub fn attach_at(path: &Path, prefix: &str, app: &str) -> Result<Self, MpError> {
+        let sock = SeqConn::connect(path).map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOENT) => MpError::NoPrimary {
+                prefix: prefix.to_string(),
+                path: path.to_owned(),
+            },
+            Some(libc::ECONNREFUSED) => MpError::PrimaryGone {
+                prefix: prefix.to_string(),
+                path: path.to_owned(),
+            },
+            _ => io_err("connecting to", path)(e),
+        })?;
+        sock.set_timeouts(Some(POLL), Some(ANSWER))
+            .map_err(io_err("setting timeouts on", path))?;
+        let primary_pid = sock.peer_pid();
+        sock.send(
+            &Msg::Hello {
+                app: app.to_string(),
+            }
+            .encode(),
+        )
+        .map_err(io_err("sending to", path))?;
+        let sock = Arc::new(sock);
+        let (tx, answers) = mpsc::channel();
+        let gone = Arc::new(Gone::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, g, st) = (Arc::clone(&sock), Arc::clone(&gone), Arc::clone(&stop));
+        let reader = std::thread::Builder::new()
+            .name("pmd-mp-sec".into())
+            .spawn(move || read_loop(&s, &tx, &g, &st))
+            .map_err(io_err("starting the reader thread for", path))?;
+        let mut me = Self {
+            sock,
+            ports: Vec::new(),
+            primary_pid,
+            answers,
+            gone,
+            stop,
+            reader: Some(reader),
+            held: Vec::new(),
+        };
+        match me.answer("its welcome")? {
+            Msg::Welcome { ports } => me.ports = ports,
+            Msg::Refused { port, queue, why } => return Err(MpError::Refused { port, queue, why }),
+            other => return Err(MpError::Protocol(format!("expected a welcome: {other:?}"))),
+        }
+        tracing::info!(
+            target: "pmd::mp",
+            "attached to the primary at {} (pid {:?}): {} port(s)",
+            path.display(),
+            primary_pid,
+            me.ports.len()
+        );
+        Ok(me)
+    }
+
+    /// The primary's ports.
+    pub fn ports(&self) -> &[PortInfo] {
+        &self.ports
+    }
+
+    /// The primary's pid, where the kernel says.
+    pub fn primary_pid(&self) -> Option<u32> {
+        self.primary_pid
+    }
+
+    /// The queue pairs this secondary holds: (port, queue).
+    pub fn held(&self) -> &[(u16, u16)] {
+        &self.held
+    }
+
+    /// Why the primary is gone (it stopped and said why, or its connection closed), or
+    /// `None` while it runs. Cheap (one load) until it is gone: a polling loop may ask
+    /// every pass, as it asks its stop flag.
+    pub fn primary_gone(&self) -> Option<String> {
+        self.gone.reason()
+    }
+
+    /// Takes queue pair `queue` of `port` (`None`: the next free one) and returns its index.
+    ///
+    /// # Errors
+    /// [`MpError::Refused`] (no such port or queue, taken, none free),
+    /// [`MpError::Stopped`], [`MpError::NoAnswer`], [`MpError::Protocol`].
+    pub fn claim(&mut self, port: u16, queue: Option<u16>) -> Result<u16, MpError> {
+        let asked = queue.unwrap_or(NEXT_FREE);
+        self.request(&Msg::Claim { port, queue: asked })?;
+        match self.answer("the claim")? {
+            Msg::Granted { port: p, queue: q }
+                if p == port && (asked == NEXT_FREE || q == asked) =>
+            {
+                self.held.push((port, q));
+                Ok(q)
+            }
+            Msg::Refused { why, .. } => Err(MpError::Refused {
+                port,
+                queue: asked,
+                why,
+            }),
+            other => Err(MpError::Protocol(format!(
+                "expected the answer to a claim of port {port}: {other:?}"
+            ))),
+        }
+    }
+
+    /// Gives queue pair `queue` of `port` back.
+    ///
+    /// # Errors
+    /// As [`claim`](Self::claim) (`Refused` with `NotYours` for a queue not held).
+    pub fn release(&mut self, port: u16, queue: u16) -> Result<(), MpError> {
+        self.request(&Msg::Release { port, queue })?;
+        match self.answer("the release")? {
+            Msg::Released { port: p, queue: q } if (p, q) == (port, queue) => {
+                self.held.retain(|h| *h != (port, queue));
+                Ok(())
+            }
+            Msg::Refused { why, .. } => Err(MpError::Refused { port, queue, why }),
+            other => Err(MpError::Protocol(format!(
+                "expected the answer to a release of port {port} queue {queue}: {other:?}"
+            ))),
+        }
+    }
+
+    fn request(&self, msg: &Msg) -> Result<(), MpError> {
+        if let Some(r) = self.primary_gone() {
+            return Err(MpError::Stopped(r));
+        }
+        self.sock
+            .send(&msg.encode())
+            .map_err(|e| MpError::Stopped(format!("the connection to the primary failed: {e}")))
+    }
+
+    fn answer(&self, what: &'static str) -> Result<Msg, MpError> {
+        match self.answers.recv_timeout(ANSWER) {
+            Ok(m) => Ok(m),
+            Err(RecvTimeoutError::Timeout) => Err(MpError::NoAnswer(what, ANSWER)),
+            Err(RecvTimeoutError::Disconnected) => Err(MpError::Stopped(
+                self.primary_gone()
+                    .unwrap_or_else(|| "the connection closed".into()),
+            )),
+        }
+    }
+}
+
+impl Drop for Secondary {
+    fn drop(&mut self) {
+        if self.primary_gone().is_none() {
+            let _ = self.sock.send(&Msg::Bye.encode());
+        }
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.reader.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn read_loop(sock: &SeqConn, answers: &mpsc::Sender<Msg>, gone: &Gone, stop: &AtomicBool) {
+    let mut buf = vec![0u8; MAX_RECORD + 1];
+    while !stop.load(Ordering::SeqCst) {
+        let n = match sock.recv(&mut buf) {
+            Ok((0, _)) => {
+                gone.set("the primary's connection closed (it exited or was killed)".into());
+                return;
+            }
+            Ok((_, true)) => {
+                gone.set(format!("protocol error: a record over {MAX_RECORD} bytes"));
+                return;
+            }
+            Ok((n, false)) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue
+            }
+            Err(e) => {
+                gone.set(format!("the connection to the primary failed: {e}"));
+                return;
+            }
+        };
+        match Msg::decode(&buf[..n]) {
+            Ok(Msg::Shutdown { reason }) => {
+                gone.set(reason);
+                return;
+            }
+            Ok(m @ (Msg::Hello { .. } | Msg::Claim { .. } | Msg::Release { .. } | Msg::Bye)) => {
+                gone.set(format!(
+                    "protocol error: a secondary's message from the primary: {m:?}"
+                ));
+                return;
+            }
+            Ok(m) => {
+                if answers.send(m).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                gone.set(format!("protocol error: {e}"));
+                return;
+            }
+        }
+    }
+}

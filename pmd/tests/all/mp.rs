@@ -1,0 +1,136 @@
+//! Multi-process control across real processes: this test binary runs itself again as the
+//! other process (the ignored `child` test, which does nothing unless told its role), and
+//! kills it with SIGKILL mid-run.
+
+use pmd::mp::{MpConfig, MpError, MpEvent, Owner, Primary, ReleaseWhy, Secondary, SOCKET_NAME};
+use pmd::sys::net::{send_signal, SIGKILL};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ROLE: &str = "PMD_MP_TEST_ROLE";
+const DIR: &str = "PMD_MP_TEST_DIR";
+
+/// The other process: `secondary` claims port 0 queue 1 and waits for its primary to go;
+/// `primary` publishes port 0 with 4 queues and waits to be killed.
+#[test]
+#[ignore = "run by the tests below as their second process"]
+fn child() {
+    let (Ok(role), Ok(dir)) = (std::env::var(ROLE), std::env::var(DIR)) else {
+        return;
+    };
+    let dir = Path::new(&dir);
+    match role.as_str() {
+        "secondary" => {
+            let mut s = Secondary::attach_at(&dir.join(SOCKET_NAME), "t", "child").unwrap();
+            let q = s.claim(0, Some(1)).unwrap();
+            println!("claimed {q}");
+            while s.primary_gone().is_none() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            println!("gone: {}", s.primary_gone().unwrap());
+        }
+        "primary" => {
+            let p = Primary::start(&MpConfig::new("t").with_dir(dir)).unwrap();
+            p.publish(0, "emu-mana:wire=none", 4, &[0]);
+            println!("ready");
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        r => panic!("unknown role {r}"),
+    }
+}
+
+fn spawn(role: &str, dir: &Path) -> (Child, BufReader<ChildStdout>) {
+    let mut c = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "mp::child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--quiet",
+        ])
+        .env(ROLE, role)
+        .env(DIR, dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(c.stdout.take().unwrap());
+    (c, out)
+}
+
+/// The child's next line that starts with `prefix`.
+fn line(out: &mut BufReader<ChildStdout>, prefix: &str) -> String {
+    let mut l = String::new();
+    loop {
+        l.clear();
+        assert!(out.read_line(&mut l).unwrap() > 0, "no '{prefix}' line");
+        if l.starts_with(prefix) {
+            return l.trim_end().to_string();
+        }
+    }
+}
+
+fn wait_event(p: &Primary, want: impl Fn(&MpEvent) -> bool) -> MpEvent {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Some(e) = p.next_event(Duration::from_millis(50)) {
+            if want(&e) {
+                return e;
+            }
+        }
+    }
+    panic!("no such event within 10 s");
+}
+
+#[test]
+fn a_killed_secondary_gives_its_queue_back_and_a_new_one_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Primary::start(&MpConfig::new("t").with_dir(dir.path())).unwrap();
+    p.publish(0, "emu-mana:wire=none", 4, &[0]);
+    let (mut c, mut out) = spawn("secondary", dir.path());
+    assert_eq!(line(&mut out, "claimed"), "claimed 1");
+    assert_eq!(p.owners(0).unwrap()[1], Owner::Secondary(c.id()));
+    send_signal(c.id(), SIGKILL).unwrap();
+    c.wait().unwrap();
+    let e = wait_event(&p, |e| matches!(e, MpEvent::Released { .. }));
+    assert_eq!(
+        e,
+        MpEvent::Released {
+            pid: c.id(),
+            port: 0,
+            queue: 1,
+            why: ReleaseWhy::Exited
+        }
+    );
+    assert_eq!(p.owners(0).unwrap()[1], Owner::Free);
+    let (mut c2, mut out2) = spawn("secondary", dir.path());
+    assert_eq!(line(&mut out2, "claimed"), "claimed 1");
+    assert_eq!(p.owners(0).unwrap()[1], Owner::Secondary(c2.id()));
+    // The primary stopping tells it why, and it ends cleanly.
+    p.shutdown("SIGTERM");
+    assert_eq!(line(&mut out2, "gone"), "gone: SIGTERM");
+    assert!(c2.wait().unwrap().success());
+}
+
+#[test]
+fn a_killed_primary_is_noticed_and_its_socket_refuses_new_secondaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, mut out) = spawn("primary", dir.path());
+    line(&mut out, "ready");
+    let path = dir.path().join(SOCKET_NAME);
+    let mut s = Secondary::attach_at(&path, "t", "me").unwrap();
+    assert_eq!(s.primary_pid(), Some(c.id()));
+    assert_eq!(s.claim(0, None).unwrap(), 1);
+    send_signal(c.id(), SIGKILL).unwrap();
+    c.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.primary_gone().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let why = s.primary_gone().expect("the secondary noticed");
+    assert!(why.contains("exited or was killed"), "{why}");
+    let err = Secondary::attach_at(&path, "t", "late").unwrap_err();
+    assert!(matches!(err, MpError::PrimaryGone { .. }), "{err}");
+    assert!(err.to_string().contains("is gone"), "{err}");
+}
