@@ -86,6 +86,26 @@ pub enum Error {
         required: PageSize,
     },
 
+    /// Another process's shared memory cannot be mapped at the address that process maps it
+    /// at, because this process uses part of that range already.
+    #[error(
+        "cannot map {} at {addr:#x}..{:#x} (where its owner maps it, as addresses in it must \
+         match): this process already uses that range ({taken_by}); start this process before \
+         it maps much, or have the owner map its memory elsewhere",
+        path.display(),
+        addr + len
+    )]
+    AddressTaken {
+        /// The file.
+        path: PathBuf,
+        /// Where it must be mapped.
+        addr: usize,
+        /// Its length.
+        len: usize,
+        /// What is there now (from `/proc/self/maps`).
+        taken_by: String,
+    },
+
     /// An existing shared-memory file to attach to is empty.
     #[error("shared memory file {} is empty: the process that owns it has not created the pool yet", path.display())]
     SharedFileEmpty {

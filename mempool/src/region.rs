@@ -11,7 +11,9 @@
 //! exercised even on machines that have hugepages. [`Region::page_size`] reports what was used.
 //!
 //! Unsafe code in this module: `fstatfs` on a shared file (to learn the page size of its
-//! filesystem), and reading the kernel's answer.
+//! filesystem) and reading the kernel's answer, and mapping another process's shared file at
+//! the address that process uses ([`Region::attach_shared_at`]: `mmap` with
+//! `MAP_FIXED_NOREPLACE`, `mlock`, `munmap`).
 #![allow(unsafe_code)]
 
 use std::fmt;
@@ -172,7 +174,7 @@ impl RegionOptions {
 /// The mapping is released when the region is dropped. The region never hands out references
 /// to its bytes, only [`Region::as_ptr`]: the users (the pool, the NIC) access them as raw memory.
 pub struct Region {
-    map: MmapRaw,
+    map: Mapping,
     page_size: PageSize,
     locked: bool,
     /// The shared file we created and remove on drop.
@@ -255,7 +257,98 @@ impl Region {
         }
         let map = mo.map_raw(&file).map_err(file_err("mmap"))?;
         let region = Region {
-            map,
+            map: Mapping::Map(map),
+            page_size,
+            locked: false,
+            owned_file: None,
+            shared_path: Some(path.to_owned()),
+        };
+        Ok(region.lock_if(opts.lock))
+    }
+
+    /// Maps the whole shared-memory file at `path` (made by another process with
+    /// [`RegionOptions::shared_file`]) at `addr`, the address that process maps it at:
+    /// memory whose contents name addresses (an mbuf pool's headers, memory registered with
+    /// a NIC by address) reads the same in both processes only there. Never replaces what
+    /// this process has mapped: a range in use is refused, naming what uses it.
+    ///
+    /// # Errors
+    /// [`Error::AddressTaken`]; [`Error::SharedFile`] (open, stat, fstatfs, mmap; `addr` not
+    /// page-aligned is `EINVAL`); [`Error::SharedFileEmpty`].
+    pub fn attach_shared_at(
+        path: &Path,
+        addr: usize,
+        opts: &RegionOptions,
+    ) -> Result<Region, Error> {
+        let file_err = |what| {
+            move |source| Error::SharedFile {
+                path: path.to_owned(),
+                what,
+                source,
+            }
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(file_err("open"))?;
+        let len = file.metadata().map_err(file_err("stat"))?.len();
+        if len == 0 {
+            return Err(Error::SharedFileEmpty {
+                path: path.to_owned(),
+            });
+        }
+        let len = usize::try_from(len)
+            .map_err(|_| file_err("stat")(io::ErrorKind::InvalidData.into()))?;
+        let page_size = fs_page_size(&file).map_err(file_err("fstatfs"))?;
+        let mut flags = libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE;
+        if opts.populate {
+            flags |= libc::MAP_POPULATE;
+        }
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping (the kernel fails
+        // with EEXIST instead), so no memory this process uses changes; the file descriptor
+        // is open for reading and writing; the result is checked before use.
+        let ptr = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EEXIST) {
+                return Err(Error::AddressTaken {
+                    path: path.to_owned(),
+                    addr,
+                    len,
+                    taken_by: maps_overlapping(addr, len),
+                });
+            }
+            return Err(file_err("mmap")(e));
+        }
+        if ptr as usize != addr {
+            // A kernel older than 4.17 takes the flag as a hint and may map elsewhere.
+            // SAFETY: `ptr`..`ptr + len` is the mapping just made, used by nothing yet.
+            unsafe { libc::munmap(ptr, len) };
+            return Err(Error::AddressTaken {
+                path: path.to_owned(),
+                addr,
+                len,
+                taken_by: format!(
+                    "the kernel mapped it at {:#x} instead: MAP_FIXED_NOREPLACE needs Linux 4.17",
+                    ptr as usize
+                ),
+            });
+        }
+        let region = Region {
+            map: Mapping::Fixed {
+                ptr: ptr.cast(),
+                len,
+            },
             page_size,
             locked: false,
             owned_file: None,
@@ -267,25 +360,31 @@ impl Region {
     /// Start of the mapping.
     #[inline]
     pub fn as_ptr(&self) -> *mut u8 {
-        self.map.as_mut_ptr()
+        match &self.map {
+            Mapping::Map(m) => m.as_mut_ptr(),
+            Mapping::Fixed { ptr, .. } => *ptr,
+        }
     }
 
     /// Start of the mapping as an address.
     #[inline]
     pub fn addr(&self) -> usize {
-        self.map.as_ptr() as usize
+        self.as_ptr() as usize
     }
 
     /// Length of the mapping in bytes (a whole number of pages).
     #[inline]
     pub fn len(&self) -> usize {
-        self.map.len()
+        match &self.map {
+            Mapping::Map(m) => m.len(),
+            Mapping::Fixed { len, .. } => *len,
+        }
     }
 
     /// Always `false`: regions have at least one page.
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.map.len() == 0
+        self.len() == 0
     }
 
     /// The page size actually used.
@@ -374,7 +473,7 @@ impl Region {
         }
         let map = MmapRaw::from(mo.map_anon()?);
         Ok(Region {
-            map,
+            map: Mapping::Map(map),
             page_size,
             locked: false,
             owned_file: None,
@@ -440,7 +539,7 @@ impl Region {
             }
         })?;
         Ok(Region {
-            map,
+            map: Mapping::Map(map),
             page_size,
             locked: false,
             owned_file: cleanup.disarm(),
@@ -478,11 +577,77 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        if let Mapping::Fixed { ptr, len } = self.map {
+            // SAFETY: the mapping is this region's alone and nothing borrows it past the
+            // region's life (the region hands out raw pointers only, whose users keep the
+            // region alive).
+            unsafe { libc::munmap(ptr.cast(), len) };
+        }
         if let Some(path) = self.owned_file.take() {
             if let Err(e) = fs::remove_file(&path) {
                 tracing::debug!(target: LOG, path = %path.display(), error = %e, "could not remove shared file");
             }
         }
+    }
+}
+
+/// A region's mapping: made by memmap2, or by mmap(2) itself where the address is chosen
+/// (memmap2 cannot place a mapping).
+enum Mapping {
+    Map(MmapRaw),
+    Fixed { ptr: *mut u8, len: usize },
+}
+
+// SAFETY: a `Fixed` mapping is plain shared memory owned by its region, like the `MmapRaw`
+// one (which is Send and Sync); the region hands out raw pointers only.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn lock(&self) -> io::Result<()> {
+        match self {
+            Mapping::Map(m) => m.lock(),
+            Mapping::Fixed { ptr, len } => {
+                // SAFETY: mlock only pins the pages of this mapping; it reads no memory.
+                let rc = unsafe { libc::mlock(ptr.cast(), *len) };
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(io::Error::last_os_error())
+                }
+            }
+        }
+    }
+}
+
+/// The lines of `/proc/self/maps` that overlap `addr..addr + len`, joined, for a message.
+fn maps_overlapping(addr: usize, len: usize) -> String {
+    let Ok(maps) = fs::read_to_string("/proc/self/maps") else {
+        return "see /proc/self/maps".into();
+    };
+    let end = addr.saturating_add(len);
+    let hits: Vec<String> = maps
+        .lines()
+        .filter(|l| {
+            let Some((range, _)) = l.split_once(' ') else {
+                return false;
+            };
+            let Some((a, b)) = range.split_once('-') else {
+                return false;
+            };
+            let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+            else {
+                return false;
+            };
+            a < end && b > addr
+        })
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    if hits.is_empty() {
+        "an address the kernel refused".into()
+    } else {
+        hits.join("; ")
     }
 }
 

@@ -208,3 +208,75 @@ fn require_hugepages_with_a_tmpfs_file_is_refused() {
     assert!(err.to_string().contains("mount -t hugetlbfs"), "{err}");
     assert!(!path.exists(), "a refused shared file is removed again");
 }
+
+/// Another process's shared memory mapped at the address that process uses (what a
+/// secondary does with the primary's pool): refused, naming what is there, while this
+/// process uses the range; mapped there once it is free, the same bytes both ways.
+#[test]
+fn a_shared_region_maps_at_a_given_address_or_says_what_is_there() {
+    let dir = if Path::new("/dev/shm").is_dir() {
+        Path::new("/dev/shm").to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let path = dir.join(format!("mempool-at-{}", std::process::id()));
+    let owner = Region::new(
+        64 << 10,
+        &RegionOptions::with_policy(PagePolicy::Normal).shared_file(&path),
+    )
+    .unwrap();
+    // The owner's own mapping is in the way in this process.
+    let err = Region::attach_shared_at(&path, owner.addr(), &RegionOptions::default()).unwrap_err();
+    match &err {
+        Error::AddressTaken { addr, len, .. } => {
+            assert_eq!((*addr, *len), (owner.addr(), owner.len()));
+        }
+        e => panic!("{e}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("{:#x}", owner.addr())), "{msg}");
+    assert!(msg.contains(&path.display().to_string()), "{msg}");
+
+    // A range reserved here (what another process's address would be), taken, then free.
+    let len = owner.len();
+    // SAFETY: a fresh PROT_NONE reservation, chosen by the kernel; nothing else uses it.
+    let hole = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(hole, libc::MAP_FAILED);
+    let at = hole as usize;
+    let err = Region::attach_shared_at(&path, at, &RegionOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, Error::AddressTaken { addr, .. } if addr == at),
+        "{err}"
+    );
+    assert!(err.to_string().contains("---p"), "names the mapping: {err}");
+    // SAFETY: the reservation made above, unused.
+    unsafe { libc::munmap(hole, len) };
+    let other = Region::attach_shared_at(&path, at, &RegionOptions::default()).unwrap();
+    assert_eq!((other.addr(), other.len()), (at, len));
+    // SAFETY: offsets inside both mappings of the same file, alive until the end.
+    unsafe {
+        owner.as_ptr().add(777).write(0x5a);
+        assert_eq!(other.as_ptr().add(777).read(), 0x5a);
+        other.as_ptr().add(len - 1).write(0xa5);
+        assert_eq!(owner.as_ptr().add(len - 1).read(), 0xa5);
+    }
+    drop(other);
+    // The attached mapping is gone with its region: the address is free again.
+    let again = Region::attach_shared_at(&path, at, &RegionOptions::default()).unwrap();
+    assert_eq!(again.addr(), at);
+    drop(again);
+    drop(owner);
+    assert!(
+        !path.exists(),
+        "the owner removes its file; attaching never does"
+    );
+}

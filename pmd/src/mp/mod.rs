@@ -11,13 +11,16 @@
 //!   free) and gives them back. A secondary that exits, cleanly or killed, gives back
 //!   everything it held: the primary sees its connection close, and reports it
 //!   ([`MpEvent::Released`] with [`ReleaseWhy::Exited`]) so that it can take the queues back.
+//! - [`Primary::share_memory`] shares file-backed memory (a pool's hugetlbfs file); a
+//!   secondary maps it when it attaches, at the primary's address, or is refused with that
+//!   address and what holds it in the secondary.
 //! - The primary stopping tells every secondary ([`Secondary::primary_gone`]); a secondary
 //!   finds the same when the primary is killed (its connection closes).
 //! - A second primary on a prefix whose primary runs is refused with that process's pid; a
 //!   secondary whose primary is not running, or is gone, is refused saying which.
 //!
-//! Not built yet (the issue stays open): the datapath of a secondary. Sharing the queue
-//! memory, the doorbell page and the mbuf pool between processes, the verbs command fd
+//! Not built yet (the issue stays open): the datapath of a secondary. Queue memory, the
+//! doorbell page and the mbuf pool placed in the shared memory, the verbs command fd
 //! passed by `SCM_RIGHTS` and `ibv_import_device` / `ibv_import_pd` / `ibv_import_mr` on
 //! it, and the fake rdma-core's kernel shared between processes. See `pmd/README.md`
 //! ("Multi-process").
@@ -49,7 +52,7 @@ mod secondary;
 mod tests;
 
 pub use primary::{MpConfig, MpEvent, Owner, Primary, ReleaseWhy};
-pub use protocol::{PortInfo, Refusal};
+pub use protocol::{MemInfo, PortInfo, Refusal};
 pub use secondary::Secondary;
 
 use std::path::{Path, PathBuf};
@@ -143,6 +146,14 @@ pub enum MpError {
         queue: u16,
         /// Why.
         why: Refusal,
+    },
+    /// Shared memory that cannot be shared (primary) or mapped (secondary).
+    #[error("shared memory '{name}': {why}")]
+    Memory {
+        /// Its name.
+        name: String,
+        /// Why.
+        why: String,
     },
     /// The peer sent a record that is not a valid message, or not the one expected.
     #[error("protocol error: {0}")]

@@ -2,7 +2,7 @@
 //! queue owners.
 #![deny(unsafe_code)]
 
-use super::protocol::{self, Msg, PortInfo, Refusal, MAX_RECORD, NEXT_FREE};
+use super::protocol::{self, MemInfo, Msg, PortInfo, Refusal, MAX_RECORD, NEXT_FREE};
 use super::{check_prefix, io_err, MpError, MAX_SECONDARIES, SOCKET_NAME};
 use crate::sys::seqpacket::{BindError, SeqConn, SeqListener};
 use std::path::{Path, PathBuf};
@@ -127,6 +127,7 @@ struct PortEntry {
 #[derive(Default)]
 struct Table {
     ports: Vec<PortEntry>,
+    memory: Vec<MemInfo>,
 }
 
 impl Table {
@@ -312,6 +313,47 @@ impl Primary {
                 t.ports.push(entry);
             }
         }
+    }
+
+    /// Shares `region` (memory backed by a shared file: [`mempool::RegionOptions::shared_file`])
+    /// under `name`: a secondary maps it at the same address when it attaches, or is refused
+    /// with the address when that range is taken in it. Share before secondaries attach.
+    ///
+    /// # Errors
+    /// [`MpError::Memory`]: the region has no shared file, its path is too long, or
+    /// [`protocol::MAX_MEMORY`] areas are shared already.
+    pub fn share_memory(&self, name: &str, region: &mempool::Region) -> Result<(), MpError> {
+        let refuse = |why: String| MpError::Memory {
+            name: name.to_string(),
+            why,
+        };
+        let path = region
+            .shared_path()
+            .ok_or_else(|| refuse("it is private to this process (no shared file)".into()))?;
+        let path = path
+            .to_str()
+            .filter(|p| p.len() <= protocol::MAX_PATH && p.starts_with('/'))
+            .ok_or_else(|| {
+                refuse(format!(
+                    "its file {} is not an absolute UTF-8 path of at most {} bytes",
+                    path.display(),
+                    protocol::MAX_PATH
+                ))
+            })?;
+        let mut t = self.shared.table();
+        if t.memory.len() >= protocol::MAX_MEMORY {
+            return Err(refuse(format!(
+                "{} areas are shared already",
+                protocol::MAX_MEMORY
+            )));
+        }
+        t.memory.push(MemInfo {
+            name: name.to_string(),
+            path: path.to_string(),
+            addr: region.addr() as u64,
+            len: region.len() as u64,
+        });
+        Ok(())
     }
 
     /// Who polls each queue pair of `port` (`None`: not published).
@@ -530,13 +572,12 @@ fn converse(shared: &Shared, sock: &SeqConn, id: ConnId, pid: u32) -> End {
                     app: app.clone(),
                 });
                 tracing::info!(target: "pmd::mp", "secondary {app} (pid {pid}) attached");
-                let ports = shared
-                    .table()
-                    .ports
-                    .iter()
-                    .map(|p| p.info.clone())
-                    .collect();
-                Msg::Welcome { ports }
+                let t = shared.table();
+                let ports = t.ports.iter().map(|p| p.info.clone()).collect();
+                Msg::Welcome {
+                    ports,
+                    memory: t.memory.clone(),
+                }
             }
             _ if !hello => return End::Cut("a request before its hello".into()),
             Msg::Claim { port, queue } => match shared.table().claim(id, pid, port, queue) {

@@ -29,6 +29,12 @@ pub const MAX_NAME: usize = 64;
 /// The longest shutdown reason, in bytes.
 pub const MAX_REASON: usize = 256;
 
+/// The most shared memory areas a primary publishes.
+pub const MAX_MEMORY: usize = 16;
+
+/// The longest path of a shared memory file, in bytes.
+pub const MAX_PATH: usize = 512;
+
 /// `queue` in a [`Msg::Claim`] that asks for the next free queue of the port.
 pub const NEXT_FREE: u16 = u16::MAX;
 
@@ -41,6 +47,20 @@ pub struct PortInfo {
     pub queues: u16,
     /// Its spec or name (e.g. `emu-mana:wire=shm:a`), for messages.
     pub name: String,
+}
+
+/// One shared memory area, as the primary describes it in [`Msg::Welcome`]: a file the
+/// secondary maps whole at `addr`, where the primary maps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemInfo {
+    /// What it holds (e.g. the pool's name), for messages.
+    pub name: String,
+    /// The file (on a hugetlbfs mount, or tmpfs).
+    pub path: String,
+    /// Where the primary maps it.
+    pub addr: u64,
+    /// Its length in bytes.
+    pub len: u64,
 }
 
 /// Why the primary refused a request.
@@ -105,10 +125,12 @@ pub enum Msg {
     },
     /// Secondary → primary: it is leaving; everything it holds goes back.
     Bye,
-    /// Primary → secondary, the answer to `Hello`: its ports.
+    /// Primary → secondary, the answer to `Hello`: its ports and shared memory.
     Welcome {
         /// The published ports.
         ports: Vec<PortInfo>,
+        /// The shared memory areas.
+        memory: Vec<MemInfo>,
     },
     /// Primary → secondary: the queue pair is the secondary's until it releases it or exits.
     Granted {
@@ -230,7 +252,7 @@ impl Msg {
             Msg::Claim { port, queue } => pq(&mut out, K_CLAIM, *port, *queue),
             Msg::Release { port, queue } => pq(&mut out, K_RELEASE, *port, *queue),
             Msg::Bye => out.push(K_BYE),
-            Msg::Welcome { ports } => {
+            Msg::Welcome { ports, memory } => {
                 out.push(K_WELCOME);
                 let ports = &ports[..ports.len().min(MAX_PORTS)];
                 out.push(ports.len() as u8);
@@ -238,6 +260,14 @@ impl Msg {
                     out.extend_from_slice(&p.id.to_le_bytes());
                     out.extend_from_slice(&p.queues.to_le_bytes());
                     put_str(&mut out, &p.name, MAX_NAME);
+                }
+                let memory = &memory[..memory.len().min(MAX_MEMORY)];
+                out.push(memory.len() as u8);
+                for m in memory {
+                    put_str(&mut out, &m.name, MAX_NAME);
+                    put_str(&mut out, &m.path, MAX_PATH);
+                    out.extend_from_slice(&m.addr.to_le_bytes());
+                    out.extend_from_slice(&m.len.to_le_bytes());
                 }
             }
             Msg::Granted { port, queue } => pq(&mut out, K_GRANTED, *port, *queue),
@@ -315,7 +345,30 @@ impl Msg {
                     let name = r.str("port name", MAX_NAME)?;
                     ports.push(PortInfo { id, queues, name });
                 }
-                Msg::Welcome { ports }
+                let n = usize::from(r.u8("memory count")?);
+                if n > MAX_MEMORY {
+                    return Err(DecodeError::Field("memory count"));
+                }
+                let mut memory = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let name = r.str("memory name", MAX_NAME)?;
+                    let path = r.str("memory path", MAX_PATH)?;
+                    let addr = r.u64("memory address")?;
+                    let len = r.u64("memory length")?;
+                    if path.is_empty() || !path.starts_with('/') {
+                        return Err(DecodeError::Text("memory path"));
+                    }
+                    if len == 0 || addr == 0 || addr.checked_add(len).is_none() {
+                        return Err(DecodeError::Field("memory range"));
+                    }
+                    memory.push(MemInfo {
+                        name,
+                        path,
+                        addr,
+                        len,
+                    });
+                }
+                Msg::Welcome { ports, memory }
             }
             K_GRANTED => {
                 let (port, queue) = r.port_queue()?;
@@ -382,6 +435,13 @@ impl Reader<'_> {
     fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
         let b = self.take(4, what)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+        let b = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
     }
 
     fn port_queue(&mut self) -> Result<(u16, u16), DecodeError> {

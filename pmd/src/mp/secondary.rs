@@ -2,7 +2,7 @@
 //! stopping.
 #![deny(unsafe_code)]
 
-use super::protocol::{Msg, PortInfo, MAX_RECORD, NEXT_FREE};
+use super::protocol::{MemInfo, Msg, PortInfo, MAX_RECORD, NEXT_FREE};
 use super::{check_prefix, io_err, socket_path, MpError};
 use crate::sys::seqpacket::SeqConn;
 use std::path::Path;
@@ -49,6 +49,8 @@ impl Gone {
 pub struct Secondary {
     sock: Arc<SeqConn>,
     ports: Vec<PortInfo>,
+    /// The primary's shared memory, mapped where the primary maps it.
+    memory: Vec<(MemInfo, mempool::Region)>,
     primary_pid: Option<u32>,
     answers: Receiver<Msg>,
     gone: Arc<Gone>,
@@ -117,6 +119,7 @@ impl Secondary {
         let mut me = Self {
             sock,
             ports: Vec::new(),
+            memory: Vec::new(),
             primary_pid,
             answers,
             gone,
@@ -125,7 +128,13 @@ impl Secondary {
             held: Vec::new(),
         };
         match me.answer("its welcome")? {
-            Msg::Welcome { ports } => me.ports = ports,
+            Msg::Welcome { ports, memory } => {
+                me.ports = ports;
+                for m in memory {
+                    let region = map_at(&m)?;
+                    me.memory.push((m, region));
+                }
+            }
             Msg::Refused { port, queue, why } => return Err(MpError::Refused { port, queue, why }),
             other => return Err(MpError::Protocol(format!("expected a welcome: {other:?}"))),
         }
@@ -142,6 +151,12 @@ impl Secondary {
     /// The primary's ports.
     pub fn ports(&self) -> &[PortInfo] {
         &self.ports
+    }
+
+    /// The primary's shared memory areas, each mapped in this process where the primary
+    /// maps it.
+    pub fn memory(&self) -> impl Iterator<Item = (&MemInfo, &mempool::Region)> {
+        self.memory.iter().map(|(m, r)| (m, r))
     }
 
     /// The primary's pid, where the kernel says.
@@ -236,6 +251,35 @@ impl Drop for Secondary {
             let _ = t.join();
         }
     }
+}
+
+/// Maps one shared area where the primary maps it.
+fn map_at(m: &MemInfo) -> Result<mempool::Region, MpError> {
+    let addr = usize::try_from(m.addr).map_err(|_| MpError::Memory {
+        name: m.name.clone(),
+        why: format!("address {:#x} does not fit this process", m.addr),
+    })?;
+    let region = mempool::Region::attach_shared_at(
+        Path::new(&m.path),
+        addr,
+        &mempool::RegionOptions::default(),
+    )
+    .map_err(|e| MpError::Memory {
+        name: m.name.clone(),
+        why: e.to_string(),
+    })?;
+    if region.len() as u64 != m.len {
+        return Err(MpError::Memory {
+            name: m.name.clone(),
+            why: format!(
+                "{} holds {} bytes, the primary maps {}",
+                m.path,
+                region.len(),
+                m.len
+            ),
+        });
+    }
+    Ok(region)
 }
 
 fn read_loop(sock: &SeqConn, answers: &mpsc::Sender<Msg>, gone: &Gone, stop: &AtomicBool) {

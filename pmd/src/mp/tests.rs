@@ -1,4 +1,6 @@
-use super::protocol::{DecodeError, Msg, PortInfo, Refusal, MAX_PORTS, NEXT_FREE, VERSION};
+use super::protocol::{
+    DecodeError, MemInfo, Msg, PortInfo, Refusal, MAX_PORTS, NEXT_FREE, VERSION,
+};
 use super::*;
 use proptest::prelude::*;
 use std::time::Duration;
@@ -295,6 +297,7 @@ fn decode_names_what_is_wrong() {
     assert_eq!(Msg::decode(&h), Err(DecodeError::Text("application name")));
     // Two ports with one id.
     let w = Msg::Welcome {
+        memory: vec![],
         ports: vec![
             PortInfo {
                 id: 3,
@@ -334,6 +337,20 @@ fn any_refusal() -> impl Strategy<Value = Refusal> {
 }
 
 fn any_msg() -> impl Strategy<Value = Msg> {
+    let port_ = (0u16..NEXT_FREE - 1, 1u16..NEXT_FREE - 1, any_text(20))
+        .prop_map(|(id, queues, name)| PortInfo { id, queues, name });
+    let mem = (
+        any_text(64),
+        any_text(100),
+        1u64..u64::MAX / 2,
+        1u64..u64::MAX / 2,
+    )
+        .prop_map(|(name, path, addr, len)| MemInfo {
+            name,
+            path: format!("/{path}"),
+            addr,
+            len,
+        });
     let port = (0u16..NEXT_FREE - 1, 1u16..NEXT_FREE - 1, any_text(20))
         .prop_map(|(id, queues, name)| PortInfo { id, queues, name });
     prop_oneof![
@@ -344,8 +361,20 @@ fn any_msg() -> impl Strategy<Value = Msg> {
         proptest::collection::vec(port, 0..MAX_PORTS).prop_map(|mut ports| {
             let mut seen = std::collections::HashSet::new();
             ports.retain(|p| seen.insert(p.id));
-            Msg::Welcome { ports }
+            Msg::Welcome {
+                ports,
+                memory: vec![],
+            }
         }),
+        (
+            proptest::collection::vec(port_, 0..4),
+            proptest::collection::vec(mem, 0..protocol::MAX_MEMORY)
+        )
+            .prop_map(|(mut ports, memory)| {
+                let mut seen = std::collections::HashSet::new();
+                ports.retain(|p: &PortInfo| seen.insert(p.id));
+                Msg::Welcome { ports, memory }
+            }),
         (any::<u16>(), any::<u16>()).prop_map(|(port, queue)| Msg::Granted { port, queue }),
         (any::<u16>(), any::<u16>()).prop_map(|(port, queue)| Msg::Released { port, queue }),
         (any::<u16>(), any::<u16>(), any_refusal()).prop_map(|(port, queue, why)| Msg::Refused {
@@ -372,4 +401,39 @@ proptest! {
             prop_assert_eq!(m.encode(), rec);
         }
     }
+}
+
+fn shared_region(tag: &str) -> mempool::Region {
+    let dir = if std::path::Path::new("/dev/shm").is_dir() {
+        std::path::PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let path = dir.join(format!("pmd-mp-{tag}-{}", std::process::id()));
+    mempool::Region::new(
+        1 << 16,
+        &mempool::RegionOptions::with_policy(mempool::PagePolicy::Normal).shared_file(path),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_secondary_whose_mapping_address_is_taken_is_refused_with_the_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = primary(&dir);
+    let region = shared_region("taken");
+    p.share_memory("pool0", &region).unwrap();
+    // In this process the primary's own mapping holds the address.
+    let err = Secondary::attach_at(p.socket_path(), "t", "s").unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, MpError::Memory { .. }), "{msg}");
+    assert!(
+        msg.starts_with("shared memory 'pool0': cannot map"),
+        "{msg}"
+    );
+    assert!(msg.contains(&format!("{:#x}", region.addr())), "{msg}");
+    // Private memory cannot be shared.
+    let private = mempool::Region::new(4096, &mempool::RegionOptions::default()).unwrap();
+    let err = p.share_memory("private", &private).unwrap_err();
+    assert!(err.to_string().contains("no shared file"), "{err}");
 }

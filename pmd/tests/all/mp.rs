@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 const ROLE: &str = "PMD_MP_TEST_ROLE";
 const DIR: &str = "PMD_MP_TEST_DIR";
 
-/// The other process: `secondary` claims port 0 queue 1 and waits for its primary to go;
+/// The other process: `secondary` claims port 0 queue 1, checks the shared memory (the
+/// primary's word at offset 0 read at the primary's address; its own written at 8), and
+/// waits for its primary to go;
 /// `primary` publishes port 0 with 4 queues and waits to be killed.
 #[test]
 #[ignore = "run by the tests below as their second process"]
@@ -24,6 +26,16 @@ fn child() {
     match role.as_str() {
         "secondary" => {
             let mut s = Secondary::attach_at(&dir.join(SOCKET_NAME), "t", "child").unwrap();
+            for (m, r) in s.memory() {
+                assert_eq!(r.addr() as u64, m.addr, "mapped where the primary maps it");
+                let p = r.as_ptr().cast::<u64>();
+                // SAFETY: offsets 0 and 8 are inside the mapping, which lives until the end;
+                // the primary writes 0 before publishing and reads 8 after this line.
+                unsafe {
+                    println!("memory {} {:#x}", m.name, p.read_volatile());
+                    p.add(1).write_volatile(0xfeed);
+                }
+            }
             let q = s.claim(0, Some(1)).unwrap();
             println!("claimed {q}");
             while s.primary_gone().is_none() {
@@ -88,8 +100,22 @@ fn a_killed_secondary_gives_its_queue_back_and_a_new_one_takes_it() {
     let dir = tempfile::tempdir().unwrap();
     let p = Primary::start(&MpConfig::new("t").with_dir(dir.path())).unwrap();
     p.publish(0, "emu-mana:wire=none", 4, &[0]);
+    // Memory the secondary maps where this process maps it.
+    let region = mempool::Region::new(
+        1 << 16,
+        &mempool::RegionOptions::with_policy(mempool::PagePolicy::Normal)
+            .shared_file(dir.path().join("pool")),
+    )
+    .unwrap();
+    let word = region.as_ptr().cast::<u64>();
+    // SAFETY: offsets 0 and 8 are inside the region, alive until the end of the test.
+    unsafe { word.write_volatile(0x1234_5678) };
+    p.share_memory("pool0", &region).unwrap();
     let (mut c, mut out) = spawn("secondary", dir.path());
+    assert_eq!(line(&mut out, "memory"), "memory pool0 0x12345678");
     assert_eq!(line(&mut out, "claimed"), "claimed 1");
+    // SAFETY: as above; the child wrote before it claimed.
+    assert_eq!(unsafe { word.add(1).read_volatile() }, 0xfeed);
     assert_eq!(p.owners(0).unwrap()[1], Owner::Secondary(c.id()));
     send_signal(c.id(), SIGKILL).unwrap();
     c.wait().unwrap();
