@@ -119,6 +119,28 @@ impl SetupError {
         }
     }
 
+    /// A port whose kernel netdev `netdev` is down, yet raw-packet QP creation is refused
+    /// with `errno`: the vPort is configured by another process's queues (mana_cfg_vport
+    /// refuses a second user of a vPort, drivers/net/ethernet/microsoft/mana/mana_en.c), not
+    /// by the kernel. Nothing to bring down: the hint says to stop that process or wait.
+    ///
+    /// ```
+    /// use pmd::mana::SetupError;
+    /// let e = SetupError::port_busy_elsewhere("eth9", libc::ENODEV);
+    /// assert!(e.to_string().starts_with("another process"));
+    /// ```
+    pub fn port_busy_elsewhere(netdev: &str, errno: i32) -> Self {
+        Self::PortBusy {
+            netdev: None,
+            master: None,
+            errno,
+            holder: format!(
+                "another process (the port's kernel netdev {netdev} is down, so not the kernel)"
+            ),
+            hint: crate::takeover::busy::hint_elsewhere(errno),
+        }
+    }
+
     /// Classifies a failed raw-packet QP creation (`call`, e.g. `ibv_create_qp_ex`, for
     /// `object`, e.g. "tx queue 0"): EBUSY and ENODEV become [`SetupError::port_busy`], any
     /// other error [`SetupError::Verbs`].

@@ -114,6 +114,18 @@ pub fn hint(holder: Option<&Holder>, errno: i32) -> String {
     }
 }
 
+/// What to do about a port another process's queues hold (its netdev is down).
+pub fn hint_elsewhere(errno: i32) -> String {
+    format!(
+        "raw-packet queue creation failed with {} while the netdev is down: another process \
+         (another pmd or DPDK application, or a secondary of one) has queues on this vPort; \
+         stop it, or add busy=wait to the port spec to wait until it exits \
+         (busy-timeout=SECONDS, default {} s)",
+        errno_name(errno),
+        super::DEFAULT_BUSY_TIMEOUT.as_secs()
+    )
+}
+
 /// What to do about a port still busy when `busy=wait` gave up after `waited`.
 pub fn hint_after_wait(holder: Option<&Holder>, errno: i32, waited: std::time::Duration) -> String {
     let waited = super::Seconds(waited);

@@ -248,7 +248,10 @@ impl ManaProvider {
     /// (mana_ib turns any vPort configuration error into it), `EBUSY` on newer ones.
     fn busy_or(&self, e: VerbsError) -> SetupError {
         if matches!(e.errno(), libc::ENODEV | libc::EBUSY) {
-            SetupError::port_busy(self.netdev(), e.errno())
+            match &self.netdev {
+                Some(n) if !n.up => SetupError::port_busy_elsewhere(&n.name, e.errno()),
+                _ => SetupError::port_busy(self.netdev(), e.errno()),
+            }
         } else {
             verbs(e)
         }

@@ -120,9 +120,74 @@ pub struct Qp {
     device: u32,
 }
 
-/// Who has configured each vPort (device index, port): the PD and its raw QPs
-/// (`mana_ib_cfg_vport`: per-PD use count; the first QP configures the vPort).
-static VPORTS: Mutex<BTreeMap<(u32, u32), (usize, u32)>> = Mutex::new(BTreeMap::new());
+/// Who has configured each vPort (device index, port) in this process: the PD, its raw QPs
+/// (`mana_ib_cfg_vport`: per-PD use count; the first QP configures the vPort) and the lock
+/// that holds the vPort against other processes.
+static VPORTS: Mutex<BTreeMap<(u32, u32), VportUse>> = Mutex::new(BTreeMap::new());
+
+/// This process's use of a vPort.
+struct VportUse {
+    /// The PD that configured it.
+    pd: usize,
+    /// Its raw QPs.
+    qps: u32,
+    /// The kernel's `vport_use_count` as every process of the world sees it: an exclusive
+    /// `flock` on the vPort's file under `SYSFS_PATH/fake-kernel`, released when the last
+    /// raw QP goes or the process dies (as the kernel tears a dead process's QPs down).
+    _held: Option<std::fs::File>,
+}
+
+/// Takes the vPort for this process, or fails as `mana_cfg_vport` does while another
+/// process's PD has it configured (drivers/net/ethernet/microsoft/mana/mana_en.c,
+/// `mana_cfg_vport`: `vport_use_count > 0` → `-EBUSY`, which released kernels'
+/// `mana_ib_create_qp_raw` turn into `ENODEV`: `busy_errno`).
+/// `None` when the tree is not writable (the real `/sys`, no world): the vPort is then
+/// held against this process's other PDs only, and that is said once.
+fn take_vport(st: &State, dev: &str, port: u32) -> Result<Option<std::fs::File>, c_int> {
+    use std::os::fd::AsRawFd;
+    let dir = st.cfg.sysfs.join("fake-kernel");
+    let path = dir.join(format!("{dev}.{port}.vport"));
+    let opened = std::fs::create_dir_all(&dir).and_then(|()| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+    });
+    let file = match opened {
+        Ok(f) => f,
+        Err(e) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!(
+                    "fake-rdma: {}: {e}: vPorts are not held against other processes",
+                    path.display()
+                );
+            });
+            return Ok(None);
+        }
+    };
+    // SAFETY: flock on a descriptor this function owns; no memory is involved.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(Some(file));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        let errno = st.cfg.busy_errno;
+        eprintln!(
+            "fake-rdma: ibv_create_qp: {dev} port {port} is configured by another process: {}",
+            if errno == libc::EBUSY {
+                "EBUSY"
+            } else {
+                "ENODEV"
+            }
+        );
+        return Err(errno);
+    }
+    eprintln!("fake-rdma: flock {}: {e}", path.display());
+    Err(libc::EIO)
+}
 
 fn allocators_set(ctx: &Ctx) -> bool {
     ctx.alloc.alloc.is_some() && ctx.alloc.free.is_some()

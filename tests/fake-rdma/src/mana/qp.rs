@@ -82,8 +82,10 @@ pub fn create_qp(
     let (sqid, cqid);
     {
         let mut vports = VPORTS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = None;
+        let mut new_here = false;
         match vports.get(&key) {
-            Some(&(owner, _)) if owner != real as *mut Pd as usize => return fail(libc::ENODEV),
+            Some(v) if v.pd != real as *mut Pd as usize => return fail(libc::ENODEV),
             Some(_) => {}
             None => {
                 // mana_cfg_vport refuses (EBUSY) while the Ethernet driver uses the vPort;
@@ -101,6 +103,11 @@ pub fn create_qp(
                         return fail(e);
                     }
                 }
+                match take_vport(st, &device_name(dev), port) {
+                    Ok(f) => held = f,
+                    Err(e) => return fail(e),
+                }
+                new_here = true;
             }
         }
         if let Err(e) = kernel_pin(buf, size as usize) {
@@ -139,7 +146,18 @@ pub fn create_qp(
         if let Err(e) = added {
             return fail(e);
         }
-        vports.entry(key).or_insert((real as *mut Pd as usize, 0)).1 += 1;
+        if new_here {
+            vports.insert(
+                key,
+                VportUse {
+                    pd: real as *mut Pd as usize,
+                    qps: 1,
+                    _held: held,
+                },
+            );
+        } else if let Some(v) = vports.get_mut(&key) {
+            v.qps += 1;
+        }
     }
     scq.cqid = cqid; // v44 qp.c:118: send_cq->cqid = resp.cqid
     scq.installed = true;
@@ -373,9 +391,10 @@ pub(super) fn release_qp(st: &mut State, q: &mut Qp) {
     if q.rss.is_none() {
         let mut vports = VPORTS.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(v) = vports.get_mut(&(q.device, q.port)) {
-            v.1 -= 1;
-            if v.1 == 0 {
-                vports.remove(&(q.device, q.port)); // mana_ib_uncfg_vport
+            v.qps -= 1;
+            if v.qps == 0 {
+                // mana_ib_uncfg_vport; the file's lock goes with it.
+                vports.remove(&(q.device, q.port));
             }
         }
     }

@@ -456,3 +456,59 @@ fn the_raw_packet_device_of_a_function_listed_twice_is_chosen() {
     );
     assert_eq!(live_at_exit(&o), Some(0), "{}", text(&o));
 }
+
+/// The vPort is held by the kernel for the process whose raw QPs configured it, against every
+/// other process (mana_cfg_vport's `vport_use_count`), not only by pmd's own port lock: a
+/// second l2fwd that does not share the first one's lock directory (as another program
+/// would not) fails at the raw QP and says the port is busy; once the first one is killed,
+/// the kernel lets the port go and the second one runs.
+#[test]
+fn a_vport_held_by_another_process_is_refused_until_that_process_dies() {
+    let fake = Fake::new(Some(NO_WIRES));
+    let locks = tempfile::tempdir().unwrap();
+    let l2fwd = |lock_dir: &str| {
+        let mut c = fake.cmd(&bin("l2fwd"));
+        c.args(["--port", PORT1, "--port", PORT2])
+            .args(["--stats-interval", "0", "--link-timeout", "0"])
+            .env("PMD_LOCK_DIR", locks.path().join(lock_dir));
+        c
+    };
+    let mut first = l2fwd("a")
+        .args(["--duration", "60"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Ready once its ports are up (its queues exist): l2fwd says so on stderr.
+    let err = first.stderr.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(err));
+    let ready = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.starts_with("l2fwd: 2 ports"));
+    assert!(ready, "the first l2fwd did not start");
+    // Keep reading so that it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    assert!(fake
+        .dir
+        .path()
+        .join("sys/fake-kernel/mana_0.1.vport")
+        .exists());
+    let o = l2fwd("b").args(["--duration", "0.2"]).output().unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    let second = text(&o);
+    assert!(
+        second.contains("mana_0 port 1 is configured by another process: ENODEV"),
+        "{second}"
+    );
+    // pmd's error names the other process, not the (down) netdev, and says what to do.
+    assert!(
+        second.contains("another process (the port's kernel netdev eth-mana_0-1 is down"),
+        "{second}"
+    );
+    assert!(second.contains("busy=wait"), "{second}");
+    pmd::sys::net::send_signal(first.id(), pmd::sys::net::SIGKILL).unwrap();
+    first.wait().unwrap();
+    let o = l2fwd("b").args(["--duration", "0.2"]).output().unwrap();
+    assert!(o.status.success(), "after the holder died: {}", text(&o));
+}
