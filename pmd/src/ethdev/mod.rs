@@ -496,6 +496,50 @@ pub fn free_one(pool: &std::sync::Arc<MbufPool>, m: mempool::Mbuf) {
 /// queue or an unmapped doorbell page; the objects go when the last handle drops.
 pub type QueueOwner = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 
+/// Where a receive queue leaves the buffers it posted when it is dropped, until the device
+/// can no longer write into them.
+///
+/// A queue handle may go before its device objects: the RX objects of a port (its RSS QP,
+/// indirection table and WQs on MANA; its hashing QPs, rules and WQs on mlx5; a model's RQ
+/// records) are shared by all its queues and the provider, and live until the last of them
+/// goes. Until then the device may still write a received frame into any buffer a WQE names.
+/// Freeing the buffers with the handle would hand them to the next allocation while the NIC
+/// can still DMA into them. So a dropped queue parks them here; the provider keeps its own
+/// handle on the same `Parked` in the object whose drop destroys the device objects, after
+/// them, and the buffers go back to their pool when the last handle drops: once no device
+/// object can name them.
+#[derive(Default)]
+pub struct Parked(std::sync::Mutex<Vec<Box<dyn Send>>>);
+
+impl std::fmt::Debug for Parked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Parked({} sets)", self.sets())
+    }
+}
+
+impl Parked {
+    /// A new, empty parking place to share between a provider and its queues.
+    pub fn new() -> std::sync::Arc<Self> {
+        std::sync::Arc::default()
+    }
+
+    /// Keeps `bufs` until the last handle on this drops (a queue's drop path; takes a lock).
+    pub fn park(&self, bufs: impl Send + 'static) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Box::new(bufs));
+    }
+
+    /// How many sets of buffers are parked.
+    pub fn sets(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+}
+
 /// Whether the environment asks for fork-safe memory registration, as libibverbs reads it
 /// (rdma-core `util/util.c` `check_env`, called from `libibverbs/init.c`): `RDMAV_FORK_SAFE`
 /// or `IBV_FORK_SAFE` set to anything but `0`.

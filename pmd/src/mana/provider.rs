@@ -71,6 +71,9 @@ pub struct RawRxQueue {
     pub cq_id: u32,
     /// What keeps the queue's objects alive while the handle exists.
     pub owner: QueueOwner,
+    /// Where the queue leaves its posted buffers when dropped, freed once the device objects
+    /// that can write into them are gone (see [`Parked`](crate::ethdev::Parked)).
+    pub parked: Arc<crate::ethdev::Parked>,
     /// The device's work for this queue on the polling thread; `None` on hardware.
     pub kick: Kick,
 }

@@ -57,6 +57,9 @@ pub struct RxQueue {
     singles: bool,
     /// Checksum flags by a CQE's checksum bits.
     csum_flags: Box<[OffloadFlags; 128]>,
+    /// Where the posted buffers go when the queue drops (last field: dropped after
+    /// `_owner`).
+    parked: Arc<crate::ethdev::Parked>,
 }
 
 impl std::fmt::Debug for RxQueue {
@@ -110,6 +113,7 @@ impl RxQueue {
             backlog: None,
             singles: true,
             csum_flags: csum_table(),
+            parked: raw.parked,
         }
     }
 
@@ -528,6 +532,10 @@ impl Drop for RxQueue {
         }
         self.counters.add_missed(missed);
         self.counters.add_errors(errors);
+        // The device may still write into the posted buffers until the port's RX objects are
+        // destroyed: they wait there (see `Parked`), not in the pool.
+        let posted = std::mem::replace(&mut self.bufs, RxBufs::new(&self.pool, 1));
+        self.parked.park(posted);
     }
 }
 
@@ -586,6 +594,7 @@ mod tests {
             cq_count: N,
             cq_id: 0x4321,
             owner: Arc::new(()),
+            parked: crate::ethdev::Parked::new(),
             kick: None,
         };
         let cfg = PortConfig {

@@ -242,6 +242,9 @@ pub struct RawRq {
     pub cqe_compression: bool,
     /// What keeps the queue's objects alive while a handle exists.
     pub owner: QueueOwner,
+    /// Where the queue leaves its posted buffers when dropped, freed once the device objects
+    /// that can write into them are gone (see [`Parked`](crate::ethdev::Parked)).
+    pub parked: Arc<crate::ethdev::Parked>,
     /// The WQ's state machine: the RX queue's error recovery moves it RESET then RDY.
     pub state: Arc<dyn QueueState>,
     /// The device's work for this queue on the polling thread; `None` on hardware.

@@ -58,6 +58,8 @@ pub struct RxQueue {
     /// The WQ's error recovery.
     recovery: Recovery,
     _owner: QueueOwner,
+    /// Where the posted buffers go when the queue drops (see `Parked`).
+    parked: Arc<crate::ethdev::Parked>,
     /// The device's work on this thread (a device model's inline engine; `None` on hardware).
     kick: Kick,
     port_id: u16,
@@ -141,6 +143,7 @@ impl RxQueue {
             xstats,
             recovery: Recovery::new(raw.state, raw.rqn),
             _owner: raw.owner,
+            parked: raw.parked,
             kick: raw.kick,
             port_id,
             data_room,
@@ -606,6 +609,11 @@ impl Drop for RxQueue {
     fn drop(&mut self) {
         let d = self.cq.drain();
         self.counters.add_missed(d.dropped);
+        // The device may still write into the posted buffers until the WQ is destroyed (the
+        // port's indirection tables hold it): they wait there (see `Parked`), not in the
+        // pool.
+        let posted = std::mem::replace(&mut self.bufs, RxBufs::new(&self.pool, 1));
+        self.parked.park(posted);
     }
 }
 
@@ -675,6 +683,7 @@ mod tests {
             mprq: None,
             cqe_compression: true,
             owner: Arc::new(()),
+            parked: crate::ethdev::Parked::new(),
             state,
             kick: None,
         };

@@ -82,6 +82,8 @@ pub struct RxQueue {
     /// The WQ's error recovery.
     recovery: Recovery,
     _owner: QueueOwner,
+    /// Where the device buffers go when the queue drops (see `Parked`).
+    parked: Arc<crate::ethdev::Parked>,
     /// The device's work on this thread (a device model's inline engine; `None` on hardware).
     kick: Kick,
     port_id: u16,
@@ -146,6 +148,7 @@ impl RxQueue {
             xstats,
             recovery: Recovery::new(raw.state, raw.rqn),
             _owner: raw.owner,
+            parked: raw.parked,
             kick: raw.kick,
             port_id,
             vlan_strip: cfg.rx_offloads.contains(RxOffloads::VLAN_STRIP),
@@ -373,6 +376,10 @@ impl Drop for RxQueue {
     fn drop(&mut self) {
         let d = self.cq.drain();
         self.counters.add_missed(d.dropped);
+        // The device may still write into the strides until the WQ is destroyed: the
+        // buffers' memory and registration stay mapped until then (see `Parked`).
+        self.parked
+            .park((Arc::clone(&self.bufs.mem), self.bufs.keys.clone()));
         let stash = &mut self.stash;
         with_cache(&self.pool, |cache| {
             stash
@@ -455,6 +462,7 @@ mod tests {
             mprq: Some(geo),
             cqe_compression: true,
             owner: Arc::new(()),
+            parked: crate::ethdev::Parked::new(),
             state,
             kick: None,
         };

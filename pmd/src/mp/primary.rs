@@ -191,6 +191,9 @@ struct Conn {
 }
 
 struct Shared {
+    /// The accept loop stops.
+    closing: AtomicBool,
+    /// The connections stop (set after each was told why).
     stop: AtomicBool,
     table: Mutex<Table>,
     events: Sender<MpEvent>,
@@ -258,6 +261,7 @@ impl Primary {
         })?;
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
+            closing: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             table: Mutex::new(Table::default()),
             events: tx,
@@ -404,7 +408,8 @@ impl Primary {
 
 impl Drop for Primary {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
+        // No new secondary; then each one is told why before its connection ends.
+        self.shared.closing.store(true, Ordering::SeqCst);
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
@@ -422,6 +427,7 @@ impl Drop for Primary {
         for c in &conns {
             let _ = c.sock.send(&bye);
         }
+        self.shared.stop.store(true, Ordering::SeqCst);
         for mut c in conns {
             if let Some(t) = c.thread.take() {
                 let _ = t.join();
@@ -432,7 +438,7 @@ impl Drop for Primary {
 }
 
 fn accept_loop(listener: &SeqListener, shared: &Arc<Shared>) {
-    while !shared.stop.load(Ordering::SeqCst) {
+    while !shared.closing.load(Ordering::SeqCst) {
         let conn = match listener.accept_timeout(POLL) {
             Ok(Some(c)) => c,
             Ok(None) => continue,

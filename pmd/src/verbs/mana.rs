@@ -56,6 +56,8 @@ struct TxObjects {
 /// RX queues: the RSS QP (which holds the table, the WQs and their CQs).
 struct RxObjects {
     _rss: Arc<Qp>,
+    /// After the QP (and with it the table and the WQs): the buffers the queues left.
+    _parked: Arc<crate::ethdev::Parked>,
 }
 
 /// A MANA port over rdma-core.
@@ -446,7 +448,11 @@ impl Provider for ManaProvider {
         .map_err(|e| self.busy_or(e))?;
         self.objects
             .insert(rss_qp.as_ptr() as usize, QueueRef::RxAll);
-        let owner: QueueOwner = Arc::new(RxObjects { _rss: rss_qp });
+        let parked = crate::ethdev::Parked::new();
+        let owner: QueueOwner = Arc::new(RxObjects {
+            _rss: rss_qp,
+            _parked: Arc::clone(&parked),
+        });
         let mut out = Vec::new();
         for (what, wq, cq) in &wqs {
             let m = manadv::init_rx(wq, cq, &owner, what).map_err(verbs)?;
@@ -459,6 +465,7 @@ impl Provider for ManaProvider {
                 cq_count: m.cq_count,
                 cq_id: m.cq_id,
                 owner: Arc::clone(&owner),
+                parked: Arc::clone(&parked),
                 kick: self.ctx.fake_kick(true, m.rq_id),
             });
         }

@@ -92,6 +92,9 @@ struct TxObjects {
 struct RxObjects {
     _flows: Vec<Flow>,
     _hash: Vec<Arc<Qp>>,
+    /// After the QPs (and with them the tables and the WQs no queue holds): the buffers the
+    /// queues left.
+    _parked: Arc<crate::ethdev::Parked>,
 }
 
 /// A send QP's state machine, for the TX queue's error recovery (spec §1.5): RESET, then
@@ -605,9 +608,11 @@ impl Provider for Mlx5Provider {
             hash.push(qp);
         }
         // Rules first, then their QPs (a QP with rules is busy).
+        let parked = crate::ethdev::Parked::new();
         let owner: QueueOwner = Arc::new(RxObjects {
             _flows: flows,
             _hash: hash,
+            _parked: Arc::clone(&parked),
         });
         let mut out = Vec::new();
         for (what, wq, cq) in &queues {
@@ -622,6 +627,7 @@ impl Provider for Mlx5Provider {
                 mprq: None,
                 cqe_compression: compress,
                 owner: Arc::clone(&owner),
+                parked: Arc::clone(&parked),
                 state: Arc::new(WqState { wq: Arc::clone(wq) }),
                 kick: self.ctx.fake_kick(true, wq.number()),
             });

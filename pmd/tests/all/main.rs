@@ -16,6 +16,7 @@ mod mlx5_golden;
 mod mlx5_port;
 mod mlx5_recovery;
 mod mp;
+mod parked;
 mod port_events;
 mod port_null;
 mod port_recovery;

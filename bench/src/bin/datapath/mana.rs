@@ -185,6 +185,7 @@ pub(crate) fn run_rx(
         cq_count: CQ_COUNT,
         cq_id: RX_CQ_ID,
         owner: Arc::new(()),
+        parked: pmd::ethdev::Parked::new(),
         kick: None,
     };
     let cfg = PortConfig::default().with_ring_sizes(RING, RING);

@@ -332,6 +332,7 @@ pub(crate) fn run_rx(
         mprq: None,
         cqe_compression: compressed,
         owner: Arc::new(()),
+        parked: pmd::ethdev::Parked::new(),
         state: Arc::new(NoState),
         kick: None,
     };
@@ -464,6 +465,7 @@ pub(crate) fn run_rx_mprq(pool: &Arc<MbufPool>, plan: Plan, compressed: bool) ->
         mprq: Some(geo),
         cqe_compression: compressed,
         owner: Arc::new(()),
+        parked: pmd::ethdev::Parked::new(),
         state: Arc::new(NoState),
         kick: None,
     };

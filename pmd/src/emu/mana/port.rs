@@ -20,6 +20,9 @@ pub struct Model {
     allocator: Option<Arc<dyn QueueAllocator>>,
     /// The Linux interface playing this port's kernel netdev (`netdev=`), if any.
     netdev: Option<String>,
+    /// The RX queues' parked buffers, kept until the engine no longer serves their RQs
+    /// (`destroy_queues`, or the engine stopped: last field, after `_thread`).
+    rx_parked: Option<Arc<crate::ethdev::Parked>>,
 }
 
 /// A doorbell page (one per port, shared by its queues; see the module docs).
@@ -120,6 +123,7 @@ impl Model {
             allocator: None,
             db: None,
             netdev: None,
+            rx_parked: None,
         }
     }
 
@@ -358,6 +362,7 @@ impl Provider for Model {
         }
         let mut out = Vec::new();
         let mut ids = Vec::new();
+        let parked = crate::ethdev::Parked::new();
         for _ in 0..n {
             let cq = self.new_cq(nb_desc)?;
             let rq = self.alloc(
@@ -385,9 +390,11 @@ impl Provider for Model {
                 cq_count: nb_desc,
                 cq_id: cq.id,
                 owner: self.owner(),
+                parked: Arc::clone(&parked),
                 kick: self.kick(QueueId::Rq(rq_id)),
             });
         }
+        self.rx_parked = Some(parked);
         lock(&self.shared.queues).1.extend(out.iter().cloned());
         // The indirection table `entry[k] = rq[k mod n]`; the last RQ is the default RX
         // object (§1.6 step 6).
@@ -419,6 +426,8 @@ impl Provider for Model {
         for id in rqs {
             let _ = e.remove_rq(id);
         }
+        // The engine serves none of their RQs now: the buffers they left may go.
+        self.rx_parked = None;
     }
 
     /// The model's counters (`dev_*`), then its wire's (`wire_*`, see [`wire::Wire::stats`]).

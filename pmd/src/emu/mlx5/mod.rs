@@ -299,6 +299,8 @@ impl Model {
             mprq: None,
             cqe_compression: false,
             owner: self.owner(),
+            // Whoever destroys the RQ keeps a handle until then (the port does).
+            parked: crate::ethdev::Parked::new(),
             state: Arc::new(port::ModelQueueState::rq(self.handle(), rqn)),
             kick: self.kick(QueueId::Rq(rqn)),
         };
@@ -334,6 +336,7 @@ impl Model {
             mprq: Some(geo),
             cqe_compression: false,
             owner: self.owner(),
+            parked: crate::ethdev::Parked::new(),
             state: Arc::new(port::ModelQueueState::rq(self.handle(), rqn)),
             kick: self.kick(QueueId::Rq(rqn)),
         };

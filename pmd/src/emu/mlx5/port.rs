@@ -33,6 +33,9 @@ pub struct ModelPort {
     mac: MacAddr,
     sqs: Vec<u32>,
     rqs: Vec<u32>,
+    /// The RX queues' parked buffers, kept until the model no longer serves their RQs
+    /// (`destroy_queues`, or the model dropped: last field).
+    rx_parked: Option<Arc<crate::ethdev::Parked>>,
 }
 
 impl std::fmt::Debug for ModelPort {
@@ -83,6 +86,7 @@ impl ModelPort {
             mac,
             sqs: Vec::new(),
             rqs: Vec::new(),
+            rx_parked: None,
         })
     }
 
@@ -249,6 +253,7 @@ impl Provider for ModelPort {
             .saturating_mul(per_wqe)
             .saturating_mul(if req.cqe_compression { 2 } else { 1 });
         let mut out = Vec::new();
+        let parked = crate::ethdev::Parked::new();
         for _ in 0..req.n {
             let cq = self.model.create_cq(cqes - 1).map_err(dev)?;
             let mut rq = match req.mprq {
@@ -257,6 +262,7 @@ impl Provider for ModelPort {
             }
             .map_err(dev)?;
             self.rqs.push(rq.rqn);
+            rq.parked = Arc::clone(&parked);
             if req.cqe_compression {
                 self.model
                     .set_rx_compression(rq.rqn, Some(PORT_CQE_COMP_MAX))
@@ -265,6 +271,7 @@ impl Provider for ModelPort {
             }
             out.push(rq);
         }
+        self.rx_parked = Some(parked);
         let table: Vec<u32> = out.iter().map(|q| q.rqn).collect();
         self.model
             .set_rss(req.rss.key, hash_fields(req.rss.fields), &table)
@@ -283,6 +290,8 @@ impl Provider for ModelPort {
         for rqn in self.rqs.drain(..) {
             let _ = self.model.destroy_rq(rqn);
         }
+        // The model serves none of their RQs now: the buffers they left may go.
+        self.rx_parked = None;
     }
 
     fn event_fd(&self) -> Option<std::os::fd::RawFd> {

@@ -215,6 +215,7 @@ mod mana {
             cq_count: u32::from(RING),
             cq_id: 0x4321,
             owner: Arc::new(()),
+            parked: pmd::ethdev::Parked::new(),
             kick: None,
         };
         let cfg = config();
@@ -385,6 +386,7 @@ mod mlx5 {
             mprq: None,
             cqe_compression: compressed,
             owner: Arc::new(()),
+            parked: pmd::ethdev::Parked::new(),
             state: Arc::new(Always),
             kick: None,
         };
@@ -428,6 +430,7 @@ mod mlx5 {
             mprq: Some(geo),
             cqe_compression: compressed,
             owner: Arc::new(()),
+            parked: pmd::ethdev::Parked::new(),
             state: Arc::new(Always),
             kick: None,
         };
