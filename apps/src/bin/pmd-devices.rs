@@ -124,7 +124,8 @@ fn main() -> ExitCode {
             .map(|(k, v)| format!("{k} {}", if v { "yes" } else { "no" }))
             .collect();
         println!(
-            "multi-process groundwork (secondary processes are not supported yet): {}",
+            "multi-process: control plane built (pmd::mp); a secondary's datapath is not yet. \
+             rdma-core here: {}",
             mp.join(", ")
         );
     }

@@ -34,6 +34,9 @@ pub struct RawTxQueue {
     pub cq_id: u32,
     /// What keeps the queue's objects alive while the handle exists.
     pub owner: QueueOwner,
+    /// Where the queue leaves the frames still in flight when dropped, freed once the device
+    /// objects that can read them are gone (see [`Parked`](crate::ethdev::Parked)).
+    pub parked: Arc<crate::ethdev::Parked>,
     /// The device's work for this queue on the polling thread (a device model's inline
     /// engine); `None` on hardware. See [`crate::ethdev::kick`].
     pub kick: Kick,

@@ -68,6 +68,8 @@ pub struct TxQueue {
     /// `None` when it was dropped as unsendable.
     posted: Vec<Option<(u32, u32)>>,
     wqe: [u8; MAX_SQ_WQE_BYTES],
+    /// Where the frames in flight go when the queue drops (last field: after `_owner`).
+    parked: Arc<crate::ethdev::Parked>,
 }
 
 impl std::fmt::Debug for TxQueue {
@@ -121,6 +123,7 @@ impl TxQueue {
             counters,
             xstats,
             _owner: raw.owner,
+            parked: raw.parked,
             kick: raw.kick,
             done: Vec::with_capacity(n as usize),
             posted: Vec::with_capacity(n as usize),
@@ -512,8 +515,10 @@ impl Drop for TxQueue {
         // sent are not lost uncounted.
         self.reclaim();
         self.counters.add_errors(u64::from(self.in_flight()));
-        let desc = &mut self.desc;
-        with_cache(&self.pool, |cache| desc.free_front(u32::MAX, cache));
+        // The device may still read them until the SQ is destroyed (the port holds it too):
+        // they wait there (see `Parked`), not in the pool.
+        let in_flight = std::mem::replace(&mut self.desc, MbufFifo::new(&self.pool, 1));
+        self.parked.park(in_flight);
     }
 }
 

@@ -212,6 +212,9 @@ pub struct RawSq {
     pub cq: RawCq,
     /// What keeps the queue's objects alive while a handle exists.
     pub owner: QueueOwner,
+    /// Where the queue leaves the frames still in flight when dropped, freed once the device
+    /// objects that can read them are gone (see [`Parked`](crate::ethdev::Parked)).
+    pub parked: Arc<crate::ethdev::Parked>,
     /// The QP's state machine: the TX queue's error recovery moves it RESET then RTS.
     pub state: Arc<dyn QueueState>,
     /// The device's work for this queue on the polling thread (a device model's inline

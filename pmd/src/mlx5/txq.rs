@@ -121,6 +121,9 @@ pub struct TxQueue {
     wqe: [u8; DPDK_MAX_DS * DS_BYTES + WQEBB_BYTES],
     /// An inline header with a VLAN tag put in (TSO headers and the device's minimum).
     vlan_hdr: [u8; MAX_TSO_HEADER],
+    /// Where the frames in flight go when the queue drops (last field: after `state` and
+    /// `_owner`, which hold the QP).
+    parked: Arc<crate::ethdev::Parked>,
 }
 
 impl std::fmt::Debug for TxQueue {
@@ -204,6 +207,7 @@ impl TxQueue {
             retry_in: 0,
             warned: false,
             _owner: raw.owner,
+            parked: raw.parked,
             kick: raw.kick,
             done: Vec::with_capacity(n as usize),
             posted: Vec::with_capacity(n as usize),
@@ -872,8 +876,10 @@ impl Drop for TxQueue {
         // port's counters outlive the queue (a queue rebuilt after a device reset keeps them).
         let _ = self.complete();
         self.counters.add_errors(u64::from(self.in_flight()));
-        let desc = &mut self.desc;
-        with_cache(&self.pool, |cache| desc.free_front(u32::MAX, cache));
+        // The device may still read them until the QP is destroyed (the port holds it too):
+        // they wait there (see `Parked`), not in the pool.
+        let in_flight = std::mem::replace(&mut self.desc, MbufFifo::new(&self.pool, 1));
+        self.parked.park(in_flight);
     }
 }
 
@@ -937,6 +943,7 @@ mod tests {
                 cqn: 7,
             },
             owner: Arc::new(()),
+            parked: crate::ethdev::Parked::new(),
             state,
             kick: None,
         };

@@ -51,6 +51,8 @@ pub struct Limits {
 struct TxObjects {
     qp: Arc<Qp>,
     cq: Arc<Cq>,
+    /// After the QP and CQ: the frames the queue left in flight.
+    parked: Arc<crate::ethdev::Parked>,
 }
 
 /// RX queues: the RSS QP (which holds the table, the WQs and their CQs).
@@ -383,7 +385,14 @@ impl Provider for ManaProvider {
             .map_err(|e| self.busy_or(e))?;
             self.objects.insert(cq.as_ptr() as usize, QueueRef::Tx(q));
             self.objects.insert(qp.as_ptr() as usize, QueueRef::Tx(q));
-            objs.push((what, Arc::new(TxObjects { qp, cq })));
+            objs.push((
+                what,
+                Arc::new(TxObjects {
+                    qp,
+                    cq,
+                    parked: crate::ethdev::Parked::new(),
+                }),
+            ));
         }
         let mut out = Vec::new();
         for (what, o) in objs {
@@ -399,6 +408,7 @@ impl Provider for ManaProvider {
                 cq_count: m.cq_count,
                 cq_id: m.cq_id,
                 owner: Arc::clone(&owner),
+                parked: Arc::clone(&o.parked),
                 kick: self.ctx.fake_kick(false, m.sq_id),
             });
             self.tx.push(owner);

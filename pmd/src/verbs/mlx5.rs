@@ -86,6 +86,9 @@ pub struct Options {
 struct TxObjects {
     qp: Arc<Qp>,
     _cq: Arc<Cq>,
+    /// After the QP and CQ (the queue's recovery holds the QP too, and drops it before its
+    /// own handle on this): the frames the queue left in flight.
+    parked: Arc<crate::ethdev::Parked>,
 }
 
 /// The RX side: rules, then the hashing QPs (which hold the tables, the WQs and their CQs).
@@ -521,6 +524,7 @@ impl Provider for Mlx5Provider {
             let objs = Arc::new(TxObjects {
                 qp: Arc::clone(&qp),
                 _cq: Arc::clone(&cq),
+                parked: crate::ethdev::Parked::new(),
             });
             let owner: QueueOwner = Arc::clone(&objs) as QueueOwner;
             let m = mlx5dv::init_sq(&objs.qp, &cq, &owner, &what).map_err(verbs)?;
@@ -534,6 +538,7 @@ impl Provider for Mlx5Provider {
                 min_inline: self.min_inline,
                 cq: m.cq,
                 owner: Arc::clone(&owner),
+                parked: Arc::clone(&objs.parked),
                 kick: self.ctx.fake_kick(false, qp.number()),
                 state: Arc::new(QpState {
                     qp,

@@ -172,14 +172,24 @@ pub enum ForkSafety {
 /// opens the device and secondaries that attach to its objects), looked up at run time:
 /// `(symbol, present)` for `ibv_import_device` (a secondary rebuilds the context from the
 /// primary's command fd, passed over a Unix socket with `SCM_RIGHTS`; then `ibv_import_pd` and
-/// `ibv_import_mr` attach the PD and the registrations) and `mlx5dv_var_export`. Not used yet:
-/// the groundwork for multi-process support (see the README).
+/// `ibv_import_mr` attach the PD and the registrations; rdma-core 31, `IBVERBS_1.10`; MANA's
+/// provider has no `import_context`, so on MANA the call fails with `EOPNOTSUPP` even where
+/// the symbol is there), and mlx5's object export (rdma-core 63, `MLX5_1.27`:
+/// `_mlx5dv_get_export_sizes`, behind the inline `mlx5dv_get_export_sizes`, and the
+/// export/import pairs of VAR, DEVX object and DEVX umem). Not used by a datapath yet: the
+/// secondary's datapath is not built (see `pmd::mp`).
 pub fn multi_process_support() -> Vec<(&'static str, bool)> {
     [
         (c"ibv_import_device", "ibv_import_device"),
         (c"ibv_import_pd", "ibv_import_pd"),
         (c"ibv_import_mr", "ibv_import_mr"),
+        (c"_mlx5dv_get_export_sizes", "mlx5dv_get_export_sizes"),
         (c"mlx5dv_var_export", "mlx5dv_var_export"),
+        (c"mlx5dv_var_import", "mlx5dv_var_import"),
+        (c"mlx5dv_devx_obj_export", "mlx5dv_devx_obj_export"),
+        (c"mlx5dv_devx_obj_import", "mlx5dv_devx_obj_import"),
+        (c"mlx5dv_devx_umem_export", "mlx5dv_devx_umem_export"),
+        (c"mlx5dv_devx_umem_import", "mlx5dv_devx_umem_import"),
     ]
     .into_iter()
     .map(|(c, n)| (n, objects::has_symbol(c)))

@@ -473,6 +473,7 @@ fn the_tx_queue_builds_v1() {
             cqn: 1,
         },
         owner: Arc::new(()),
+        parked: pmd::ethdev::Parked::new(),
         state: Arc::new(NoStateChange),
         kick: None,
     };

@@ -46,3 +46,58 @@ fn a_dropped_rx_queue_keeps_its_buffers_from_the_pool_until_its_rq_is_gone() {
         check(spec);
     }
 }
+
+/// The same for a TX queue's frames in flight: the device may still read them until the SQ
+/// is destroyed, so a dropped queue's unsent frames (counted as transmit errors) stay out of
+/// the pool until the port closes its queues.
+#[test]
+fn a_dropped_tx_queue_keeps_its_frames_in_flight_from_the_pool_until_its_sq_is_gone() {
+    use pmd::emu::testing;
+    use pmd::port::{probe, Burst};
+    for kind in ["mana", "mlx5"] {
+        let pool = Arc::new(MbufPool::new(MbufPoolConfig::new("parked-tx", 4096)).unwrap());
+        let (mut port, pause): (Port, Box<dyn Fn()>) = if kind == "mana" {
+            let (model, h) = testing::mana("none", 0).unwrap();
+            let p = probe::mana(0, "tx".into(), Box::new(model), Default::default());
+            (p, Box::new(move || h.pause()))
+        } else {
+            let (model, h) = testing::mlx5("none", 0, 0).unwrap();
+            (
+                probe::mlx5(0, "tx".into(), Box::new(model)),
+                Box::new(move || h.pause()),
+            )
+        };
+        let cfg = PortConfig::default().with_ring_sizes(256, 256);
+        port.configure(&cfg, &pool).unwrap();
+        let rx = port.rx_queue(0).unwrap();
+        let mut tx = port.tx_queue(0).unwrap();
+        port.start().unwrap();
+        // The device takes nothing from now on: what is sent stays in flight.
+        pause();
+        lcache::flush();
+        let before = pool.in_use();
+        let mut burst = Burst::with_capacity(32);
+        for _ in 0..32 {
+            let mut m = lcache::alloc(&pool).unwrap();
+            m.extend_from_slice(&[0xab; 64]).unwrap();
+            burst.push(m).unwrap();
+        }
+        assert_eq!(tx.tx_burst(&mut burst), 32, "{kind}");
+        drop(tx);
+        lcache::flush();
+        assert_eq!(
+            pool.in_use(),
+            before + 32,
+            "{kind}: frames in flight went back to the pool while the SQ is still there"
+        );
+        assert_eq!(port.stats().oerrors, 32, "{kind}: counted as not sent");
+        drop(rx);
+        port.close();
+        lcache::flush();
+        assert_eq!(
+            pool.in_use(),
+            0,
+            "{kind}: every buffer back once the queues are gone"
+        );
+    }
+}

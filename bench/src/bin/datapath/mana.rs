@@ -135,6 +135,7 @@ pub(crate) fn run_tx(pool: &Arc<MbufPool>, keys: &ChunkKeys, plan: Plan) -> Stat
         cq_count: CQ_COUNT,
         cq_id: TX_CQ_ID,
         owner: Arc::new(()),
+        parked: pmd::ethdev::Parked::new(),
         kick: None,
     };
     let mut q = TxQueue::new(

@@ -232,6 +232,7 @@ pub(crate) fn run_tx(pool: &Arc<MbufPool>, keys: &ChunkKeys, plan: Plan, min_inl
             cqn: 6,
         },
         owner: Arc::new(()),
+        parked: pmd::ethdev::Parked::new(),
         state: Arc::new(NoState),
         kick: None,
     };

@@ -23,6 +23,8 @@ pub struct Model {
     /// The RX queues' parked buffers, kept until the engine no longer serves their RQs
     /// (`destroy_queues`, or the engine stopped: last field, after `_thread`).
     rx_parked: Option<Arc<crate::ethdev::Parked>>,
+    /// The same for the TX queues' frames in flight.
+    tx_parked: Option<Arc<crate::ethdev::Parked>>,
 }
 
 /// A doorbell page (one per port, shared by its queues; see the module docs).
@@ -124,6 +126,7 @@ impl Model {
             db: None,
             netdev: None,
             rx_parked: None,
+            tx_parked: None,
         }
     }
 
@@ -339,6 +342,10 @@ impl Provider for Model {
                 cq_count: nb_desc,
                 cq_id: cq.id,
                 owner: self.owner(),
+                parked: Arc::clone(
+                    self.tx_parked
+                        .get_or_insert_with(crate::ethdev::Parked::new),
+                ),
                 kick: self.kick(QueueId::Sq(sq_id)),
             });
         }
@@ -426,8 +433,9 @@ impl Provider for Model {
         for id in rqs {
             let _ = e.remove_rq(id);
         }
-        // The engine serves none of their RQs now: the buffers they left may go.
+        // The engine serves none of their queues now: the buffers they left may go.
         self.rx_parked = None;
+        self.tx_parked = None;
     }
 
     /// The model's counters (`dev_*`), then its wire's (`wire_*`, see [`wire::Wire::stats`]).

@@ -261,6 +261,8 @@ impl Model {
             min_inline: self.min_inline,
             cq: cq.clone(),
             owner: self.owner(),
+            // Whoever destroys the SQ keeps a handle until then (the port does).
+            parked: crate::ethdev::Parked::new(),
             state: Arc::new(port::ModelQueueState::sq(self.handle(), sqn)),
             kick: self.kick(QueueId::Sq(sqn)),
         };

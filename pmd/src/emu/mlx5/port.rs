@@ -36,6 +36,8 @@ pub struct ModelPort {
     /// The RX queues' parked buffers, kept until the model no longer serves their RQs
     /// (`destroy_queues`, or the model dropped: last field).
     rx_parked: Option<Arc<crate::ethdev::Parked>>,
+    /// The same for the TX queues' frames in flight.
+    tx_parked: Option<Arc<crate::ethdev::Parked>>,
 }
 
 impl std::fmt::Debug for ModelPort {
@@ -87,6 +89,7 @@ impl ModelPort {
             sqs: Vec::new(),
             rqs: Vec::new(),
             rx_parked: None,
+            tx_parked: None,
         })
     }
 
@@ -224,7 +227,11 @@ impl Provider for ModelPort {
         let mut out = Vec::new();
         for _ in 0..n {
             let cq = self.model.create_cq(nb_desc).map_err(dev)?;
-            let sq = self.model.create_sq(nb_desc, &cq).map_err(dev)?;
+            let mut sq = self.model.create_sq(nb_desc, &cq).map_err(dev)?;
+            sq.parked = Arc::clone(
+                self.tx_parked
+                    .get_or_insert_with(crate::ethdev::Parked::new),
+            );
             self.sqs.push(sq.sqn);
             out.push(sq);
         }
@@ -290,8 +297,9 @@ impl Provider for ModelPort {
         for rqn in self.rqs.drain(..) {
             let _ = self.model.destroy_rq(rqn);
         }
-        // The model serves none of their RQs now: the buffers they left may go.
+        // The model serves none of their queues now: the buffers they left may go.
         self.rx_parked = None;
+        self.tx_parked = None;
     }
 
     fn event_fd(&self) -> Option<std::os::fd::RawFd> {

@@ -244,6 +244,7 @@ mod mana {
             cq_count: u32::from(RING),
             cq_id: 0x5432,
             owner: Arc::new(()),
+            parked: pmd::ethdev::Parked::new(),
             kick: None,
         };
         let q = pmd::mana::TxQueue::new(
@@ -464,6 +465,7 @@ mod mlx5 {
             min_inline,
             cq: raw_cq,
             owner: Arc::new(()),
+            parked: pmd::ethdev::Parked::new(),
             state: Arc::new(Always),
             kick: None,
         };
