@@ -286,6 +286,21 @@ pub fn list(sysfs_root: &Path) -> Result<Vec<DeviceInfo>, DeviceError> {
     Ok(devices)
 }
 
+/// Whether netdev `netdev` of RDMA device `ibdev` is up (IFF_UP) now, read from the same
+/// sysfs file discovery reads (`None`: no such file): an error path re-reads it rather than
+/// trust what discovery saw when the port opened.
+pub fn netdev_up_now(ibdev: &str, netdev: &str) -> Option<bool> {
+    let p = sysfs_root()
+        .join("class/infiniband")
+        .join(ibdev)
+        .join("device/net")
+        .join(netdev)
+        .join("flags");
+    let flags = read_trimmed(&p)?;
+    let flags = u32::from_str_radix(flags.trim_start_matches("0x"), 16).ok()?;
+    Some(flags & 1 != 0)
+}
+
 fn read_trimmed(path: &Path) -> Option<String> {
     fs::read_to_string(path).ok().map(|s| s.trim().to_string())
 }

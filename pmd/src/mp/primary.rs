@@ -7,7 +7,7 @@ use super::{check_prefix, io_err, MpError, MAX_SECONDARIES, SOCKET_NAME};
 use crate::sys::seqpacket::{BindError, SeqConn, SeqListener};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -17,6 +17,14 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// How long a send to one secondary may block (its socket buffer full: it stopped reading).
 const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a new connection may take to say hello before it is cut off (so that idle
+/// connections cannot hold every slot).
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Events kept for [`Primary::events`] at most; past that new ones are counted and dropped
+/// ([`Primary::dropped_events`]), so a peer that loops cannot grow the primary's memory.
+const EVENT_BACKLOG: usize = 4096;
 
 /// Where a primary listens.
 #[derive(Debug, Clone)]
@@ -65,6 +73,8 @@ pub enum ReleaseWhy {
     Exited,
     /// The secondary broke the protocol and was cut off.
     Cut,
+    /// The primary is stopping.
+    Stopping,
 }
 
 /// What happened on the control socket, for the primary's own loop
@@ -196,7 +206,8 @@ struct Shared {
     /// The connections stop (set after each was told why).
     stop: AtomicBool,
     table: Mutex<Table>,
-    events: Sender<MpEvent>,
+    events: SyncSender<MpEvent>,
+    dropped_events: AtomicU64,
     conns: Mutex<Vec<Conn>>,
     next_conn: AtomicU64,
 }
@@ -208,7 +219,9 @@ impl Shared {
 
     fn event(&self, e: MpEvent) {
         // The receiver lives as long as the Primary; a send after it is gone is moot.
-        let _ = self.events.send(e);
+        if let Err(TrySendError::Full(_)) = self.events.try_send(e) {
+            self.dropped_events.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -259,12 +272,13 @@ impl Primary {
                 source: err,
             },
         })?;
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::sync_channel(EVENT_BACKLOG);
         let shared = Arc::new(Shared {
             closing: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             table: Mutex::new(Table::default()),
             events: tx,
+            dropped_events: AtomicU64::new(0),
             conns: Mutex::new(Vec::new()),
             next_conn: AtomicU64::new(1),
         });
@@ -395,6 +409,11 @@ impl Primary {
         self.events.try_iter().collect()
     }
 
+    /// Events dropped because [`EVENT_BACKLOG`] were waiting unread.
+    pub fn dropped_events(&self) -> u64 {
+        self.shared.dropped_events.load(Ordering::Relaxed)
+    }
+
     /// Waits up to `timeout` for the next event.
     pub fn next_event(&self, timeout: Duration) -> Option<MpEvent> {
         self.events.recv_timeout(timeout).ok()
@@ -498,13 +517,17 @@ enum End {
 }
 
 fn serve(shared: &Shared, sock: &SeqConn, id: ConnId) {
-    let pid = sock.peer_pid().unwrap_or(0);
+    let pid = sock
+        .peer_pid()
+        .filter(|&p| p != 0)
+        .unwrap_or(protocol::UNKNOWN_PID);
     let end = converse(shared, sock, id, pid);
     // The accept loop keeps a handle until it prunes this connection: shut the socket now
     // so the secondary reads its end at once.
     sock.shutdown();
     let why = match &end {
-        End::Bye | End::Stop => ReleaseWhy::Asked,
+        End::Bye => ReleaseWhy::Asked,
+        End::Stop => ReleaseWhy::Stopping,
         End::Closed => ReleaseWhy::Exited,
         End::Cut(e) => {
             tracing::warn!(target: "pmd::mp", "secondary pid {pid} cut off: {e}");
@@ -512,7 +535,7 @@ fn serve(shared: &Shared, sock: &SeqConn, id: ConnId) {
         }
     };
     for (port, queue) in shared.table().release_all(id) {
-        if why != ReleaseWhy::Asked {
+        if !matches!(why, ReleaseWhy::Asked | ReleaseWhy::Stopping) {
             tracing::warn!(
                 target: "pmd::mp",
                 "secondary pid {pid} left port {port} queue {queue} without releasing it"
@@ -534,9 +557,13 @@ fn serve(shared: &Shared, sock: &SeqConn, id: ConnId) {
 fn converse(shared: &Shared, sock: &SeqConn, id: ConnId, pid: u32) -> End {
     let mut buf = vec![0u8; MAX_RECORD + 1];
     let mut hello = false;
+    let since = std::time::Instant::now();
     loop {
         if shared.stop.load(Ordering::SeqCst) {
             return End::Stop;
+        }
+        if !hello && since.elapsed() > HELLO_TIMEOUT {
+            return End::Cut(format!("no hello within {HELLO_TIMEOUT:?}"));
         }
         let n = match sock.recv(&mut buf) {
             Ok((0, _)) => return End::Closed,
@@ -586,6 +613,7 @@ fn converse(shared: &Shared, sock: &SeqConn, id: ConnId, pid: u32) -> End {
                 }
             }
             _ if !hello => return End::Cut("a request before its hello".into()),
+            Msg::Hello { .. } => return End::Cut("a second hello".into()),
             Msg::Claim { port, queue } => match shared.table().claim(id, pid, port, queue) {
                 Ok(q) => {
                     shared.event(MpEvent::Claimed {

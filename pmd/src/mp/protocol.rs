@@ -17,8 +17,13 @@ pub const MAGIC: [u8; 2] = *b"PM";
 /// build of `pmd` agrees on.
 pub const VERSION: u8 = 1;
 
-/// The longest record either side sends or reads, in bytes.
-pub const MAX_RECORD: usize = 4096;
+/// The longest record either side sends or reads, in bytes: room for the largest welcome
+/// (checked below).
+pub const MAX_RECORD: usize = 16 * 1024;
+
+/// A pid the kernel did not give (a peer in another pid namespace): [`Refusal::Taken`] of it
+/// names no process.
+pub const UNKNOWN_PID: u32 = u32::MAX;
 
 /// The most ports a primary publishes (as DPDK's default `RTE_MAX_ETHPORTS`).
 pub const MAX_PORTS: usize = 32;
@@ -37,6 +42,16 @@ pub const MAX_PATH: usize = 512;
 
 /// `queue` in a [`Msg::Claim`] that asks for the next free queue of the port.
 pub const NEXT_FREE: u16 = u16::MAX;
+
+// The largest welcome: header, port count, every port (id, queues, name), memory count,
+// every area (name, path, address, length).
+const _: () = assert!(
+    4 + 1
+        + MAX_PORTS * (2 + 2 + 2 + MAX_NAME)
+        + 1
+        + MAX_MEMORY * (2 + MAX_NAME + 2 + MAX_PATH + 16)
+        <= MAX_RECORD
+);
 
 /// One published port, as the primary describes it in [`Msg::Welcome`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +108,7 @@ impl std::fmt::Display for Refusal {
             Refusal::NoSuchPort => write!(f, "the primary has no such port"),
             Refusal::NoSuchQueue => write!(f, "the port has no such queue"),
             Refusal::Taken(0) => write!(f, "the primary polls that queue itself"),
+            Refusal::Taken(UNKNOWN_PID) => write!(f, "another secondary holds that queue"),
             Refusal::Taken(pid) => write!(f, "process {pid} holds that queue"),
             Refusal::NoneFree => write!(f, "every queue of the port is taken"),
             Refusal::NotYours => write!(f, "this process does not hold that queue"),
@@ -372,10 +388,16 @@ impl Msg {
             }
             K_GRANTED => {
                 let (port, queue) = r.port_queue()?;
+                if queue == NEXT_FREE {
+                    return Err(DecodeError::Field("queue"));
+                }
                 Msg::Granted { port, queue }
             }
             K_RELEASED => {
                 let (port, queue) = r.port_queue()?;
+                if queue == NEXT_FREE {
+                    return Err(DecodeError::Field("queue"));
+                }
                 Msg::Released { port, queue }
             }
             K_REFUSED => {

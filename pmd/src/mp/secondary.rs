@@ -100,13 +100,14 @@ impl Secondary {
         sock.set_timeouts(Some(POLL), Some(ANSWER))
             .map_err(io_err("setting timeouts on", path))?;
         let primary_pid = sock.peer_pid();
-        sock.send(
+        // A refusal (too many secondaries) may close the connection before the hello is
+        // sent: the answer is read all the same, and says why.
+        let sent = sock.send(
             &Msg::Hello {
                 app: app.to_string(),
             }
             .encode(),
-        )
-        .map_err(io_err("sending to", path))?;
+        );
         let sock = Arc::new(sock);
         let (tx, answers) = mpsc::channel();
         let gone = Arc::new(Gone::default());
@@ -127,7 +128,12 @@ impl Secondary {
             reader: Some(reader),
             held: Vec::new(),
         };
-        match me.answer("its welcome")? {
+        let welcome = match (me.answer("its welcome"), sent) {
+            (Ok(m @ Msg::Refused { .. }), _) | (Ok(m), Ok(())) => m,
+            (_, Err(e)) => return Err(io_err("sending to", path)(e)),
+            (Err(e), Ok(())) => return Err(e),
+        };
+        match welcome {
             Msg::Welcome { ports, memory } => {
                 me.ports = ports;
                 for m in memory {
@@ -232,7 +238,14 @@ impl Secondary {
     fn answer(&self, what: &'static str) -> Result<Msg, MpError> {
         match self.answers.recv_timeout(ANSWER) {
             Ok(m) => Ok(m),
-            Err(RecvTimeoutError::Timeout) => Err(MpError::NoAnswer(what, ANSWER)),
+            Err(RecvTimeoutError::Timeout) => {
+                // A late answer would be taken for the next request's: the connection is
+                // done with.
+                self.gone.set(format!(
+                    "the primary did not answer {what} within {ANSWER:?}"
+                ));
+                Err(MpError::NoAnswer(what, ANSWER))
+            }
             Err(RecvTimeoutError::Disconnected) => Err(MpError::Stopped(
                 self.primary_gone()
                     .unwrap_or_else(|| "the connection closed".into()),

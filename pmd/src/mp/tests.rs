@@ -375,8 +375,8 @@ fn any_msg() -> impl Strategy<Value = Msg> {
                 ports.retain(|p: &PortInfo| seen.insert(p.id));
                 Msg::Welcome { ports, memory }
             }),
-        (any::<u16>(), any::<u16>()).prop_map(|(port, queue)| Msg::Granted { port, queue }),
-        (any::<u16>(), any::<u16>()).prop_map(|(port, queue)| Msg::Released { port, queue }),
+        (any::<u16>(), 0..NEXT_FREE).prop_map(|(port, queue)| Msg::Granted { port, queue }),
+        (any::<u16>(), 0..NEXT_FREE).prop_map(|(port, queue)| Msg::Released { port, queue }),
         (any::<u16>(), any::<u16>(), any_refusal()).prop_map(|(port, queue, why)| Msg::Refused {
             port,
             queue,
@@ -436,4 +436,33 @@ fn a_secondary_whose_mapping_address_is_taken_is_refused_with_the_address() {
     let private = mempool::Region::new(4096, &mempool::RegionOptions::default()).unwrap();
     let err = p.share_memory("private", &private).unwrap_err();
     assert!(err.to_string().contains("no shared file"), "{err}");
+}
+
+#[test]
+fn the_largest_welcome_fits_a_record() {
+    let ports = (0..protocol::MAX_PORTS as u16)
+        .map(|id| PortInfo {
+            id,
+            queues: 16,
+            name: "p".repeat(protocol::MAX_NAME),
+        })
+        .collect();
+    let memory = (0..protocol::MAX_MEMORY as u64)
+        .map(|i| MemInfo {
+            name: "m".repeat(protocol::MAX_NAME),
+            path: format!("/{}", "d".repeat(protocol::MAX_PATH - 1)),
+            addr: 0x7f00_0000_0000 + (i << 30),
+            len: 1 << 30,
+        })
+        .collect();
+    let w = Msg::Welcome { ports, memory };
+    let rec = w.encode();
+    assert!(rec.len() <= protocol::MAX_RECORD, "{} bytes", rec.len());
+    assert_eq!(Msg::decode(&rec), Ok(w));
+}
+
+#[test]
+fn a_holder_whose_pid_is_unknown_is_not_called_the_primary() {
+    let why = Refusal::Taken(protocol::UNKNOWN_PID).to_string();
+    assert_eq!(why, "another secondary holds that queue");
 }

@@ -252,8 +252,15 @@ impl ManaProvider {
     /// (mana_ib turns any vPort configuration error into it), `EBUSY` on newer ones.
     fn busy_or(&self, e: VerbsError) -> SetupError {
         if matches!(e.errno(), libc::ENODEV | libc::EBUSY) {
+            // Up now? (Not when the port opened: a take-over, or the admin, may have
+            // changed it since.)
             match &self.netdev {
-                Some(n) if !n.up => SetupError::port_busy_elsewhere(&n.name, e.errno()),
+                Some(n)
+                    if !crate::devices::netdev_up_now(self.ctx.name(), &n.name)
+                        .unwrap_or(n.up) =>
+                {
+                    SetupError::port_busy_elsewhere(&n.name, e.errno())
+                }
                 _ => SetupError::port_busy(self.netdev(), e.errno()),
             }
         } else {
