@@ -231,27 +231,10 @@ impl Region {
     /// [`Error::SharedFile`] when the file cannot be opened, inspected or mapped;
     /// [`Error::SharedFileEmpty`] when it has no pages yet.
     pub fn attach_shared(path: &Path, opts: &RegionOptions) -> Result<Region, Error> {
-        let file_err = |what| {
-            move |source| Error::SharedFile {
-                path: path.to_owned(),
-                what,
-                source,
-            }
-        };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(file_err("open"))?;
-        let len = file.metadata().map_err(file_err("stat"))?.len();
-        if len == 0 {
-            return Err(Error::SharedFileEmpty {
-                path: path.to_owned(),
-            });
-        }
-        let page_size = fs_page_size(&file).map_err(file_err("fstatfs"))?;
+        let (file, len, page_size) = open_shared(path)?;
+        let file_err = |what| shared_file_err(path, what);
         let mut mo = MmapOptions::new();
-        mo.len(usize::try_from(len).unwrap_or(usize::MAX));
+        mo.len(len);
         if opts.populate {
             mo.populate();
         }
@@ -280,27 +263,8 @@ impl Region {
         addr: usize,
         opts: &RegionOptions,
     ) -> Result<Region, Error> {
-        let file_err = |what| {
-            move |source| Error::SharedFile {
-                path: path.to_owned(),
-                what,
-                source,
-            }
-        };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(file_err("open"))?;
-        let len = file.metadata().map_err(file_err("stat"))?.len();
-        if len == 0 {
-            return Err(Error::SharedFileEmpty {
-                path: path.to_owned(),
-            });
-        }
-        let len = usize::try_from(len)
-            .map_err(|_| file_err("stat")(io::ErrorKind::InvalidData.into()))?;
-        let page_size = fs_page_size(&file).map_err(file_err("fstatfs"))?;
+        let (file, len, page_size) = open_shared(path)?;
+        let file_err = |what| shared_file_err(path, what);
         let mut flags = libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE;
         if opts.populate {
             flags |= libc::MAP_POPULATE;
@@ -589,6 +553,36 @@ impl Drop for Region {
             }
         }
     }
+}
+
+/// The `Error::SharedFile` of `path` for a failed step (`open`, `stat`, `mmap`, ...).
+fn shared_file_err<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> Error + 'a {
+    move |source| Error::SharedFile {
+        path: path.to_owned(),
+        what,
+        source,
+    }
+}
+
+/// Opens another process's shared-memory file for mapping whole: the file, its length and the
+/// page size of its filesystem.
+fn open_shared(path: &Path) -> Result<(File, usize, PageSize), Error> {
+    let file_err = |what| shared_file_err(path, what);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(file_err("open"))?;
+    let len = file.metadata().map_err(file_err("stat"))?.len();
+    if len == 0 {
+        return Err(Error::SharedFileEmpty {
+            path: path.to_owned(),
+        });
+    }
+    let len =
+        usize::try_from(len).map_err(|_| file_err("stat")(io::ErrorKind::InvalidData.into()))?;
+    let page_size = fs_page_size(&file).map_err(file_err("fstatfs"))?;
+    Ok((file, len, page_size))
 }
 
 /// A region's mapping: made by memmap2, or by mmap(2) itself where the address is chosen

@@ -256,8 +256,7 @@ impl ManaProvider {
             // changed it since.)
             match &self.netdev {
                 Some(n)
-                    if !crate::devices::netdev_up_now(self.ctx.name(), &n.name)
-                        .unwrap_or(n.up) =>
+                    if !crate::devices::netdev_up_now(self.ctx.name(), &n.name).unwrap_or(n.up) =>
                 {
                     SetupError::port_busy_elsewhere(&n.name, e.errno())
                 }
