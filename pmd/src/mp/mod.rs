@@ -173,6 +173,39 @@ pub enum MpError {
     },
 }
 
+/// What one read of a connection gave.
+enum Read {
+    /// A record of this many bytes.
+    Record(usize),
+    /// The peer closed the connection.
+    Closed,
+    /// A record longer than [`protocol::MAX_RECORD`].
+    TooLong,
+    /// Nothing within the receive timeout (or a signal): look at the stop flag, read again.
+    Again,
+    /// The connection failed.
+    Failed(std::io::Error),
+}
+
+/// Reads one record into `buf` (which has room for one byte over the longest record).
+fn read_record(sock: &crate::sys::seqpacket::SeqConn, buf: &mut [u8]) -> Read {
+    match sock.recv(buf) {
+        Ok((0, _)) => Read::Closed,
+        Ok((_, true)) => Read::TooLong,
+        Ok((n, false)) if n > protocol::MAX_RECORD => Read::TooLong,
+        Ok((n, false)) => Read::Record(n),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ) =>
+        {
+            Read::Again
+        }
+        Err(e) => Read::Failed(e),
+    }
+}
+
 fn check_prefix(prefix: &str) -> Result<(), MpError> {
     crate::telemetry::check_prefix(prefix).map_err(|_| MpError::BadPrefix(prefix.to_string()))
 }

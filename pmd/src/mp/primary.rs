@@ -3,7 +3,7 @@
 #![deny(unsafe_code)]
 
 use super::protocol::{self, MemInfo, Msg, PortInfo, Refusal, MAX_RECORD, NEXT_FREE};
-use super::{check_prefix, io_err, MpError, MAX_SECONDARIES, SOCKET_NAME};
+use super::{check_prefix, io_err, read_record, MpError, Read, MAX_SECONDARIES, SOCKET_NAME};
 use crate::sys::seqpacket::{BindError, SeqConn, SeqListener};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -565,19 +565,11 @@ fn converse(shared: &Shared, sock: &SeqConn, id: ConnId, pid: u32) -> End {
         if !hello && since.elapsed() > HELLO_TIMEOUT {
             return End::Cut(format!("no hello within {HELLO_TIMEOUT:?}"));
         }
-        let n = match sock.recv(&mut buf) {
-            Ok((0, _)) => return End::Closed,
-            Ok((_, true)) => return End::Cut(format!("a record over {MAX_RECORD} bytes")),
-            Ok((n, false)) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-                ) =>
-            {
-                continue
-            }
-            Err(_) => return End::Closed,
+        let n = match read_record(sock, &mut buf) {
+            Read::Record(n) => n,
+            Read::Closed | Read::Failed(_) => return End::Closed,
+            Read::TooLong => return End::Cut(format!("a record over {MAX_RECORD} bytes")),
+            Read::Again => continue,
         };
         let rec = &buf[..n];
         let msg = match Msg::decode(rec) {

@@ -3,7 +3,7 @@
 #![deny(unsafe_code)]
 
 use super::protocol::{MemInfo, Msg, PortInfo, MAX_RECORD, NEXT_FREE};
-use super::{check_prefix, io_err, socket_path, MpError};
+use super::{check_prefix, io_err, read_record, socket_path, MpError, Read};
 use crate::sys::seqpacket::SeqConn;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -298,25 +298,18 @@ fn map_at(m: &MemInfo) -> Result<mempool::Region, MpError> {
 fn read_loop(sock: &SeqConn, answers: &mpsc::Sender<Msg>, gone: &Gone, stop: &AtomicBool) {
     let mut buf = vec![0u8; MAX_RECORD + 1];
     while !stop.load(Ordering::SeqCst) {
-        let n = match sock.recv(&mut buf) {
-            Ok((0, _)) => {
+        let n = match read_record(sock, &mut buf) {
+            Read::Record(n) => n,
+            Read::Closed => {
                 gone.set("the primary's connection closed (it exited or was killed)".into());
                 return;
             }
-            Ok((_, true)) => {
+            Read::TooLong => {
                 gone.set(format!("protocol error: a record over {MAX_RECORD} bytes"));
                 return;
             }
-            Ok((n, false)) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-                ) =>
-            {
-                continue
-            }
-            Err(e) => {
+            Read::Again => continue,
+            Read::Failed(e) => {
                 gone.set(format!("the connection to the primary failed: {e}"));
                 return;
             }
