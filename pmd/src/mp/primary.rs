@@ -409,7 +409,7 @@ impl Primary {
         self.events.try_iter().collect()
     }
 
-    /// Events dropped because [`EVENT_BACKLOG`] were waiting unread.
+    /// Events dropped because 4096 were waiting unread (the backlog a peer cannot grow).
     pub fn dropped_events(&self) -> u64 {
         self.shared.dropped_events.load(Ordering::Relaxed)
     }
