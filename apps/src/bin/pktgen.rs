@@ -457,6 +457,64 @@ fn traffic(args: &Args) -> Result<Traffic, Failure> {
     })
 }
 
+/// The polling cores' work: the sending side on `txq`, the receiving side on `rxqs`, on one
+/// core or two (`--lcores`), or the sending side alone (`--tx-only`, on the first core).
+fn roles(
+    args: &Args,
+    txq: TxQueue,
+    rxqs: Vec<RxQueue>,
+    frames: Frames,
+    pacing: Option<Pacing>,
+    duration: Option<Duration>,
+) -> Result<(Vec<Role>, CoreList), Failure> {
+    let burst = usize::from(args.burst);
+    let ncores = args.lcores.cores().len();
+    let tx = TxSide {
+        q: txq,
+        frames,
+        pending: Burst::with_capacity(burst),
+        pacing,
+        count: args.count,
+        duration,
+        sent: 0,
+        made: 0,
+        start: None,
+        done: args.rx_only,
+    };
+    let rx = RxSide {
+        qs: rxqs,
+        // Flows are what the generator assigns (sequence number modulo --flows); replayed
+        // captures carry no stamps.
+        tracker: SeqTracker::with_flows(args.flows),
+        hist: Histogram::new_with_bounds(1, 3_600_000_000_000, 3).map_err(|e| e.to_string())?,
+        stamped: args.pcap.is_none(),
+        last_publish: Instant::now(),
+        burst: Burst::with_capacity(burst),
+    };
+    let roles = if args.tx_only {
+        // Nothing polls the receiving port: what arrives there is the device's to drop
+        // (counted, imissed), as in testpmd's txonly mode.
+        drop(rx);
+        vec![Role::Tx(tx)]
+    } else if ncores == 2 {
+        vec![Role::Tx(tx), Role::Rx(rx)]
+    } else {
+        vec![Role::Both(tx, Box::new(rx))]
+    };
+    let lcores = if args.tx_only {
+        args.lcores.cores()[..1]
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+            .parse::<CoreList>()
+            .map_err(|e| e.to_string())?
+    } else {
+        args.lcores.clone()
+    };
+    Ok((roles, lcores))
+}
+
 fn run(args: &Args) -> Result<ExitCode, Failure> {
     let duration = check_args(args)?;
     let (np, ncores) = (args.ports.len(), args.lcores.cores().len());
@@ -512,50 +570,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         }
     }
     announce_ready("pktgen", &args.ports, &ports, args.json);
-    let burst = usize::from(args.burst);
-    let tx = TxSide {
-        q: txq,
-        frames,
-        pending: Burst::with_capacity(burst),
-        pacing: pacing.clone(),
-        count: args.count,
-        duration,
-        sent: 0,
-        made: 0,
-        start: None,
-        done: args.rx_only,
-    };
-    let rx = RxSide {
-        qs: rxqs,
-        // Flows are what the generator assigns (sequence number modulo --flows); replayed
-        // captures carry no stamps.
-        tracker: SeqTracker::with_flows(args.flows),
-        hist: Histogram::new_with_bounds(1, 3_600_000_000_000, 3).map_err(|e| e.to_string())?,
-        stamped: args.pcap.is_none(),
-        last_publish: Instant::now(),
-        burst: Burst::with_capacity(burst),
-    };
-    let roles = if args.tx_only {
-        // Nothing polls the receiving port: what arrives there is the device's to drop
-        // (counted, imissed), as in testpmd's txonly mode.
-        drop(rx);
-        vec![Role::Tx(tx)]
-    } else if ncores == 2 {
-        vec![Role::Tx(tx), Role::Rx(rx)]
-    } else {
-        vec![Role::Both(tx, Box::new(rx))]
-    };
-    let lcores = if args.tx_only {
-        args.lcores.cores()[..1]
-            .iter()
-            .map(usize::to_string)
-            .collect::<Vec<_>>()
-            .join(",")
-            .parse::<CoreList>()
-            .map_err(|e| e.to_string())?
-    } else {
-        args.lcores.clone()
-    };
+    let (roles, lcores) = roles(args, txq, rxqs, frames, pacing.clone(), duration)?;
     let shared = Arc::new(Shared::default());
     if args.rx_only {
         shared.tx_done.store(true, Ordering::Release);
@@ -587,7 +602,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
             np - 1,
         );
     }
-    let mut child = match &args.run {
+    let child = match &args.run {
         Some(cmd) => Some(
             std::process::Command::new("sh")
                 .args(["-c", cmd])
@@ -622,6 +637,27 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     )
     .map_err(|e| e.to_string())?;
     drop(capture);
+    finish(
+        args, results, &pool, &shared, ports, events, epoch, fatal, child,
+    )
+}
+
+/// One polling core's run: its role's loop until the stop, then (a sending core) the frames
+/// in flight let complete; what the receiving side saw comes back.
+/// After the polling cores: the last frames received, the ports' counters, the pool's
+/// accounting, the `--run` child reaped, the report and the verdict.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    args: &Args,
+    results: Vec<Outcome>,
+    pool: &Arc<mempool::MbufPool>,
+    shared: &Shared,
+    mut ports: Vec<Port>,
+    mut events: EventWatch,
+    epoch: Instant,
+    fatal: Option<String>,
+    mut child: Option<std::process::Child>,
+) -> Result<ExitCode, Failure> {
     let rx = results.into_iter().find_map(|o| match o {
         Outcome::Rx(r) => Some(r),
         Outcome::Tx => None,
@@ -629,7 +665,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     let (hist, tracker) = match rx {
         Some(mut rx) => {
             // One last look at frames that arrived after the workers stopped polling.
-            rx.poll(&pool, &shared);
+            rx.poll(pool, shared);
             (rx.hist.clone(), rx.tracker.clone())
         }
         None if args.tx_only => (
@@ -654,7 +690,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     }
     report(
         args,
-        &shared,
+        shared,
         &tracker,
         &hist,
         epoch,
@@ -662,11 +698,9 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
         &events,
         &port_stats,
     );
-    verdict(args, in_use, fatal, &events, &shared, &tracker)
+    verdict(args, in_use, fatal, &events, shared, &tracker)
 }
 
-/// One polling core's run: its role's loop until the stop, then (a sending core) the frames
-/// in flight let complete; what the receiving side saw comes back.
 fn work(
     lcore: &Lcore,
     role: Role,
