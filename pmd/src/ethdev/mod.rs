@@ -496,8 +496,11 @@ pub fn free_one(pool: &std::sync::Arc<MbufPool>, m: mempool::Mbuf) {
 /// queue or an unmapped doorbell page; the objects go when the last handle drops.
 pub type QueueOwner = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 
-/// Where a receive queue leaves the buffers it posted when it is dropped, until the device
-/// can no longer write into them.
+/// Where a queue leaves its buffers when it is dropped (an RX queue those it posted, a TX
+/// queue its frames in flight), until the device can no longer write into or read them.
+///
+/// TX: a queue's SQ objects are shared by its handle and the provider in the same way, and
+/// the device may still read a frame in flight until they are destroyed.
 ///
 /// A queue handle may go before its device objects: the RX objects of a port (its RSS QP,
 /// indirection table and WQs on MANA; its hashing QPs, rules and WQs on mlx5; a model's RQ
