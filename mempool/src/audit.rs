@@ -15,13 +15,37 @@ mod imp {
 
     /// One state byte per object: free (in the ring or a cache) or in use (handed out).
     pub(crate) struct Audit {
-        states: Box<[AtomicU8]>,
+        states: States,
+    }
+
+    /// Where the states are: this process's heap, or a shared pool's file (so that every
+    /// process sees an object freed by another).
+    enum States {
+        Owned(Box<[AtomicU8]>),
+        Shared(crate::shm::SharedStates),
+    }
+
+    impl std::ops::Deref for States {
+        type Target = [AtomicU8];
+        fn deref(&self) -> &[AtomicU8] {
+            match self {
+                States::Owned(b) => b,
+                States::Shared(s) => s,
+            }
+        }
     }
 
     impl Audit {
         pub(crate) fn new(count: u32) -> Self {
             Audit {
-                states: (0..count).map(|_| AtomicU8::new(FREE)).collect(),
+                states: States::Owned((0..count).map(|_| AtomicU8::new(FREE)).collect()),
+            }
+        }
+
+        /// States kept in a shared pool's control block (all FREE in a fresh file: zeros).
+        pub(crate) fn shared(states: crate::shm::SharedStates) -> Self {
+            Audit {
+                states: States::Shared(states),
             }
         }
 
@@ -87,6 +111,9 @@ mod imp {
 
     impl Audit {
         pub(crate) fn new(_count: u32) -> Self {
+            Audit
+        }
+        pub(crate) fn shared(_states: crate::shm::SharedStates) -> Self {
             Audit
         }
         #[inline(always)]

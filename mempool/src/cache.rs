@@ -20,19 +20,31 @@
 use std::cell::Cell;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::pool::{CacheSlot, Mempool};
+use crate::pool::Mempool;
 use crate::ring::PACK;
+use crate::shm::CacheStore;
+
+/// Indices a cache of `size` objects may hold at once: a refill leaves up to
+/// `size + n + PACK - 1` objects (n <= size) before serving, since the ring hands out whole
+/// packs; a put keeps at most the threshold.
+pub(crate) fn slot_capacity(size: usize) -> usize {
+    if size == 0 {
+        0
+    } else {
+        2 * size + PACK
+    }
+}
 
 /// A per-thread cache of free objects for one [`Mempool`].
 pub struct PoolCache {
     len: usize,
     flush_threshold: usize,
     size: usize,
-    objs: Box<[u32]>,
-    slot: Arc<CacheSlot>,
+    /// The objects held and the published length: on the heap, or in a shared pool's file
+    /// (where a survivor can take them back if this process dies).
+    objs: CacheStore,
     pool: Arc<Mempool>,
     /// `Send` but not `Sync`: one thread owns the cache.
     _not_sync: PhantomData<Cell<()>>,
@@ -57,6 +69,10 @@ impl PoolCache {
 
     /// A cache of `size` objects (0: every call goes straight to the ring).
     ///
+    /// For a shared pool the cache takes one of the pool's [`CACHE_SLOTS`](crate::CACHE_SLOTS)
+    /// slots in its file. When every slot is taken, the cache gets size 0 (every call goes to
+    /// the ring: correct, slower) and a warning says so.
+    ///
     /// # Panics
     /// When `size` is larger than the pool's configured cache size, which was checked against
     /// the pool's capacity when the pool was created.
@@ -67,16 +83,28 @@ impl PoolCache {
             pool.name(),
             pool.cache_size()
         );
-        let size = size as usize;
-        // A refill leaves up to `size + n + PACK - 1` objects (n <= size) before serving: the
-        // ring hands out whole packs. A put keeps at most the threshold.
-        let cap = if size == 0 { 0 } else { 2 * size + PACK };
+        let mut size = size as usize;
+        let objs = match pool.cache_store(slot_capacity(size)) {
+            Some(store) => store,
+            None => {
+                tracing::warn!(
+                    target: "mempool",
+                    pool = %pool.name(),
+                    "shared pool '{}': all {} cache slots are taken; this cache has size 0 \
+                     (every get and put goes to the shared ring)",
+                    pool.name(),
+                    crate::CACHE_SLOTS
+                );
+                size = 0;
+                pool.cache_store(0)
+                    .unwrap_or_else(|| CacheStore::heap(0, std::sync::Arc::default()))
+            }
+        };
         PoolCache {
             len: 0,
             flush_threshold: size + size / 2,
             size,
-            objs: vec![0; cap].into_boxed_slice(),
-            slot: pool.register_cache(),
+            objs,
             pool: Arc::clone(pool),
             _not_sync: PhantomData,
         }
@@ -158,7 +186,7 @@ impl PoolCache {
     fn set_len(&mut self, len: usize) {
         self.len = len;
         // A plain store (no read-modify-write): the accounting methods read it.
-        self.slot.len.store(len as u32, Ordering::Relaxed);
+        self.objs.publish_len(len);
     }
 
     #[cold]
@@ -216,7 +244,7 @@ impl PoolCache {
 impl Drop for PoolCache {
     fn drop(&mut self) {
         self.flush();
-        self.pool.unregister_cache(&self.slot);
+        self.pool.release_store(&self.objs);
     }
 }
 

@@ -154,7 +154,7 @@ impl fmt::Debug for Registration {
 }
 
 /// Where objects and chunks are: the arithmetic shared by the pool and [`ChunkKeys`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layout {
     pub(crate) base: usize,
     pub(crate) obj_size: usize,

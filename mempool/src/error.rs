@@ -226,6 +226,26 @@ pub enum Error {
         /// Largest buffer an mbuf can describe.
         max: u32,
     },
+
+    /// A shared pool's file does not hold a pool this process can attach to (not a pool, a
+    /// pool of another version, one still being built, or a control block that disagrees
+    /// with itself or with the file).
+    #[error("shared pool file {path}: {why}")]
+    NotASharedPool {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, and what to do.
+        why: String,
+    },
+
+    /// The operation needs a shared pool (created with a shared file).
+    #[error("pool '{pool}' is private to the process that made it; create it with shared_file(PATH) to {what}")]
+    NotShared {
+        /// Pool name.
+        pool: String,
+        /// What was asked.
+        what: &'static str,
+    },
 }
 
 /// Rounds a byte count up to whole MiB, for messages.

@@ -106,6 +106,7 @@ mod offload;
 mod pool;
 pub mod region;
 mod ring;
+mod shm;
 
 pub use audit::AUDIT_ENABLED;
 pub use cache::PoolCache;
@@ -121,3 +122,4 @@ pub use pool::{
     MAX_CACHE_SIZE, MAX_OBJECTS,
 };
 pub use region::{PagePolicy, PageSize, Region, RegionOptions, NO_HUGEPAGES_ENV};
+pub use shm::CACHE_SLOTS;

@@ -16,6 +16,7 @@ use crate::chunk::{ChunkInfo, ChunkKeys, Layout, Registration};
 use crate::error::{mib_ceil, BoxError, Error};
 use crate::region::{PagePolicy, PageSize, Region, RegionOptions};
 use crate::ring::{Ring, PACK};
+use crate::shm::{self, Ctl, CtlLayout};
 
 const LOG: &str = "mempool";
 
@@ -164,8 +165,19 @@ pub(crate) fn span_bytes(count: u32, obj_size: usize, align: usize) -> Option<us
 
 /// A cache's published length, read by the accounting methods.
 #[repr(align(128))]
+#[derive(Default)]
 pub(crate) struct CacheSlot {
     pub(crate) len: AtomicU32,
+}
+
+/// Where a pool's free objects are.
+// One per pool, and boxing the ring would add a load to every refill and flush.
+#[allow(clippy::large_enum_variant)]
+enum FreeList {
+    /// A private pool: crossbeam queues on this process's heap.
+    Local(Ring),
+    /// A shared pool: the ring and the caches in the control block of its file.
+    Shared(Ctl),
 }
 
 /// A fixed-size object pool shared between threads (use it behind an `Arc`).
@@ -174,10 +186,14 @@ pub(crate) struct CacheSlot {
 /// one multiply-add. Free indices live in a lock-free ring; per-thread
 /// [`PoolCache`](crate::PoolCache)s sit in front of it.
 ///
+/// A pool created with a shared file ([`PoolConfig::shared_file`]) is shared between
+/// processes: others attach to it with [`Mempool::attach`] and map its objects at the same
+/// address; its free ring and every process's caches are in the file (see `shm.rs`).
+///
 /// Dropping the pool unmaps its memory; objects still in use at that point are reported in a
 /// warning (an [`MbufPool`](crate::MbufPool) instead keeps the memory alive for them).
 pub struct Mempool {
-    ring: Ring,
+    ring: FreeList,
     layout: Layout,
     keys: Box<[crate::Lkey]>,
     default_cache_size: u32,
@@ -243,6 +259,7 @@ impl Mempool {
         }
         let span = span_bytes(cfg.obj_count, obj_size, cfg.obj_align)
             .ok_or_else(|| too_large(obj_size))?;
+        let shared = cfg.region.shared_file.is_some();
 
         let max_cache = max_cache_size(cfg.obj_count);
         let cache_size = match cfg.cache_size {
@@ -280,11 +297,27 @@ impl Mempool {
             obj_size << chunk_shift
         };
 
-        let region = Region::new(span, &cfg.region).map_err(|e| Error::PoolMemory {
+        // A shared pool's file holds its control block after the objects.
+        let ctl_layout = if shared {
+            if name.len() > shm::NAME_MAX {
+                return Err(Error::NotASharedPool {
+                    path: cfg.region.shared_file.clone().unwrap_or_default(),
+                    why: format!("pool name '{name}' is longer than {} bytes", shm::NAME_MAX),
+                });
+            }
+            Some(
+                CtlLayout::new(span, cfg.obj_count, cache_size)
+                    .ok_or_else(|| too_large(obj_size))?,
+            )
+        } else {
+            None
+        };
+        let map_len = ctl_layout.map_or(span, |l| l.file_bytes());
+        let region = Region::new(map_len, &cfg.region).map_err(|e| Error::PoolMemory {
             pool: name.clone(),
             objects: cfg.obj_count,
             obj_bytes: obj_size,
-            mib: mib_ceil(span),
+            mib: mib_ceil(map_len),
             source: Box::new(e),
         })?;
         let layout = Layout {
@@ -296,14 +329,33 @@ impl Mempool {
             span,
         };
         let chunks = build_chunks(&layout, region.page_size());
+        if shared && chunks.len() > shm::MAX_KEYS {
+            return Err(Error::NotASharedPool {
+                path: cfg.region.shared_file.clone().unwrap_or_default(),
+                why: format!(
+                    "{} chunks, a shared pool publishes at most {} chunk keys; raise \
+                     max_chunk_bytes",
+                    chunks.len(),
+                    shm::MAX_KEYS
+                ),
+            });
+        }
 
         let registrations = match cfg.on_chunk.as_mut() {
             Some(hook) => register_all(&name, &chunks, hook)?,
             None => Vec::new(),
         };
-        let keys = registrations.iter().map(Registration::key).collect();
+        let keys: Box<[crate::Lkey]> = registrations.iter().map(Registration::key).collect();
 
-        let ring = Ring::new(cfg.obj_count);
+        let ring = match ctl_layout {
+            None => FreeList::Local(Ring::new(cfg.obj_count)),
+            Some(l) => {
+                let ctl = shm_view(&region, l, cfg.obj_count);
+                // The file is fresh and only this process has it mapped.
+                shm::write_header(&ctl, &name, &layout, cache_size, &keys);
+                FreeList::Shared(ctl)
+            }
+        };
         let mut pack = [0u32; PACK];
         for first in (0..cfg.obj_count).step_by(PACK) {
             let n = PACK.min((cfg.obj_count - first) as usize);
@@ -329,19 +381,200 @@ impl Mempool {
             "created pool"
         );
 
-        Ok(Arc::new(Mempool {
+        let audit = match &ring {
+            FreeList::Local(_) => Audit::new(cfg.obj_count),
+            FreeList::Shared(ctl) => Audit::shared(ctl.audit_states_view()),
+        };
+        let pool = Arc::new(Mempool {
             ring,
             layout,
             keys,
             default_cache_size: cache_size,
-            audit: Audit::new(cfg.obj_count),
+            audit,
             caches: Mutex::new(Vec::new()),
             chunks,
             name,
             kind: cfg.kind,
             _registrations: registrations,
             region,
-        }))
+        });
+        if shared {
+            if !crate::mbuf::register_shared(&pool) {
+                return Err(too_many_shared(pool.region.shared_path()));
+            }
+            if cfg.kind != "mbuf" {
+                pool.publish_shared(shm::KIND_OBJECT, 0, 0);
+            }
+        }
+        Ok(pool)
+    }
+
+    /// Attaches to a pool another process created with [`PoolConfig::shared_file`]: maps the
+    /// file with the objects at the creator's address (DMA addresses and registrations are
+    /// the creator's) and uses the free ring and caches in it. The creator's chunk keys come
+    /// with it ([`Mempool::chunk_key`]); [`Mempool::register_chunks`] registers the chunks
+    /// again, with this process's device.
+    ///
+    /// # Errors
+    /// [`Error::NotASharedPool`] when the file is not a finished pool of this version (every
+    /// field of its control block is checked against the others and the file's length);
+    /// what [`Region::attach_shared_at`] returns, notably [`Error::AddressTaken`] when this
+    /// process already uses the creator's address range.
+    pub fn attach(path: &std::path::Path, opts: &RegionOptions) -> Result<Arc<Mempool>, Error> {
+        Mempool::attach_kind(path, opts, shm::KIND_OBJECT).map(|(p, _)| p)
+    }
+
+    /// [`Mempool::attach`] for a pool of `kind`; also returns the mbuf layout (headroom, data
+    /// room) the creator stored.
+    pub(crate) fn attach_kind(
+        path: &std::path::Path,
+        opts: &RegionOptions,
+        kind: u32,
+    ) -> Result<(Arc<Mempool>, (u16, u16)), Error> {
+        let bad = |why: String| Error::NotASharedPool {
+            path: path.to_owned(),
+            why,
+        };
+        // A first look anywhere, for the address and the layout.
+        let probe =
+            Region::attach_shared(path, &RegionOptions::default().lock(false).populate(false))?;
+        let info = shm::read_header(&probe, kind).map_err(bad)?;
+        drop(probe);
+        let region = Region::attach_shared_at(path, info.base, opts)?;
+        if region.len() < info.ctl.end {
+            return Err(bad(format!(
+                "the file shrank to {} bytes while attaching (the pool needs {})",
+                region.len(),
+                info.ctl.end
+            )));
+        }
+        let ctl = shm_view(&region, info.ctl, info.layout.obj_count);
+        // Read again from the mapping we keep: the file may have been replaced meanwhile.
+        let again = shm::header_info(&ctl, kind, region.len()).map_err(bad)?;
+        if again != info {
+            return Err(bad(
+                "the pool was re-created while attaching; try again".into()
+            ));
+        }
+        let chunks = build_chunks(&info.layout, region.page_size());
+        let keys: Box<[crate::Lkey]> = info.keys.iter().map(|&k| crate::Lkey(k)).collect();
+        tracing::info!(
+            target: LOG,
+            pool = %info.name,
+            objects = info.layout.obj_count,
+            addr = format_args!("{:#x}", info.base),
+            creator = info.creator_pid,
+            "attached to shared pool"
+        );
+        let audit = Audit::shared(ctl.audit_states_view());
+        let pool = Arc::new(Mempool {
+            ring: FreeList::Shared(ctl),
+            layout: info.layout,
+            keys,
+            default_cache_size: info.cache_size,
+            audit,
+            caches: Mutex::new(Vec::new()),
+            chunks,
+            name: info.name,
+            kind: if kind == shm::KIND_MBUF {
+                "mbuf"
+            } else {
+                "object"
+            },
+            _registrations: Vec::new(),
+            region,
+        });
+        if !crate::mbuf::register_shared(&pool) {
+            return Err(too_many_shared(Some(path)));
+        }
+        Ok((pool, info.mbuf))
+    }
+
+    /// Marks a shared pool's file as finished, so that other processes may attach.
+    pub(crate) fn publish_shared(&self, kind: u32, headroom: u16, data_room: u16) {
+        if let FreeList::Shared(ctl) = &self.ring {
+            shm::publish(ctl, kind, headroom, data_room);
+        }
+    }
+
+    /// Whether other processes can attach to this pool (it was made with a shared file).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.ring, FreeList::Shared(_))
+    }
+
+    /// The value every mbuf header of a shared pool holds in place of a pointer to its pool:
+    /// the same in every process (the objects' address, low bit set). `None` for a private
+    /// pool.
+    pub(crate) fn shared_tag(&self) -> Option<usize> {
+        self.is_shared().then_some(self.layout.base | 1)
+    }
+
+    /// Returns the objects that the caches of process `pid` held to the free ring, and frees
+    /// the cache slots. Call it when a process that used this shared pool has died (its
+    /// control connection closed); calling it for a live process takes its caches away from
+    /// under it. Returns how many objects came back.
+    ///
+    /// Objects the dead process held outside its caches (in queues, in flight) are not
+    /// found here: whoever rebuilds its queues returns those.
+    ///
+    /// # Errors
+    /// [`Error::NotShared`] for a private pool.
+    pub fn reclaim(&self, pid: u32) -> Result<u32, Error> {
+        let FreeList::Shared(ctl) = &self.ring else {
+            return Err(Error::NotShared {
+                pool: self.name.clone(),
+                what: "reclaim a process's caches",
+            });
+        };
+        let (back, bad) = ctl.reclaim_slots(pid);
+        // Their objects are free again: so says the audit.
+        if bad > 0 {
+            tracing::warn!(
+                target: LOG,
+                pool = %self.name,
+                "process {pid}'s caches held {bad} entries that are not objects of the pool; \
+                 dropped"
+            );
+        }
+        let (prod, cons) = ctl.ring_stuck();
+        if prod || cons {
+            tracing::warn!(
+                target: LOG,
+                pool = %self.name,
+                "the pool's free ring has an unfinished {} (a process died inside one); \
+                 the pool's users wait on it until the pool is re-created",
+                if prod { "put" } else { "get" }
+            );
+        }
+        tracing::info!(target: LOG, pool = %self.name, pid, objects = back, "reclaimed a dead process's caches");
+        Ok(back)
+    }
+
+    /// The processes whose caches hold slots of this shared pool (each pid once); empty for
+    /// a private pool.
+    pub fn cache_owners(&self) -> Vec<u32> {
+        match &self.ring {
+            FreeList::Shared(ctl) => ctl.slot_owners(),
+            FreeList::Local(_) => Vec::new(),
+        }
+    }
+
+    /// [`Mempool::reclaim`] for every process that holds cache slots but no longer exists
+    /// (`kill(pid, 0)` answers ESRCH). For a primary that missed a secondary's exit. Returns
+    /// the pids reclaimed and the objects that came back.
+    ///
+    /// # Errors
+    /// [`Error::NotShared`] for a private pool.
+    pub fn reclaim_dead(&self) -> Result<(Vec<u32>, u32), Error> {
+        let mut pids = Vec::new();
+        let mut total = 0;
+        for pid in self.cache_owners() {
+            if shm::pid_gone(pid) {
+                total += self.reclaim(pid)?;
+                pids.push(pid);
+            }
+        }
+        Ok((pids, total))
     }
 
     /// Pool name.
@@ -451,15 +684,23 @@ impl Mempool {
 
     /// Objects in the shared ring (not counting caches).
     pub fn ring_count(&self) -> u32 {
-        self.ring.len() as u32
+        match &self.ring {
+            FreeList::Local(r) => r.len() as u32,
+            FreeList::Shared(ctl) => ctl.ring_len(),
+        }
     }
 
-    /// Objects held in per-core caches. A snapshot: exact when no thread is using the pool.
+    /// Objects held in per-core caches (of every process, for a shared pool). A snapshot:
+    /// exact when no thread is using the pool.
     pub fn cached(&self) -> u32 {
-        self.lock_caches()
-            .iter()
-            .map(|s| s.len.load(Ordering::Relaxed))
-            .sum()
+        match &self.ring {
+            FreeList::Shared(ctl) => ctl.cached(),
+            FreeList::Local(_) => self
+                .lock_caches()
+                .iter()
+                .map(|s| s.len.load(Ordering::Relaxed))
+                .sum(),
+        }
     }
 
     /// Free objects: in the ring plus in caches. A snapshot: exact when no thread is using the
@@ -545,16 +786,22 @@ impl Mempool {
     /// All-or-nothing ring dequeue, no audit.
     #[inline]
     pub(crate) fn ring_get(&self, out: &mut [u32]) -> bool {
-        match self.ring.get_exact(out) {
-            Ok(done) => done,
-            Err(idx) => ring_overflow(&self.name, self.kind, idx),
+        match &self.ring {
+            FreeList::Local(r) => match r.get_exact(out) {
+                Ok(done) => done,
+                Err(idx) => ring_overflow(&self.name, self.kind, idx),
+            },
+            FreeList::Shared(ctl) => ctl.get_exact(out),
         }
     }
 
     /// Dequeues up to `want` (possibly up to `PACK - 1` more, within `buf`); no audit.
     #[inline]
     pub(crate) fn ring_get_upto(&self, buf: &mut [u32], want: usize) -> usize {
-        self.ring.get_upto(buf, want)
+        match &self.ring {
+            FreeList::Local(r) => r.get_upto(buf, want),
+            FreeList::Shared(ctl) => ctl.get(buf, 1, want.min(u32::MAX as usize) as u32) as usize,
+        }
     }
 
     /// Enqueue; no audit.
@@ -567,21 +814,41 @@ impl Mempool {
 
     #[inline]
     pub(crate) fn ring_put_one(&self, idx: u32) {
-        if let Err(idx) = self.ring.put_one(idx) {
+        let r = match &self.ring {
+            FreeList::Local(r) => r.put_one(idx),
+            FreeList::Shared(ctl) => ctl.put(&[idx]),
+        };
+        if let Err(idx) = r {
             ring_overflow(&self.name, self.kind, idx);
         }
     }
 
-    pub(crate) fn register_cache(&self) -> Arc<CacheSlot> {
-        let slot = Arc::new(CacheSlot {
-            len: AtomicU32::new(0),
-        });
-        self.lock_caches().push(Arc::clone(&slot));
-        slot
+    /// Storage for a cache of `cap` objects: on the heap for a private pool, in a free cache
+    /// slot of the file for a shared one. `None` when every slot of a shared pool is taken.
+    pub(crate) fn cache_store(&self, cap: usize) -> Option<shm::CacheStore> {
+        match &self.ring {
+            FreeList::Local(_) => {
+                let slot = Arc::new(CacheSlot {
+                    len: AtomicU32::new(0),
+                });
+                self.lock_caches().push(Arc::clone(&slot));
+                Some(shm::CacheStore::heap(cap, slot))
+            }
+            FreeList::Shared(ctl) => {
+                let i = ctl.claim_slot(shm::this_pid())?;
+                Some(shm::CacheStore::shared(ctl, i, cap))
+            }
+        }
     }
 
-    pub(crate) fn unregister_cache(&self, slot: &Arc<CacheSlot>) {
-        self.lock_caches().retain(|s| !Arc::ptr_eq(s, slot));
+    /// Gives back a cache's storage (its objects flushed first).
+    pub(crate) fn release_store(&self, store: &shm::CacheStore) {
+        if let Some(slot) = store.heap_slot() {
+            self.lock_caches().retain(|s| !Arc::ptr_eq(s, slot));
+        }
+        if let (Some(i), FreeList::Shared(ctl)) = (store.shared_slot(), &self.ring) {
+            ctl.release_slot(i);
+        }
     }
 
     fn lock_caches(&self) -> MutexGuard<'_, Vec<Arc<CacheSlot>>> {
@@ -594,17 +861,45 @@ impl Mempool {
     /// them back. Returns how many objects are outside the ring. Only meaningful when no cache
     /// or other getter exists (the caller holds the last handle).
     pub(crate) fn settle_outstanding(&self) -> u32 {
+        let r = match &self.ring {
+            FreeList::Local(r) => r,
+            // Other processes may be using it: a snapshot of what is out, everywhere.
+            FreeList::Shared(_) => return self.in_use(),
+        };
         // After the drain every finished free is counted, and no free that we counted is still
         // touching the ring (see `Ring::drain`).
-        let held = self.ring.drain();
+        let held = r.drain();
         let outstanding = self.capacity() - held.len() as u32;
         self.ring_put(&held);
         outstanding
     }
 }
 
+impl FreeList {
+    #[inline]
+    fn put(&self, objs: &[u32]) -> Result<(), u32> {
+        match self {
+            FreeList::Local(r) => r.put(objs),
+            FreeList::Shared(ctl) => ctl.put(objs),
+        }
+    }
+}
+
+/// A view of the control block of a shared pool's `region`.
+fn shm_view(region: &Region, layout: CtlLayout, obj_count: u32) -> Ctl {
+    let base = std::ptr::NonNull::new(region.as_ptr()).expect("a mapping is never at address 0");
+    assert!(
+        region.len() >= layout.end,
+        "region smaller than its control block"
+    );
+    shm::ctl_over(base, layout, obj_count, region)
+}
+
 impl Drop for Mempool {
     fn drop(&mut self) {
+        if self.is_shared() {
+            crate::mbuf::unregister_shared(self);
+        }
         let out = self.in_use();
         if out > 0 {
             tracing::warn!(
@@ -616,6 +911,13 @@ impl Drop for Mempool {
                 self.capacity()
             );
         }
+    }
+}
+
+fn too_many_shared(path: Option<&std::path::Path>) -> Error {
+    Error::NotASharedPool {
+        path: path.map(ToOwned::to_owned).unwrap_or_default(),
+        why: "this process already has 64 shared pools".into(),
     }
 }
 

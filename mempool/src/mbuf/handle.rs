@@ -99,9 +99,7 @@ impl Mbuf {
 
     #[inline]
     fn pool(&self) -> &Mempool {
-        // SAFETY: set at pool creation to the `Mempool` that holds this object, which stays
-        // alive while any of its mbufs is out (`MbufPool`'s `Drop` leaks it otherwise).
-        unsafe { &*self.h().pool }
+        super::header::pool_of(self.h().pool)
     }
 
     /// Header of the last segment.

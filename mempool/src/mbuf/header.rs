@@ -4,7 +4,7 @@
 
 use std::mem::offset_of;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::AtomicU16;
+use std::sync::atomic::{AtomicPtr, AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::cache::PoolCache;
@@ -50,6 +50,9 @@ pub(super) struct MbufHeader {
     pub(super) index: u32,
     pub(super) buf_len: u16,
     pub(super) headroom: u16,
+    /// The pool: a pointer to its `Mempool` for a private pool; for a shared pool, a tag that
+    /// is the same in every process (its objects' address with the low bit set), which
+    /// [`pool_of`] turns into this process's `Mempool`.
     pub(super) pool: *const Mempool,
     // ---- line 1 ----
     pub(super) user: [u8; USER_AREA_BYTES],
@@ -115,6 +118,86 @@ impl MbufHeader {
     }
 }
 
+/// Shared pools this process has, by tag: a tag in a header of a shared pool's mbuf cannot
+/// point at a `Mempool` (each process has its own), so it is looked up here.
+const MAX_SHARED_POOLS: usize = 64;
+static SHARED_TAGS: [AtomicUsize; MAX_SHARED_POOLS] =
+    [const { AtomicUsize::new(0) }; MAX_SHARED_POOLS];
+static SHARED_POOLS: [AtomicPtr<Mempool>; MAX_SHARED_POOLS] =
+    [const { AtomicPtr::new(ptr::null_mut()) }; MAX_SHARED_POOLS];
+
+/// Records this process's `Mempool` of a shared pool. `false` when the process already has
+/// [`MAX_SHARED_POOLS`] of them.
+pub(crate) fn register_shared(pool: &Arc<Mempool>) -> bool {
+    let Some(tag) = pool.shared_tag() else {
+        return true;
+    };
+    for (t, p) in SHARED_TAGS.iter().zip(&SHARED_POOLS) {
+        // Claim an entry: the pointer first, then the tag that makes it findable.
+        if t.load(Ordering::Acquire) == 0
+            && p.compare_exchange(
+                ptr::null_mut(),
+                Arc::as_ptr(pool).cast_mut(),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            t.store(tag, Ordering::Release);
+            return true;
+        }
+    }
+    false
+}
+
+/// Forgets a shared pool's `Mempool` (it is being dropped).
+pub(crate) fn unregister_shared(pool: &Mempool) {
+    for (t, p) in SHARED_TAGS.iter().zip(&SHARED_POOLS) {
+        if ptr::eq(p.load(Ordering::Acquire), pool) {
+            t.store(0, Ordering::Release);
+            p.store(ptr::null_mut(), Ordering::Release);
+        }
+    }
+}
+
+/// The pool a header names: its `pool` pointer, or for a shared pool's tag, this process's
+/// `Mempool` of that pool.
+///
+/// # Panics
+/// When the tag names a shared pool this process does not have (the mbuf outlived the
+/// process's handle on its pool, or the header was overwritten).
+#[inline]
+pub(super) fn pool_of<'a>(tag: *const Mempool) -> &'a Mempool {
+    if (tag as usize) & 1 == 0 {
+        // SAFETY: an even value is the pointer the pool wrote at creation, to the `Mempool`
+        // that stays alive while any of its mbufs is out (`MbufPool`'s `Drop` leaks it
+        // otherwise).
+        return unsafe { &*tag };
+    }
+    shared_pool(tag as usize)
+}
+
+#[cold]
+#[inline(never)]
+fn shared_pool<'a>(tag: usize) -> &'a Mempool {
+    for (t, p) in SHARED_TAGS.iter().zip(&SHARED_POOLS) {
+        if t.load(Ordering::Acquire) == tag {
+            let p = p.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: registered by `register_shared` from a live `Arc<Mempool>` and removed
+                // by that pool's `Drop` before it goes; a pool dropped with mbufs out is leaked
+                // instead (`MbufPool`'s `Drop`).
+                return unsafe { &*p };
+            }
+        }
+    }
+    panic!(
+        "mbuf of the shared pool at {:#x} used in a process that has no handle on that pool \
+         (attach to it with MbufPool::attach, and keep the handle while its mbufs are out)",
+        tag & !1
+    )
+}
+
 #[inline]
 pub(super) fn seg_ptr(pool: &Mempool, idx: u32) -> NonNull<MbufHeader> {
     let p = pool.obj_ptr(idx).cast::<MbufHeader>();
@@ -145,7 +228,7 @@ pub(super) unsafe fn free_chain(head: NonNull<MbufHeader>, mut cache: Option<&mu
         // outstanding object is home.
         let (pool, idx, next) = unsafe {
             let h = &mut *p;
-            let pool = &*h.pool;
+            let pool = pool_of(h.pool);
             let (idx, next) = (h.index, h.next);
             h.next = NO_SEG;
             h.nb_segs = 1;

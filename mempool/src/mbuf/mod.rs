@@ -64,6 +64,7 @@ mod shared;
 pub use error::{ChainError, MbufError};
 pub use fifo::MbufFifo;
 pub use handle::{Mbuf, RawMbuf, Segments, TxOffload};
+pub(crate) use header::{register_shared, unregister_shared};
 pub use header::{
     DEFAULT_DATA_ROOM, DEFAULT_HEADROOM, MBUF_HEADER_BYTES, PORT_INVALID, USER_AREA_BYTES,
 };

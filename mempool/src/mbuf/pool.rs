@@ -113,6 +113,8 @@ fn mbuf_object(buf_len: u16) -> (usize, usize) {
 /// A pool of mbufs, shared between threads behind an `Arc`.
 pub struct MbufPool {
     mp: Arc<Mempool>,
+    /// What the headers' `pool` field holds for this pool (see `header::pool_of`).
+    tag: usize,
     headroom: u16,
     data_room: u16,
 }
@@ -151,7 +153,11 @@ impl MbufPool {
         let (obj_size, align) = mbuf_object(buf_len);
         pool.set_mbuf_layout(obj_size, align);
         let mp = Mempool::new(pool)?;
-        let pool_ptr = Arc::as_ptr(&mp);
+        let pool_ptr = match mp.shared_tag() {
+            Some(t) => t as *const Mempool,
+            None => Arc::as_ptr(&mp),
+        };
+        let tag = pool_ptr as usize;
         for index in 0..mp.capacity() {
             let h = mp.obj_ptr(index).cast::<MbufHeader>();
             let header = MbufHeader::new(index, buf_len, headroom, pool_ptr);
@@ -160,11 +166,51 @@ impl MbufPool {
             // `MBUF_HEADER_BYTES` long. The pool is not shared yet, so nothing else accesses it.
             unsafe { h.write(header) };
         }
+        mp.publish_shared(crate::shm::KIND_MBUF, headroom, data_room);
         Ok(Arc::new(MbufPool {
             mp,
+            tag,
             headroom,
             data_room,
         }))
+    }
+
+    /// Attaches to an mbuf pool another process created with
+    /// [`MbufPoolConfig::shared_file`]: its mbufs at the same addresses, its free ring and its
+    /// caches shared with every other process attached. Mbufs move freely between the
+    /// processes (an mbuf allocated in one may be freed in another). See
+    /// [`Mempool::attach`].
+    ///
+    /// # Errors
+    /// As [`Mempool::attach`]; [`Error::NotASharedPool`] also when the file holds an object
+    /// pool, not an mbuf pool.
+    pub fn attach(path: &std::path::Path, opts: &RegionOptions) -> Result<Arc<MbufPool>, Error> {
+        let (mp, (headroom, data_room)) = Mempool::attach_kind(path, opts, crate::shm::KIND_MBUF)?;
+        let tag = mp.shared_tag().expect("an attached pool is shared");
+        Ok(Arc::new(MbufPool {
+            mp,
+            tag,
+            headroom,
+            data_room,
+        }))
+    }
+
+    /// Whether other processes can attach to this pool.
+    pub fn is_shared(&self) -> bool {
+        self.mp.is_shared()
+    }
+
+    /// The pool's object store (ring, caches, memory).
+    pub fn mempool(&self) -> &Arc<Mempool> {
+        &self.mp
+    }
+
+    /// Returns a dead process's cached mbufs to the pool; see [`Mempool::reclaim`].
+    ///
+    /// # Errors
+    /// [`Error::NotShared`] for a private pool.
+    pub fn reclaim(&self, pid: u32) -> Result<u32, Error> {
+        self.mp.reclaim(pid)
     }
 
     /// A per-core cache of the pool's configured size.
@@ -387,7 +433,7 @@ impl MbufPool {
         let mut n = 0;
         for m in mbufs {
             let h = m.h();
-            if h.next == NO_SEG && ptr::eq(h.pool, Arc::as_ptr(&self.mp)) {
+            if h.next == NO_SEG && h.pool as usize == self.tag {
                 // One segment of this pool (refcnt 1, the free-state invariant holds): just
                 // its index goes back, in one bulk put per 64.
                 idx[n] = m.into_raw().0;
@@ -409,10 +455,10 @@ impl MbufPool {
         self.mp.audit_check(idx, what);
     }
 
-    /// The pool's object store, to tell its mbufs from others' by their header's `pool`.
+    /// What this pool's mbuf headers hold in `pool`, to tell its mbufs from others'.
     #[inline]
     pub(crate) fn mempool_ptr(&self) -> *const Mempool {
-        Arc::as_ptr(&self.mp)
+        self.tag as *const Mempool
     }
 
     #[inline]
