@@ -559,8 +559,20 @@ impl Mempool {
         }
     }
 
+    /// [`Mempool::reclaim`] if process `pid` is gone (no such process, or a zombie), else
+    /// `None`.
+    ///
+    /// # Errors
+    /// [`Error::NotShared`] for a private pool.
+    pub fn reclaim_if_gone(&self, pid: u32) -> Result<Option<u32>, Error> {
+        if self.is_shared() && !shm::pid_gone(pid) {
+            return Ok(None);
+        }
+        self.reclaim(pid).map(Some)
+    }
+
     /// [`Mempool::reclaim`] for every process that holds cache slots but no longer exists
-    /// (`kill(pid, 0)` answers ESRCH). For a primary that missed a secondary's exit. Returns
+    /// (`kill(pid, 0)` answers ESRCH, or it is a zombie). For a primary that missed a secondary's exit. Returns
     /// the pids reclaimed and the objects that came back.
     ///
     /// # Errors

@@ -454,15 +454,33 @@ pub(crate) fn this_pid() -> u32 {
     std::process::id()
 }
 
-/// Whether process `pid` is gone (`kill(pid, 0)` answers ESRCH). A pid the kernel has
-/// reused for another process reads as alive.
+/// Whether process `pid` is gone: `kill(pid, 0)` answers ESRCH, or `/proc/PID/stat` says it
+/// is a zombie (dead, not yet reaped by its parent: it runs no code and its memory is gone).
+/// A pid the kernel has reused for another process reads as alive.
 pub(crate) fn pid_gone(pid: u32) -> bool {
     let Ok(p) = libc::pid_t::try_from(pid) else {
         return true;
     };
+    if p <= 0 {
+        return false;
+    }
     // SAFETY: signal 0 sends nothing; it only asks whether the process exists.
     let rc = unsafe { libc::kill(p, 0) };
-    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    if rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return true;
+    }
+    // The state is the first field after the command, which is in parentheses and may hold
+    // anything, so look after the last ')'.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let after = &s[s.rfind(')')? + 1..];
+            after
+                .split_whitespace()
+                .next()
+                .map(|st| st == "Z" || st == "X")
+        })
+        .unwrap_or(false)
 }
 
 /// A cache's storage: `cap` indices and the cell its length is published in. For a private

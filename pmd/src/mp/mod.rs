@@ -52,7 +52,7 @@ mod secondary;
 mod tests;
 
 pub use primary::{MpConfig, MpEvent, Owner, Primary, ReleaseWhy};
-pub use protocol::{MemInfo, PortInfo, Refusal};
+pub use protocol::{MemInfo, MemKind, PortInfo, Refusal};
 pub use secondary::Secondary;
 
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! queue owners.
 #![deny(unsafe_code)]
 
-use super::protocol::{self, MemInfo, Msg, PortInfo, Refusal, MAX_RECORD, NEXT_FREE};
+use super::protocol::{self, MemInfo, MemKind, Msg, PortInfo, Refusal, MAX_RECORD, NEXT_FREE};
 use super::{check_prefix, io_err, read_record, MpError, Read, MAX_SECONDARIES, SOCKET_NAME};
 use crate::sys::seqpacket::{BindError, SeqConn, SeqListener};
 use std::path::{Path, PathBuf};
@@ -108,6 +108,17 @@ pub enum MpEvent {
         /// Why.
         why: ReleaseWhy,
     },
+    /// A dead secondary's cached mbufs went back to a shared pool
+    /// ([`mempool::MbufPool::reclaim`]). Mbufs it held in queues or in flight are not among
+    /// them.
+    Reclaimed {
+        /// The secondary's pid.
+        pid: u32,
+        /// The pool.
+        pool: String,
+        /// Mbufs returned.
+        mbufs: u32,
+    },
     /// A secondary's connection ended.
     Detached {
         /// Its pid.
@@ -208,6 +219,8 @@ struct Shared {
     table: Mutex<Table>,
     events: SyncSender<MpEvent>,
     dropped_events: AtomicU64,
+    /// Shared pools, whose caches a dead secondary leaves behind.
+    pools: Mutex<Vec<Arc<mempool::MbufPool>>>,
     conns: Mutex<Vec<Conn>>,
     next_conn: AtomicU64,
 }
@@ -279,6 +292,7 @@ impl Primary {
             table: Mutex::new(Table::default()),
             events: tx,
             dropped_events: AtomicU64::new(0),
+            pools: Mutex::new(Vec::new()),
             conns: Mutex::new(Vec::new()),
             next_conn: AtomicU64::new(1),
         });
@@ -341,6 +355,10 @@ impl Primary {
     /// [`MpError::Memory`]: the region has no shared file, its path is too long, or
     /// [`protocol::MAX_MEMORY`] areas are shared already.
     pub fn share_memory(&self, name: &str, region: &mempool::Region) -> Result<(), MpError> {
+        self.share(name, region, MemKind::Region)
+    }
+
+    fn share(&self, name: &str, region: &mempool::Region, kind: MemKind) -> Result<(), MpError> {
         let refuse = |why: String| MpError::Memory {
             name: name.to_string(),
             why,
@@ -366,11 +384,41 @@ impl Primary {
             )));
         }
         t.memory.push(MemInfo {
+            kind,
             name: name.to_string(),
             path: path.to_string(),
             addr: region.addr() as u64,
             len: region.len() as u64,
         });
+        Ok(())
+    }
+
+    /// Shares an mbuf pool made with a shared file ([`mempool::MbufPoolConfig::shared_file`]):
+    /// a secondary attaches to it when it attaches here ([`Secondary::pool`]), at the same
+    /// address, and allocates and frees its mbufs as this process does. When a secondary
+    /// dies, the mbufs in its caches come back to the pool ([`MpEvent::Reclaimed`]). Share
+    /// before secondaries attach.
+    ///
+    /// # Errors
+    /// [`MpError::Memory`]: the pool is private to this process, its file's path is too
+    /// long, or [`protocol::MAX_MEMORY`] areas are shared already.
+    ///
+    /// [`Secondary::pool`]: crate::mp::Secondary::pool
+    pub fn share_pool(&self, pool: &Arc<mempool::MbufPool>) -> Result<(), MpError> {
+        if !pool.is_shared() {
+            return Err(MpError::Memory {
+                name: pool.name().to_string(),
+                why: "it is private to this process: create it with \
+                      MbufPoolConfig::shared_file(PATH)"
+                    .into(),
+            });
+        }
+        self.share(pool.name(), pool.mempool().region(), MemKind::MbufPool)?;
+        self.shared
+            .pools
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::clone(pool));
         Ok(())
     }
 
@@ -548,10 +596,61 @@ fn serve(shared: &Shared, sock: &SeqConn, id: ConnId) {
             why,
         });
     }
+    if matches!(end, End::Closed) {
+        reclaim_caches(shared, pid);
+    }
     shared.event(MpEvent::Detached {
         pid,
         clean: matches!(end, End::Bye),
     });
+}
+
+/// How long a secondary whose connection closed may take to be gone (its connection closes
+/// while it exits, a moment before the kernel marks it dead).
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// Returns the cached mbufs of a secondary whose connection closed without a goodbye to the
+/// shared pools, once it is dead: a live process keeps its caches (it may have closed
+/// only its connection), and so does one that still runs after [`EXIT_GRACE`].
+fn reclaim_caches(shared: &Shared, pid: u32) {
+    let pools = shared
+        .pools
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    for pool in pools {
+        if !pool.mempool().cache_owners().contains(&pid) {
+            continue;
+        }
+        let since = std::time::Instant::now();
+        loop {
+            match pool.mempool().reclaim_if_gone(pid) {
+                Ok(Some(mbufs)) => {
+                    tracing::info!(
+                        target: "pmd::mp",
+                        "secondary pid {pid} died: {mbufs} mbufs of its caches back to pool '{}'",
+                        pool.name()
+                    );
+                    shared.event(MpEvent::Reclaimed {
+                        pid,
+                        pool: pool.name().to_string(),
+                        mbufs,
+                    });
+                    break;
+                }
+                Ok(None) if since.elapsed() < EXIT_GRACE => std::thread::sleep(POLL / 10),
+                _ => {
+                    tracing::warn!(
+                        target: "pmd::mp",
+                        "secondary pid {pid} closed its connection but still runs: its cached \
+                         mbufs of pool '{}' stay with it",
+                        pool.name()
+                    );
+                    break;
+                }
+            }
+        }
+    }
 }
 
 fn converse(shared: &Shared, sock: &SeqConn, id: ConnId, pid: u32) -> End {

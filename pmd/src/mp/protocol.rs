@@ -15,7 +15,7 @@ pub const MAGIC: [u8; 2] = *b"PM";
 /// The protocol version this build speaks. A primary refuses a secondary of another
 /// version ([`Refusal::Version`]): both sides map the same queue layouts, which only one
 /// build of `pmd` agrees on.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 
 /// The longest record either side sends or reads, in bytes: room for the largest welcome
 /// (checked below).
@@ -49,7 +49,7 @@ const _: () = assert!(
     4 + 1
         + MAX_PORTS * (2 + 2 + 2 + MAX_NAME)
         + 1
-        + MAX_MEMORY * (2 + MAX_NAME + 2 + MAX_PATH + 16)
+        + MAX_MEMORY * (2 + MAX_NAME + 2 + MAX_PATH + 17)
         <= MAX_RECORD
 );
 
@@ -64,10 +64,22 @@ pub struct PortInfo {
     pub name: String,
 }
 
+/// What a shared memory area holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemKind {
+    /// Plain memory: the secondary maps the file at the primary's address.
+    Region,
+    /// An mbuf pool made with a shared file: the secondary attaches to it
+    /// ([`mempool::MbufPool::attach`]) and allocates and frees its mbufs like the primary.
+    MbufPool,
+}
+
 /// One shared memory area, as the primary describes it in [`Msg::Welcome`]: a file the
 /// secondary maps whole at `addr`, where the primary maps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemInfo {
+    /// What it holds.
+    pub kind: MemKind,
     /// What it holds (e.g. the pool's name), for messages.
     pub name: String,
     /// The file (on a hugetlbfs mount, or tmpfs).
@@ -284,6 +296,10 @@ impl Msg {
                     put_str(&mut out, &m.path, MAX_PATH);
                     out.extend_from_slice(&m.addr.to_le_bytes());
                     out.extend_from_slice(&m.len.to_le_bytes());
+                    out.push(match m.kind {
+                        MemKind::Region => 0,
+                        MemKind::MbufPool => 1,
+                    });
                 }
             }
             Msg::Granted { port, queue } => pq(&mut out, K_GRANTED, *port, *queue),
@@ -371,6 +387,11 @@ impl Msg {
                     let path = r.str("memory path", MAX_PATH)?;
                     let addr = r.u64("memory address")?;
                     let len = r.u64("memory length")?;
+                    let kind = match r.u8("memory kind")? {
+                        0 => MemKind::Region,
+                        1 => MemKind::MbufPool,
+                        _ => return Err(DecodeError::Field("memory kind")),
+                    };
                     if path.is_empty() || !path.starts_with('/') {
                         return Err(DecodeError::Text("memory path"));
                     }
@@ -378,6 +399,7 @@ impl Msg {
                         return Err(DecodeError::Field("memory range"));
                     }
                     memory.push(MemInfo {
+                        kind,
                         name,
                         path,
                         addr,

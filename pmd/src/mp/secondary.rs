@@ -2,7 +2,7 @@
 //! stopping.
 #![deny(unsafe_code)]
 
-use super::protocol::{MemInfo, Msg, PortInfo, MAX_RECORD, NEXT_FREE};
+use super::protocol::{MemInfo, MemKind, Msg, PortInfo, MAX_RECORD, NEXT_FREE};
 use super::{check_prefix, io_err, read_record, socket_path, MpError, Read};
 use crate::sys::seqpacket::SeqConn;
 use std::path::Path;
@@ -51,6 +51,8 @@ pub struct Secondary {
     ports: Vec<PortInfo>,
     /// The primary's shared memory, mapped where the primary maps it.
     memory: Vec<(MemInfo, mempool::Region)>,
+    /// The primary's shared mbuf pools, attached.
+    pools: Vec<(MemInfo, Arc<mempool::MbufPool>)>,
     primary_pid: Option<u32>,
     answers: Receiver<Msg>,
     gone: Arc<Gone>,
@@ -121,6 +123,7 @@ impl Secondary {
             sock,
             ports: Vec::new(),
             memory: Vec::new(),
+            pools: Vec::new(),
             primary_pid,
             answers,
             gone,
@@ -137,8 +140,16 @@ impl Secondary {
             Msg::Welcome { ports, memory } => {
                 me.ports = ports;
                 for m in memory {
-                    let region = map_at(&m)?;
-                    me.memory.push((m, region));
+                    match m.kind {
+                        MemKind::Region => {
+                            let region = map_at(&m)?;
+                            me.memory.push((m, region));
+                        }
+                        MemKind::MbufPool => {
+                            let pool = attach_pool(&m)?;
+                            me.pools.push((m, pool));
+                        }
+                    }
                 }
             }
             Msg::Refused { port, queue, why } => return Err(MpError::Refused { port, queue, why }),
@@ -157,6 +168,18 @@ impl Secondary {
     /// The primary's ports.
     pub fn ports(&self) -> &[PortInfo] {
         &self.ports
+    }
+
+    /// The primary's shared mbuf pools ([`Primary::share_pool`]), attached in this process.
+    ///
+    /// [`Primary::share_pool`]: crate::mp::Primary::share_pool
+    pub fn pools(&self) -> impl Iterator<Item = &Arc<mempool::MbufPool>> {
+        self.pools.iter().map(|(_, p)| p)
+    }
+
+    /// The primary's shared mbuf pool called `name`.
+    pub fn pool(&self, name: &str) -> Option<&Arc<mempool::MbufPool>> {
+        self.pools().find(|p| p.name() == name)
     }
 
     /// The primary's shared memory areas, each mapped in this process where the primary
@@ -264,6 +287,29 @@ impl Drop for Secondary {
             let _ = t.join();
         }
     }
+}
+
+/// Attaches to one of the primary's shared mbuf pools.
+fn attach_pool(m: &MemInfo) -> Result<Arc<mempool::MbufPool>, MpError> {
+    let pool = mempool::MbufPool::attach(Path::new(&m.path), &mempool::RegionOptions::default())
+        .map_err(|e| MpError::Memory {
+            name: m.name.clone(),
+            why: e.to_string(),
+        })?;
+    let addr = pool.mempool().region().addr() as u64;
+    if addr != m.addr || pool.name() != m.name {
+        return Err(MpError::Memory {
+            name: m.name.clone(),
+            why: format!(
+                "{} holds pool '{}' at {addr:#x}, the primary announced '{}' at {:#x}",
+                m.path,
+                pool.name(),
+                m.name,
+                m.addr
+            ),
+        });
+    }
+    Ok(pool)
 }
 
 /// Maps one shared area where the primary maps it.

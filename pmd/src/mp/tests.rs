@@ -344,8 +344,14 @@ fn any_msg() -> impl Strategy<Value = Msg> {
         any_text(100),
         1u64..u64::MAX / 2,
         1u64..u64::MAX / 2,
+        any::<bool>(),
     )
-        .prop_map(|(name, path, addr, len)| MemInfo {
+        .prop_map(|(name, path, addr, len, pool)| MemInfo {
+            kind: if pool {
+                MemKind::MbufPool
+            } else {
+                MemKind::Region
+            },
             name,
             path: format!("/{path}"),
             addr,
@@ -449,6 +455,7 @@ fn the_largest_welcome_fits_a_record() {
         .collect();
     let memory = (0..protocol::MAX_MEMORY as u64)
         .map(|i| MemInfo {
+            kind: MemKind::MbufPool,
             name: "m".repeat(protocol::MAX_NAME),
             path: format!("/{}", "d".repeat(protocol::MAX_PATH - 1)),
             addr: 0x7f00_0000_0000 + (i << 30),

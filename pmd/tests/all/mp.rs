@@ -43,6 +43,17 @@ fn child() {
             }
             println!("gone: {}", s.primary_gone().unwrap());
         }
+        "pool-user" => {
+            let s = Secondary::attach_at(&dir.join(SOCKET_NAME), "t", "child").unwrap();
+            let pool = s.pool("mp-pool").expect("the primary shares its pool");
+            let mut cache = pool.cache();
+            let mut burst = [mempool::RawMbuf::default(); 40];
+            assert!(pool.alloc_bulk(&mut cache, &mut burst));
+            // SAFETY: just allocated; the first 30 are not used again, the last 10 are held.
+            unsafe { pool.free_bulk(&mut cache, &burst[..30]) };
+            println!("holding {} 10", cache.len());
+            std::thread::sleep(Duration::from_secs(60));
+        }
         "primary" => {
             let p = Primary::start(&MpConfig::new("t").with_dir(dir)).unwrap();
             p.publish(0, "emu-mana:wire=none", 4, &[0]);
@@ -93,6 +104,57 @@ fn wait_event(p: &Primary, want: impl Fn(&MpEvent) -> bool) -> MpEvent {
         }
     }
     panic!("no such event within 10 s");
+}
+
+#[test]
+fn a_killed_secondary_s_cached_mbufs_come_back_to_the_shared_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Primary::start(&MpConfig::new("t").with_dir(dir.path())).unwrap();
+    let pool = mempool::MbufPool::new(
+        mempool::MbufPoolConfig::new("mp-pool", 1024)
+            .cache_size(64)
+            .page_policy(mempool::PagePolicy::Normal)
+            .shared_file(dir.path().join("mbufs")),
+    )
+    .unwrap();
+    p.share_pool(&pool).unwrap();
+    let (mut c, mut out) = spawn("pool-user", dir.path());
+    let holding = line(&mut out, "holding");
+    let (cached, held) = holding
+        .trim_start_matches("holding ")
+        .split_once(' ')
+        .unwrap();
+    let (cached, held): (u32, u32) = (cached.parse().unwrap(), held.parse().unwrap());
+    assert!(cached >= 30, "{holding}");
+    assert_eq!(
+        pool.in_use(),
+        held,
+        "the secondary's cache counts as free here too"
+    );
+    send_signal(c.id(), SIGKILL).unwrap();
+    c.wait().unwrap();
+    let e = wait_event(&p, |e| matches!(e, MpEvent::Reclaimed { .. }));
+    assert_eq!(
+        e,
+        MpEvent::Reclaimed {
+            pid: c.id(),
+            pool: "mp-pool".into(),
+            mbufs: cached
+        }
+    );
+    assert!(pool.mempool().cache_owners().is_empty());
+    assert_eq!(
+        pool.in_use(),
+        held,
+        "what it held outside its cache is still out: its queues' rebuild returns those"
+    );
+    // A private pool cannot be shared.
+    let private = mempool::MbufPool::new(
+        mempool::MbufPoolConfig::new("private", 64).page_policy(mempool::PagePolicy::Normal),
+    )
+    .unwrap();
+    let err = p.share_pool(&private).unwrap_err();
+    assert!(err.to_string().contains("shared_file"), "{err}");
 }
 
 #[test]
