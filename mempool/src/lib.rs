@@ -35,6 +35,12 @@
 //! - Mbufs ([`mbuf`]): [`Mbuf`] is an owned, one-pointer handle (no reference counting; its
 //!   header points back to the pool, and a pool dropped while mbufs are out is kept alive for
 //!   them); [`RawMbuf`] is a `Copy` index for DPDK-style raw bursts.
+//! - Pools shared between processes: a pool made with a shared file
+//!   ([`PoolConfig::shared_file`], [`MbufPoolConfig::shared_file`]) keeps its free ring (DPDK's
+//!   `rte_ring` algorithm), every process's cache slots and its audit states in that file,
+//!   after the objects; other processes attach with [`Mempool::attach`] /
+//!   [`MbufPool::attach`] at the same address, and a dead process's cached objects come back
+//!   with [`Mempool::reclaim`]. See `shm.rs`.
 //! - Memory registration: every chunk (at most `max_chunk_bytes`, because a NIC caps one
 //!   registration) is announced to a hook that returns its key (lkey); the key of any object is a
 //!   shift and an array load ([`Mempool::chunk_key`], [`MbufPool::chunk_key`]), and of any address
@@ -47,8 +53,8 @@
 //! makes a system call; the per-core cache touches the shared ring only to refill or flush in
 //! bulk.
 //!
-//! `unsafe` lives in two modules only: `region` (the `fstatfs` call) and `mbuf` (raw views of
-//! headers and buffers). Every other module is `#![deny(unsafe_code)]`.
+//! `unsafe` lives in three modules only: `region` (the `fstatfs` call), `shm` (views of a
+//! shared pool's control block) and `mbuf` (raw views of headers and buffers). Every other module is `#![deny(unsafe_code)]`.
 //!
 //! # Example
 //!

@@ -111,7 +111,10 @@ impl PoolConfig {
         self
     }
 
-    /// Back the pool with a file (on hugetlbfs for hugepages) so another process can map it.
+    /// Back the pool with a file (on hugetlbfs for hugepages) so other processes can attach
+    /// to it ([`Mempool::attach`]): its free ring, every process's caches and its audit
+    /// states are kept in the file too, after the objects. The file is replaced if it exists
+    /// and removed when the pool is dropped.
     pub fn shared_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.region.shared_file = Some(path.into());
         self

@@ -74,9 +74,9 @@ impl MbufPoolConfig {
         self
     }
 
-    /// Back the buffers with a shared file (see [`PoolConfig::shared_file`]). Another process
-    /// can then read and write the packet bytes; the headers' pool pointers are meaningful only
-    /// in this process.
+    /// Back the pool with a shared file (see [`PoolConfig::shared_file`]): other processes
+    /// attach to it with [`MbufPool::attach`] and allocate and free its mbufs as this one
+    /// does.
     pub fn shared_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.pool = self.pool.shared_file(path);
         self

@@ -596,8 +596,8 @@ fn serve(shared: &Shared, sock: &SeqConn, id: ConnId) {
             why,
         });
     }
-    if matches!(end, End::Closed) {
-        reclaim_caches(shared, pid);
+    if matches!(end, End::Closed | End::Bye) {
+        reclaim_caches(shared, pid, matches!(end, End::Closed));
     }
     shared.event(MpEvent::Detached {
         pid,
@@ -609,10 +609,12 @@ fn serve(shared: &Shared, sock: &SeqConn, id: ConnId) {
 /// while it exits, a moment before the kernel marks it dead).
 const EXIT_GRACE: Duration = Duration::from_secs(2);
 
-/// Returns the cached mbufs of a secondary whose connection closed without a goodbye to the
-/// shared pools, once it is dead: a live process keeps its caches (it may have closed
-/// only its connection), and so does one that still runs after [`EXIT_GRACE`].
-fn reclaim_caches(shared: &Shared, pid: u32) {
+/// Returns the cached mbufs a secondary left in the shared pools, once it is dead: a
+/// secondary that is killed, aborts or ends with `_exit` leaves its caches' mbufs in their
+/// slots (one that exits normally flushes them). A live process keeps its
+/// caches (it may have closed only its connection), and so does one that still runs after
+/// [`EXIT_GRACE`]; `unexpected` (no goodbye) makes that a warning.
+fn reclaim_caches(shared: &Shared, pid: u32, unexpected: bool) {
     let pools = shared
         .pools
         .lock()
@@ -625,6 +627,8 @@ fn reclaim_caches(shared: &Shared, pid: u32) {
         let since = std::time::Instant::now();
         loop {
             match pool.mempool().reclaim_if_gone(pid) {
+                // It flushed its caches on the way out.
+                Ok(Some(0)) => break,
                 Ok(Some(mbufs)) => {
                     tracing::info!(
                         target: "pmd::mp",
@@ -639,6 +643,15 @@ fn reclaim_caches(shared: &Shared, pid: u32) {
                     break;
                 }
                 Ok(None) if since.elapsed() < EXIT_GRACE => std::thread::sleep(POLL / 10),
+                Ok(None) if !unexpected => {
+                    tracing::debug!(
+                        target: "pmd::mp",
+                        "secondary pid {pid} detached and still runs: its cached mbufs of pool \
+                         '{}' stay with it",
+                        pool.name()
+                    );
+                    break;
+                }
                 _ => {
                     tracing::warn!(
                         target: "pmd::mp",

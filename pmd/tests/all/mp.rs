@@ -7,6 +7,7 @@ use pmd::sys::net::{send_signal, SIGKILL};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const ROLE: &str = "PMD_MP_TEST_ROLE";
@@ -53,6 +54,19 @@ fn child() {
             unsafe { pool.free_bulk(&mut cache, &burst[..30]) };
             println!("holding {} 10", cache.len());
             std::thread::sleep(Duration::from_secs(60));
+        }
+        "pool-exit" => {
+            let s = Secondary::attach_at(&dir.join(SOCKET_NAME), "t", "child").unwrap();
+            let pool = Arc::clone(s.pool("mp-pool").expect("the primary shares its pool"));
+            // Mbufs freed through this thread's cache stay in it: `_exit` runs no destructor
+            // (as a process that aborts), so nothing flushes it.
+            let ms: Vec<_> = (0..12).map(|_| pool.alloc().unwrap()).collect();
+            mempool::lcache::with_cache(&pool, |c| ms.into_iter().for_each(|m| m.free_to(c)));
+            let cached = mempool::lcache::with_cache(&pool, |c| c.len());
+            println!("cached {cached}");
+            drop(s); // a goodbye
+                     // SAFETY: ends the process at once; nothing after it runs.
+            unsafe { libc::_exit(0) };
         }
         "primary" => {
             let p = Primary::start(&MpConfig::new("t").with_dir(dir)).unwrap();
@@ -155,6 +169,37 @@ fn a_killed_secondary_s_cached_mbufs_come_back_to_the_shared_pool() {
     .unwrap();
     let err = p.share_pool(&private).unwrap_err();
     assert!(err.to_string().contains("shared_file"), "{err}");
+}
+
+#[test]
+fn a_secondary_that_exits_without_flushing_its_cache_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Primary::start(&MpConfig::new("t").with_dir(dir.path())).unwrap();
+    let pool = mempool::MbufPool::new(
+        mempool::MbufPoolConfig::new("mp-pool", 256)
+            .cache_size(32)
+            .page_policy(mempool::PagePolicy::Normal)
+            .shared_file(dir.path().join("mbufs")),
+    )
+    .unwrap();
+    p.share_pool(&pool).unwrap();
+    let (mut c, mut out) = spawn("pool-exit", dir.path());
+    let cached: u32 = line(&mut out, "cached")
+        .trim_start_matches("cached ")
+        .parse()
+        .unwrap();
+    assert!(cached >= 12, "{cached}");
+    assert!(c.wait().unwrap().success());
+    let e = wait_event(&p, |e| matches!(e, MpEvent::Reclaimed { .. }));
+    assert_eq!(
+        e,
+        MpEvent::Reclaimed {
+            pid: c.id(),
+            pool: "mp-pool".into(),
+            mbufs: cached
+        }
+    );
+    assert_eq!(pool.in_use(), 0, "the pool is whole");
 }
 
 #[test]
