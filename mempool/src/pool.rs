@@ -697,6 +697,31 @@ impl Mempool {
         Ok(ChunkKeys::new(Arc::clone(self), self.layout, regs))
     }
 
+    /// Keys another process registered the chunks with (one per chunk, in order), for a
+    /// process that uses that registration without holding it: a secondary posting buffers
+    /// of a shared pool to queues its primary created. Nothing is registered or held.
+    ///
+    /// # Errors
+    /// [`Error::Registration`] when `keys` does not have one key per chunk.
+    pub fn keys_from(self: &Arc<Self>, keys: &[crate::Lkey]) -> Result<ChunkKeys, Error> {
+        if keys.len() != self.chunks.len() {
+            return Err(Error::Registration {
+                pool: self.name.clone(),
+                chunk: keys.len().min(self.chunks.len()),
+                addr: self.layout.base,
+                len: self.layout.span,
+                source: format!(
+                    "{} keys given for the pool's {} chunks",
+                    keys.len(),
+                    self.chunks.len()
+                )
+                .into(),
+            });
+        }
+        let regs = keys.iter().map(|&k| Registration::new(k)).collect();
+        Ok(ChunkKeys::new(Arc::clone(self), self.layout, regs))
+    }
+
     /// Objects in the shared ring (not counting caches).
     pub fn ring_count(&self) -> u32 {
         match &self.ring {

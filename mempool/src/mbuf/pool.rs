@@ -313,6 +313,14 @@ impl MbufPool {
         self.mp.register_chunks(hook)
     }
 
+    /// Keys another process registered the chunks with; see [`Mempool::keys_from`].
+    ///
+    /// # Errors
+    /// [`Error::Registration`] when `keys` does not have one key per chunk.
+    pub fn keys_from(&self, keys: &[crate::Lkey]) -> Result<ChunkKeys, Error> {
+        self.mp.keys_from(keys)
+    }
+
     /// Start of `m`'s buffer (its headroom), as an address.
     #[inline]
     pub fn buf_addr(&self, m: RawMbuf) -> usize {

@@ -146,6 +146,10 @@ pub struct PortConfig {
     /// writes. Also on when `RDMAV_FORK_SAFE` or `IBV_FORK_SAFE` is set. Not needed on
     /// kernels that copy pinned pages on fork (5.13 and later), which rdma-core detects.
     pub fork_safe: bool,
+    /// Queue pairs another process polls ([`crate::ethdev::export`]): made in shared files,
+    /// not built or filled here, described in the directory given. `None`: every queue is
+    /// this process's.
+    pub export: Option<super::ExportConfig>,
 }
 
 impl Default for PortConfig {
@@ -161,11 +165,23 @@ impl Default for PortConfig {
             mtu: 1500,
             promiscuous: false,
             fork_safe: false,
+            export: None,
         }
     }
 }
 
 impl PortConfig {
+    /// Queue pairs `queues` go to other processes, described in `dir` (see
+    /// [`PortConfig::export`]).
+    #[must_use]
+    pub fn with_export(mut self, queues: Vec<u16>, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.export = Some(super::ExportConfig {
+            queues,
+            dir: dir.into(),
+        });
+        self
+    }
+
     /// `rx` RX queues and `tx` TX queues.
     #[must_use]
     pub fn with_queues(mut self, rx: u16, tx: u16) -> Self {

@@ -17,6 +17,7 @@ pub mod burst;
 pub mod config;
 pub mod counters;
 pub mod events;
+pub mod export;
 pub mod kick;
 pub mod setup;
 pub mod xstat;
@@ -28,6 +29,7 @@ pub use config::{
 };
 pub use counters::Counters;
 pub use events::{PortEvent, QueueFault, QueueRef};
+pub use export::{ExportConfig, QueueExport};
 pub use kick::{DeviceKick, Kick};
 pub use setup::SetupError;
 pub use xstat::{DeviceDrops, Loss, Xstat};
@@ -254,6 +256,29 @@ pub trait PortDriver: Send {
     /// descriptor. Cheap when there are none (no allocation); never blocks.
     fn take_events(&mut self, out: &mut Vec<PortEvent>) {
         let _ = out;
+    }
+    /// The queue pairs the last [`PortDriver::configure`] exported ([`PortConfig::export`]),
+    /// described for the process that will poll them. A driver that cannot export returns
+    /// none (and the port refuses the configuration).
+    fn exports(&self) -> Vec<QueueExport> {
+        Vec::new()
+    }
+}
+
+/// An exported queue's place in the primary's queue list: never handed out (the port refuses
+/// to), and a burst on it does nothing.
+#[derive(Debug, Default)]
+pub struct Exported;
+
+impl RxBurst for Exported {
+    fn rx_burst(&mut self, _out: &mut Burst) -> usize {
+        0
+    }
+}
+
+impl TxBurst for Exported {
+    fn tx_burst(&mut self, _pkts: &mut Burst) -> usize {
+        0
     }
 }
 

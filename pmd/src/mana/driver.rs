@@ -3,7 +3,9 @@
 //! provider describes and builds the datapath's queues over them.
 #![deny(unsafe_code)]
 
-use super::provider::{PageAllocator, Provider, RawTxQueue, SetupError};
+use super::provider::{
+    PageAllocator, Provider, RawRxQueue, RawTxQueue, SetupError, SharedFileAllocator,
+};
 use super::{RxQueue, TxQueue, Xstats};
 use crate::ethdev::{
     rx_fill_error, Caps, Link, PoolRegistration, PortConfig, PortDriver, PortError, PortEvent,
@@ -40,6 +42,10 @@ pub struct Driver {
     registered: PoolRegistration,
     /// Per-queue driver counters of the current configuration (RX queues, then TX queues).
     xstats: Vec<Arc<Xstats>>,
+    /// The queue pairs exported to other processes (`PortConfig::export`): held here so
+    /// their device objects live while the port does, and described.
+    exported: Vec<(RawRxQueue, RawTxQueue)>,
+    exports: Vec<crate::ethdev::QueueExport>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -59,6 +65,8 @@ impl Driver {
             taken: None,
             registered: PoolRegistration::default(),
             xstats: Vec::new(),
+            exported: Vec::new(),
+            exports: Vec::new(),
         }
     }
 
@@ -189,8 +197,21 @@ impl PortDriver for Driver {
         pool: &Arc<MbufPool>,
         q: &QueueSetup,
     ) -> Result<Queues, PortError> {
+        self.exports.clear();
+        self.exported.clear();
         self.provider.destroy_queues();
         self.xstats.clear();
+        // Exported queues need their rings where another process can map them.
+        match &cfg.export {
+            Some(x) => self
+                .provider
+                .set_allocator(Arc::new(SharedFileAllocator::new(
+                    &x.dir,
+                    format!("port{}-{}", q.port_id, std::process::id()),
+                ))),
+            None => self.provider.set_allocator(Arc::new(PageAllocator)),
+        }
+        let exported: &[u16] = cfg.export.as_ref().map_or(&[], |x| &x.queues);
         self.provider
             .set_mtu(cfg.mtu)
             .map_err(|e| e.into_port_error("setting the mtu"))?;
@@ -205,8 +226,28 @@ impl PortDriver for Driver {
             .provider
             .create_rx_queues(cfg.rx_queues, u32::from(cfg.rx_ring_size), &cfg.rss)
             .map_err(|e| e.into_port_error("creating rx queues"))?;
+        let mut raw_tx: Vec<Option<RawTxQueue>> = raw_tx.into_iter().map(Some).collect();
         let mut rx: Vec<Box<dyn RxBurst>> = Vec::new();
-        for (raw, c) in raw_rx.into_iter().zip(&q.rx_counters) {
+        for (i, (raw, c)) in raw_rx.into_iter().zip(&q.rx_counters).enumerate() {
+            if exported.contains(&(i as u16)) {
+                let Some(tx_raw) = raw_tx.get_mut(i).and_then(Option::take) else {
+                    return Err(PortError::BadConfig {
+                        what: "exported queue pair",
+                        requested: format!("queue {i}"),
+                        allowed: format!("queues below {} (the tx queues)", cfg.tx_queues),
+                    });
+                };
+                let e =
+                    super::export::describe(q.port_id, i as u16, &raw, &tx_raw, cfg, pool, &keys)
+                        .map_err(|why| PortError::Setup {
+                        what: format!("exporting queue pair {i}"),
+                        source: why.into(),
+                    })?;
+                self.exports.push(e);
+                self.exported.push((raw, tx_raw));
+                rx.push(Box::new(crate::ethdev::Exported));
+                continue;
+            }
             let x = Arc::new(Xstats::default());
             self.xstats.push(Arc::clone(&x));
             let mut queue = RxQueue::new(
@@ -225,6 +266,10 @@ impl PortDriver for Driver {
         }
         let mut tx: Vec<Box<dyn TxBurst>> = Vec::new();
         for (raw, c) in raw_tx.into_iter().zip(&q.tx_counters) {
+            let Some(raw) = raw else {
+                tx.push(Box::new(crate::ethdev::Exported));
+                continue;
+            };
             let x = Arc::new(Xstats::default());
             self.xstats.push(Arc::clone(&x));
             tx.push(Box::new(TxQueue::new(
@@ -244,6 +289,10 @@ impl PortDriver for Driver {
         self.provider.rx_missed()
     }
 
+    fn exports(&self) -> Vec<crate::ethdev::QueueExport> {
+        self.exports.clone()
+    }
+
     fn xstats(&self) -> Vec<crate::ethdev::Xstat> {
         let mut v = Xstats::sum(&self.xstats);
         v.extend(self.provider.xstats());
@@ -261,6 +310,8 @@ impl PortDriver for Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        // The exported queues' handles first, as the port drops its own before the driver.
+        self.exported.clear();
         self.provider.destroy_queues();
     }
 }

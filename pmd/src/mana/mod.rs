@@ -14,6 +14,7 @@
 
 pub mod cq;
 pub mod driver;
+pub mod export;
 pub mod provider;
 pub mod rxq;
 pub mod txq;
@@ -22,6 +23,7 @@ pub mod xstats;
 pub use driver::{Driver, Options, MIN_DESC};
 pub use provider::{
     PageAllocator, Provider, QueueAllocator, QueueOwner, RawRxQueue, RawTxQueue, SetupError,
+    SharedFileAllocator,
 };
 pub use rxq::RxQueue;
 pub use txq::TxQueue;

@@ -191,6 +191,37 @@ impl QueueAllocator for PageAllocator {
     }
 }
 
+/// Queue memory in shared files, one per ring, so that another process can map the rings
+/// of a queue it polls (a secondary, see `pmd::mp`): `DIR/TAG.N` (made new: an existing file
+/// is an error, so give each process its own tag), zero-filled by the kernel, removed when
+/// the ring's memory is dropped. Use a tmpfs or hugetlbfs directory.
+#[derive(Debug)]
+pub struct SharedFileAllocator {
+    dir: std::path::PathBuf,
+    tag: String,
+    next: std::sync::atomic::AtomicU32,
+}
+
+impl SharedFileAllocator {
+    /// Rings as files `dir/tag.N`.
+    pub fn new(dir: impl Into<std::path::PathBuf>, tag: impl Into<String>) -> Self {
+        Self {
+            dir: dir.into(),
+            tag: tag.into(),
+            next: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+}
+
+impl QueueAllocator for SharedFileAllocator {
+    fn alloc(&self, size: usize) -> std::io::Result<Arc<DevMem>> {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = self.dir.join(format!("{}.{n}", self.tag));
+        let bytes = size.max(1).next_multiple_of(4096);
+        DevMem::create_shared_file(&path, bytes).map(Arc::new)
+    }
+}
+
 /// What the MANA datapath needs from below: rdma-core on hardware, the device model otherwise.
 /// The calls mirror the bring-up checklist of the spec (§1.13).
 pub trait Provider: Send {

@@ -35,6 +35,7 @@
 //! ```
 #![deny(unsafe_code)]
 
+pub mod attach;
 pub mod devargs;
 pub mod lock;
 pub mod probe;
@@ -258,6 +259,9 @@ pub struct Port {
     lock: Option<PortLock>,
     /// The live-capture switch its queue handles watch ([`crate::capture`]).
     tap: Arc<Tap>,
+    /// Queue pairs exported to other processes, and their description files (removed when
+    /// the port is configured again or dropped).
+    exported: Vec<(u16, std::path::PathBuf)>,
 }
 
 impl std::fmt::Debug for Port {
@@ -368,6 +372,7 @@ impl Port {
             events: None,
             lock: None,
             tap: Tap::new(),
+            exported: Vec::new(),
         };
         if port.driver.event_fd().is_some() {
             port.ensure_events();
@@ -473,7 +478,9 @@ impl Port {
         let caps = self.driver.caps();
         let cfg = &self.effective(cfg, &caps);
         check_config(cfg, &caps, pool)?;
+        check_export(cfg, pool)?;
         self.detach_queues();
+        self.unexport();
         let setup = QueueSetup::new(self.id, cfg.rx_queues, cfg.tx_queues);
         let queues = self
             .driver
@@ -495,6 +502,9 @@ impl Port {
             (queues.rx.len(), queues.tx.len()),
             (usize::from(cfg.rx_queues), usize::from(cfg.tx_queues))
         );
+        if let Some(x) = &cfg.export {
+            self.export(x)?;
+        }
         self.rx = queues.rx.into_iter().map(Some).collect();
         self.tx = queues.tx.into_iter().map(Some).collect();
         self.rx_counters = setup.rx_counters;
@@ -540,6 +550,55 @@ impl Port {
         eff
     }
 
+    /// Writes the descriptions of the queue pairs the driver exported.
+    fn export(&mut self, x: &crate::ethdev::ExportConfig) -> Result<(), PortError> {
+        let exports = self.driver.exports();
+        if exports.len() != x.queues.len() {
+            return Err(PortError::Setup {
+                what: format!("{}: exporting queue pairs {:?}", self.name, x.queues),
+                source: "this port's driver cannot export queues to another process (MANA \
+                         ports can)"
+                    .into(),
+            });
+        }
+        for e in exports {
+            let path = e.write_to(&x.dir).map_err(|err| PortError::Setup {
+                what: format!(
+                    "{}: writing the description of queue pair {} to {}",
+                    self.name,
+                    e.queue,
+                    x.dir.display()
+                ),
+                source: Box::new(err),
+            })?;
+            tracing::info!(target: "pmd::port", port = self.id, queue = e.queue, file = %path.display(), "queue pair exported");
+            self.exported.push((e.queue, path));
+        }
+        Ok(())
+    }
+
+    /// Removes the descriptions of exported queue pairs.
+    fn unexport(&mut self) {
+        for (_, path) in self.exported.drain(..) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// The error for a handle of an exported queue.
+    fn exported_error(&self, dir: &'static str, queue: u16) -> Option<PortError> {
+        self.exported
+            .iter()
+            .any(|&(q, _)| q == queue)
+            .then(|| PortError::BadConfig {
+                what: "queue handle",
+                requested: format!("{dir} queue {queue}"),
+                allowed: format!(
+                    "the queues this process keeps: queue pair {queue} is exported to another \
+                     process"
+                ),
+            })
+    }
+
     fn detach_queues(&mut self) {
         self.ctl.set_running(false);
         self.ctl = QueueCtl::new();
@@ -558,6 +617,9 @@ impl Port {
                 op: "take a queue of",
                 state: self.state,
             });
+        }
+        if let Some(e) = self.exported_error("rx", queue) {
+            return Err(e);
         }
         let count = self.rx.len() as u16;
         let slot = self
@@ -592,6 +654,9 @@ impl Port {
                 op: "take a queue of",
                 state: self.state,
             });
+        }
+        if let Some(e) = self.exported_error("tx", queue) {
+            return Err(e);
         }
         let count = self.tx.len() as u16;
         let slot = self
@@ -1014,11 +1079,55 @@ impl Drop for Port {
     /// once) says so in a warning, so that bursts returning 0 are not a mystery.
     fn drop(&mut self) {
         self.ctl.set_running(false);
+        self.unexport();
         let handles = Arc::strong_count(&self.ctl) - 1;
         if handles > 0 && !std::thread::panicking() {
             tracing::warn!(target: "pmd::port", port = self.id, "port {} dropped while {handles} of its queue handles live: their bursts return 0 from now on (keep the Port as long as its queues are used)", self.id);
         }
     }
+}
+
+/// An export asks for distinct queue pairs the port has, of a pool other processes can
+/// attach to.
+fn check_export(cfg: &PortConfig, pool: &MbufPool) -> Result<(), PortError> {
+    let Some(x) = &cfg.export else {
+        return Ok(());
+    };
+    let pairs = cfg.rx_queues.min(cfg.tx_queues);
+    let bad = |requested: String, allowed: String| PortError::BadConfig {
+        what: "exported queue pairs",
+        requested,
+        allowed,
+    };
+    if x.queues.is_empty() {
+        return Err(bad("none".into(), "at least one queue pair".into()));
+    }
+    for (i, &q) in x.queues.iter().enumerate() {
+        if q >= pairs {
+            return Err(bad(
+                format!("queue pair {q}"),
+                format!("queue pairs below {pairs}"),
+            ));
+        }
+        if x.queues[..i].contains(&q) {
+            return Err(bad(format!("queue pair {q} twice"), "each once".into()));
+        }
+    }
+    if !pool.is_shared() {
+        return Err(bad(
+            format!("pool '{}', private to this process", pool.name()),
+            "a pool made with a shared file (MbufPoolConfig::shared_file), which the other \
+             process attaches to"
+                .into(),
+        ));
+    }
+    if !x.dir.is_dir() {
+        return Err(bad(
+            format!("directory {}", x.dir.display()),
+            "an existing directory (tmpfs or hugetlbfs)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// `cfg` with ring sizes above the device's maximum (the largest power of two under it where

@@ -242,3 +242,36 @@ fn cycle_faults(
         source: format!("the model has no fault '{kind}'").into(),
     })
 }
+
+/// Builds, in this process, the queues of a queue pair another process exported
+/// ([`crate::ethdev::export`]), with the driver that made them.
+///
+/// # Errors
+/// [`PortError::Setup`]: a driver that cannot import, or what is wrong with the description.
+pub(crate) fn import_pair(
+    e: &crate::ethdev::QueueExport,
+    pool: &std::sync::Arc<mempool::MbufPool>,
+    rx: std::sync::Arc<crate::ethdev::Counters>,
+    tx: std::sync::Arc<crate::ethdev::Counters>,
+) -> Result<
+    (
+        Box<dyn crate::ethdev::RxBurst>,
+        Box<dyn crate::ethdev::TxBurst>,
+    ),
+    PortError,
+> {
+    let fail = |why: String| PortError::Setup {
+        what: format!(
+            "attaching to port {} queue pair {} of process {}",
+            e.port, e.queue, e.pid
+        ),
+        source: why.into(),
+    };
+    match e.driver.as_str() {
+        "mana" => {
+            let (r, t) = crate::mana::export::import(e, pool, rx, tx).map_err(fail)?;
+            Ok((Box::new(r), Box::new(t)))
+        }
+        other => Err(fail(format!("no driver here imports {other} queues"))),
+    }
+}

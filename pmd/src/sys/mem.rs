@@ -21,6 +21,25 @@ enum Backing {
     /// Someone else owns it, and the value held here keeps it mapped (the verbs objects
     /// whose queue buffer or doorbell page it is).
     Kept(#[allow(dead_code)] std::sync::Arc<dyn std::any::Any + Send + Sync>),
+    /// We mapped a shared file (other processes may map it too); `remove` says whether we
+    /// made it and remove it on drop.
+    File {
+        #[allow(dead_code)]
+        map: memmap2::MmapRaw,
+        path: std::path::PathBuf,
+        remove: bool,
+    },
+}
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        if let Backing::File {
+            path, remove: true, ..
+        } = self
+        {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// A range of memory shared with a device or another thread / process.
@@ -283,8 +302,54 @@ impl DevMem {
         Ok(Self {
             ptr: map.as_mut_ptr(),
             len,
-            _backing: Backing::Mapped(map),
+            _backing: Backing::File {
+                map,
+                path: path.to_owned(),
+                remove: false,
+            },
         })
+    }
+
+    /// A new shared file at `path` (it must not exist) of `len` zeroed bytes, mapped; removed
+    /// again when this mapping drops. Other processes map it with [`DevMem::shared_file`]
+    /// (their mappings keep the memory after the name is gone).
+    ///
+    /// # Errors
+    /// The file exists, or creating, sizing or mapping it failed.
+    pub fn create_shared_file(path: &Path, len: usize) -> io::Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        let made = Self::map_new(&file, path, len);
+        if made.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        made
+    }
+
+    fn map_new(file: &std::fs::File, path: &Path, len: usize) -> io::Result<Self> {
+        file.set_len(len as u64)?;
+        let map = memmap2::MmapOptions::new().len(len).map_raw(file)?;
+        Ok(Self {
+            ptr: map.as_mut_ptr(),
+            len,
+            _backing: Backing::File {
+                map,
+                path: path.to_owned(),
+                remove: true,
+            },
+        })
+    }
+
+    /// The shared file this memory maps, if it is one ([`DevMem::shared_file`],
+    /// [`DevMem::create_shared_file`]): what another process maps to share it.
+    pub fn shared_path(&self) -> Option<&Path> {
+        match &self._backing {
+            Backing::File { path, .. } => Some(path),
+            _ => None,
+        }
     }
 
     /// Maps the first `len` bytes of an open `file` shared (read and write), as

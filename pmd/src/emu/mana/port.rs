@@ -27,18 +27,6 @@ pub struct Model {
     tx_parked: Option<Arc<crate::ethdev::Parked>>,
 }
 
-/// A doorbell page (one per port, shared by its queues; see the module docs).
-fn doorbell_page() -> Result<Arc<DoorbellPage>, SetupError> {
-    let mem = DevMem::anon(crate::hw::mana::doorbell::PAGE_BYTES).map_err(|source| {
-        SetupError::Verbs {
-            call: "mmap",
-            object: "doorbell page",
-            source,
-        }
-    })?;
-    DoorbellPage::new(Arc::new(mem)).map_err(engine_refused("doorbell page"))
-}
-
 /// The engine refused something the model built: a bug of the model, reported as the
 /// kernel would report a refusal.
 fn engine_refused(object: &'static str) -> impl FnOnce(EngineError) -> SetupError {
@@ -230,17 +218,20 @@ impl Model {
     }
 
     /// A CQ for a queue of `nb_desc` entries (the engine serves it with its queue).
-    /// The port's doorbell page, and a monitor of it for one new queue.
+    /// The port's doorbell page (one per port, shared by its queues; see the module docs),
+    /// and a monitor of it for one new queue. Both come from the queue allocator: in shared
+    /// files when the driver exports queues to another process, which must ring them.
     fn doorbell(&mut self) -> Result<(Arc<DoorbellPage>, Arc<DevMem>), SetupError> {
+        let page = crate::hw::mana::doorbell::PAGE_BYTES;
         let db = match &self.db {
             Some(db) => Arc::clone(db),
-            None => Arc::clone(self.db.insert(doorbell_page()?)),
+            None => {
+                let mem = self.alloc(page, "doorbell page")?;
+                let db = DoorbellPage::new(mem).map_err(engine_refused("doorbell page"))?;
+                Arc::clone(self.db.insert(db))
+            }
         };
-        let monitor = db.monitor().map_err(|source| SetupError::Verbs {
-            call: "mmap",
-            object: "doorbell monitor page",
-            source,
-        })?;
+        let monitor = db.add_monitor(self.alloc(page, "doorbell monitor page")?);
         Ok((db, monitor))
     }
 
@@ -257,6 +248,9 @@ impl Model {
 impl Provider for Model {
     fn set_allocator(&mut self, alloc: Arc<dyn QueueAllocator>) {
         self.allocator = Some(alloc);
+        // The next queue makes a doorbell page from the new allocator (queues made before
+        // keep the page they hold).
+        self.db = None;
     }
 
     fn mac(&self) -> MacAddr {

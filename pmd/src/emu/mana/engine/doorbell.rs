@@ -74,12 +74,17 @@ impl DoorbellPage {
     /// # Errors
     /// The page could not be mapped.
     pub fn monitor(&self) -> std::io::Result<Arc<DevMem>> {
-        let m = Arc::new(DevMem::anon(doorbell::PAGE_BYTES)?);
+        Ok(self.add_monitor(Arc::new(DevMem::anon(doorbell::PAGE_BYTES)?)))
+    }
+
+    /// [`DoorbellPage::monitor`] in memory the caller made (zeroed, at least a page): a
+    /// shared file, for a writer in another process.
+    pub fn add_monitor(&self, m: Arc<DevMem>) -> Arc<DevMem> {
         self.monitors
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push((Arc::clone(&m), [0; 2]));
-        Ok(m)
+        m
     }
 
     /// Forgets a monitor (its queue is gone).

@@ -1,0 +1,323 @@
+//! Queue pairs a port hands to another process: a secondary (see `pmd::mp`) polls a queue
+//! pair the primary's port created, as DPDK's net/mana secondaries do.
+//!
+//! The primary's port creates the pair's rings in shared files (through the driver's queue
+//! allocator) and does not build or fill its queues; it writes a description of the pair
+//! (which files hold which ring, the queue ids, the memory keys of the pool) to
+//! `port<P>.queue<Q>.export` in a directory the secondary knows (the file prefix's runtime
+//! directory). The secondary maps the files, builds the driver's queues over them and posts
+//! its own receive buffers, from the same shared mbuf pool.
+//!
+//! The description crosses a trust boundary (a file another process wrote): every line is
+//! parsed strictly and every value checked by the driver that imports it.
+#![deny(unsafe_code)]
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Which queue pairs of a port go to other processes, and where their descriptions go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportConfig {
+    /// The queue pairs (each an RX and a TX queue of the same index).
+    pub queues: Vec<u16>,
+    /// Where the rings' files and the descriptions are written (tmpfs or hugetlbfs).
+    pub dir: PathBuf,
+}
+
+/// One shared file of an exported queue pair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Area {
+    /// What it holds, in the driver's words (e.g. `sq`, `rx_cq`, `db_page`).
+    pub role: String,
+    /// The file.
+    pub path: PathBuf,
+    /// Bytes of it the queue uses.
+    pub len: usize,
+}
+
+/// The description of an exported queue pair.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QueueExport {
+    /// The driver that made it (`mana`); only that driver can import it.
+    pub driver: String,
+    /// The port.
+    pub port: u16,
+    /// The queue pair.
+    pub queue: u16,
+    /// The primary's pid (for messages).
+    pub pid: u32,
+    /// Descriptors per RX queue.
+    pub rx_ring_size: u16,
+    /// Descriptors per TX queue.
+    pub tx_ring_size: u16,
+    /// The RX offloads the port was configured with (`RxOffloads` bits).
+    pub rx_offloads: u64,
+    /// The mbuf pool the queues use (shared by the primary).
+    pub pool: String,
+    /// The memory key of each of the pool's chunks, for this port's device.
+    pub keys: Vec<u32>,
+    /// The shared files.
+    pub areas: Vec<Area>,
+    /// The driver's numbers (queue ids, CQ sizes, ...).
+    pub values: Vec<(String, u64)>,
+}
+
+/// Longest description accepted.
+const MAX_TEXT: usize = 64 << 10;
+
+impl QueueExport {
+    /// The description's file name in the export directory.
+    pub fn file_name(port: u16, queue: u16) -> String {
+        format!("port{port}.queue{queue}.export")
+    }
+
+    /// The description, as the text written to its file.
+    pub fn to_text(&self) -> String {
+        let mut t = String::new();
+        let _ = writeln!(t, "pmd-queue-export 1");
+        let _ = writeln!(t, "driver {}", self.driver);
+        let _ = writeln!(t, "port {}", self.port);
+        let _ = writeln!(t, "queue {}", self.queue);
+        let _ = writeln!(t, "pid {}", self.pid);
+        let _ = writeln!(t, "rx_ring_size {}", self.rx_ring_size);
+        let _ = writeln!(t, "tx_ring_size {}", self.tx_ring_size);
+        let _ = writeln!(t, "rx_offloads {}", self.rx_offloads);
+        let _ = writeln!(t, "pool {}", self.pool);
+        let keys: Vec<String> = self.keys.iter().map(u32::to_string).collect();
+        let _ = writeln!(t, "keys {}", keys.join(" "));
+        for a in &self.areas {
+            let _ = writeln!(t, "area {} {} {}", a.role, a.len, a.path.display());
+        }
+        for (k, v) in &self.values {
+            let _ = writeln!(t, "value {k} {v}");
+        }
+        t
+    }
+
+    /// Reads a description.
+    ///
+    /// # Errors
+    /// What is wrong, naming the line.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if text.len() > MAX_TEXT {
+            return Err(format!("{} bytes, at most {MAX_TEXT}", text.len()));
+        }
+        let mut lines = text.lines().enumerate();
+        match lines.next() {
+            Some((_, "pmd-queue-export 1")) => {}
+            Some((_, l)) => {
+                return Err(format!(
+                    "not a queue export of this version (first line '{}')",
+                    l.chars().take(40).collect::<String>()
+                ))
+            }
+            None => return Err("empty".into()),
+        }
+        let mut e = QueueExport::default();
+        let mut seen = Vec::new();
+        for (n, line) in lines {
+            let at = |why: &str| format!("line {}: {why}", n + 1);
+            if line.chars().any(|c| c.is_control()) {
+                return Err(at("control characters"));
+            }
+            let (key, rest) = line.split_once(' ').ok_or_else(|| at("no value"))?;
+            let num = |what: &str| -> Result<u64, String> {
+                rest.parse::<u64>()
+                    .map_err(|_| at(&format!("{what} '{rest}' is not a number")))
+            };
+            let small = |what: &str| -> Result<u16, String> {
+                u16::try_from(num(what)?).map_err(|_| at(&format!("{what} {rest} is too large")))
+            };
+            match key {
+                "area" => {
+                    let mut f = rest.splitn(3, ' ');
+                    let (Some(role), Some(len), Some(path)) = (f.next(), f.next(), f.next()) else {
+                        return Err(at("an area is 'area ROLE LEN PATH'"));
+                    };
+                    let len = len
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|&l| l > 0)
+                        .ok_or_else(|| at("bad area length"))?;
+                    if !path.starts_with('/') || role.is_empty() {
+                        return Err(at("an area's path must be absolute"));
+                    }
+                    if e.areas.iter().any(|a| a.role == role) {
+                        return Err(at(&format!("area {role} given twice")));
+                    }
+                    e.areas.push(Area {
+                        role: role.to_string(),
+                        path: PathBuf::from(path),
+                        len,
+                    });
+                    continue;
+                }
+                "value" => {
+                    let (k, v) = rest.split_once(' ').ok_or_else(|| at("'value NAME N'"))?;
+                    let v = v
+                        .parse::<u64>()
+                        .map_err(|_| at(&format!("value {k} '{v}' is not a number")))?;
+                    if e.values.iter().any(|(x, _)| x == k) {
+                        return Err(at(&format!("value {k} given twice")));
+                    }
+                    e.values.push((k.to_string(), v));
+                    continue;
+                }
+                _ => {}
+            }
+            if seen.contains(&key) {
+                return Err(at(&format!("{key} given twice")));
+            }
+            seen.push(key);
+            match key {
+                "driver" => e.driver = rest.to_string(),
+                "port" => e.port = small("port")?,
+                "queue" => e.queue = small("queue")?,
+                "pid" => {
+                    e.pid = u32::try_from(num("pid")?).map_err(|_| at("pid too large"))?;
+                }
+                "rx_ring_size" => e.rx_ring_size = small("rx_ring_size")?,
+                "tx_ring_size" => e.tx_ring_size = small("tx_ring_size")?,
+                "rx_offloads" => e.rx_offloads = num("rx_offloads")?,
+                "pool" => e.pool = rest.to_string(),
+                "keys" => {
+                    e.keys = rest
+                        .split(' ')
+                        .filter(|k| !k.is_empty())
+                        .map(|k| k.parse::<u32>().map_err(|_| at(&format!("key '{k}'"))))
+                        .collect::<Result<_, _>>()?;
+                }
+                other => return Err(at(&format!("unknown field '{other}'"))),
+            }
+        }
+        for need in [
+            "driver",
+            "port",
+            "queue",
+            "rx_ring_size",
+            "tx_ring_size",
+            "pool",
+            "keys",
+        ] {
+            if !seen.contains(&need) {
+                return Err(format!("no {need}"));
+            }
+        }
+        Ok(e)
+    }
+
+    /// Writes the description to `dir` (replacing an older one).
+    ///
+    /// # Errors
+    /// The write failed.
+    pub fn write_to(&self, dir: &Path) -> std::io::Result<PathBuf> {
+        let path = dir.join(Self::file_name(self.port, self.queue));
+        let tmp = dir.join(format!(".{}.tmp", Self::file_name(self.port, self.queue)));
+        std::fs::write(&tmp, self.to_text())?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(path)
+    }
+
+    /// Reads the description of `port`'s queue pair `queue` from `dir`.
+    ///
+    /// # Errors
+    /// Unreadable, or [`QueueExport::parse`]'s error, naming the file.
+    pub fn read_from(dir: &Path, port: u16, queue: u16) -> Result<Self, String> {
+        let path = dir.join(Self::file_name(port, queue));
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "{}: {e} (does the primary export port {port} queue {queue}?)",
+                path.display()
+            )
+        })?;
+        let e = Self::parse(&text).map_err(|why| format!("{}: {why}", path.display()))?;
+        if (e.port, e.queue) != (port, queue) {
+            return Err(format!(
+                "{} describes port {} queue {}",
+                path.display(),
+                e.port,
+                e.queue
+            ));
+        }
+        Ok(e)
+    }
+
+    /// The area `role`.
+    ///
+    /// # Errors
+    /// It is missing.
+    pub fn area(&self, role: &str) -> Result<&Area, String> {
+        self.areas
+            .iter()
+            .find(|a| a.role == role)
+            .ok_or_else(|| format!("no area {role}"))
+    }
+
+    /// The value `name`.
+    ///
+    /// # Errors
+    /// It is missing.
+    pub fn value(&self, name: &str) -> Result<u64, String> {
+        self.values
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|&(_, v)| v)
+            .ok_or_else(|| format!("no value {name}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> QueueExport {
+        QueueExport {
+            driver: "mana".into(),
+            port: 3,
+            queue: 1,
+            pid: 42,
+            rx_ring_size: 256,
+            tx_ring_size: 512,
+            rx_offloads: 5,
+            pool: "p".into(),
+            keys: vec![7, 8],
+            areas: vec![Area {
+                role: "sq".into(),
+                path: "/dev/shm/x y".into(),
+                len: 8192,
+            }],
+            values: vec![("sq_id".into(), 9)],
+        }
+    }
+
+    #[test]
+    fn a_description_reads_back_as_written() {
+        let e = sample();
+        assert_eq!(QueueExport::parse(&e.to_text()).unwrap(), e);
+        assert_eq!(e.area("sq").unwrap().len, 8192);
+        assert_eq!(e.value("sq_id").unwrap(), 9);
+        assert!(e.value("cq_id").is_err());
+    }
+
+    #[test]
+    fn bad_descriptions_are_refused_naming_the_line() {
+        let t = sample().to_text();
+        for (bad, why) in [
+            (t.replace("port 3", "port 70000"), "too large"),
+            (
+                t.replace("pmd-queue-export 1", "pmd-queue-export 2"),
+                "version",
+            ),
+            (t.replace("port 3\n", ""), "no port"),
+            (t.replace("area sq 8192 /", "area sq 8192 "), "absolute"),
+            (t.replace("keys 7 8", "keys 7 x"), "key 'x'"),
+            (format!("{t}queue 2\n"), "given twice"),
+            (format!("{t}value sq_id 3\n"), "given twice"),
+            (format!("{t}colour blue\n"), "unknown field"),
+            (format!("{t}value x\u{7}y 1\n"), "control"),
+        ] {
+            let err = QueueExport::parse(&bad).unwrap_err();
+            assert!(err.contains(why), "{why}: {err}");
+        }
+    }
+}

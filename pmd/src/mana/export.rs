@@ -1,0 +1,264 @@
+//! MANA queue pairs that another process polls ([`crate::ethdev::export`]): the primary's
+//! port creates them, in shared files, and describes them; the secondary maps those files
+//! and builds its own [`RxQueue`] and [`TxQueue`] over them, as DPDK's net/mana secondaries
+//! poll the queues their primary created (drivers/net/mana/mp.c). The device (the model's
+//! engine thread, in the primary) serves them through their memory alone: rings, doorbell
+//! page and doorbell monitors are all in the files.
+#![deny(unsafe_code)]
+
+use super::provider::{RawRxQueue, RawTxQueue};
+use super::{RxQueue, TxQueue, Xstats};
+use crate::ethdev::export::Area;
+use crate::ethdev::{Counters, PortConfig, QueueExport, RxOffloads};
+use crate::hw::mana::{BU_BYTES, CQE_BYTES};
+use crate::sys::DevMem;
+use mempool::{ChunkKeys, MbufPool};
+use std::sync::Arc;
+
+/// The driver name in a description.
+const DRIVER: &str = "mana";
+
+fn area(role: &str, mem: &DevMem) -> Result<Area, String> {
+    let path = mem.shared_path().ok_or_else(|| {
+        format!("its {role} is not in a shared file (the queue allocator must be shared)")
+    })?;
+    Ok(Area {
+        role: role.to_string(),
+        path: path.to_owned(),
+        len: mem.len(),
+    })
+}
+
+/// The description of exported pair `queue` of port `port`.
+///
+/// # Errors
+/// A ring that is not in a shared file, or a device that needs the polling thread (a device
+/// model running inline).
+pub(crate) fn describe(
+    port: u16,
+    queue: u16,
+    rx: &RawRxQueue,
+    tx: &RawTxQueue,
+    cfg: &PortConfig,
+    pool: &MbufPool,
+    keys: &ChunkKeys,
+) -> Result<QueueExport, String> {
+    if rx.kick.is_some() || tx.kick.is_some() {
+        return Err(
+            "the device model serves this port on the polling threads (engine=inline); a queue \
+             another process polls needs the model's own thread (engine=thread)"
+                .into(),
+        );
+    }
+    let mut areas = vec![
+        area("tx_sq", &tx.sq)?,
+        area("tx_cq", &tx.cq)?,
+        area("tx_db", &tx.db_page)?,
+        area("rx_rq", &rx.rq)?,
+        area("rx_cq", &rx.cq)?,
+        area("rx_db", &rx.db_page)?,
+    ];
+    if let Some(m) = &tx.db_monitor {
+        areas.push(area("tx_db_monitor", m)?);
+    }
+    if let Some(m) = &rx.db_monitor {
+        areas.push(area("rx_db_monitor", m)?);
+    }
+    Ok(QueueExport {
+        driver: DRIVER.into(),
+        port,
+        queue,
+        pid: std::process::id(),
+        rx_ring_size: cfg.rx_ring_size,
+        tx_ring_size: cfg.tx_ring_size,
+        rx_offloads: u64::from(cfg.rx_offloads.bits()),
+        pool: pool.name().to_string(),
+        keys: keys.keys().iter().map(|k| k.0).collect(),
+        areas,
+        values: vec![
+            ("tx_sq_id".into(), u64::from(tx.sq_id)),
+            ("tx_cq_id".into(), u64::from(tx.cq_id)),
+            ("tx_cq_count".into(), u64::from(tx.cq_count)),
+            ("tx_vp_offset".into(), u64::from(tx.tx_vp_offset)),
+            ("rx_rq_id".into(), u64::from(rx.rq_id)),
+            ("rx_cq_id".into(), u64::from(rx.cq_id)),
+            ("rx_cq_count".into(), u64::from(rx.cq_count)),
+        ],
+    })
+}
+
+/// Maps one of the description's files.
+fn map(e: &QueueExport, role: &str) -> Result<Arc<DevMem>, String> {
+    let a = e.area(role)?;
+    DevMem::shared_file(&a.path, a.len, false)
+        .map(Arc::new)
+        .map_err(|err| format!("{role} at {}: {err}", a.path.display()))
+}
+
+fn map_opt(e: &QueueExport, role: &str) -> Result<Option<Arc<DevMem>>, String> {
+    match e.area(role) {
+        Ok(_) => map(e, role).map(Some),
+        Err(_) => Ok(None),
+    }
+}
+
+fn u32_value(e: &QueueExport, name: &str) -> Result<u32, String> {
+    u32::try_from(e.value(name)?).map_err(|_| format!("{name} is out of range"))
+}
+
+/// A work queue's ring: a power of two of whole units, as `WorkQueue::new` needs.
+fn check_wq(role: &str, mem: &DevMem, need: usize) -> Result<(), String> {
+    let len = mem.len();
+    if !len.is_power_of_two() || !(BU_BYTES..=1 << 31).contains(&len) || len < need {
+        return Err(format!(
+            "{role} of {len} bytes is not a ring of at least {need} bytes"
+        ));
+    }
+    Ok(())
+}
+
+/// A CQ of `count` entries (a power of two, at least `ring`) in `mem`.
+fn check_cq(role: &str, mem: &DevMem, count: u32, ring: u16) -> Result<(), String> {
+    if !count.is_power_of_two() || count < u32::from(ring) || mem.len() < count as usize * CQE_BYTES
+    {
+        return Err(format!(
+            "{role} of {count} entries in {} bytes does not serve a ring of {ring}",
+            mem.len()
+        ));
+    }
+    Ok(())
+}
+
+/// A doorbell page (and monitor): at least the page the device watches.
+fn check_db(role: &str, mem: &DevMem) -> Result<(), String> {
+    let page = crate::hw::mana::doorbell::PAGE_BYTES;
+    if mem.len() < page || !mem.addr().is_multiple_of(8) {
+        return Err(format!(
+            "{role} of {} bytes is not a doorbell page",
+            mem.len()
+        ));
+    }
+    Ok(())
+}
+
+/// The queues of an exported pair, built in this process over the primary's rings: the RX
+/// queue posted full from `pool` (the primary's shared pool), the TX queue empty. Counters
+/// are this process's.
+///
+/// What the queues leave behind when dropped (posted buffers, frames in flight) stays out
+/// of the pool: the device, in the primary, may still write into or read them until the
+/// primary destroys the queues, so they are never returned from here.
+///
+/// # Errors
+/// What is wrong with the description (another driver's, a pool other than `pool`, a
+/// missing or short file, sizes the rings cannot have), or the pool ran dry while posting.
+pub fn import(
+    e: &QueueExport,
+    pool: &Arc<MbufPool>,
+    rx_counters: Arc<Counters>,
+    tx_counters: Arc<Counters>,
+) -> Result<(RxQueue, TxQueue), String> {
+    if e.driver != DRIVER {
+        return Err(format!("it is a {} queue, not a MANA one", e.driver));
+    }
+    if e.pool != pool.name() {
+        return Err(format!(
+            "its queues use pool '{}', not '{}' (attach to the primary's pool)",
+            e.pool,
+            pool.name()
+        ));
+    }
+    for (what, n) in [("rx", e.rx_ring_size), ("tx", e.tx_ring_size)] {
+        if !n.is_power_of_two() || n < super::MIN_DESC {
+            return Err(format!("{what} ring of {n} descriptors"));
+        }
+    }
+    let keys: Vec<mempool::Lkey> = e.keys.iter().map(|&k| mempool::Lkey(k)).collect();
+    let keys = pool.keys_from(&keys).map_err(|err| err.to_string())?;
+    let rx_offloads = u32::try_from(e.rx_offloads)
+        .ok()
+        .and_then(RxOffloads::from_bits)
+        .ok_or_else(|| format!("unknown rx offloads {:#x}", e.rx_offloads))?;
+
+    let (sq, tx_cq, tx_db) = (map(e, "tx_sq")?, map(e, "tx_cq")?, map(e, "tx_db")?);
+    let (rq, rx_cq, rx_db) = (map(e, "rx_rq")?, map(e, "rx_cq")?, map(e, "rx_db")?);
+    let (tx_mon, rx_mon) = (map_opt(e, "tx_db_monitor")?, map_opt(e, "rx_db_monitor")?);
+    let (tx_cq_count, rx_cq_count) = (u32_value(e, "tx_cq_count")?, u32_value(e, "rx_cq_count")?);
+    check_wq("tx_sq", &sq, BU_BYTES)?;
+    check_wq("rx_rq", &rq, usize::from(e.rx_ring_size) * BU_BYTES)?;
+    check_cq("tx_cq", &tx_cq, tx_cq_count, e.tx_ring_size)?;
+    check_cq("rx_cq", &rx_cq, rx_cq_count, e.rx_ring_size)?;
+    for (role, m) in [("tx_db", Some(&tx_db)), ("rx_db", Some(&rx_db))]
+        .into_iter()
+        .chain([
+            ("tx_db_monitor", tx_mon.as_ref()),
+            ("rx_db_monitor", rx_mon.as_ref()),
+        ])
+    {
+        if let Some(m) = m {
+            check_db(role, m)?;
+        }
+    }
+    let vp = u16::try_from(e.value("tx_vp_offset")?).map_err(|_| "tx_vp_offset out of range")?;
+
+    // Never dropped: see the function's docs.
+    let parked = crate::ethdev::Parked::new();
+    std::mem::forget(Arc::clone(&parked));
+    let owner: crate::ethdev::QueueOwner = Arc::new(());
+    let raw_tx = RawTxQueue {
+        sq,
+        sq_id: u32_value(e, "tx_sq_id")?,
+        tx_vp_offset: vp,
+        db_page: tx_db,
+        db_monitor: tx_mon,
+        cq: tx_cq,
+        cq_count: tx_cq_count,
+        cq_id: u32_value(e, "tx_cq_id")?,
+        owner: Arc::clone(&owner),
+        parked: Arc::clone(&parked),
+        kick: None,
+    };
+    let raw_rx = RawRxQueue {
+        rq,
+        rq_id: u32_value(e, "rx_rq_id")?,
+        db_page: rx_db,
+        db_monitor: rx_mon,
+        cq: rx_cq,
+        cq_count: rx_cq_count,
+        cq_id: u32_value(e, "rx_cq_id")?,
+        owner,
+        parked,
+        kick: None,
+    };
+    let cfg = PortConfig {
+        rx_ring_size: e.rx_ring_size,
+        tx_ring_size: e.tx_ring_size,
+        rx_offloads,
+        ..PortConfig::default()
+    };
+    let mut rx = RxQueue::new(
+        raw_rx,
+        &cfg,
+        e.port,
+        Arc::clone(pool),
+        keys.clone(),
+        rx_counters,
+        Arc::new(Xstats::default()),
+    );
+    rx.fill().map_err(|missing| {
+        format!(
+            "pool '{}' ran dry posting the rx ring: {missing} of {} buffers missing",
+            pool.name(),
+            e.rx_ring_size
+        )
+    })?;
+    let tx = TxQueue::new(
+        raw_tx,
+        e.tx_ring_size,
+        Arc::clone(pool),
+        keys,
+        tx_counters,
+        Arc::new(Xstats::default()),
+    );
+    Ok((rx, tx))
+}

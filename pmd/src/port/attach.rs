@@ -1,0 +1,113 @@
+//! A secondary's side of a queue pair its primary exported ([`crate::ethdev::export`]):
+//! [`AttachedPair::open`] reads the pair's description, maps its rings and builds the
+//! driver's queues over them in this process, with receive buffers from the primary's shared
+//! pool. The handles are the same [`RxQueue`] / [`TxQueue`] a port hands out, so a polling
+//! loop runs unchanged in either process.
+//!
+//! The device serves the rings from the primary (a device model's engine thread there), so
+//! the pair works only while the primary runs: stop polling when the primary is gone
+//! (`pmd::mp::Secondary::primary_gone`).
+#![deny(unsafe_code)]
+
+use super::recovery::QueueCtl;
+use super::{RxQueue, TxQueue};
+use crate::capture::ring::Direction;
+use crate::capture::{Mirror, Tap};
+use crate::ethdev::{Counters, PortError, QueueExport, QueueStats};
+use mempool::MbufPool;
+use std::path::Path;
+use std::sync::Arc;
+
+/// An exported queue pair, attached in this process.
+pub struct AttachedPair {
+    /// The RX queue (posted full when attached).
+    pub rx: RxQueue,
+    /// The TX queue.
+    pub tx: TxQueue,
+    ctl: Arc<QueueCtl>,
+    counters: (Arc<Counters>, Arc<Counters>),
+    export: QueueExport,
+}
+
+impl std::fmt::Debug for AttachedPair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "AttachedPair(port {} queue {} of process {})",
+            self.export.port, self.export.queue, self.export.pid
+        )
+    }
+}
+
+impl AttachedPair {
+    /// Attaches to queue pair `queue` of port `port`, which the primary exported to `dir`,
+    /// posting receive buffers from `pool` (the primary's shared pool, attached in this
+    /// process). Claim the pair first (`pmd::mp::Secondary::claim`): the queues have one
+    /// owner.
+    ///
+    /// # Errors
+    /// [`PortError::Setup`]: no description (not exported, or the primary is gone), one that
+    /// does not parse or check out, a ring file that is missing or short, another pool, or
+    /// too few free mbufs to post the RX ring.
+    pub fn open(
+        dir: &Path,
+        port: u16,
+        queue: u16,
+        pool: &Arc<MbufPool>,
+    ) -> Result<Self, PortError> {
+        let export = QueueExport::read_from(dir, port, queue).map_err(|why| PortError::Setup {
+            what: format!("attaching to port {port} queue pair {queue}"),
+            source: why.into(),
+        })?;
+        let counters = (Arc::new(Counters::default()), Arc::new(Counters::default()));
+        let (rx, tx) = super::probe::import_pair(
+            &export,
+            pool,
+            Arc::clone(&counters.0),
+            Arc::clone(&counters.1),
+        )?;
+        let ctl = QueueCtl::new();
+        ctl.set_running(true);
+        let tap = Tap::new();
+        tracing::info!(target: "pmd::port", port, queue, primary = export.pid, "attached to an exported queue pair");
+        Ok(Self {
+            rx: RxQueue {
+                imp: rx,
+                ctl: Arc::clone(&ctl),
+                seen: super::recovery::NEVER,
+                gen: ctl.gen(),
+                port,
+                queue,
+                mirror: Mirror::new(Arc::clone(&tap), port, queue, Direction::Rx),
+            },
+            tx: TxQueue {
+                imp: tx,
+                ctl: Arc::clone(&ctl),
+                seen: super::recovery::NEVER,
+                gen: ctl.gen(),
+                port,
+                queue,
+                mirror: Mirror::new(tap, port, queue, Direction::Tx),
+            },
+            ctl,
+            counters,
+            export,
+        })
+    }
+
+    /// This process's counters of the pair: (RX, TX).
+    pub fn stats(&self) -> (QueueStats, QueueStats) {
+        (self.counters.0.snapshot(), self.counters.1.snapshot())
+    }
+
+    /// Stops the pair: from their next burst its handles return 0 (wherever they were
+    /// moved to).
+    pub fn stop(&self) {
+        self.ctl.set_running(false);
+    }
+
+    /// The primary's pid.
+    pub fn primary_pid(&self) -> u32 {
+        self.export.pid
+    }
+}
