@@ -218,6 +218,45 @@ impl QueueExport {
         Ok(path)
     }
 
+    /// The marker a process leaves next to a description when it attaches, so that no
+    /// second process attaches to rings that hold the first one's state.
+    pub fn used_marker(dir: &Path, port: u16, queue: u16) -> PathBuf {
+        dir.join(format!("{}.used", Self::file_name(port, queue)))
+    }
+
+    /// Marks the pair as taken by this process.
+    ///
+    /// # Errors
+    /// Another process took it since it was exported (naming it), or the marker could not
+    /// be written.
+    pub fn mark_used(&self, dir: &Path) -> Result<(), String> {
+        let marker = Self::used_marker(dir, self.port, self.queue);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&marker)
+        {
+            Ok(mut f) => {
+                use std::io::Write as _;
+                let _ = writeln!(f, "{}", std::process::id());
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let who = std::fs::read_to_string(&marker)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u32>().ok())
+                    .map_or_else(|| "another process".to_string(), |p| format!("process {p}"));
+                Err(format!(
+                    "{who} attached to port {} queue pair {} since the primary exported it, and \
+                     its rings hold that process's state: the primary rebuilds the pair \
+                     (Port::rebuild_queues) before another process may attach",
+                    self.port, self.queue
+                ))
+            }
+            Err(e) => Err(format!("{}: {e}", marker.display())),
+        }
+    }
+
     /// Reads the description of `port`'s queue pair `queue` from `dir`.
     ///
     /// # Errors

@@ -203,12 +203,17 @@ impl PortDriver for Driver {
         self.xstats.clear();
         // Exported queues need their rings where another process can map them.
         match &cfg.export {
-            Some(x) => self
-                .provider
-                .set_allocator(Arc::new(SharedFileAllocator::new(
-                    &x.dir,
-                    format!("port{}-{}", q.port_id, std::process::id()),
-                ))),
+            Some(x) => {
+                // Each configuration's rings get new names: the last one's may still be
+                // mapped by handles that have not caught up.
+                static CONFIGS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+                let n = CONFIGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.provider
+                    .set_allocator(Arc::new(SharedFileAllocator::new(
+                        &x.dir,
+                        format!("port{}-{}-{n}", q.port_id, std::process::id()),
+                    )));
+            }
             None => self.provider.set_allocator(Arc::new(PageAllocator)),
         }
         let exported: &[u16] = cfg.export.as_ref().map_or(&[], |x| &x.queues);

@@ -149,14 +149,19 @@ fn check_db(role: &str, mem: &DevMem) -> Result<(), String> {
 /// of the pool: the device, in the primary, may still write into or read them until the
 /// primary destroys the queues, so they are never returned from here.
 ///
+/// `claim` runs once everything is checked and mapped, just before the first write into the
+/// rings (the RX queue's posting): an error there leaves the rings untouched.
+///
 /// # Errors
 /// What is wrong with the description (another driver's, a pool other than `pool`, a
-/// missing or short file, sizes the rings cannot have), or the pool ran dry while posting.
+/// missing or short file, sizes the rings cannot have), `claim`'s error, or the pool ran dry
+/// while posting.
 pub fn import(
     e: &QueueExport,
     pool: &Arc<MbufPool>,
     rx_counters: Arc<Counters>,
     tx_counters: Arc<Counters>,
+    claim: impl FnOnce() -> Result<(), String>,
 ) -> Result<(RxQueue, TxQueue), String> {
     if e.driver != DRIVER {
         return Err(format!("it is a {} queue, not a MANA one", e.driver));
@@ -245,6 +250,7 @@ pub fn import(
         rx_counters,
         Arc::new(Xstats::default()),
     );
+    claim()?;
     rx.fill().map_err(|missing| {
         format!(
             "pool '{}' ran dry posting the rx ring: {missing} of {} buffers missing",

@@ -45,10 +45,15 @@ impl AttachedPair {
     /// process). Claim the pair first (`pmd::mp::Secondary::claim`): the queues have one
     /// owner.
     ///
+    /// A pair is attached once per export: its rings then hold this process's state, and
+    /// the primary rebuilds them ([`Port::rebuild_queues`](super::Port::rebuild_queues))
+    /// before another process may attach.
+    ///
     /// # Errors
     /// [`PortError::Setup`]: no description (not exported, or the primary is gone), one that
-    /// does not parse or check out, a ring file that is missing or short, another pool, or
-    /// too few free mbufs to post the RX ring.
+    /// does not parse or check out, a pair another process attached to since it was
+    /// exported, a ring file that is missing or short, another pool, or too few free mbufs
+    /// to post the RX ring.
     pub fn open(
         dir: &Path,
         port: u16,
@@ -65,6 +70,7 @@ impl AttachedPair {
             pool,
             Arc::clone(&counters.0),
             Arc::clone(&counters.1),
+            || export.mark_used(dir),
         )?;
         let ctl = QueueCtl::new();
         ctl.set_running(true);

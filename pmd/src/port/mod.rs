@@ -55,7 +55,9 @@ use recovery::{generation, running, Gone, Recovery};
 use crate::capture::ring::Direction;
 use crate::capture::server::Target as CaptureTarget;
 use crate::capture::{Mirror, Tap};
-use crate::ethdev::{check_config, Counters, PortDriver, QueueSetup, RxBurst, TxBurst, Xstat};
+use crate::ethdev::{
+    check_config, Counters, PortDriver, QueueSetup, Queues, RxBurst, TxBurst, Xstat,
+};
 use crate::net::MacAddr;
 use mempool::MbufPool;
 use std::os::fd::RawFd;
@@ -577,10 +579,14 @@ impl Port {
         Ok(())
     }
 
-    /// Removes the descriptions of exported queue pairs.
+    /// Removes the descriptions of exported queue pairs, and the marks of the processes that
+    /// attached to them.
     fn unexport(&mut self) {
         for (_, path) in self.exported.drain(..) {
-            let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_file(&path);
+            let mut used = path.into_os_string();
+            used.push(".used");
+            let _ = std::fs::remove_file(used);
         }
     }
 
@@ -971,6 +977,57 @@ impl Port {
         if was_started {
             driver.start()?;
         }
+        self.driver = driver;
+        self.install(queues, was_started);
+        self.reexport(&cfg)
+    }
+
+    /// Builds every queue again on the same device, with the configuration in force: the
+    /// queue handles taken catch up between bursts (as after a recovery, counters
+    /// continuing), and exported queue pairs are exported anew. What a primary does when the
+    /// secondary that polled an exported pair is gone: the pair's rings still hold that
+    /// process's state, so the next secondary needs new ones. Buffers the old queues had
+    /// posted go back to the pool once the device objects are destroyed; those a dead
+    /// secondary had posted stay out (counted by the pool as in use).
+    ///
+    /// # Errors
+    /// [`PortError::State`] unless the port is configured or started; the driver's
+    /// configure or start error (the port is then left stopped, its handles idle).
+    pub fn rebuild_queues(&mut self) -> Result<(), PortError> {
+        if !matches!(self.state, PortState::Configured | PortState::Started) {
+            return Err(PortError::State {
+                op: "rebuild the queues of",
+                state: self.state,
+            });
+        }
+        let cfg = self.config.clone().expect("a configured port has a config");
+        let pool = self.pool.clone().expect("a configured port has a pool");
+        let was_started = self.state == PortState::Started;
+        // The handles stop using the old queues from their next burst.
+        self.ctl.set_running(false);
+        self.unexport();
+        let setup = QueueSetup::continuing(self.id, &self.rx_counters, &self.tx_counters);
+        let queues = self.driver.configure(&cfg, &pool, &setup)?;
+        if was_started {
+            self.driver.start()?;
+        }
+        self.install(queues, was_started);
+        tracing::info!(target: "pmd::port", port = self.id, "queues rebuilt");
+        self.reexport(&cfg)
+    }
+
+    /// Describes the exported queue pairs of the configuration just built.
+    fn reexport(&mut self, cfg: &PortConfig) -> Result<(), PortError> {
+        self.unexport();
+        match &cfg.export {
+            Some(x) => self.export(x),
+            None => Ok(()),
+        }
+    }
+
+    /// Gives the queues of a rebuilt configuration to the handles taken (the others stay
+    /// here) and sets the port's state.
+    fn install(&mut self, queues: Queues, was_started: bool) {
         // Queues whose handles were taken go to the handles; the others stay here.
         let mut rx_slots = Vec::with_capacity(queues.rx.len());
         for (i, q) in queues.rx.into_iter().enumerate() {
@@ -992,14 +1049,12 @@ impl Port {
                 _ => tx_slots.push(Some(q)),
             }
         }
-        self.driver = driver;
         self.ctl.publish(rx_slots, tx_slots, was_started);
         self.state = if was_started {
             PortState::Started
         } else {
             PortState::Configured
         };
-        Ok(())
     }
 
     /// Statistics: per queue and summed, plus the driver's extended counters.

@@ -253,7 +253,7 @@ fn a_secondary_that_exits_without_flushing_its_cache_leaves_nothing_behind() {
 }
 
 #[test]
-fn a_secondary_sends_and_receives_on_a_queue_pair_the_primary_exported() {
+fn secondaries_send_and_receive_on_a_queue_pair_the_primary_exports_and_rebuilds() {
     let dir = tempfile::tempdir().unwrap();
     let pool = mempool::MbufPool::new(
         mempool::MbufPoolConfig::new("mp-dp", 4096)
@@ -290,75 +290,95 @@ fn a_secondary_sends_and_receives_on_a_queue_pair_the_primary_exported() {
     );
     a.start().unwrap();
     b.start().unwrap();
-    let p = Primary::start(&MpConfig::new("t").with_dir(dir.path())).unwrap();
-    p.publish(0, "emu-mana", 2, &[0]);
-    p.share_pool(&pool).unwrap();
-    let before = pool.in_use();
 
-    let (mut c, mut out) = spawn("datapath", dir.path());
-    assert_eq!(line(&mut out, "attached"), "attached 1");
-    // What the secondary sends arrives at B, every frame.
-    let mut seqs = Vec::new();
-    let mut burst = Burst::with_capacity(32);
-    let t0 = Instant::now();
-    while seqs.len() < 100 && t0.elapsed() < Duration::from_secs(10) {
-        b_rx.rx_burst(&mut burst);
-        seqs.extend(burst.iter().map(seq_of));
-        burst.free_all(&mut pool.cache());
-    }
-    seqs.sort_unstable();
-    assert_eq!(seqs, (1000..1100).collect::<Vec<_>>());
-    assert_eq!(line(&mut out, "sent"), "sent 100");
+    for round in 0..2 {
+        if round == 1 {
+            // The pair's rings hold the last secondary's state: nobody attaches again until
+            // the primary rebuilds it. Its own handles carry on over the rebuild.
+            let err = AttachedPair::open(dir.path(), 0, 1, &pool)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("rebuilds the pair"), "{err}");
+            a.rebuild_queues().unwrap();
+        }
+        let missed = a.stats().imissed;
+        let p = Primary::start(&MpConfig::new("t").with_dir(dir.path())).unwrap();
+        p.publish(0, "emu-mana", 2, &[0]);
+        p.share_pool(&pool).unwrap();
 
-    // What B sends to A spreads over queue 0 (here) and queue 1 (the secondary) by RSS.
-    let (mut here, mut sent) = (0usize, 0u32);
-    let mut rx = Burst::with_capacity(32);
-    while sent < 400 {
-        for k in 0..16 {
-            let mut m = mempool::lcache::alloc(&pool).unwrap();
-            m.extend_from_slice(&frame(2, 1, sent + k, 5000 + (sent + k) as u16))
-                .unwrap();
-            burst.push(m).unwrap();
+        let (mut c, mut out) = spawn("datapath", dir.path());
+        assert_eq!(line(&mut out, "attached"), "attached 1");
+        // What the secondary sends arrives at B, every frame.
+        let mut seqs = Vec::new();
+        let mut burst = Burst::with_capacity(32);
+        let t0 = Instant::now();
+        while seqs.len() < 100 && t0.elapsed() < Duration::from_secs(10) {
+            b_rx.rx_burst(&mut burst);
+            seqs.extend(burst.iter().map(seq_of));
+            burst.free_all(&mut pool.cache());
         }
-        while !burst.is_empty() {
-            sent += b_tx.tx_burst(&mut burst) as u32;
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1000..1100).collect::<Vec<_>>(), "round {round}");
+        assert_eq!(line(&mut out, "sent"), "sent 100");
+
+        // What B sends to A spreads over queue 0 (here) and queue 1 (the secondary) by RSS.
+        let (mut here, mut sent) = (0usize, 0u32);
+        let mut rx = Burst::with_capacity(32);
+        while sent < 400 {
+            for k in 0..16 {
+                let mut m = mempool::lcache::alloc(&pool).unwrap();
+                m.extend_from_slice(&frame(2, 1, sent + k, 5000 + (sent + k) as u16))
+                    .unwrap();
+                burst.push(m).unwrap();
+            }
+            while !burst.is_empty() {
+                sent += b_tx.tx_burst(&mut burst) as u32;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+            here += a_rx.rx_burst(&mut rx);
+            mempool::lcache::with_cache(&pool, |c| rx.free_all(c));
         }
-        std::thread::sleep(Duration::from_millis(2));
-        here += a_rx.rx_burst(&mut rx);
-        mempool::lcache::with_cache(&pool, |c| rx.free_all(c));
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(500) {
+            here += a_rx.rx_burst(&mut rx);
+            mempool::lcache::with_cache(&pool, |c| rx.free_all(c));
+            b_tx.tx_burst(&mut burst);
+        }
+        p.shutdown("done");
+        let rec = line(&mut out, "received");
+        let counts: Vec<u64> = rec.split(' ').skip(1).map(|n| n.parse().unwrap()).collect();
+        assert!(c.wait().unwrap().success());
+        let there = counts[0] as usize;
+        assert_eq!(counts[1], there as u64, "its counters say what it got");
+        assert_eq!(counts[2], 100, "and what it sent");
+        assert!(
+            here > 0 && there > 0,
+            "round {round}: RSS spreads the flows: {here} here, {there} there"
+        );
+        assert_eq!(
+            here + there + (a.stats().imissed - missed) as usize,
+            400,
+            "round {round}: every frame B sent is received by one of the processes, or \
+             counted missed"
+        );
     }
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_millis(500) {
-        here += a_rx.rx_burst(&mut rx);
-        mempool::lcache::with_cache(&pool, |c| rx.free_all(c));
-        b_tx.tx_burst(&mut burst);
-    }
-    p.shutdown("done");
-    let rec = line(&mut out, "received");
-    let counts: Vec<u64> = rec.split(' ').skip(1).map(|n| n.parse().unwrap()).collect();
-    assert!(c.wait().unwrap().success());
-    let there = counts[0] as usize;
-    assert_eq!(counts[1], there as u64, "its counters say what it got");
-    assert_eq!(counts[2], 100, "and what it sent");
-    assert!(
-        here > 0 && there > 0,
-        "RSS spreads the flows: {here} here, {there} there"
-    );
-    assert_eq!(
-        here + there + a.stats().imissed as usize,
-        400,
-        "every frame B sent is received by one of the processes, or counted missed"
-    );
-    // Everything this process holds goes back with its ports; the secondary's posted buffers
-    // stay out (the device, here, could still write into them until its queue is destroyed,
-    // so the secondary never returns them): its ring of 256, less what it had taken and not
-    // yet replaced (the queue refills in batches of 32).
+    // Everything this process holds goes back with its ports; each secondary's posted
+    // buffers stay out (the device, here, could still write into them until its queue was
+    // destroyed, so a secondary never returns them): a ring of 256 each, less what it had
+    // taken and not yet replaced (the queue refills in batches of 32).
     drop((a_rx, b_rx, b_tx));
     drop((a, b));
     let out = pool.in_use();
+    assert!((2 * (256 - 32)..=2 * 256).contains(&out), "{out} mbufs out");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("port"))
+        .collect();
     assert!(
-        (256 - 32..=256).contains(&out),
-        "{out} mbufs out (before: {before})"
+        left.is_empty(),
+        "rings and descriptions removed with the port: {left:?}"
     );
 }
 
