@@ -243,6 +243,12 @@ fn cycle_faults(
     })
 }
 
+/// The driver queues of an imported pair: (RX, TX).
+pub(crate) type ImportedPair = (
+    Box<dyn crate::ethdev::RxBurst>,
+    Box<dyn crate::ethdev::TxBurst>,
+);
+
 /// Builds, in this process, the queues of a queue pair another process exported
 /// ([`crate::ethdev::export`]), with the driver that made them.
 ///
@@ -254,13 +260,7 @@ pub(crate) fn import_pair(
     rx: std::sync::Arc<crate::ethdev::Counters>,
     tx: std::sync::Arc<crate::ethdev::Counters>,
     claim: impl FnOnce() -> Result<(), String>,
-) -> Result<
-    (
-        Box<dyn crate::ethdev::RxBurst>,
-        Box<dyn crate::ethdev::TxBurst>,
-    ),
-    PortError,
-> {
+) -> Result<ImportedPair, PortError> {
     let fail = |why: String| PortError::Setup {
         what: format!(
             "attaching to port {} queue pair {} of process {}",
