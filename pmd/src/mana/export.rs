@@ -145,9 +145,9 @@ fn check_db(role: &str, mem: &DevMem) -> Result<(), String> {
 /// queue posted full from `pool` (the primary's shared pool), the TX queue empty. Counters
 /// are this process's.
 ///
-/// What the queues leave behind when dropped (posted buffers, frames in flight) stays out
-/// of the pool: the device, in the primary, may still write into or read them until the
-/// primary destroys the queues, so they are never returned from here.
+/// What the queues leave behind when dropped (posted buffers, frames in flight) goes to
+/// `parked`: the device, in the primary, may still write into or read them until the
+/// primary destroys the queues, so the caller frees them only once it knows that happened.
 ///
 /// `claim` runs once everything is checked and mapped, just before the first write into the
 /// rings (the RX queue's posting): an error there leaves the rings untouched.
@@ -161,6 +161,7 @@ pub fn import(
     pool: &Arc<MbufPool>,
     rx_counters: Arc<Counters>,
     tx_counters: Arc<Counters>,
+    parked: Arc<crate::ethdev::Parked>,
     claim: impl FnOnce() -> Result<(), String>,
 ) -> Result<(RxQueue, TxQueue), String> {
     if e.driver != DRIVER {
@@ -206,9 +207,6 @@ pub fn import(
     }
     let vp = u16::try_from(e.value("tx_vp_offset")?).map_err(|_| "tx_vp_offset out of range")?;
 
-    // Never dropped: see the function's docs.
-    let parked = crate::ethdev::Parked::new();
-    std::mem::forget(Arc::clone(&parked));
     let owner: crate::ethdev::QueueOwner = Arc::new(());
     let raw_tx = RawTxQueue {
         sq,

@@ -6,7 +6,17 @@
 //!
 //! The device serves the rings from the primary (a device model's engine thread there), so
 //! the pair works only while the primary runs: stop polling when the primary is gone
-//! (`pmd::mp::Secondary::primary_gone`).
+//! (`pmd::mp::Secondary::primary_gone`), or when the primary rebuilt the pair
+//! ([`AttachedPair::rebuilt`]).
+//!
+//! The buffers the pair had posted, and its frames in flight, go back to the pool only once
+//! the primary has destroyed the rings they are on ([`Port::rebuild_queues`], after which
+//! the description names new rings): until then the device may still write into or read
+//! them. A pair dropped before that leaves them out (as the primary's own queues do until
+//! their device objects are gone); a secondary that leaves cleanly releases its pair, waits
+//! for the primary to rebuild it ([`AttachedPair::wait_rebuilt`]), then drops it.
+//!
+//! [`Port::rebuild_queues`]: super::Port::rebuild_queues
 #![deny(unsafe_code)]
 
 use super::recovery::QueueCtl;
@@ -27,6 +37,9 @@ pub struct AttachedPair {
     ctl: Arc<QueueCtl>,
     counters: (Arc<Counters>, Arc<Counters>),
     export: QueueExport,
+    dir: std::path::PathBuf,
+    /// Where the queues leave their buffers when dropped.
+    parked: Arc<crate::ethdev::Parked>,
 }
 
 impl std::fmt::Debug for AttachedPair {
@@ -65,11 +78,13 @@ impl AttachedPair {
             source: why.into(),
         })?;
         let counters = (Arc::new(Counters::default()), Arc::new(Counters::default()));
+        let parked = crate::ethdev::Parked::new();
         let (rx, tx) = super::probe::import_pair(
             &export,
             pool,
             Arc::clone(&counters.0),
             Arc::clone(&counters.1),
+            Arc::clone(&parked),
             || export.mark_used(dir),
         )?;
         let ctl = QueueCtl::new();
@@ -98,7 +113,32 @@ impl AttachedPair {
             ctl,
             counters,
             export,
+            dir: dir.to_owned(),
+            parked,
         })
+    }
+
+    /// Whether the primary has rebuilt the pair since this process attached: its
+    /// description now names other rings (the old ones are destroyed, so what this pair
+    /// posted can go back to the pool). A description that is gone (the primary stopped or
+    /// died) is not a rebuild. Reads a small file: ask from a control loop, not per burst.
+    pub fn rebuilt(&self) -> bool {
+        QueueExport::read_from(&self.dir, self.export.port, self.export.queue)
+            .is_ok_and(|now| now != self.export)
+    }
+
+    /// Waits up to `timeout` for [`AttachedPair::rebuilt`]; polls every 10 ms.
+    pub fn wait_rebuilt(&self, timeout: std::time::Duration) -> bool {
+        let t0 = std::time::Instant::now();
+        loop {
+            if self.rebuilt() {
+                return true;
+            }
+            if t0.elapsed() >= timeout {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     /// This process's counters of the pair: (RX, TX).
@@ -115,5 +155,19 @@ impl AttachedPair {
     /// The primary's pid.
     pub fn primary_pid(&self) -> u32 {
         self.export.pid
+    }
+}
+
+impl Drop for AttachedPair {
+    /// Stops the handles. What the pair's queues posted or had in flight goes back to the
+    /// pool (once the handles are dropped) if the primary rebuilt the pair; else it stays
+    /// out, since the device may still use it.
+    fn drop(&mut self) {
+        self.ctl.set_running(false);
+        if !self.rebuilt() {
+            let out = Arc::clone(&self.parked);
+            tracing::info!(target: "pmd::port", port = self.export.port, queue = self.export.queue, "attached pair dropped before the primary rebuilt it: its posted buffers stay out of the pool");
+            std::mem::forget(out);
+        }
     }
 }

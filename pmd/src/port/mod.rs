@@ -1003,9 +1003,10 @@ impl Port {
         let cfg = self.config.clone().expect("a configured port has a config");
         let pool = self.pool.clone().expect("a configured port has a pool");
         let was_started = self.state == PortState::Started;
-        // The handles stop using the old queues from their next burst.
+        // The handles stop using the old queues from their next burst. The old descriptions
+        // stay until the old queues are destroyed: a secondary that sees a new description
+        // may free what it had posted on them.
         self.ctl.set_running(false);
-        self.unexport();
         let setup = QueueSetup::continuing(self.id, &self.rx_counters, &self.tx_counters);
         let queues = self.driver.configure(&cfg, &pool, &setup)?;
         if was_started {

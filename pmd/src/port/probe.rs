@@ -259,6 +259,7 @@ pub(crate) fn import_pair(
     pool: &std::sync::Arc<mempool::MbufPool>,
     rx: std::sync::Arc<crate::ethdev::Counters>,
     tx: std::sync::Arc<crate::ethdev::Counters>,
+    parked: std::sync::Arc<crate::ethdev::Parked>,
     claim: impl FnOnce() -> Result<(), String>,
 ) -> Result<ImportedPair, PortError> {
     let fail = |why: String| PortError::Setup {
@@ -270,7 +271,8 @@ pub(crate) fn import_pair(
     };
     match e.driver.as_str() {
         "mana" => {
-            let (r, t) = crate::mana::export::import(e, pool, rx, tx, claim).map_err(fail)?;
+            let (r, t) =
+                crate::mana::export::import(e, pool, rx, tx, parked, claim).map_err(fail)?;
             Ok((Box::new(r), Box::new(t)))
         }
         other => Err(fail(format!("no driver here imports {other} queues"))),
