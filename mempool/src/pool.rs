@@ -205,6 +205,8 @@ pub struct Mempool {
     chunks: Box<[ChunkInfo]>,
     name: String,
     kind: &'static str,
+    /// Whether this process made the pool (else it attached to another's shared pool).
+    creator: bool,
     // Field order is drop order: registrations (kept only for their guards) are undone before
     // the region is unmapped.
     _registrations: Vec<Registration>,
@@ -398,6 +400,7 @@ impl Mempool {
             chunks,
             name,
             kind: cfg.kind,
+            creator: true,
             _registrations: registrations,
             region,
         });
@@ -484,6 +487,7 @@ impl Mempool {
             } else {
                 "object"
             },
+            creator: false,
             _registrations: Vec::new(),
             region,
         });
@@ -498,6 +502,11 @@ impl Mempool {
         if let FreeList::Shared(ctl) = &self.ring {
             shm::publish(ctl, kind, headroom, data_room);
         }
+    }
+
+    /// Whether this process made the pool, rather than attached to another's.
+    pub fn is_creator(&self) -> bool {
+        self.creator
     }
 
     /// Whether other processes can attach to this pool (it was made with a shared file).

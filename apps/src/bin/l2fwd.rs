@@ -35,12 +35,28 @@ use std::time::{Duration, Instant};
 /// While it runs, l2fwd answers on DPDK's telemetry socket (`pmd-telemetry`, or DPDK's
 /// `dpdk-telemetry.py`): its ports' counters (`/ethdev/stats,0`), events, pool and lcores.
 /// Two instances at once need two `--file-prefix`es.
+///
+/// Multi-process, as DPDK's `--proc-type`: `--proc-type primary` opens the ports, polls one
+/// queue pair of each per lcore and leaves `--secondaries` more of each to worker processes;
+/// `l2fwd --proc-type secondary --file-prefix P` (no `--port`) attaches to the primary with
+/// that prefix, takes the next free queue pair of every port and forwards on them from its
+/// first lcore, with the primary's mbuf pool. A worker stops with a signal (it gives its
+/// queue pairs back, which the primary rebuilds) or when the primary stops. MANA ports only
+/// (a device model needs `engine=thread`).
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// A port, as a devargs string; give an even number of them (pairs 0-1, 2-3, ...).
-    #[arg(long = "port", required = true, value_name = "SPEC")]
+    /// A port, as a devargs string; give an even number of them (pairs 0-1, 2-3, ...). Not
+    /// with `--proc-type secondary` (it uses its primary's ports).
+    #[arg(long = "port", value_name = "SPEC")]
     ports: Vec<PortSpec>,
+    /// Multi-process role (see above); without it, l2fwd is a process of its own.
+    #[arg(long, value_enum, value_name = "ROLE")]
+    proc_type: Option<ProcType>,
+    /// With `--proc-type primary`: queue pairs of every port left to secondaries, after the
+    /// one per lcore the primary polls.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=15))]
+    secondaries: u16,
     /// Cores to poll on, e.g. `1` or `1-3,5`. RX queues are spread over them round-robin.
     #[arg(long, default_value = "0", value_name = "LIST")]
     lcores: CoreList,
@@ -100,6 +116,15 @@ struct Args {
     telemetry: apps::telemetry::TelemetryArgs,
 }
 
+/// `--proc-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ProcType {
+    /// Opens the ports; exports queue pairs to secondaries.
+    Primary,
+    /// Attaches to a primary's ports and pool.
+    Secondary,
+}
+
 /// Per port counters of one core.
 #[derive(Default)]
 struct PortCounters {
@@ -120,7 +145,12 @@ struct Work {
 fn main() -> ExitCode {
     pmd::log::init("warn");
     let args = Args::parse();
-    match run(&args) {
+    let result = if args.proc_type == Some(ProcType::Secondary) {
+        secondary::run(&args)
+    } else {
+        run(&args)
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => e.report("l2fwd"),
     }
@@ -134,19 +164,49 @@ fn run(args: &Args) -> Result<(), Failure> {
     args.lcores.validate().map_err(|e| usage(e.to_string()))?;
     let cores = args.lcores.cores().len();
     let mac_updating = !args.no_mac_updating;
-    let cfg = PortConfig::default()
+    let primary = args.proc_type == Some(ProcType::Primary);
+    // A primary: one queue pair per lcore of every port, then the secondaries' pairs,
+    // exported into the runtime directory (where its control socket and pool file are).
+    let pairs = cores as u16 + args.secondaries;
+    let run_dir = pmd::telemetry::runtime_dir(&args.telemetry.file_prefix);
+    let mut cfg = PortConfig::default()
         .with_queues(args.rxq, cores as u16)
         .with_ring_sizes(args.ring_size, args.ring_size)
         .with_promiscuous(!args.no_promiscuous)
         .with_mtu(args.mtu);
+    if primary {
+        if args
+            .ports
+            .iter()
+            .any(|s| s.rxq.is_some() || s.txq.is_some())
+        {
+            return Err(usage(
+                "--proc-type primary sets every port's queue pairs (one per lcore, plus \
+                 --secondaries): leave rxq=/txq= out of the devargs",
+            ));
+        }
+        std::fs::create_dir_all(&run_dir)
+            .map_err(|e| format!("runtime directory {}: {e}", run_dir.display()))?;
+        cfg = cfg
+            .with_queues(pairs, pairs)
+            .with_export((cores as u16..pairs).collect(), &run_dir);
+    }
     // Stop signals are guarded before the first port opens: from then on a taken-over netdev
     // is given back however the process stops (first signal: clean stop; second: clean stop without the drain; third: at once).
     let stop = StopFlag::new();
     stop.on_signals().map_err(|e| e.to_string())?;
     // Before any device is touched, as DPDK's EAL does: a prefix in use fails the start.
     let mut telemetry = apps::telemetry::start("l2fwd", &args.telemetry)?;
-    let PortSet { mut ports, pool } =
-        open_ports("l2fwd", &args.ports, &cfg, cores, args.pool_size)?;
+    let pool_file = primary.then(|| run_dir.join("l2fwd-mbufs"));
+    let pool_cores = if primary { usize::from(pairs) } else { cores };
+    let PortSet { mut ports, pool } = open_ports(
+        "l2fwd",
+        &args.ports,
+        &cfg,
+        pool_cores,
+        args.pool_size,
+        pool_file.as_deref(),
+    )?;
     let macs: Vec<[u8; 6]> = ports.iter().map(|p| p.mac().0).collect();
 
     // Hand out queues: RX queues round-robin over cores; every core its own TX queue per port.
@@ -158,6 +218,14 @@ fn run(args: &Args) -> Result<(), Failure> {
         .collect();
     let mut next = 0;
     for (p, port) in ports.iter_mut().enumerate() {
+        if primary {
+            // Core c polls queue pair c of every port; the others are the secondaries'.
+            for (c, w) in work.iter_mut().enumerate() {
+                w.rxqs
+                    .push((p, port.rx_queue(c as u16).map_err(|e| e.to_string())?));
+            }
+            continue;
+        }
         let nrx = port.config().map_or(1, |c| c.rx_queues);
         for q in 0..nrx {
             work[next % cores]
@@ -175,6 +243,11 @@ fn run(args: &Args) -> Result<(), Failure> {
     for port in &mut ports {
         port.start().map_err(|e| e.to_string())?;
     }
+    let mut workers = if primary {
+        Some(Workers::start(args, &ports, pairs, cores as u16, &pool)?)
+    } else {
+        None
+    };
     // pmd-dumpcap's socket: captures of what the ports receive and send, while l2fwd runs.
     let capture = apps::telemetry::capture("l2fwd", &args.telemetry, telemetry.as_ref(), &ports)?;
     // Forward anyway when a link stays down: it may come up later (a peer started late).
@@ -284,6 +357,7 @@ fn run(args: &Args) -> Result<(), Failure> {
                 &mut ports,
                 &mut events,
                 telemetry.as_ref(),
+                workers.as_mut(),
             );
             stopped_at.set(Some(t0.elapsed()));
             // Nothing answers the ports' questions from here on: the socket goes now, so
@@ -315,13 +389,30 @@ fn run(args: &Args) -> Result<(), Failure> {
         })
         .collect();
     drop(ports);
+    // Only now, with the queues destroyed: the secondaries may then give back what they
+    // posted on theirs.
+    let workers = workers.map(Workers::stop);
     let in_use = pool.in_use();
-    report(args, &counters, &port_stats, &ends, secs, in_use, &events);
+    report(
+        args,
+        &counters,
+        &port_stats,
+        &ends,
+        secs,
+        in_use,
+        &events,
+        workers,
+    );
     if let Some(f) = fatal {
         return Err(f.into());
     }
     if in_use != 0 {
-        return Err(format!("{in_use} mbufs were not returned to the pool").into());
+        let why = if workers.is_some_and(|w| w.killed > 0) {
+            " (secondaries that were killed while polling leave the buffers they had posted)"
+        } else {
+            ""
+        };
+        return Err(format!("{in_use} mbufs were not returned to the pool{why}").into());
     }
     if let Some(f) = events.capture_failure() {
         return Err(f.into());
@@ -386,8 +477,125 @@ fn totals(counters: &[Vec<PortCounters>], np: usize) -> Vec<Totals> {
         .collect()
 }
 
+/// A primary's side of its secondaries: the control socket, and what happened on it.
+struct Workers {
+    mp: pmd::mp::Primary,
+    counts: WorkerCounts,
+}
+
+/// What a primary's secondaries did.
+#[derive(Debug, Clone, Copy, Default)]
+struct WorkerCounts {
+    /// Secondaries that attached.
+    attached: u64,
+    /// Secondaries that left without a goodbye (killed, or crashed).
+    killed: u64,
+    /// Queue rebuilds of a port after a secondary gave its queue pair back.
+    rebuilds: u64,
+    /// Mbufs of dead secondaries' caches returned to the pool.
+    reclaimed: u64,
+}
+
+impl Workers {
+    /// Starts the control socket of prefix `--file-prefix` and offers the secondaries the
+    /// queue pairs `cores..pairs` of every port, and the pool.
+    fn start(
+        args: &Args,
+        ports: &[Port],
+        pairs: u16,
+        cores: u16,
+        pool: &Arc<mempool::MbufPool>,
+    ) -> Result<Self, Failure> {
+        let mp = pmd::mp::Primary::start(&pmd::mp::MpConfig::new(&args.telemetry.file_prefix))
+            .map_err(|e| e.to_string())?;
+        let kept: Vec<u16> = (0..cores).collect();
+        for (p, spec) in ports.iter().zip(&args.ports) {
+            mp.publish(p.id(), &spec.to_string(), pairs, &kept);
+        }
+        mp.share_pool(pool).map_err(|e| e.to_string())?;
+        eprintln!(
+            "l2fwd: primary: {} queue pair(s) of every port for secondaries (l2fwd --proc-type \
+             secondary --file-prefix {})",
+            pairs - cores,
+            args.telemetry.file_prefix
+        );
+        Ok(Self {
+            mp,
+            counts: WorkerCounts::default(),
+        })
+    }
+
+    /// What happened on the control socket. A queue pair given back (its secondary left,
+    /// or died) holds that secondary's state: its port's queues are rebuilt for the next
+    /// one (the other secondaries on that port attach again to the new ones).
+    fn serve(&mut self, ports: &mut [Port]) {
+        use pmd::mp::{MpEvent, ReleaseWhy};
+        let mut rebuild = Vec::new();
+        for e in self.mp.events() {
+            match e {
+                MpEvent::Attached { pid, app } => {
+                    self.counts.attached += 1;
+                    eprintln!("l2fwd: secondary {pid} ({app}) attached");
+                }
+                MpEvent::Claimed { pid, port, queue } => {
+                    eprintln!("l2fwd: secondary {pid} polls port {port} queue pair {queue}");
+                }
+                MpEvent::Released {
+                    pid,
+                    port,
+                    queue,
+                    why,
+                } => {
+                    eprintln!(
+                        "l2fwd: secondary {pid} gave back port {port} queue pair {queue} ({why:?})"
+                    );
+                    if why != ReleaseWhy::Stopping && !rebuild.contains(&port) {
+                        rebuild.push(port);
+                    }
+                }
+                MpEvent::Reclaimed { pid, pool, mbufs } => {
+                    self.counts.reclaimed += u64::from(mbufs);
+                    eprintln!(
+                        "l2fwd: {mbufs} mbufs of dead secondary {pid}'s caches back to pool {pool}"
+                    );
+                }
+                MpEvent::Detached { pid, clean } => {
+                    if !clean {
+                        self.counts.killed += 1;
+                        eprintln!("l2fwd: secondary {pid} is gone without a goodbye (killed?): the buffers it had posted are lost");
+                    }
+                }
+            }
+        }
+        for p in rebuild {
+            let Some(port) = ports.iter_mut().find(|x| x.id() == p) else {
+                continue;
+            };
+            match port.rebuild_queues() {
+                Ok(()) => self.counts.rebuilds += 1,
+                Err(e) => eprintln!("l2fwd: warning: port {p}: rebuilding its queues: {e}"),
+            }
+        }
+    }
+
+    /// Tells the secondaries the ports' queues are destroyed (call once the ports are
+    /// dropped), and waits up to 3 s for them to give back what they posted and exit.
+    fn stop(self) -> WorkerCounts {
+        let pids = self.mp.secondaries();
+        self.mp.shutdown_closed("the l2fwd primary stopped");
+        let t0 = Instant::now();
+        while pids.iter().any(|&p| pmd::sys::net::process_alive(p))
+            && t0.elapsed() < Duration::from_secs(3)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.counts
+    }
+}
+
 /// Statistics and port events until a stop, the deadline or a port lost for good (whose
 /// message it returns; with `--keep-running` the first such message is returned at the end).
+#[allow(clippy::too_many_arguments)]
 fn main_loop(
     args: &Args,
     counters: &Arc<Vec<Vec<PortCounters>>>,
@@ -396,6 +604,7 @@ fn main_loop(
     ports: &mut [Port],
     events: &mut EventWatch,
     telemetry: Option<&pmd::telemetry::Telemetry>,
+    mut workers: Option<&mut Workers>,
 ) -> Option<String> {
     let np = ports.len();
     let deadline = args.duration.map(Duration::from_secs_f64);
@@ -421,6 +630,9 @@ fn main_loop(
         }
         // Telemetry's questions about the ports, answered here where the ports are.
         apps::telemetry::serve(telemetry, ports, events);
+        if let Some(w) = workers.as_deref_mut() {
+            w.serve(ports);
+        }
         if let Some(iv) = interval {
             if last_t.elapsed() >= iv {
                 let now = totals(counters, np);
@@ -461,6 +673,7 @@ struct PortEnd {
     failure: Option<String>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn report(
     args: &Args,
     counters: &[Vec<PortCounters>],
@@ -469,7 +682,12 @@ fn report(
     secs: f64,
     in_use: u32,
     events: &EventWatch,
+    workers: Option<WorkerCounts>,
 ) {
+    let secondaries = workers.map(|w| {
+        serde_json::json!({"attached": w.attached, "killed": w.killed,
+            "rebuilds": w.rebuilds, "reclaimed_mbufs": w.reclaimed})
+    });
     let t = totals(counters, port_stats.len());
     let rx: u64 = t.iter().map(|x| x.rx).sum();
     let tx: u64 = t.iter().map(|x| x.tx).sum();
@@ -506,6 +724,7 @@ fn report(
                 "device_drops": dev_drops,
                 "duration_s": secs, "pps": tx as f64 / secs, "ports": ports,
                 "pool_in_use": in_use, "events": events.json(),
+                "secondaries": secondaries,
             })
         );
     } else {
@@ -537,8 +756,304 @@ fn report(
             println!("{line}");
         }
         println!("  mbufs still in use at exit: {in_use}");
+        if let Some(w) = workers {
+            println!(
+                "  secondaries: {} attached, {} killed, {} queue rebuilds, {} mbufs reclaimed from dead ones' caches",
+                w.attached, w.killed, w.rebuilds, w.reclaimed
+            );
+        }
         if !events.seen().is_empty() {
             println!("  port events: {}", events.seen().len());
+        }
+    }
+}
+
+/// `--proc-type secondary`: a worker of a running primary, forwarding on one queue pair of
+/// each of its ports.
+mod secondary {
+    use super::{usage, Args, Burst, Duration, Failure, Instant, StopFlag};
+    use apps::common::Idle;
+    use mempool::lcache;
+    use pmd::lcore::{launch_each, CoreList};
+    use pmd::mp::Secondary;
+    use pmd::port::attach::AttachedPair;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    /// How often the worker looks at its primary and its queue pairs.
+    const CHECK: Duration = Duration::from_millis(50);
+
+    /// What the worker did on one port.
+    #[derive(Debug, Default, Clone, Copy)]
+    struct PortTotals {
+        rx: u64,
+        tx: u64,
+        dropped: u64,
+    }
+
+    /// The worker's state: its control connection and a queue pair of every port.
+    struct Fwd {
+        s: Secondary,
+        /// `None` only while a pair is being attached again.
+        pairs: Vec<Option<AttachedPair>>,
+        pool: Arc<mempool::MbufPool>,
+        dir: PathBuf,
+    }
+
+    /// How the worker ended.
+    struct End {
+        totals: Vec<PortTotals>,
+        queues: Vec<(u16, u16)>,
+        why: String,
+        reattached: u64,
+        returned: bool,
+    }
+
+    pub(super) fn run(args: &Args) -> Result<(), Failure> {
+        if !args.ports.is_empty() {
+            return Err(usage(
+                "--proc-type secondary uses its primary's ports: leave --port out",
+            ));
+        }
+        args.lcores.validate().map_err(|e| usage(e.to_string()))?;
+        let core = args.lcores.cores()[0];
+        let one: CoreList = core.to_string().parse().map_err(|e| format!("{e}"))?;
+        let stop = StopFlag::new();
+        stop.on_signals().map_err(|e| e.to_string())?;
+        let prefix = &args.telemetry.file_prefix;
+        let mut s = Secondary::attach(prefix, "l2fwd").map_err(|e| e.to_string())?;
+        let ports: Vec<u16> = s.ports().iter().map(|p| p.id).collect();
+        if ports.len() < 2 || !ports.len().is_multiple_of(2) {
+            return Err(format!(
+                "the primary has {} port(s): l2fwd forwards between pairs of ports",
+                ports.len()
+            )
+            .into());
+        }
+        let pool = s
+            .pools()
+            .next()
+            .cloned()
+            .ok_or("the primary shares no mbuf pool (is it an l2fwd --proc-type primary?)")?;
+        let dir = pmd::telemetry::runtime_dir(prefix);
+        let mut pairs = Vec::new();
+        for &p in &ports {
+            let q = s.claim(p, None).map_err(|e| format!("port {p}: {e}"))?;
+            let pair = AttachedPair::open(&dir, p, q, &pool).map_err(|e| e.to_string())?;
+            pairs.push(Some(pair));
+        }
+        let taken: Vec<String> = pairs
+            .iter()
+            .flatten()
+            .map(|p| format!("port {} queue pair {}", p.rx.port(), p.rx.queue()))
+            .collect();
+        eprintln!(
+            "l2fwd: secondary of process {} on lcore {core}: {}",
+            pairs[0].as_ref().map_or(0, AttachedPair::primary_pid),
+            taken.join(", ")
+        );
+        let fwd = Fwd {
+            s,
+            pairs,
+            pool,
+            dir,
+        };
+        let (burst, mac_updating, busy) = (
+            usize::from(args.burst),
+            !args.no_mac_updating,
+            args.busy_poll,
+        );
+        let deadline = args.duration.map(Duration::from_secs_f64);
+        let ends = launch_each(
+            &one,
+            &stop,
+            vec![fwd],
+            |lcore, fwd| fwd.run(&lcore.stop, burst, mac_updating, busy),
+            |stop| {
+                let t0 = Instant::now();
+                while !stop.is_set() && deadline.is_none_or(|d| t0.elapsed() < d) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let end = ends.into_iter().next().expect("one worker")?;
+        report(args, &end);
+        Ok(())
+    }
+
+    impl Fwd {
+        /// Forwards until `stop` or the primary goes, then gives the queue pairs back.
+        fn run(
+            mut self,
+            stop: &StopFlag,
+            burst: usize,
+            mac_updating: bool,
+            busy: bool,
+        ) -> Result<End, Failure> {
+            let np = self.pairs.len();
+            let macs: Vec<[u8; 6]> = self
+                .pairs
+                .iter()
+                .map(|p| {
+                    p.as_ref()
+                        .and_then(AttachedPair::mac)
+                        .map_or([0; 6], |m| m.0)
+                })
+                .collect();
+            let queues: Vec<(u16, u16)> = self
+                .pairs
+                .iter()
+                .flatten()
+                .map(|p| (p.rx.port(), p.rx.queue()))
+                .collect();
+            let mut totals = vec![PortTotals::default(); np];
+            let mut b = Burst::with_capacity(burst);
+            let mut idle = Idle::new(busy);
+            let mut checked = Instant::now();
+            let mut reattached = 0;
+            let why = loop {
+                let mut moved = false;
+                for src in 0..np {
+                    let dst = src ^ 1;
+                    let Some(rx) = self.pairs[src].as_mut() else {
+                        continue;
+                    };
+                    let n = rx.rx.rx_burst(&mut b);
+                    if n == 0 {
+                        continue;
+                    }
+                    moved = true;
+                    totals[src].rx += n as u64;
+                    if mac_updating {
+                        for m in b.iter_mut() {
+                            let d = m.data_mut();
+                            if d.len() >= 12 {
+                                d[..6].copy_from_slice(&[2, 0, 0, 0, 0, dst as u8]);
+                                d[6..12].copy_from_slice(&macs[dst]);
+                            }
+                        }
+                    }
+                    if let Some(tx) = self.pairs[dst].as_mut() {
+                        totals[dst].tx += tx.tx.tx_burst(&mut b) as u64;
+                    }
+                    if !b.is_empty() {
+                        totals[dst].dropped += b.len() as u64;
+                        lcache::with_cache(&self.pool, |c| b.free_all(c));
+                    }
+                }
+                if !moved {
+                    // Reclaim what was sent.
+                    for p in self.pairs.iter_mut().flatten() {
+                        p.tx.tx_burst(&mut b);
+                    }
+                }
+                idle.after(moved);
+                if checked.elapsed() < CHECK {
+                    continue;
+                }
+                checked = Instant::now();
+                if stop.is_set() {
+                    break "stopped by a signal".to_string();
+                }
+                if let Some(r) = self.s.primary_gone() {
+                    stop.set();
+                    break format!("the primary stopped ({r})");
+                }
+                reattached += self.reattach()?;
+            };
+            let returned = self.give_back();
+            Ok(End {
+                totals,
+                queues,
+                why,
+                reattached,
+                returned,
+            })
+        }
+
+        /// Attaches again to every pair the primary rebuilt (another secondary of its port
+        /// left): what the old one posted goes back to the pool, the new one is posted.
+        fn reattach(&mut self) -> Result<u64, Failure> {
+            let mut n = 0;
+            for slot in &mut self.pairs {
+                if !slot.as_ref().is_some_and(AttachedPair::rebuilt) {
+                    continue;
+                }
+                let old = slot.take().expect("checked");
+                let (port, queue) = (old.rx.port(), old.rx.queue());
+                drop(old);
+                let fresh =
+                    AttachedPair::open(&self.dir, port, queue, &self.pool).map_err(|e| {
+                        format!("attaching again to port {port} queue pair {queue}: {e}")
+                    })?;
+                eprintln!("l2fwd: secondary: port {port} queue pair {queue} rebuilt by the primary: attached again");
+                *slot = Some(fresh);
+                n += 1;
+            }
+            Ok(n)
+        }
+
+        /// Gives the queue pairs back. To a running primary: it rebuilds them, and what they
+        /// posted comes back to the pool. A primary that stopped after destroying its queues
+        /// said so; one that died did not, and then what they posted stays out. Returns
+        /// whether everything came back.
+        fn give_back(mut self) -> bool {
+            let pairs: Vec<AttachedPair> = self.pairs.drain(..).flatten().collect();
+            let mut all = true;
+            if self.s.primary_gone().is_none() {
+                for p in &pairs {
+                    if let Err(e) = self.s.release(p.rx.port(), p.rx.queue()) {
+                        eprintln!(
+                            "l2fwd: secondary: giving back port {} queue pair {}: {e}",
+                            p.rx.port(),
+                            p.rx.queue()
+                        );
+                    }
+                }
+                for p in pairs {
+                    all &= p.wait_rebuilt(Duration::from_secs(5));
+                }
+            } else if self.s.primary_closed_queues() {
+                pairs.into_iter().for_each(AttachedPair::drop_destroyed);
+            } else {
+                all = false;
+            }
+            lcache::flush();
+            all
+        }
+    }
+
+    fn report(args: &Args, end: &End) {
+        if args.json {
+            let ports: Vec<_> = end
+                .totals
+                .iter()
+                .zip(&end.queues)
+                .map(|(t, (p, q))| {
+                    serde_json::json!({"port": p, "queue": q, "rx_packets": t.rx,
+                        "tx_packets": t.tx, "dropped": t.dropped})
+                })
+                .collect();
+            println!(
+                "{}",
+                serde_json::json!({"proc_type": "secondary", "end": end.why, "ports": ports,
+                    "reattached": end.reattached, "buffers_returned": end.returned})
+            );
+            return;
+        }
+        println!("l2fwd secondary summary: {}", end.why);
+        for (t, (p, q)) in end.totals.iter().zip(&end.queues) {
+            println!(
+                "  port {p} queue pair {q}: rx {} tx {} dropped {}",
+                t.rx, t.tx, t.dropped
+            );
+        }
+        if end.reattached > 0 {
+            println!("  attached again after a rebuild: {}", end.reattached);
+        }
+        if !end.returned {
+            println!("  the buffers its queues had posted stay out of the pool (the primary did not rebuild or close them)");
         }
     }
 }

@@ -542,7 +542,7 @@ fn run(args: &Args) -> Result<ExitCode, Failure> {
     // Before any device is touched, as DPDK's EAL does: a prefix in use fails the start.
     let mut telemetry = apps::telemetry::start("pktgen", &args.telemetry)?;
     let PortSet { mut ports, pool } =
-        open_ports("pktgen", &args.ports, &cfg, ncores, args.pool_size)?;
+        open_ports("pktgen", &args.ports, &cfg, ncores, args.pool_size, None)?;
     if let (Frames::Gen(g), None) = (&mut frames, args.src_mac) {
         g.set_src_mac(ports[0].mac().0);
     }

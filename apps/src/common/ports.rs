@@ -33,6 +33,9 @@ pub struct PortSet {
 /// caches and bursts in flight. `pool_size` (`--pool-size`) overrides that; it must at least
 /// fill the RX rings, with a burst's room per core.
 ///
+/// `pool_file`: make the pool in that shared file, for other processes to attach to (a
+/// multi-process primary).
+///
 /// # Errors
 /// A usage error for a `pool_size` too small for the rings; otherwise a runtime error naming
 /// the port and what went wrong, or the pool's (memory).
@@ -42,6 +45,7 @@ pub fn open_ports(
     base: &PortConfig,
     cores: usize,
     pool_size: Option<u32>,
+    pool_file: Option<&std::path::Path>,
 ) -> Result<PortSet, Failure> {
     let mut ports = Vec::new();
     // What each port is asked for (configure reduces ring sizes and says so), and what it
@@ -57,7 +61,11 @@ pub fn open_ports(
         ports.push(port);
     }
     let plan = PoolPlan::new(&cfgs, cores, pool_size, base.mtu)?;
-    let pool = MbufPool::new(plan.config(name)).map_err(|e| {
+    let mut pool_cfg = plan.config(name);
+    if let Some(f) = pool_file {
+        pool_cfg = pool_cfg.shared_file(f);
+    }
+    let pool = MbufPool::new(pool_cfg).map_err(|e| {
         format!(
             "mbuf pool of {} buffers of {} bytes: {e}",
             plan.count, plan.data_room

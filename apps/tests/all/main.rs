@@ -9,6 +9,7 @@ mod device_counters;
 mod dumpcap;
 mod end_to_end;
 mod jumbo;
+mod multi_process;
 mod pktgen_rx;
 mod pmd_devices;
 mod port_exclusivity;

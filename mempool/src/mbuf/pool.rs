@@ -508,7 +508,12 @@ impl Drop for MbufPool {
     fn drop(&mut self) {
         // We hold the last handle (caches hold one each), so every free mbuf is in the ring.
         let outstanding = self.mp.settle_outstanding();
-        if outstanding > 0 {
+        if outstanding > 0 && !self.mp.is_creator() {
+            // Another process's shared pool: what is out may be any process's. Ours (if
+            // any) must stay valid.
+            tracing::debug!(target: LOG, pool = %self.mp.name(), outstanding, "detached from a shared pool");
+            std::mem::forget(Arc::clone(&self.mp));
+        } else if outstanding > 0 {
             tracing::warn!(
                 target: LOG,
                 pool = %self.mp.name(),

@@ -242,12 +242,18 @@ impl PortDriver for Driver {
                         allowed: format!("queues below {} (the tx queues)", cfg.tx_queues),
                     });
                 };
-                let e =
-                    super::export::describe(q.port_id, i as u16, &raw, &tx_raw, cfg, pool, &keys)
-                        .map_err(|why| PortError::Setup {
-                        what: format!("exporting queue pair {i}"),
-                        source: why.into(),
-                    })?;
+                let e = super::export::describe(
+                    (q.port_id, i as u16),
+                    (&raw, &tx_raw),
+                    cfg,
+                    pool,
+                    &keys,
+                    self.provider.mac(),
+                )
+                .map_err(|why| PortError::Setup {
+                    what: format!("exporting queue pair {i}"),
+                    source: why.into(),
+                })?;
                 self.exports.push(e);
                 self.exported.push((raw, tx_raw));
                 rx.push(Box::new(crate::ethdev::Exported));

@@ -29,19 +29,19 @@ fn area(role: &str, mem: &DevMem) -> Result<Area, String> {
     })
 }
 
-/// The description of exported pair `queue` of port `port`.
+/// The description of exported pair `queue` of port `port` (`at`), whose raw queues are
+/// `rx` and `tx`.
 ///
 /// # Errors
 /// A ring that is not in a shared file, or a device that needs the polling thread (a device
 /// model running inline).
 pub(crate) fn describe(
-    port: u16,
-    queue: u16,
-    rx: &RawRxQueue,
-    tx: &RawTxQueue,
+    (port, queue): (u16, u16),
+    (rx, tx): (&RawRxQueue, &RawTxQueue),
     cfg: &PortConfig,
     pool: &MbufPool,
     keys: &ChunkKeys,
+    mac: crate::net::MacAddr,
 ) -> Result<QueueExport, String> {
     if rx.kick.is_some() || tx.kick.is_some() {
         return Err(
@@ -83,8 +83,14 @@ pub(crate) fn describe(
             ("rx_rq_id".into(), u64::from(rx.rq_id)),
             ("rx_cq_id".into(), u64::from(rx.cq_id)),
             ("rx_cq_count".into(), u64::from(rx.cq_count)),
+            ("mac".into(), mac_value(mac)),
         ],
     })
+}
+
+/// The port's MAC address as a description value (the six bytes, big-endian).
+pub(crate) fn mac_value(mac: crate::net::MacAddr) -> u64 {
+    mac.0.iter().fold(0u64, |v, &b| v << 8 | u64::from(b))
 }
 
 /// Maps one of the description's files.

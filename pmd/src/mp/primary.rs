@@ -247,6 +247,8 @@ pub struct Primary {
     events: Receiver<MpEvent>,
     path: PathBuf,
     reason: String,
+    /// Whether the secondaries are told the ports' queues are destroyed.
+    closed: bool,
 }
 
 impl std::fmt::Debug for Primary {
@@ -308,6 +310,7 @@ impl Primary {
             events: rx,
             path,
             reason: "the primary exited".into(),
+            closed: false,
         })
     }
 
@@ -471,6 +474,15 @@ impl Primary {
     pub fn shutdown(mut self, reason: &str) {
         self.reason = reason.to_string();
     }
+
+    /// [`Primary::shutdown`], for a primary that has destroyed its ports' queues first
+    /// (dropped its ports): the secondaries learn that the buffers they posted on exported
+    /// queue pairs can go back to the pool
+    /// ([`Secondary::primary_closed_queues`](crate::mp::Secondary::primary_closed_queues)).
+    pub fn shutdown_closed(mut self, reason: &str) {
+        self.reason = reason.to_string();
+        self.closed = true;
+    }
 }
 
 impl Drop for Primary {
@@ -488,6 +500,7 @@ impl Drop for Primary {
                 .unwrap_or_else(PoisonError::into_inner),
         );
         let bye = Msg::Shutdown {
+            closed: self.closed,
             reason: self.reason.clone(),
         }
         .encode();

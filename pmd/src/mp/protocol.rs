@@ -188,6 +188,9 @@ pub enum Msg {
     Shutdown {
         /// What the primary says, e.g. `SIGINT`.
         reason: String,
+        /// The primary has destroyed its ports' queues (the exported ones too): what a
+        /// secondary posted on them may go back to the pool.
+        closed: bool,
     },
 }
 
@@ -318,9 +321,10 @@ impl Msg {
                 out.push(code);
                 out.extend_from_slice(&arg.to_le_bytes());
             }
-            Msg::Shutdown { reason } => {
+            Msg::Shutdown { reason, closed } => {
                 out.push(K_SHUTDOWN);
                 put_str(&mut out, reason, MAX_REASON);
+                out.push(u8::from(*closed));
             }
         }
         out
@@ -443,6 +447,11 @@ impl Msg {
             }
             K_SHUTDOWN => Msg::Shutdown {
                 reason: r.str("reason", MAX_REASON)?,
+                closed: match r.u8("closed")? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(DecodeError::Field("closed")),
+                },
             },
             k => return Err(DecodeError::Kind(k)),
         };

@@ -23,6 +23,8 @@ const ANSWER: Duration = Duration::from_secs(5);
 struct Gone {
     flag: AtomicBool,
     reason: Mutex<Option<String>>,
+    /// The primary said it destroyed its queues before it went.
+    closed: AtomicBool,
 }
 
 impl Gone {
@@ -205,6 +207,17 @@ impl Secondary {
         self.gone.reason()
     }
 
+    /// Whether the primary, when it stopped, said it had destroyed its ports' queues first
+    /// ([`Primary::shutdown_closed`]): then the buffers this process posted on exported
+    /// queue pairs may go back to the pool
+    /// ([`AttachedPair::drop_destroyed`](crate::port::attach::AttachedPair::drop_destroyed)).
+    /// `false` while it runs, and for a primary that died.
+    ///
+    /// [`Primary::shutdown_closed`]: crate::mp::Primary::shutdown_closed
+    pub fn primary_closed_queues(&self) -> bool {
+        self.primary_gone().is_some() && self.gone.closed.load(Ordering::Acquire)
+    }
+
     /// Takes queue pair `queue` of `port` (`None`: the next free one) and returns its index.
     ///
     /// # Errors
@@ -361,7 +374,8 @@ fn read_loop(sock: &SeqConn, answers: &mpsc::Sender<Msg>, gone: &Gone, stop: &At
             }
         };
         match Msg::decode(&buf[..n]) {
-            Ok(Msg::Shutdown { reason }) => {
+            Ok(Msg::Shutdown { reason, closed }) => {
+                gone.closed.store(closed, Ordering::Release);
                 gone.set(reason);
                 return;
             }

@@ -388,7 +388,8 @@ fn any_msg() -> impl Strategy<Value = Msg> {
             queue,
             why
         }),
-        any_text(256).prop_map(|reason| Msg::Shutdown { reason }),
+        (any_text(256), any::<bool>())
+            .prop_map(|(reason, closed)| Msg::Shutdown { reason, closed }),
     ]
 }
 

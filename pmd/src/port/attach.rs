@@ -40,6 +40,8 @@ pub struct AttachedPair {
     dir: std::path::PathBuf,
     /// Where the queues leave their buffers when dropped.
     parked: Arc<crate::ethdev::Parked>,
+    /// The caller says the primary destroyed the rings ([`AttachedPair::drop_destroyed`]).
+    destroyed: bool,
 }
 
 impl std::fmt::Debug for AttachedPair {
@@ -115,6 +117,7 @@ impl AttachedPair {
             export,
             dir: dir.to_owned(),
             parked,
+            destroyed: false,
         })
     }
 
@@ -156,6 +159,21 @@ impl AttachedPair {
     pub fn primary_pid(&self) -> u32 {
         self.export.pid
     }
+
+    /// The port's MAC address, as the primary described it.
+    pub fn mac(&self) -> Option<crate::net::MacAddr> {
+        let v = self.export.value("mac").ok()?;
+        let b = v.to_be_bytes();
+        Some(crate::net::MacAddr([b[2], b[3], b[4], b[5], b[6], b[7]]))
+    }
+
+    /// Drops the pair once the primary has said it destroyed its queues
+    /// (`pmd::mp::Secondary::primary_closed_queues`): what the pair posted or had in flight
+    /// goes back to the pool, which nothing else can tell here (the primary removed the
+    /// description with its ports).
+    pub fn drop_destroyed(mut self) {
+        self.destroyed = true;
+    }
 }
 
 impl Drop for AttachedPair {
@@ -164,7 +182,7 @@ impl Drop for AttachedPair {
     /// out, since the device may still use it.
     fn drop(&mut self) {
         self.ctl.set_running(false);
-        if !self.rebuilt() {
+        if !self.destroyed && !self.rebuilt() {
             let out = Arc::clone(&self.parked);
             tracing::info!(target: "pmd::port", port = self.export.port, queue = self.export.queue, "attached pair dropped before the primary rebuilt it: its posted buffers stay out of the pool");
             std::mem::forget(out);
