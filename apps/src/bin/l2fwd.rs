@@ -953,6 +953,9 @@ mod secondary {
                     continue;
                 }
                 checked = Instant::now();
+                for p in self.pairs.iter().flatten() {
+                    p.publish_stats();
+                }
                 if stop.is_set() {
                     break "stopped by a signal".to_string();
                 }
@@ -1000,6 +1003,9 @@ mod secondary {
         /// whether everything came back.
         fn give_back(mut self) -> bool {
             let pairs: Vec<AttachedPair> = self.pairs.drain(..).flatten().collect();
+            for p in &pairs {
+                p.publish_stats();
+            }
             let mut all = true;
             if self.s.primary_gone().is_none() {
                 for p in &pairs {

@@ -135,6 +135,25 @@ fn a_secondary_forwards_its_queue_pairs_and_the_pool_ends_whole() {
         gen["tx_packets"].as_u64().unwrap(),
         "every frame forwarded by one of the two processes"
     );
+    // The primary's port counters count the secondary's queue pair too.
+    for (k, port) in p["ports"].as_array().unwrap().iter().enumerate() {
+        let st = &port["stats"];
+        let theirs = &s["ports"][k];
+        assert_eq!(
+            st["rx_queues"][1]["packets"], theirs["rx_packets"],
+            "port {k}: {st}"
+        );
+        assert_eq!(
+            st["tx_queues"][1]["packets"], theirs["tx_packets"],
+            "port {k}: {st}"
+        );
+        assert_eq!(
+            st["ipackets"].as_u64().unwrap(),
+            st["rx_queues"][0]["packets"].as_u64().unwrap()
+                + theirs["rx_packets"].as_u64().unwrap(),
+            "port {k}: {st}"
+        );
+    }
 }
 
 #[test]

@@ -42,6 +42,8 @@ pub struct AttachedPair {
     parked: Arc<crate::ethdev::Parked>,
     /// The caller says the primary destroyed the rings ([`AttachedPair::drop_destroyed`]).
     destroyed: bool,
+    /// Where the primary reads this pair's counters.
+    shared_stats: Option<crate::ethdev::export::SharedQueueStats>,
 }
 
 impl std::fmt::Debug for AttachedPair {
@@ -79,6 +81,17 @@ impl AttachedPair {
             what: format!("attaching to port {port} queue pair {queue}"),
             source: why.into(),
         })?;
+        let shared_stats = match export.area("stats") {
+            Ok(a) => Some(
+                crate::ethdev::export::SharedQueueStats::open(&a.path).map_err(|why| {
+                    PortError::Setup {
+                        what: format!("attaching to port {port} queue pair {queue}"),
+                        source: why.into(),
+                    }
+                })?,
+            ),
+            Err(_) => None,
+        };
         let counters = (Arc::new(Counters::default()), Arc::new(Counters::default()));
         let parked = crate::ethdev::Parked::new();
         let (rx, tx) = super::probe::import_pair(
@@ -118,6 +131,7 @@ impl AttachedPair {
             dir: dir.to_owned(),
             parked,
             destroyed: false,
+            shared_stats,
         })
     }
 
@@ -147,6 +161,17 @@ impl AttachedPair {
     /// This process's counters of the pair: (RX, TX).
     pub fn stats(&self) -> (QueueStats, QueueStats) {
         (self.counters.0.snapshot(), self.counters.1.snapshot())
+    }
+
+    /// Writes the pair's counters where the primary reads them (its port's statistics and
+    /// telemetry then count this process's traffic on the pair). A few stores: call it from
+    /// the polling loop now and then (l2fwd: every 50 ms), not per burst. Done once more
+    /// when the pair is dropped.
+    pub fn publish_stats(&self) {
+        if let Some(s) = &self.shared_stats {
+            let (rx, tx) = self.stats();
+            s.publish(&rx, &tx);
+        }
     }
 
     /// Stops the pair: from their next burst its handles return 0 (wherever they were
@@ -182,6 +207,7 @@ impl Drop for AttachedPair {
     /// out, since the device may still use it.
     fn drop(&mut self) {
         self.ctl.set_running(false);
+        self.publish_stats();
         if !self.destroyed && !self.rebuilt() {
             let out = Arc::clone(&self.parked);
             tracing::info!(target: "pmd::port", port = self.export.port, queue = self.export.queue, "attached pair dropped before the primary rebuilt it: its posted buffers stay out of the pool");

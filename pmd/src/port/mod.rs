@@ -261,9 +261,20 @@ pub struct Port {
     lock: Option<PortLock>,
     /// The live-capture switch its queue handles watch ([`crate::capture`]).
     tap: Arc<Tap>,
-    /// Queue pairs exported to other processes, and their description files (removed when
-    /// the port is configured again or dropped).
-    exported: Vec<(u16, std::path::PathBuf)>,
+    /// Queue pairs exported to other processes: their description files (removed when
+    /// the port is configured again or dropped) and counters.
+    exported: Vec<ExportedPair>,
+    /// The counters of exported pairs' earlier exports (a rebuild starts new ones), by
+    /// queue: (RX, TX).
+    exported_base: Vec<(u16, QueueStats, QueueStats)>,
+}
+
+/// A queue pair this port exported.
+struct ExportedPair {
+    queue: u16,
+    desc: std::path::PathBuf,
+    /// What the secondary polling it counts.
+    stats: crate::ethdev::export::SharedQueueStats,
 }
 
 impl std::fmt::Debug for Port {
@@ -375,6 +386,7 @@ impl Port {
             lock: None,
             tap: Tap::new(),
             exported: Vec::new(),
+            exported_base: Vec::new(),
         };
         if port.driver.event_fd().is_some() {
             port.ensure_events();
@@ -563,7 +575,29 @@ impl Port {
                     .into(),
             });
         }
-        for e in exports {
+        for mut e in exports {
+            let stats_path = x.dir.join(format!(
+                "{}.stats",
+                crate::ethdev::QueueExport::file_name(e.port, e.queue)
+            ));
+            let _ = std::fs::remove_file(&stats_path);
+            let stats =
+                crate::ethdev::export::SharedQueueStats::create(&stats_path).map_err(|err| {
+                    PortError::Setup {
+                        what: format!(
+                            "{}: the counters of queue pair {} at {}",
+                            self.name,
+                            e.queue,
+                            stats_path.display()
+                        ),
+                        source: Box::new(err),
+                    }
+                })?;
+            e.areas.push(crate::ethdev::export::Area {
+                role: "stats".into(),
+                path: stats_path,
+                len: crate::ethdev::export::STATS_BYTES,
+            });
             let path = e.write_to(&x.dir).map_err(|err| PortError::Setup {
                 what: format!(
                     "{}: writing the description of queue pair {} to {}",
@@ -574,7 +608,11 @@ impl Port {
                 source: Box::new(err),
             })?;
             tracing::info!(target: "pmd::port", port = self.id, queue = e.queue, file = %path.display(), "queue pair exported");
-            self.exported.push((e.queue, path));
+            self.exported.push(ExportedPair {
+                queue: e.queue,
+                desc: path,
+                stats,
+            });
         }
         Ok(())
     }
@@ -582,9 +620,18 @@ impl Port {
     /// Removes the descriptions of exported queue pairs, and the marks of the processes that
     /// attached to them.
     fn unexport(&mut self) {
-        for (_, path) in self.exported.drain(..) {
-            let _ = std::fs::remove_file(&path);
-            let mut used = path.into_os_string();
+        for e in self.exported.drain(..) {
+            // What its secondaries counted stays counted.
+            let (rx, tx) = e.stats.read();
+            match self.exported_base.iter_mut().find(|b| b.0 == e.queue) {
+                Some(b) => {
+                    b.1 = add_stats(&b.1, &rx);
+                    b.2 = add_stats(&b.2, &tx);
+                }
+                None => self.exported_base.push((e.queue, rx, tx)),
+            }
+            let _ = std::fs::remove_file(&e.desc);
+            let mut used = e.desc.into_os_string();
             used.push(".used");
             let _ = std::fs::remove_file(used);
         }
@@ -594,7 +641,7 @@ impl Port {
     fn exported_error(&self, dir: &'static str, queue: u16) -> Option<PortError> {
         self.exported
             .iter()
-            .any(|&(q, _)| q == queue)
+            .any(|e| e.queue == queue)
             .then(|| PortError::BadConfig {
                 what: "queue handle",
                 requested: format!("{dir} queue {queue}"),
@@ -1060,8 +1107,23 @@ impl Port {
 
     /// Statistics: per queue and summed, plus the driver's extended counters.
     pub fn stats(&self) -> Stats {
-        let rx: Vec<QueueStats> = self.rx_counters.iter().map(|c| c.snapshot()).collect();
-        let tx: Vec<QueueStats> = self.tx_counters.iter().map(|c| c.snapshot()).collect();
+        let mut rx: Vec<QueueStats> = self.rx_counters.iter().map(|c| c.snapshot()).collect();
+        let mut tx: Vec<QueueStats> = self.tx_counters.iter().map(|c| c.snapshot()).collect();
+        // Exported queue pairs: what the secondaries polling them counted.
+        for &(q, ref r, ref t) in &self.exported_base {
+            if let (Some(x), Some(y)) = (rx.get_mut(usize::from(q)), tx.get_mut(usize::from(q))) {
+                *x = add_stats(x, r);
+                *y = add_stats(y, t);
+            }
+        }
+        for e in &self.exported {
+            let (r, t) = e.stats.read();
+            let q = usize::from(e.queue);
+            if let (Some(x), Some(y)) = (rx.get_mut(q), tx.get_mut(q)) {
+                *x = add_stats(x, &r);
+                *y = add_stats(y, &t);
+            }
+        }
         Stats {
             ipackets: rx.iter().map(|q| q.packets).sum(),
             ibytes: rx.iter().map(|q| q.bytes).sum(),
@@ -1140,6 +1202,17 @@ impl Drop for Port {
         if handles > 0 && !std::thread::panicking() {
             tracing::warn!(target: "pmd::port", port = self.id, "port {} dropped while {handles} of its queue handles live: their bursts return 0 from now on (keep the Port as long as its queues are used)", self.id);
         }
+    }
+}
+
+/// Two queues' counters added.
+fn add_stats(a: &QueueStats, b: &QueueStats) -> QueueStats {
+    QueueStats {
+        packets: a.packets.wrapping_add(b.packets),
+        bytes: a.bytes.wrapping_add(b.bytes),
+        errors: a.errors.wrapping_add(b.errors),
+        missed: a.missed.wrapping_add(b.missed),
+        nombuf: a.nombuf.wrapping_add(b.nombuf),
     }
 }
 
