@@ -31,7 +31,7 @@ HELP
 [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ] && { usage; exit 0; }
 secs=60
 if [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]+$ ]]; then secs=$1; shift; fi
-all=(net_parse devargs pcap_file shm_ring telemetry mp_control mana_rx mana_tx mlx5_rx mlx5_mprq mlx5_tx)
+all=(net_parse devargs pcap_file shm_ring telemetry mp_control queue_export shared_pool mana_rx mana_tx mlx5_rx mlx5_mprq mlx5_tx)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 for t in "${targets[@]}"; do

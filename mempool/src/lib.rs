@@ -124,8 +124,8 @@ pub use mbuf::{
 };
 pub use offload::{CksumStatus, OffloadFlags};
 pub use pool::{
-    ChunkHook, Mempool, PoolConfig, DEFAULT_CACHE_SIZE, DEFAULT_MAX_CHUNK_BYTES, DEFAULT_OBJ_ALIGN,
-    MAX_CACHE_SIZE, MAX_OBJECTS,
+    ChunkHook, Mempool, PoolConfig, SharedPoolInfo, DEFAULT_CACHE_SIZE, DEFAULT_MAX_CHUNK_BYTES,
+    DEFAULT_OBJ_ALIGN, MAX_CACHE_SIZE, MAX_OBJECTS,
 };
 pub use region::{PagePolicy, PageSize, Region, RegionOptions, NO_HUGEPAGES_ENV};
 pub use shm::CACHE_SLOTS;

@@ -158,6 +158,29 @@ impl PoolConfig {
     }
 }
 
+/// What a shared pool's file says of the pool ([`Mempool::inspect_shared`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedPoolInfo {
+    /// The pool's name.
+    pub name: String,
+    /// Objects (mbufs) in it.
+    pub objects: u32,
+    /// Bytes per object.
+    pub obj_bytes: usize,
+    /// Where the creator maps the objects (every process that attaches maps them there).
+    pub addr: usize,
+    /// The creator's pid.
+    pub creator_pid: u32,
+    /// Per-core cache size.
+    pub cache_size: u32,
+    /// Whether it is an mbuf pool (else a plain object pool).
+    pub mbufs: bool,
+    /// An mbuf pool's headroom (0 for an object pool).
+    pub headroom: u16,
+    /// An mbuf pool's data room (0 for an object pool).
+    pub data_room: u16,
+}
+
 /// `count` objects of `obj_size` bytes rounded up to `align`: the span [`Mempool::new`] maps.
 pub(crate) fn span_bytes(count: u32, obj_size: usize, align: usize) -> Option<usize> {
     obj_size
@@ -428,6 +451,45 @@ impl Mempool {
     /// process already uses the creator's address range.
     pub fn attach(path: &std::path::Path, opts: &RegionOptions) -> Result<Arc<Mempool>, Error> {
         Mempool::attach_kind(path, opts, shm::KIND_OBJECT).map(|(p, _)| p)
+    }
+
+    /// What the shared pool file at `path` holds, read without attaching (nothing is mapped
+    /// at the creator's address; the file is mapped anywhere, read and unmapped): for tools
+    /// that list pools, and to check a file before attaching.
+    ///
+    /// # Errors
+    /// [`Error::NotASharedPool`] (every field is checked as [`Mempool::attach`] checks it);
+    /// [`Error::SharedFile`] / [`Error::SharedFileEmpty`] when the file cannot be mapped.
+    pub fn inspect_shared(path: &std::path::Path) -> Result<SharedPoolInfo, Error> {
+        let probe =
+            Region::attach_shared(path, &RegionOptions::default().lock(false).populate(false))?;
+        let bad = |why: String| Error::NotASharedPool {
+            path: path.to_owned(),
+            why,
+        };
+        // An mbuf pool, else (if it says it is one) an object pool.
+        let (kind, found) = match shm::read_header(&probe, shm::KIND_MBUF) {
+            Err(why) if why.contains("an object pool, not an mbuf pool") => {
+                (shm::KIND_OBJECT, shm::read_header(&probe, shm::KIND_OBJECT))
+            }
+            other => (shm::KIND_MBUF, other),
+        };
+        {
+            match found {
+                Ok(info) => Ok(SharedPoolInfo {
+                    name: info.name,
+                    objects: info.layout.obj_count,
+                    obj_bytes: info.layout.obj_size,
+                    addr: info.base,
+                    creator_pid: info.creator_pid,
+                    cache_size: info.cache_size,
+                    mbufs: kind == shm::KIND_MBUF,
+                    headroom: info.mbuf.0,
+                    data_room: info.mbuf.1,
+                }),
+                Err(why) => Err(bad(why)),
+            }
+        }
     }
 
     /// [`Mempool::attach`] for a pool of `kind`; also returns the mbuf layout (headroom, data

@@ -689,7 +689,12 @@ pub(crate) fn read_header(probe: &crate::Region, kind: u32) -> Result<HeaderInfo
     if len < LOCATOR_BYTES + size_of::<Header>() {
         return Err(format!("{len} bytes is too short for a pool"));
     }
-    // SAFETY: inside the mapping (length checked above), aligned (page-sized length).
+    if !len.is_multiple_of(CTL_ALIGN) {
+        return Err(format!(
+            "{len} bytes is not a whole number of pages (a pool's file always is)"
+        ));
+    }
+    // SAFETY: inside the mapping (length checked above), aligned (a whole number of pages).
     let loc = unsafe { &*probe.as_ptr().add(len - LOCATOR_BYTES).cast::<Locator>() };
     if loc.magic != MAGIC {
         return Err(format!(

@@ -21,6 +21,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("shm_ring", text::shm_ring),
     ("telemetry", text::telemetry),
     ("mp_control", text::mp_control),
+    ("queue_export", text::queue_export),
+    ("shared_pool", text::shared_pool),
     ("mana_rx", device::mana_rx),
     ("mana_tx", device::mana_tx),
     ("mlx5_rx", device::mlx5_rx),

@@ -250,3 +250,56 @@ pub fn mp_control(data: &[u8]) {
         }
     }
 }
+
+/// The description of an exported queue pair, as a secondary reads it from the primary's
+/// runtime directory (a file another process wrote): any text. Invariants: nothing panics;
+/// a description that parses prints as text that parses to the same description; one that
+/// fails says why.
+pub fn queue_export(data: &[u8]) {
+    use pmd::ethdev::QueueExport;
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    match QueueExport::parse(text) {
+        Ok(e) => assert_eq!(
+            QueueExport::parse(&e.to_text()).as_ref(),
+            Ok(&e),
+            "{text:?}"
+        ),
+        Err(why) => assert!(!why.is_empty()),
+    }
+}
+
+/// A shared mbuf pool's file, as a process that attaches reads it (another process made it:
+/// hostile, buggy, of another build, or truncated): any bytes, as a whole file.
+/// Invariants: nothing panics; [`mempool::Mempool::inspect_shared`] either refuses the file
+/// saying why, or describes a pool whose objects fit the file before its control block.
+pub fn shared_pool(data: &[u8]) {
+    use std::io::Write as _;
+    let dir = if std::path::Path::new("/dev/shm").is_dir() {
+        std::path::PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let path = dir.join(format!("fuzz-shared-pool-{}", std::process::id()));
+    let Ok(mut f) = std::fs::File::create(&path) else {
+        return;
+    };
+    if f.write_all(data).is_err() {
+        return;
+    }
+    drop(f);
+    match mempool::Mempool::inspect_shared(&path) {
+        Ok(info) => {
+            let span = info.obj_bytes as u64 * u64::from(info.objects);
+            assert!(
+                span <= data.len() as u64,
+                "{info:?} in {} bytes",
+                data.len()
+            );
+            assert!(!info.name.is_empty() && info.addr != 0, "{info:?}");
+        }
+        Err(e) => assert!(!e.to_string().is_empty()),
+    }
+    let _ = std::fs::remove_file(&path);
+}
