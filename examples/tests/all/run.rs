@@ -115,3 +115,28 @@ fn router_help_and_bad_arguments_are_usage_errors() {
         "out of port 2, but there are 2 ports",
     );
 }
+
+/// Three processes forward on their own queue pairs with one shared pool: every frame
+/// comes out (or is counted missed), each process forwards its share, the pool ends whole.
+#[test]
+fn symmetric_mp_forwards_in_three_processes_with_one_pool() {
+    let bin = env!("CARGO_BIN_EXE_symmetric_mp");
+    let text = run_ok(bin, &["--num-procs", "3"]);
+    assert!(text.contains("3 processes"), "{text}");
+    assert!(text.contains("mbufs still in use: 0"), "{text}");
+    for q in 0..3 {
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("queue pair {q} (")))
+            .unwrap_or_else(|| panic!("no line for queue pair {q}: {text}"));
+        let n: u64 = line
+            .split(": ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        assert!(n > 0, "RSS gives every process a share: {line}");
+    }
+    assert_usage_error(bin, &["--num-procs", "9"], "takes 1 to 8");
+    assert!(run_ok(bin, &["--help"]).contains("Usage: symmetric_mp"));
+}

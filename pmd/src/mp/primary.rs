@@ -589,6 +589,9 @@ fn serve(shared: &Shared, sock: &SeqConn, id: ConnId) {
     let why = match &end {
         End::Bye => ReleaseWhy::Asked,
         End::Stop => ReleaseWhy::Stopping,
+        // A secondary that goes because this primary is stopping (it told it so) is not
+        // one that died.
+        End::Closed if shared.closing.load(Ordering::SeqCst) => ReleaseWhy::Stopping,
         End::Closed => ReleaseWhy::Exited,
         End::Cut(e) => {
             tracing::warn!(target: "pmd::mp", "secondary pid {pid} cut off: {e}");
@@ -609,7 +612,7 @@ fn serve(shared: &Shared, sock: &SeqConn, id: ConnId) {
             why,
         });
     }
-    if matches!(end, End::Closed | End::Bye) {
+    if matches!(end, End::Closed | End::Bye) && !shared.closing.load(Ordering::SeqCst) {
         reclaim_caches(shared, pid, matches!(end, End::Closed));
     }
     shared.event(MpEvent::Detached {
