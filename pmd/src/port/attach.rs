@@ -43,7 +43,7 @@ pub struct AttachedPair {
     /// The caller says the primary destroyed the rings ([`AttachedPair::drop_destroyed`]).
     destroyed: bool,
     /// Where the primary reads this pair's counters.
-    shared_stats: Option<crate::ethdev::export::SharedQueueStats>,
+    shared_stats: Option<super::shared_stats::SharedQueueStats>,
 }
 
 impl std::fmt::Debug for AttachedPair {
@@ -83,7 +83,7 @@ impl AttachedPair {
         })?;
         let shared_stats = match export.area("stats") {
             Ok(a) => Some(
-                crate::ethdev::export::SharedQueueStats::open(&a.path).map_err(|why| {
+                super::shared_stats::SharedQueueStats::open(&a.path).map_err(|why| {
                     PortError::Setup {
                         what: format!("attaching to port {port} queue pair {queue}"),
                         source: why.into(),

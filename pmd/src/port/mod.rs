@@ -40,6 +40,7 @@ pub mod devargs;
 pub mod lock;
 pub mod probe;
 pub mod recovery;
+pub mod shared_stats;
 
 pub use crate::ethdev::{
     max_frame_bytes, Burst, Caps, Link, PortConfig, PortError, PortEvent, PortState, QueueFault,
@@ -274,7 +275,7 @@ struct ExportedPair {
     queue: u16,
     desc: std::path::PathBuf,
     /// What the secondary polling it counts.
-    stats: crate::ethdev::export::SharedQueueStats,
+    stats: shared_stats::SharedQueueStats,
 }
 
 impl std::fmt::Debug for Port {
@@ -581,22 +582,21 @@ impl Port {
                 crate::ethdev::QueueExport::file_name(e.port, e.queue)
             ));
             let _ = std::fs::remove_file(&stats_path);
-            let stats =
-                crate::ethdev::export::SharedQueueStats::create(&stats_path).map_err(|err| {
-                    PortError::Setup {
-                        what: format!(
-                            "{}: the counters of queue pair {} at {}",
-                            self.name,
-                            e.queue,
-                            stats_path.display()
-                        ),
-                        source: Box::new(err),
-                    }
-                })?;
+            let stats = shared_stats::SharedQueueStats::create(&stats_path).map_err(|err| {
+                PortError::Setup {
+                    what: format!(
+                        "{}: the counters of queue pair {} at {}",
+                        self.name,
+                        e.queue,
+                        stats_path.display()
+                    ),
+                    source: Box::new(err),
+                }
+            })?;
             e.areas.push(crate::ethdev::export::Area {
                 role: "stats".into(),
                 path: stats_path,
-                len: crate::ethdev::export::STATS_BYTES,
+                len: shared_stats::STATS_BYTES,
             });
             let path = e.write_to(&x.dir).map_err(|err| PortError::Setup {
                 what: format!(
