@@ -349,8 +349,10 @@ impl Ctl {
     }
 
     /// Puts `objs` in the ring. `Err(idx)` names an object that did not fit (more objects
-    /// came back than the pool holds: a double free).
-    #[inline]
+    /// came back than the pool holds: a double free). Never inlined: it runs once per cache
+    /// refill or flush, and inlined into a driver's burst its loops would cost the burst
+    /// registers.
+    #[inline(never)]
     pub(crate) fn put(&self, objs: &[u32]) -> Result<(), u32> {
         let n = objs.len() as u32;
         if n == 0 {
@@ -387,15 +389,15 @@ impl Ctl {
     }
 
     /// Takes exactly `out.len()` objects, or none (`false`).
-    #[inline]
     pub(crate) fn get_exact(&self, out: &mut [u32]) -> bool {
         let n = out.len() as u32;
         self.get(out, n, n) == n
     }
 
     /// Takes between `min` and `want` objects (as many as there are, up to `want`) into
-    /// `out`, or none when fewer than `min` are there. Returns how many.
-    #[inline]
+    /// `out`, or none when fewer than `min` are there. Returns how many. Never inlined (see
+    /// [`Ctl::put`]).
+    #[inline(never)]
     pub(crate) fn get(&self, out: &mut [u32], min: u32, want: u32) -> u32 {
         let want = want.min(out.len() as u32);
         if want == 0 {
