@@ -178,8 +178,12 @@ impl PoolCache {
 
     /// Returns everything the cache holds to the ring.
     pub fn flush(&mut self) {
-        self.pool.ring_put(&self.objs[..self.len]);
+        // The shorter length is published before the objects go: a process killed in
+        // between leaks them (a survivor's reclaim does not see them) rather than have them
+        // returned twice.
+        let n = self.len;
         self.set_len(0);
+        self.pool.ring_put(&self.objs[..n]);
     }
 
     #[inline]
@@ -234,8 +238,10 @@ impl PoolCache {
         } else {
             excess
         };
-        let keep = self.len - flush;
-        self.pool.ring_put(&self.objs[keep..self.len]);
+        let (keep, had) = (self.len - flush, self.len);
+        // Shorter first, as in `flush`.
+        self.set_len(keep);
+        self.pool.ring_put(&self.objs[keep..had]);
         copy_objs(&mut self.objs[keep..keep + n], objs);
         self.set_len(keep + n);
     }

@@ -378,7 +378,7 @@ impl Mempool {
         let ring = match ctl_layout {
             None => FreeList::Local(Ring::new(cfg.obj_count)),
             Some(l) => {
-                let ctl = shm_view(&region, l, cfg.obj_count);
+                let ctl = shm_view(&region, l, cfg.obj_count, true);
                 // The file is fresh and only this process has it mapped.
                 shm::write_header(&ctl, &name, &layout, cache_size, &keys);
                 FreeList::Shared(ctl)
@@ -509,14 +509,14 @@ impl Mempool {
         let info = shm::read_header(&probe, kind).map_err(bad)?;
         drop(probe);
         let region = Region::attach_shared_at(path, info.base, opts)?;
-        if region.len() < info.ctl.end {
+        if region.len() < info.ctl.file_bytes() {
             return Err(bad(format!(
                 "the file shrank to {} bytes while attaching (the pool needs {})",
                 region.len(),
-                info.ctl.end
+                info.ctl.file_bytes()
             )));
         }
-        let ctl = shm_view(&region, info.ctl, info.layout.obj_count);
+        let ctl = shm_view(&region, info.ctl, info.layout.obj_count, false);
         // Read again from the mapping we keep: the file may have been replaced meanwhile.
         let again = shm::header_info(&ctl, kind, region.len()).map_err(bad)?;
         if again != info {
@@ -996,14 +996,11 @@ impl FreeList {
     }
 }
 
-/// A view of the control block of a shared pool's `region`.
-fn shm_view(region: &Region, layout: CtlLayout, obj_count: u32) -> Ctl {
+/// A view of the control block of a shared pool's `region` (`create`: a new pool's, whose
+/// locator this writes).
+fn shm_view(region: &Region, layout: CtlLayout, obj_count: u32, create: bool) -> Ctl {
     let base = std::ptr::NonNull::new(region.as_ptr()).expect("a mapping is never at address 0");
-    assert!(
-        region.len() >= layout.end,
-        "region smaller than its control block"
-    );
-    shm::ctl_over(base, layout, obj_count, region)
+    shm::ctl_over(base, layout, obj_count, region, create)
 }
 
 impl Drop for Mempool {

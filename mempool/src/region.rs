@@ -453,11 +453,19 @@ impl Region {
                 source,
             }
         };
+        // A file already there (a pool of a process that died, or of one still running) is
+        // unlinked, not truncated: whoever still maps it keeps its memory, instead of getting
+        // SIGBUS or sharing a pool rebuilt under it.
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(file_err("remove the old")(e));
+            }
+            _ => {}
+        }
         let file: File = OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .open(path)
             .map_err(file_err("open"))?;
         // From here on the file is ours: remove it again if anything below fails.

@@ -91,6 +91,9 @@ struct RingCtl {
     cons: HeadTail,
 }
 
+/// A cache slot's owner while a survivor takes its objects back.
+const RECLAIMING: u32 = u32::MAX;
+
 /// Head of a cache slot; the slot's objects follow it.
 #[repr(C, align(64))]
 pub(crate) struct SlotHead {
@@ -124,11 +127,11 @@ impl CtlLayout {
     /// `None` when it overflows.
     pub(crate) fn new(span: usize, obj_count: u32, cache_size: u32) -> Option<CtlLayout> {
         let ctl_offset = up(span, CTL_ALIGN)?;
-        let ring_ctl = up(ctl_offset + size_of::<Header>(), 128)?;
-        let ring_slots = ring_ctl + size_of::<RingCtl>();
+        let ring_ctl = up(ctl_offset.checked_add(size_of::<Header>())?, 128)?;
+        let ring_slots = ring_ctl.checked_add(size_of::<RingCtl>())?;
         // More slots than objects, so the free count never wraps to "empty".
         let ring_size = (obj_count.checked_add(1)?).checked_next_power_of_two()?;
-        let cache_slots = up(ring_slots + 4 * ring_size as usize, 64)?;
+        let cache_slots = up(ring_slots.checked_add(4 * ring_size as usize)?, 64)?;
         let slot_cap = crate::cache::slot_capacity(cache_size as usize);
         let slot_stride = up(size_of::<SlotHead>() + 4 * slot_cap, 64)?;
         let audit = cache_slots.checked_add(CACHE_SLOTS.checked_mul(slot_stride)?)?;
@@ -280,7 +283,7 @@ impl Ctl {
     pub(crate) fn slot_owners(&self) -> Vec<u32> {
         let mut v: Vec<u32> = (0..CACHE_SLOTS)
             .map(|i| self.cache_slot(i).owner.load(Ordering::Acquire))
-            .filter(|&p| p != 0)
+            .filter(|&p| p != 0 && p != RECLAIMING)
             .collect();
         v.sort_unstable();
         v.dedup();
@@ -295,7 +298,11 @@ impl Ctl {
         let mut buf = vec![0u32; self.layout.slot_cap];
         for i in 0..CACHE_SLOTS {
             let s = self.cache_slot(i);
-            if s.owner.load(Ordering::Acquire) != pid {
+            // Take the slot first: a second reclaimer of the same pid finds it taken.
+            if s.owner
+                .compare_exchange(pid, RECLAIMING, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
                 continue;
             }
             let len = (s.len.load(Ordering::Acquire) as usize).min(self.layout.slot_cap);
@@ -312,15 +319,21 @@ impl Ctl {
                     bad += 1;
                 }
             }
-            if let Err(idx) = self.put(&buf[..n]) {
-                panic!("shared pool: reclaimed index {idx} does not fit in the ring (freed twice)");
+            // One by one past the first that does not fit: an object that is already back
+            // (a torn slot) must not take the others with it.
+            match self.put(&buf[..n]) {
+                Ok(()) => back += n as u32,
+                Err(_) => {
+                    for &idx in &buf[..n] {
+                        match self.put(&[idx]) {
+                            Ok(()) => back += 1,
+                            Err(_) => bad += 1,
+                        }
+                    }
+                }
             }
-            back += n as u32;
             s.len.store(0, Ordering::Relaxed);
-            // Only if it is still the dead process's: a compare, not a store.
-            let _ = s
-                .owner
-                .compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
+            s.owner.store(0, Ordering::Release);
         }
         (back, bad)
     }
@@ -359,7 +372,9 @@ impl Ctl {
             return Ok(());
         }
         let r = self.ring();
-        let mut head = r.prod.head.load(Ordering::Relaxed);
+        // The head is read before the other side's tail (acquire, as DPDK's fence "ensure
+        // the head is read before tail"): a tail older than the head would miscount.
+        let mut head = r.prod.head.load(Ordering::Acquire);
         loop {
             let cons_tail = r.cons.tail.load(Ordering::Acquire);
             let free = self.obj_count.wrapping_add(cons_tail).wrapping_sub(head);
@@ -370,7 +385,7 @@ impl Ctl {
                 head,
                 head.wrapping_add(n),
                 Ordering::AcqRel,
-                Ordering::Relaxed,
+                Ordering::Acquire,
             ) {
                 Ok(_) => break,
                 Err(h) => head = h,
@@ -404,10 +419,23 @@ impl Ctl {
             return 0;
         }
         let r = self.ring();
-        let mut head = r.cons.head.load(Ordering::Relaxed);
+        // As in `put`: the head before the other side's tail.
+        let mut head = r.cons.head.load(Ordering::Acquire);
+        let mut torn = 0u32;
         let n = loop {
             let prod_tail = r.prod.tail.load(Ordering::Acquire);
-            let entries = prod_tail.wrapping_sub(head).min(self.obj_count);
+            let entries = prod_tail.wrapping_sub(head);
+            if entries > self.obj_count {
+                // The two were read at different moments (the head moved on meanwhile):
+                // read again. Forever only if another process wrote nonsense into them.
+                torn += 1;
+                if torn > 1 << 24 {
+                    corrupt_ring(entries, self.obj_count);
+                }
+                std::hint::spin_loop();
+                head = r.cons.head.load(Ordering::Acquire);
+                continue;
+            }
             let n = want.min(entries);
             if n < min.max(1) {
                 return 0;
@@ -416,7 +444,7 @@ impl Ctl {
                 head,
                 head.wrapping_add(n),
                 Ordering::AcqRel,
-                Ordering::Relaxed,
+                Ordering::Acquire,
             ) {
                 Ok(_) => break n,
                 Err(h) => head = h,
@@ -604,19 +632,19 @@ pub(crate) fn ctl_over(
     layout: CtlLayout,
     obj_count: u32,
     region: &crate::Region,
+    create: bool,
 ) -> Ctl {
-    assert!(region.len() >= layout.end + LOCATOR_BYTES);
+    assert!(region.len() >= layout.file_bytes());
     assert_eq!(base.as_ptr(), region.as_ptr());
     // SAFETY: `base` is the start of `region`'s mapping, writable, at least `layout.end` bytes
     // long (asserted), and the caller keeps the region for the view's life (above).
     let ctl = unsafe { Ctl::new(base, layout, obj_count) };
-    // The locator, at the end of the mapping (the whole file).
-    let at = region.len() - LOCATOR_BYTES;
-    // SAFETY: inside the mapping, 64-byte aligned (page-sized length); only written here,
-    // by the creator before `ready` (re-writing the same values when attaching is avoided
-    // by comparing first).
-    let loc = unsafe { &mut *region.as_ptr().add(at).cast::<Locator>() };
-    if loc.magic != MAGIC {
+    if create {
+        // The locator, at the end of the mapping (the whole file).
+        let at = region.len() - LOCATOR_BYTES;
+        // SAFETY: inside the mapping, 64-byte aligned (page-sized length); written only here,
+        // by the creator, before anyone can attach (the file is new).
+        let loc = unsafe { &mut *region.as_ptr().add(at).cast::<Locator>() };
         loc.ctl_offset = layout.ctl_offset as u64;
         loc.end = layout.end as u64;
         loc.magic = MAGIC;
@@ -627,7 +655,7 @@ pub(crate) fn ctl_over(
 impl CtlLayout {
     /// Bytes a shared pool's file needs: the control block and the locator after it.
     pub(crate) fn file_bytes(&self) -> usize {
-        self.end + LOCATOR_BYTES
+        self.end.saturating_add(LOCATOR_BYTES)
     }
 }
 

@@ -197,6 +197,13 @@ fn run(args: &Args) -> Result<(), Failure> {
     stop.on_signals().map_err(|e| e.to_string())?;
     // Before any device is touched, as DPDK's EAL does: a prefix in use fails the start.
     let mut telemetry = apps::telemetry::start("l2fwd", &args.telemetry)?;
+    // The control socket first: a second primary of the prefix is refused before it touches
+    // the first one's pool file or rings.
+    let mut workers = if primary {
+        Some(Workers::listen(args)?)
+    } else {
+        None
+    };
     let pool_file = primary.then(|| run_dir.join("l2fwd-mbufs"));
     let pool_cores = if primary { usize::from(pairs) } else { cores };
     let PortSet { mut ports, pool } = open_ports(
@@ -243,11 +250,9 @@ fn run(args: &Args) -> Result<(), Failure> {
     for port in &mut ports {
         port.start().map_err(|e| e.to_string())?;
     }
-    let mut workers = if primary {
-        Some(Workers::start(args, &ports, pairs, cores as u16, &pool)?)
-    } else {
-        None
-    };
+    if let Some(w) = &workers {
+        w.offer(args, &ports, pairs, cores as u16, &pool)?;
+    }
     // pmd-dumpcap's socket: captures of what the ports receive and send, while l2fwd runs.
     let capture = apps::telemetry::capture("l2fwd", &args.telemetry, telemetry.as_ref(), &ports)?;
     // Forward anyway when a link stays down: it may come up later (a peer started late).
@@ -308,13 +313,7 @@ fn run(args: &Args) -> Result<(), Failure> {
                     mine[*src].rx.add(n as u64);
                     let dst = *src ^ 1;
                     if mac_updating {
-                        for m in b.iter_mut() {
-                            let d = m.data_mut();
-                            if d.len() >= 12 {
-                                d[..6].copy_from_slice(&[2, 0, 0, 0, 0, dst as u8]);
-                                d[6..12].copy_from_slice(&macs[dst]);
-                            }
-                        }
+                        rewrite_macs(&mut b, dst, &macs[dst]);
                     }
                     let sent = w.txqs[dst].tx_burst(&mut b);
                     mine[dst].tx.add(sent as u64);
@@ -420,6 +419,18 @@ fn run(args: &Args) -> Result<(), Failure> {
     Ok(())
 }
 
+/// DPDK l2fwd's MAC updating: the destination becomes `02:00:00:00:00:<egress port>`, the
+/// source the egress port's MAC.
+fn rewrite_macs(b: &mut Burst, dst: usize, mac: &[u8; 6]) {
+    for m in b.iter_mut() {
+        let d = m.data_mut();
+        if d.len() >= 12 {
+            d[..6].copy_from_slice(&[2, 0, 0, 0, 0, dst as u8]);
+            d[6..12].copy_from_slice(mac);
+        }
+    }
+}
+
 /// One port's counters summed over the cores.
 #[derive(Debug, Clone, Copy, Default)]
 struct Totals {
@@ -497,17 +508,27 @@ struct WorkerCounts {
 }
 
 impl Workers {
-    /// Starts the control socket of prefix `--file-prefix` and offers the secondaries the
-    /// queue pairs `cores..pairs` of every port, and the pool.
-    fn start(
+    /// Starts the control socket of prefix `--file-prefix` (refused while another primary
+    /// of the prefix runs).
+    fn listen(args: &Args) -> Result<Self, Failure> {
+        let mp = pmd::mp::Primary::start(&pmd::mp::MpConfig::new(&args.telemetry.file_prefix))
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            mp,
+            counts: WorkerCounts::default(),
+        })
+    }
+
+    /// Offers the secondaries the queue pairs `cores..pairs` of every port, and the pool.
+    fn offer(
+        &self,
         args: &Args,
         ports: &[Port],
         pairs: u16,
         cores: u16,
         pool: &Arc<mempool::MbufPool>,
-    ) -> Result<Self, Failure> {
-        let mp = pmd::mp::Primary::start(&pmd::mp::MpConfig::new(&args.telemetry.file_prefix))
-            .map_err(|e| e.to_string())?;
+    ) -> Result<(), Failure> {
+        let mp = &self.mp;
         let kept: Vec<u16> = (0..cores).collect();
         for (p, spec) in ports.iter().zip(&args.ports) {
             mp.publish(p.id(), &spec.to_string(), pairs, &kept);
@@ -519,10 +540,7 @@ impl Workers {
             pairs - cores,
             args.telemetry.file_prefix
         );
-        Ok(Self {
-            mp,
-            counts: WorkerCounts::default(),
-        })
+        Ok(())
     }
 
     /// What happened on the control socket. A queue pair given back (its secondary left,
@@ -771,7 +789,7 @@ fn report(
 /// `--proc-type secondary`: a worker of a running primary, forwarding on one queue pair of
 /// each of its ports.
 mod secondary {
-    use super::{usage, Args, Burst, Duration, Failure, Instant, StopFlag};
+    use super::{rewrite_macs, usage, Args, Burst, Duration, Failure, Instant, StopFlag};
     use apps::common::Idle;
     use mempool::lcache;
     use pmd::lcore::{launch_each, CoreList};
@@ -825,7 +843,7 @@ mod secondary {
         let ports: Vec<u16> = s.ports().iter().map(|p| p.id).collect();
         if ports.len() < 2 || !ports.len().is_multiple_of(2) {
             return Err(format!(
-                "the primary has {} port(s): l2fwd forwards between pairs of ports",
+                "the primary has {} port(s): l2fwd forwards between pairs of ports (is the primary still starting?)",
                 ports.len()
             )
             .into());
@@ -926,13 +944,7 @@ mod secondary {
                     moved = true;
                     totals[src].rx += n as u64;
                     if mac_updating {
-                        for m in b.iter_mut() {
-                            let d = m.data_mut();
-                            if d.len() >= 12 {
-                                d[..6].copy_from_slice(&[2, 0, 0, 0, 0, dst as u8]);
-                                d[6..12].copy_from_slice(&macs[dst]);
-                            }
-                        }
+                        rewrite_macs(&mut b, dst, &macs[dst]);
                     }
                     if let Some(tx) = self.pairs[dst].as_mut() {
                         totals[dst].tx += tx.tx.tx_burst(&mut b) as u64;

@@ -514,6 +514,16 @@ impl Drop for MbufPool {
             tracing::debug!(target: LOG, pool = %self.mp.name(), outstanding, "detached from a shared pool");
             std::mem::forget(Arc::clone(&self.mp));
         } else if outstanding > 0 {
+            // Its file goes now all the same (every mapping keeps its memory): a pool that
+            // was shared must not stay behind in the directory.
+            if let Some(path) = self
+                .mp
+                .region()
+                .shared_path()
+                .filter(|_| self.mp.is_shared())
+            {
+                let _ = std::fs::remove_file(path);
+            }
             tracing::warn!(
                 target: LOG,
                 pool = %self.mp.name(),

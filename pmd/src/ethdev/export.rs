@@ -270,6 +270,23 @@ impl QueueExport {
             )
         })?;
         let e = Self::parse(&text).map_err(|why| format!("{}: {why}", path.display()))?;
+        // Only files of the export directory: a description names nothing else to map.
+        for a in &e.areas {
+            let inside = a.path.parent() == Some(dir)
+                && a.path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n != ".." && n != "." && !n.is_empty());
+            if !inside {
+                return Err(format!(
+                    "{}: area {} is {}, outside the export directory {}",
+                    path.display(),
+                    a.role,
+                    a.path.display(),
+                    dir.display()
+                ));
+            }
+        }
         if (e.port, e.queue) != (port, queue) {
             return Err(format!(
                 "{} describes port {} queue {}",
@@ -358,5 +375,23 @@ mod tests {
             let err = QueueExport::parse(&bad).unwrap_err();
             assert!(err.contains(why), "{why}: {err}");
         }
+    }
+
+    #[test]
+    fn a_description_names_only_files_of_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = sample();
+        e.areas[0].path = dir.path().join("ring");
+        e.write_to(dir.path()).unwrap();
+        assert_eq!(QueueExport::read_from(dir.path(), 3, 1).unwrap(), e);
+        e.areas[0].path = "/etc/passwd".into();
+        e.write_to(dir.path()).unwrap();
+        let err = QueueExport::read_from(dir.path(), 3, 1).unwrap_err();
+        assert!(err.contains("outside the export directory"), "{err}");
+        let err = QueueExport::read_from(dir.path(), 3, 2).unwrap_err();
+        assert!(
+            err.contains("does the primary export port 3 queue 2"),
+            "{err}"
+        );
     }
 }

@@ -100,7 +100,20 @@ impl AttachedPair {
             Arc::clone(&counters.0),
             Arc::clone(&counters.1),
             Arc::clone(&parked),
-            || export.mark_used(dir),
+            || {
+                export.mark_used(dir)?;
+                // Rebuilt between our read and our mark: the mark is for rings we did not map.
+                match QueueExport::read_from(dir, port, queue) {
+                    Ok(now) if now == export => Ok(()),
+                    _ => {
+                        let _ = std::fs::remove_file(QueueExport::used_marker(dir, port, queue));
+                        Err(
+                            "the primary rebuilt the pair while this process attached: try again"
+                                .into(),
+                        )
+                    }
+                }
+            },
         )?;
         let ctl = QueueCtl::new();
         ctl.set_running(true);

@@ -496,6 +496,8 @@ impl Port {
         check_export(cfg, pool)?;
         self.detach_queues();
         self.unexport();
+        // A new configuration counts from zero, its exported pairs too.
+        self.exported_base.clear();
         let setup = QueueSetup::new(self.id, cfg.rx_queues, cfg.tx_queues);
         let queues = self
             .driver
@@ -577,6 +579,11 @@ impl Port {
             });
         }
         for mut e in exports {
+            // A marker left by a process that attached to an earlier export (of a primary
+            // that died, say) names rings that are gone.
+            let _ = std::fs::remove_file(crate::ethdev::QueueExport::used_marker(
+                &x.dir, e.port, e.queue,
+            ));
             let stats_path = x.dir.join(format!(
                 "{}.stats",
                 crate::ethdev::QueueExport::file_name(e.port, e.queue)
@@ -1055,13 +1062,28 @@ impl Port {
         // may free what it had posted on them.
         self.ctl.set_running(false);
         let setup = QueueSetup::continuing(self.id, &self.rx_counters, &self.tx_counters);
-        let queues = self.driver.configure(&cfg, &pool, &setup)?;
-        if was_started {
-            self.driver.start()?;
-        }
-        self.install(queues, was_started);
+        let queues = match self.driver.configure(&cfg, &pool, &setup) {
+            Ok(q) => q,
+            Err(e) => {
+                // The old queues are gone, and no new ones: nothing runs until the port is
+                // configured again.
+                self.unexport();
+                self.state = PortState::Opened;
+                self.rx.clear();
+                self.tx.clear();
+                return Err(e);
+            }
+        };
+        let started = if was_started {
+            self.driver.start()
+        } else {
+            Ok(())
+        };
+        // The new queues exist either way: the handles get them, the exports describe them.
+        self.install(queues, was_started && started.is_ok());
         tracing::info!(target: "pmd::port", port = self.id, "queues rebuilt");
-        self.reexport(&cfg)
+        self.reexport(&cfg)?;
+        started
     }
 
     /// Describes the exported queue pairs of the configuration just built.

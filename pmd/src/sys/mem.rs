@@ -298,16 +298,7 @@ impl DevMem {
                 format!("{} is shorter than {len} bytes", path.display()),
             ));
         }
-        let map = memmap2::MmapOptions::new().len(len).map_raw(&file)?;
-        Ok(Self {
-            ptr: map.as_mut_ptr(),
-            len,
-            _backing: Backing::File {
-                map,
-                path: path.to_owned(),
-                remove: false,
-            },
-        })
+        Self::map_path(&file, path, len, false)
     }
 
     /// A new shared file at `path` (it must not exist) of `len` zeroed bytes, mapped; removed
@@ -322,15 +313,18 @@ impl DevMem {
             .write(true)
             .create_new(true)
             .open(path)?;
-        let made = Self::map_new(&file, path, len);
+        let made = file
+            .set_len(len as u64)
+            .and_then(|()| Self::map_path(&file, path, len, true));
         if made.is_err() {
             let _ = std::fs::remove_file(path);
         }
         made
     }
 
-    fn map_new(file: &std::fs::File, path: &Path, len: usize) -> io::Result<Self> {
-        file.set_len(len as u64)?;
+    /// `len` bytes of `file` (named `path`) mapped shared; `remove`: the file is ours, removed
+    /// when the mapping drops.
+    fn map_path(file: &std::fs::File, path: &Path, len: usize, remove: bool) -> io::Result<Self> {
         let map = memmap2::MmapOptions::new().len(len).map_raw(file)?;
         Ok(Self {
             ptr: map.as_mut_ptr(),
@@ -338,7 +332,7 @@ impl DevMem {
             _backing: Backing::File {
                 map,
                 path: path.to_owned(),
-                remove: true,
+                remove,
             },
         })
     }

@@ -150,6 +150,17 @@ fn line(out: &mut BufReader<ChildStdout>, prefix: &str) -> String {
     }
 }
 
+/// A shared mbuf pool of `n` mbufs (caches of `cache`) in `dir/mbufs`.
+fn shared_pool(dir: &Path, name: &str, n: u32, cache: u32) -> Arc<mempool::MbufPool> {
+    mempool::MbufPool::new(
+        mempool::MbufPoolConfig::new(name, n)
+            .cache_size(cache)
+            .page_policy(mempool::PagePolicy::Normal)
+            .shared_file(dir.join("mbufs")),
+    )
+    .unwrap()
+}
+
 /// A 64-byte UDP frame from `02:00:00:00:00:0{from}` to `..:0{to}`, numbered `seq`.
 fn frame(from: u8, to: u8, seq: u32, src_port: u16) -> Vec<u8> {
     let mut payload = [0u8; 22];
@@ -183,13 +194,7 @@ fn wait_event(p: &Primary, want: impl Fn(&MpEvent) -> bool) -> MpEvent {
 fn a_killed_secondary_s_cached_mbufs_come_back_to_the_shared_pool() {
     let dir = tempfile::tempdir().unwrap();
     let p = Primary::start(&MpConfig::new("t").with_dir(dir.path())).unwrap();
-    let pool = mempool::MbufPool::new(
-        mempool::MbufPoolConfig::new("mp-pool", 1024)
-            .cache_size(64)
-            .page_policy(mempool::PagePolicy::Normal)
-            .shared_file(dir.path().join("mbufs")),
-    )
-    .unwrap();
+    let pool = shared_pool(dir.path(), "mp-pool", 1024, 64);
     p.share_pool(&pool).unwrap();
     let (mut c, mut out) = spawn("pool-user", dir.path());
     let holding = line(&mut out, "holding");
@@ -234,13 +239,7 @@ fn a_killed_secondary_s_cached_mbufs_come_back_to_the_shared_pool() {
 fn a_secondary_that_exits_without_flushing_its_cache_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
     let p = Primary::start(&MpConfig::new("t").with_dir(dir.path())).unwrap();
-    let pool = mempool::MbufPool::new(
-        mempool::MbufPoolConfig::new("mp-pool", 256)
-            .cache_size(32)
-            .page_policy(mempool::PagePolicy::Normal)
-            .shared_file(dir.path().join("mbufs")),
-    )
-    .unwrap();
+    let pool = shared_pool(dir.path(), "mp-pool", 256, 32);
     p.share_pool(&pool).unwrap();
     let (mut c, mut out) = spawn("pool-exit", dir.path());
     let cached: u32 = line(&mut out, "cached")
@@ -264,13 +263,7 @@ fn a_secondary_that_exits_without_flushing_its_cache_leaves_nothing_behind() {
 #[test]
 fn secondaries_send_and_receive_on_a_queue_pair_the_primary_exports_and_rebuilds() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = mempool::MbufPool::new(
-        mempool::MbufPoolConfig::new("mp-dp", 4096)
-            .cache_size(64)
-            .page_policy(mempool::PagePolicy::Normal)
-            .shared_file(dir.path().join("mbufs")),
-    )
-    .unwrap();
+    let pool = shared_pool(dir.path(), "mp-dp", 4096, 64);
     let cable = format!("mp-dp-{}", std::process::id());
     let spec = |n: u8| {
         format!("emu-mana:wire=loop:{cable},engine=thread,mac=02:00:00:00:00:0{n}")
