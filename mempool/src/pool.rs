@@ -955,7 +955,8 @@ impl Mempool {
     /// Gives back a cache's storage (its objects flushed first).
     pub(crate) fn release_store(&self, store: &shm::CacheStore) {
         if let Some(slot) = store.heap_slot() {
-            self.lock_caches().retain(|s| !Arc::ptr_eq(s, slot));
+            self.lock_caches()
+                .retain(|s| !std::ptr::eq(Arc::as_ptr(s), slot));
         }
         if let (Some(i), FreeList::Shared(ctl)) = (store.shared_slot(), &self.ring) {
             ctl.release_slot(i);

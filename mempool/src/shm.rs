@@ -515,20 +515,22 @@ pub(crate) fn pid_gone(pid: u32) -> bool {
 
 /// A cache's storage: `cap` indices and the cell its length is published in. For a private
 /// pool both are on this process's heap; for a shared pool both are in a cache slot of the
-/// control block.
+/// control block. Three words, as the `Box<[u32]>` and `Arc` it replaces: the cache sits in
+/// every burst's working set.
 pub(crate) struct CacheStore {
     objs: NonNull<u32>,
-    cap: usize,
+    /// The heap record's `len` (an `Arc<CacheSlot>` made raw, `len` at offset 0), or a
+    /// shared slot's.
     len_cell: NonNull<AtomicU32>,
-    kind: StoreKind,
+    cap: u32,
+    /// The shared slot's index, or `HEAP`.
+    slot: u32,
 }
 
-enum StoreKind {
-    /// Heap storage: the boxed objects (freed on drop) and the pool's record of the cache.
-    Heap(std::sync::Arc<crate::pool::CacheSlot>),
-    /// Slot `i` of a shared pool's control block (given back by the pool).
-    Shared(usize),
-}
+/// `CacheStore::slot` of heap storage.
+const HEAP: u32 = u32::MAX;
+
+const _: () = assert!(std::mem::offset_of!(crate::pool::CacheSlot, len) == 0);
 
 // SAFETY: the storage belongs to one cache, which one thread owns at a time (`PoolCache` is
 // `Send`, not `Sync`); the length cell is an atomic.
@@ -537,49 +539,46 @@ unsafe impl Send for CacheStore {}
 impl CacheStore {
     /// Heap storage for `cap` indices, publishing its length in `slot`.
     pub(crate) fn heap(cap: usize, slot: std::sync::Arc<crate::pool::CacheSlot>) -> CacheStore {
-        let objs: Box<[u32]> = vec![0; cap.max(1)].into_boxed_slice();
+        let cap = u32::try_from(cap).expect("a cache holds at most a few thousand objects");
+        let objs: Box<[u32]> = vec![0; cap.max(1) as usize].into_boxed_slice();
         let objs = NonNull::new(Box::into_raw(objs).cast::<u32>()).expect("Box is non-null");
-        let len_cell = NonNull::from(&slot.len);
+        let raw = std::sync::Arc::into_raw(slot).cast_mut();
+        let len_cell = NonNull::new(raw.cast::<AtomicU32>()).expect("Arc is non-null");
         CacheStore {
             objs,
-            cap,
             len_cell,
-            kind: StoreKind::Heap(slot),
+            cap,
+            slot: HEAP,
         }
     }
 
     /// Storage in slot `i` of `ctl`, which the caller has claimed.
     pub(crate) fn shared(ctl: &Ctl, i: usize, cap: usize) -> CacheStore {
-        assert!(cap <= ctl.layout.slot_cap);
+        assert!(cap <= ctl.layout.slot_cap && i < CACHE_SLOTS);
         CacheStore {
             objs: ctl.cache_objs(i),
-            cap,
+            cap: cap as u32,
             len_cell: NonNull::from(&ctl.cache_slot(i).len),
-            kind: StoreKind::Shared(i),
+            slot: i as u32,
         }
     }
 
     /// The shared slot this storage is, if any.
     pub(crate) fn shared_slot(&self) -> Option<usize> {
-        match self.kind {
-            StoreKind::Shared(i) => Some(i),
-            StoreKind::Heap(_) => None,
-        }
+        (self.slot != HEAP).then_some(self.slot as usize)
     }
 
-    /// The heap record, if any.
-    pub(crate) fn heap_slot(&self) -> Option<&std::sync::Arc<crate::pool::CacheSlot>> {
-        match &self.kind {
-            StoreKind::Heap(s) => Some(s),
-            StoreKind::Shared(_) => None,
-        }
+    /// The heap record (to tell it among the pool's), if any.
+    pub(crate) fn heap_slot(&self) -> Option<*const crate::pool::CacheSlot> {
+        (self.slot == HEAP).then_some(self.len_cell.as_ptr().cast_const().cast())
     }
 
     /// Publishes the cache's length (a plain store).
     #[inline]
     pub(crate) fn publish_len(&self, len: usize) {
-        // SAFETY: the cell is in the heap record we hold or in a slot of a control block whose
-        // mapping the pool (held by the cache) keeps alive.
+        // SAFETY: the cell is in the heap record we hold (a raw `Arc`, released in `drop`) or
+        // in a slot of a control block whose mapping the pool (held by the cache) keeps
+        // alive.
         unsafe { self.len_cell.as_ref() }.store(len as u32, Ordering::Relaxed);
     }
 }
@@ -590,7 +589,7 @@ impl std::ops::Deref for CacheStore {
     fn deref(&self) -> &[u32] {
         // SAFETY: `objs` points to `cap` indices this store alone uses (see the type's docs),
         // alive as long as the store (heap) or the pool's mapping (shared).
-        unsafe { std::slice::from_raw_parts(self.objs.as_ptr(), self.cap) }
+        unsafe { std::slice::from_raw_parts(self.objs.as_ptr(), self.cap as usize) }
     }
 }
 
@@ -598,16 +597,27 @@ impl std::ops::DerefMut for CacheStore {
     #[inline]
     fn deref_mut(&mut self) -> &mut [u32] {
         // SAFETY: as `deref`, and `&mut self` makes this the only access.
-        unsafe { std::slice::from_raw_parts_mut(self.objs.as_ptr(), self.cap) }
+        unsafe { std::slice::from_raw_parts_mut(self.objs.as_ptr(), self.cap as usize) }
     }
 }
 
 impl Drop for CacheStore {
     fn drop(&mut self) {
-        if let StoreKind::Heap(_) = self.kind {
-            let raw = std::ptr::slice_from_raw_parts_mut(self.objs.as_ptr(), self.cap.max(1));
+        if self.slot == HEAP {
+            let n = (self.cap as usize).max(1);
+            let raw = std::ptr::slice_from_raw_parts_mut(self.objs.as_ptr(), n);
             // SAFETY: made by `Box::into_raw` of a slice of `cap.max(1)` in `heap`, freed once.
             drop(unsafe { Box::from_raw(raw) });
+            // SAFETY: made by `Arc::into_raw` in `heap` (`len` is at offset 0, so the cell's
+            // pointer is the record's), given back once.
+            drop(unsafe {
+                std::sync::Arc::from_raw(
+                    self.len_cell
+                        .as_ptr()
+                        .cast_const()
+                        .cast::<crate::pool::CacheSlot>(),
+                )
+            });
         }
     }
 }
