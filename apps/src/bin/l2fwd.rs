@@ -532,6 +532,11 @@ impl Workers {
         let kept: Vec<u16> = (0..cores).collect();
         for (p, spec) in ports.iter().zip(&args.ports) {
             mp.publish(p.id(), &spec.to_string(), pairs, &kept);
+            // A `mana:` port's doorbell page is the device's: secondaries map it from the
+            // context's command descriptor, which goes with each grant.
+            if let Some(fd) = p.device_fd() {
+                mp.publish_device(p.id(), fd).map_err(|e| e.to_string())?;
+            }
         }
         mp.share_pool(pool).map_err(|e| e.to_string())?;
         eprintln!(
@@ -857,7 +862,8 @@ mod secondary {
         let mut pairs = Vec::new();
         for &p in &ports {
             let q = s.claim(p, None).map_err(|e| format!("port {p}: {e}"))?;
-            let pair = AttachedPair::open(&dir, p, q, &pool).map_err(|e| e.to_string())?;
+            let pair = AttachedPair::open(&dir, p, q, &pool, s.device_fd(p))
+                .map_err(|e| e.to_string())?;
             pairs.push(Some(pair));
         }
         let taken: Vec<String> = pairs
@@ -998,10 +1004,14 @@ mod secondary {
                 let old = slot.take().expect("checked");
                 let (port, queue) = (old.rx.port(), old.rx.queue());
                 drop(old);
-                let fresh =
-                    AttachedPair::open(&self.dir, port, queue, &self.pool).map_err(|e| {
-                        format!("attaching again to port {port} queue pair {queue}: {e}")
-                    })?;
+                let fresh = AttachedPair::open(
+                    &self.dir,
+                    port,
+                    queue,
+                    &self.pool,
+                    self.s.device_fd(port),
+                )
+                .map_err(|e| format!("attaching again to port {port} queue pair {queue}: {e}"))?;
                 eprintln!("l2fwd: secondary: port {port} queue pair {queue} rebuilt by the primary: attached again");
                 *slot = Some(fresh);
                 n += 1;

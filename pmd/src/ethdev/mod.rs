@@ -263,6 +263,13 @@ pub trait PortDriver: Send {
     fn exports(&self) -> Vec<QueueExport> {
         Vec::new()
     }
+    /// The device's command descriptor, which a process polling an exported queue pair
+    /// needs to map the doorbell page (a MANA context's `cmd_fd`; `pmd::mp` passes it with
+    /// `SCM_RIGHTS`, as DPDK's net/mana primaries do). `None`: the exported rings need no
+    /// descriptor (the device model's doorbell pages are in the shared files).
+    fn device_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// An exported queue's place in the primary's queue list: never handed out (the port refuses

@@ -304,6 +304,10 @@ impl PortDriver for Driver {
         self.exports.clone()
     }
 
+    fn device_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.provider.device_fd()
+    }
+
     fn xstats(&self) -> Vec<crate::ethdev::Xstat> {
         let mut v = Xstats::sum(&self.xstats);
         v.extend(self.provider.xstats());

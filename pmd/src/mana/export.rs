@@ -1,9 +1,12 @@
 //! MANA queue pairs that another process polls ([`crate::ethdev::export`]): the primary's
 //! port creates them, in shared files, and describes them; the secondary maps those files
 //! and builds its own [`RxQueue`] and [`TxQueue`] over them, as DPDK's net/mana secondaries
-//! poll the queues their primary created (drivers/net/mana/mp.c). The device (the model's
-//! engine thread, in the primary) serves them through their memory alone: rings, doorbell
-//! page and doorbell monitors are all in the files.
+//! poll the queues their primary created (drivers/net/mana/mp.c). The device serves them
+//! through their memory alone. On the device model (its engine thread, in the primary)
+//! rings, doorbell page and doorbell monitors are all in the files; over rdma-core the rings
+//! are (the port's queue allocator is a shared-file one) and the doorbell page is page 0 of
+//! the context's command descriptor, which the secondary gets from the primary
+//! (`SCM_RIGHTS`) and maps, as net/mana's secondaries do.
 #![deny(unsafe_code)]
 
 use super::provider::{RawRxQueue, RawTxQueue};
@@ -53,11 +56,21 @@ pub(crate) fn describe(
     let mut areas = vec![
         area("tx_sq", &tx.sq)?,
         area("tx_cq", &tx.cq)?,
-        area("tx_db", &tx.db_page)?,
         area("rx_rq", &rx.rq)?,
         area("rx_cq", &rx.cq)?,
-        area("rx_db", &rx.db_page)?,
     ];
+    // The doorbell page: the device model's is in a shared file; rdma-core's is page 0 of
+    // the context's command descriptor (`mana_alloc_context` maps it from there), which
+    // the other process receives from the primary and maps itself, as DPDK net/mana's
+    // secondaries do (drivers/net/mana/mana.c, `mana_map_doorbell_secondary`).
+    let mut db_device = false;
+    for (role, db) in [("tx_db", &tx.db_page), ("rx_db", &rx.db_page)] {
+        if db.shared_path().is_some() {
+            areas.push(area(role, db)?);
+        } else {
+            db_device = true;
+        }
+    }
     if let Some(m) = &tx.db_monitor {
         areas.push(area("tx_db_monitor", m)?);
     }
@@ -84,9 +97,16 @@ pub(crate) fn describe(
             ("rx_cq_id".into(), u64::from(rx.cq_id)),
             ("rx_cq_count".into(), u64::from(rx.cq_count)),
             ("mac".into(), mac_value(mac)),
-        ],
+        ]
+        .into_iter()
+        .chain(db_device.then(|| (DB_DEVICE.to_string(), 1)))
+        .collect(),
     })
 }
+
+/// The description value that says the doorbell page is page 0 of the device's command
+/// descriptor (not a file of the description).
+const DB_DEVICE: &str = "db_device";
 
 /// The port's MAC address as a description value (the six bytes, big-endian).
 pub(crate) fn mac_value(mac: crate::net::MacAddr) -> u64 {
@@ -164,6 +184,7 @@ fn check_db(role: &str, mem: &DevMem) -> Result<(), String> {
 /// while posting.
 pub fn import(
     e: &QueueExport,
+    device: Option<std::os::fd::BorrowedFd<'_>>,
     pool: &Arc<MbufPool>,
     rx_counters: Arc<Counters>,
     tx_counters: Arc<Counters>,
@@ -192,8 +213,21 @@ pub fn import(
         .and_then(RxOffloads::from_bits)
         .ok_or_else(|| format!("unknown rx offloads {:#x}", e.rx_offloads))?;
 
-    let (sq, tx_cq, tx_db) = (map(e, "tx_sq")?, map(e, "tx_cq")?, map(e, "tx_db")?);
-    let (rq, rx_cq, rx_db) = (map(e, "rx_rq")?, map(e, "rx_cq")?, map(e, "rx_db")?);
+    let (sq, tx_cq) = (map(e, "tx_sq")?, map(e, "tx_cq")?);
+    let (rq, rx_cq) = (map(e, "rx_rq")?, map(e, "rx_cq")?);
+    let (tx_db, rx_db) = if e.value(DB_DEVICE).is_ok() {
+        let fd = device.ok_or(
+            "its doorbell page is the device's: pass the primary's device descriptor \
+             (pmd::mp::Secondary::device_fd, which the primary publishes with \
+             Primary::publish_device)",
+        )?;
+        let page = DevMem::map_fd(fd, crate::hw::mana::doorbell::PAGE_BYTES)
+            .map(Arc::new)
+            .map_err(|err| format!("mapping the doorbell page of the device descriptor: {err}"))?;
+        (Arc::clone(&page), page)
+    } else {
+        (map(e, "tx_db")?, map(e, "rx_db")?)
+    };
     let (tx_mon, rx_mon) = (map_opt(e, "tx_db_monitor")?, map_opt(e, "rx_db_monitor")?);
     let (tx_cq_count, rx_cq_count) = (u32_value(e, "tx_cq_count")?, u32_value(e, "rx_cq_count")?);
     check_wq("tx_sq", &sq, BU_BYTES)?;

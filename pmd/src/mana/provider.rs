@@ -179,6 +179,13 @@ pub trait QueueAllocator: Send + Sync {
     /// # Errors
     /// The memory could not be had.
     fn alloc(&self, size: usize) -> std::io::Result<Arc<DevMem>>;
+
+    /// Whether its memory is in shared files another process maps (the rings of exported
+    /// queue pairs): the device must then serve the queues without the polling threads'
+    /// help (no inline device model).
+    fn is_shared(&self) -> bool {
+        false
+    }
 }
 
 /// Queue memory from anonymous page mappings (page-aligned and zeroed by the kernel).
@@ -219,6 +226,10 @@ impl QueueAllocator for SharedFileAllocator {
         let path = self.dir.join(format!("{}.{n}", self.tag));
         let bytes = size.max(1).next_multiple_of(4096);
         DevMem::create_shared_file(&path, bytes).map(Arc::new)
+    }
+
+    fn is_shared(&self) -> bool {
+        true
     }
 }
 
@@ -292,6 +303,13 @@ pub trait Provider: Send {
     /// The port's event descriptor (on hardware the context's async-event fd, made
     /// non-blocking); see [`crate::ethdev::PortDriver::event_fd`]. `None`: no events.
     fn event_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// The device's command descriptor, where another process maps the doorbell page of the
+    /// port's queues (rdma-core: the context's `cmd_fd`, whose page 0 is its doorbell page);
+    /// `None` where the doorbell page is ordinary memory (the device model). See
+    /// [`crate::ethdev::PortDriver::device_fd`].
+    fn device_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
     /// Appends the port's events since the last call and clears the descriptor; never

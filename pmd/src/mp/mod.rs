@@ -155,6 +155,14 @@ pub enum MpError {
         /// Why.
         why: String,
     },
+    /// A port's device descriptor that cannot be published.
+    #[error("port {port}'s device descriptor: {why}")]
+    Device {
+        /// The port.
+        port: u16,
+        /// Why.
+        why: String,
+    },
     /// The peer sent a record that is not a valid message, or not the one expected.
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -175,8 +183,8 @@ pub enum MpError {
 
 /// What one read of a connection gave.
 enum Read {
-    /// A record of this many bytes.
-    Record(usize),
+    /// A record of this many bytes, and the descriptor that came with it.
+    Record(usize, Option<std::os::fd::OwnedFd>),
     /// The peer closed the connection.
     Closed,
     /// A record longer than [`protocol::MAX_RECORD`].
@@ -187,13 +195,13 @@ enum Read {
     Failed(std::io::Error),
 }
 
-/// Reads one record into `buf` (which has room for one byte over the longest record).
+/// Reads one record into `buf` (which has room for one byte over the longest record), and
+/// the descriptor sent with it (any other is closed).
 fn read_record(sock: &crate::sys::seqpacket::SeqConn, buf: &mut [u8]) -> Read {
-    match sock.recv(buf) {
+    match sock.recv_with_fd(buf) {
         Ok((0, _)) => Read::Closed,
-        Ok((_, true)) => Read::TooLong,
-        Ok((n, false)) if n > protocol::MAX_RECORD => Read::TooLong,
-        Ok((n, false)) => Read::Record(n),
+        Ok((n, _)) if n > protocol::MAX_RECORD => Read::TooLong,
+        Ok((n, fd)) => Read::Record(n, fd),
         Err(e)
             if matches!(
                 e.kind(),

@@ -143,6 +143,9 @@ enum Slot {
 struct PortEntry {
     info: PortInfo,
     slots: Vec<Slot>,
+    /// The device's command descriptor ([`Primary::publish_device`]), sent with every grant
+    /// of a queue pair of the port.
+    device: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 #[derive(Default)]
@@ -339,6 +342,7 @@ impl Primary {
                 name: name.to_string(),
             },
             slots,
+            device: None,
         };
         let mut t = self.shared.table();
         match t.ports.iter_mut().find(|p| p.info.id == id) {
@@ -348,6 +352,30 @@ impl Primary {
                 t.ports.push(entry);
             }
         }
+    }
+
+    /// Publishes port `id`'s device descriptor (`pmd::port::Port::device_fd`): it goes to
+    /// each secondary with the grant of a queue pair of the port (`SCM_RIGHTS`), as DPDK
+    /// net/mana's primaries pass their verbs command fd, and the secondary maps the port's
+    /// doorbell page from it (`Secondary::device_fd`). Call it after [`Primary::publish`]
+    /// (which forgets it) and again after the port opened a new device context (a
+    /// recovery): later grants carry the new one.
+    ///
+    /// # Errors
+    /// [`MpError::Device`]: the port is not published, or the descriptor could not be
+    /// duplicated.
+    pub fn publish_device(&self, id: u16, fd: std::os::fd::BorrowedFd<'_>) -> Result<(), MpError> {
+        let dup = fd.try_clone_to_owned().map_err(|e| MpError::Device {
+            port: id,
+            why: format!("dup: {e}"),
+        })?;
+        let mut t = self.shared.table();
+        let p = t.port(id).ok_or_else(|| MpError::Device {
+            port: id,
+            why: "the port is not published".into(),
+        })?;
+        p.device = Some(Arc::new(dup));
+        Ok(())
     }
 
     /// Shares `region` (memory backed by a shared file: [`mempool::RegionOptions::shared_file`])
@@ -694,7 +722,8 @@ fn converse(shared: &Shared, sock: &SeqConn, id: ConnId, pid: u32) -> End {
             return End::Cut(format!("no hello within {HELLO_TIMEOUT:?}"));
         }
         let n = match read_record(sock, &mut buf) {
-            Read::Record(n) => n,
+            // A descriptor a secondary sends is closed: the primary takes none.
+            Read::Record(n, _) => n,
             Read::Closed | Read::Failed(_) => return End::Closed,
             Read::TooLong => return End::Cut(format!("a record over {MAX_RECORD} bytes")),
             Read::Again => continue,
@@ -734,17 +763,37 @@ fn converse(shared: &Shared, sock: &SeqConn, id: ConnId, pid: u32) -> End {
             }
             _ if !hello => return End::Cut("a request before its hello".into()),
             Msg::Hello { .. } => return End::Cut("a second hello".into()),
-            Msg::Claim { port, queue } => match shared.table().claim(id, pid, port, queue) {
-                Ok(q) => {
-                    shared.event(MpEvent::Claimed {
-                        pid,
-                        port,
-                        queue: q,
-                    });
-                    Msg::Granted { port, queue: q }
+            Msg::Claim { port, queue } => {
+                let granted = {
+                    let mut t = shared.table();
+                    t.claim(id, pid, port, queue).map(|q| {
+                        let device = t.port(port).and_then(|p| p.device.clone());
+                        (q, device)
+                    })
+                };
+                match granted {
+                    Ok((q, device)) => {
+                        shared.event(MpEvent::Claimed {
+                            pid,
+                            port,
+                            queue: q,
+                        });
+                        let reply = Msg::Granted { port, queue: q }.encode();
+                        let sent = match &device {
+                            Some(fd) => {
+                                use std::os::fd::AsFd;
+                                sock.send_with_fd(&reply, fd.as_fd())
+                            }
+                            None => sock.send(&reply),
+                        };
+                        if sent.is_err() {
+                            return End::Closed;
+                        }
+                        continue;
+                    }
+                    Err(why) => Msg::Refused { port, queue, why },
                 }
-                Err(why) => Msg::Refused { port, queue, why },
-            },
+            }
             Msg::Release { port, queue } => match shared.table().release(id, port, queue) {
                 Ok(()) => {
                     shared.event(MpEvent::Released {

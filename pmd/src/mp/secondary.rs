@@ -5,6 +5,7 @@
 use super::protocol::{MemInfo, MemKind, Msg, PortInfo, MAX_RECORD, NEXT_FREE};
 use super::{check_prefix, io_err, read_record, socket_path, MpError, Read};
 use crate::sys::seqpacket::SeqConn;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -56,7 +57,9 @@ pub struct Secondary {
     /// The primary's shared mbuf pools, attached.
     pools: Vec<(MemInfo, Arc<mempool::MbufPool>)>,
     primary_pid: Option<u32>,
-    answers: Receiver<Msg>,
+    answers: Receiver<(Msg, Option<OwnedFd>)>,
+    /// The device descriptors the primary sent with grants, by port.
+    devices: Vec<(u16, OwnedFd)>,
     gone: Arc<Gone>,
     stop: Arc<AtomicBool>,
     reader: Option<JoinHandle<()>>,
@@ -128,6 +131,7 @@ impl Secondary {
             pools: Vec::new(),
             primary_pid,
             answers,
+            devices: Vec::new(),
             gone,
             stop,
             reader: Some(reader),
@@ -218,6 +222,17 @@ impl Secondary {
         self.primary_gone().is_some() && self.gone.closed.load(Ordering::Acquire)
     }
 
+    /// Port `port`'s device descriptor, which the primary sent with the last grant of one
+    /// of its queue pairs ([`Primary::publish_device`](super::Primary::publish_device)):
+    /// what `pmd::port::attach::AttachedPair::open` maps a `mana:` port's doorbell page
+    /// from. `None` for a port whose primary published none (a device-model port).
+    pub fn device_fd(&self, port: u16) -> Option<BorrowedFd<'_>> {
+        self.devices
+            .iter()
+            .find(|(p, _)| *p == port)
+            .map(|(_, fd)| fd.as_fd())
+    }
+
     /// Takes queue pair `queue` of `port` (`None`: the next free one) and returns its index.
     ///
     /// # Errors
@@ -226,11 +241,16 @@ impl Secondary {
     pub fn claim(&mut self, port: u16, queue: Option<u16>) -> Result<u16, MpError> {
         let asked = queue.unwrap_or(NEXT_FREE);
         self.request(&Msg::Claim { port, queue: asked })?;
-        match self.answer("the claim")? {
+        let (msg, device) = self.answer_with_fd("the claim")?;
+        match msg {
             Msg::Granted { port: p, queue: q }
                 if p == port && (asked == NEXT_FREE || q == asked) =>
             {
                 self.held.push((port, q));
+                if let Some(fd) = device {
+                    self.devices.retain(|(d, _)| *d != port);
+                    self.devices.push((port, fd));
+                }
                 Ok(q)
             }
             Msg::Refused { why, .. } => Err(MpError::Refused {
@@ -272,8 +292,12 @@ impl Secondary {
     }
 
     fn answer(&self, what: &'static str) -> Result<Msg, MpError> {
+        self.answer_with_fd(what).map(|(m, _)| m)
+    }
+
+    fn answer_with_fd(&self, what: &'static str) -> Result<(Msg, Option<OwnedFd>), MpError> {
         match self.answers.recv_timeout(ANSWER) {
-            Ok(m) => Ok(m),
+            Ok(a) => Ok(a),
             Err(RecvTimeoutError::Timeout) => {
                 // A late answer would be taken for the next request's: the connection is
                 // done with.
@@ -354,11 +378,16 @@ fn map_at(m: &MemInfo) -> Result<mempool::Region, MpError> {
     Ok(region)
 }
 
-fn read_loop(sock: &SeqConn, answers: &mpsc::Sender<Msg>, gone: &Gone, stop: &AtomicBool) {
+fn read_loop(
+    sock: &SeqConn,
+    answers: &mpsc::Sender<(Msg, Option<OwnedFd>)>,
+    gone: &Gone,
+    stop: &AtomicBool,
+) {
     let mut buf = vec![0u8; MAX_RECORD + 1];
     while !stop.load(Ordering::SeqCst) {
-        let n = match read_record(sock, &mut buf) {
-            Read::Record(n) => n,
+        let (n, fd) = match read_record(sock, &mut buf) {
+            Read::Record(n, fd) => (n, fd),
             Read::Closed => {
                 gone.set("the primary's connection closed (it exited or was killed)".into());
                 return;
@@ -386,7 +415,9 @@ fn read_loop(sock: &SeqConn, answers: &mpsc::Sender<Msg>, gone: &Gone, stop: &At
                 return;
             }
             Ok(m) => {
-                if answers.send(m).is_err() {
+                // Only a grant carries a descriptor (its port's device); any other is closed.
+                let fd = fd.filter(|_| matches!(m, Msg::Granted { .. }));
+                if answers.send((m, fd)).is_err() {
                     return;
                 }
             }

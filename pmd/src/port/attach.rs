@@ -60,7 +60,9 @@ impl AttachedPair {
     /// Attaches to queue pair `queue` of port `port`, which the primary exported to `dir`,
     /// posting receive buffers from `pool` (the primary's shared pool, attached in this
     /// process). Claim the pair first (`pmd::mp::Secondary::claim`): the queues have one
-    /// owner.
+    /// owner. `device` is the port's device descriptor, which the primary passed
+    /// (`pmd::mp::Secondary::device_fd`): a `mana:` port's pairs ring the doorbell page
+    /// mapped from it; a device-model port's need none.
     ///
     /// A pair is attached once per export: its rings then hold this process's state, and
     /// the primary rebuilds them ([`Port::rebuild_queues`](super::Port::rebuild_queues))
@@ -69,13 +71,15 @@ impl AttachedPair {
     /// # Errors
     /// [`PortError::Setup`]: no description (not exported, or the primary is gone), one that
     /// does not parse or check out, a pair another process attached to since it was
-    /// exported, a ring file that is missing or short, another pool, or too few free mbufs
-    /// to post the RX ring.
+    /// exported, a ring file that is missing or short, another pool, no `device` for a pair
+    /// that needs it (or one that cannot be mapped), or too few free mbufs to post the RX
+    /// ring.
     pub fn open(
         dir: &Path,
         port: u16,
         queue: u16,
         pool: &Arc<MbufPool>,
+        device: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<Self, PortError> {
         let export = QueueExport::read_from(dir, port, queue).map_err(|why| PortError::Setup {
             what: format!("attaching to port {port} queue pair {queue}"),
@@ -96,6 +100,7 @@ impl AttachedPair {
         let parked = crate::ethdev::Parked::new();
         let (rx, tx) = super::probe::import_pair(
             &export,
+            device,
             pool,
             Arc::clone(&counters.0),
             Arc::clone(&counters.1),

@@ -810,6 +810,16 @@ impl Port {
         }
     }
 
+    /// The device's command descriptor, which a process polling one of this port's
+    /// exported queue pairs needs ([`PortConfig::export`], `attach::AttachedPair::open`):
+    /// on a `mana:` port the context's `cmd_fd`, whose page 0 is the doorbell page of the
+    /// port's queues. `None` where the exported rings need none (device-model ports). Hand
+    /// it to `pmd::mp::Primary::publish_device`, which passes it with `SCM_RIGHTS`. A
+    /// recovery opens a new context: publish the new descriptor after it.
+    pub fn device_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.driver.device_fd()
+    }
+
     /// A descriptor that becomes readable when the port has [`PortEvent`]s to take
     /// (level-triggered, non-blocking), for poll(2) or epoll(7); `None` when the port reports
     /// no events (a `null` port). It is the port's own (an epoll set over the device's

@@ -256,6 +256,7 @@ pub(crate) type ImportedPair = (
 /// [`PortError::Setup`]: a driver that cannot import, or what is wrong with the description.
 pub(crate) fn import_pair(
     e: &crate::ethdev::QueueExport,
+    device: Option<std::os::fd::BorrowedFd<'_>>,
     pool: &std::sync::Arc<mempool::MbufPool>,
     rx: std::sync::Arc<crate::ethdev::Counters>,
     tx: std::sync::Arc<crate::ethdev::Counters>,
@@ -272,7 +273,8 @@ pub(crate) fn import_pair(
     match e.driver.as_str() {
         "mana" => {
             let (r, t) =
-                crate::mana::export::import(e, pool, rx, tx, parked, claim).map_err(fail)?;
+                crate::mana::export::import(e, device, pool, rx, tx, parked, claim)
+                    .map_err(fail)?;
             Ok((Box::new(r), Box::new(t)))
         }
         other => Err(fail(format!("no driver here imports {other} queues"))),

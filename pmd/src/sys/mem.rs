@@ -21,6 +21,13 @@ enum Backing {
     /// Someone else owns it, and the value held here keeps it mapped (the verbs objects
     /// whose queue buffer or doorbell page it is).
     Kept(#[allow(dead_code)] std::sync::Arc<dyn std::any::Any + Send + Sync>),
+    /// As `Kept`, memory that lives in a shared file (a queue buffer rdma-core asked a
+    /// shared-file allocator for): `path` names it for another process.
+    KeptFile {
+        #[allow(dead_code)]
+        keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+        path: std::path::PathBuf,
+    },
     /// We mapped a shared file (other processes may map it too); `remove` says whether we
     /// made it and remove it on drop.
     File {
@@ -341,7 +348,7 @@ impl DevMem {
     /// [`DevMem::create_shared_file`]): what another process maps to share it.
     pub fn shared_path(&self) -> Option<&Path> {
         match &self._backing {
-            Backing::File { path, .. } => Some(path),
+            Backing::File { path, .. } | Backing::KeptFile { path, .. } => Some(path),
             _ => None,
         }
     }
@@ -399,6 +406,43 @@ impl DevMem {
             len,
             _backing: Backing::Kept(keep),
         }
+    }
+
+    /// [`DevMem::from_raw_kept`] for memory that lives in the shared file `path` (a queue
+    /// buffer a shared-file allocator made): [`DevMem::shared_path`] names it.
+    ///
+    /// # Safety
+    /// As [`DevMem::from_raw_kept`].
+    pub unsafe fn from_raw_kept_in_file(
+        ptr: *mut u8,
+        len: usize,
+        keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+        path: std::path::PathBuf,
+    ) -> Self {
+        Self {
+            ptr,
+            len,
+            _backing: Backing::KeptFile { keep, path },
+        }
+    }
+
+    /// Maps `len` bytes at offset 0 of the open descriptor `fd`, shared, read and write: a
+    /// device's page another process passed (a MANA context's command fd, whose page 0 is
+    /// its doorbell page: the kernel's `mana_ib_mmap`; DPDK net/mana's secondaries map it
+    /// so). Unmapped on drop.
+    ///
+    /// # Errors
+    /// The mmap error (`ENODEV` for a descriptor that cannot be mapped).
+    pub fn map_fd(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        let map = memmap2::MmapOptions::new()
+            .len(len)
+            .map_raw(fd.as_raw_fd())?;
+        Ok(Self {
+            ptr: map.as_mut_ptr(),
+            len,
+            _backing: Backing::Mapped(map),
+        })
     }
 
     /// A device's view of a registered mempool chunk (what `ibv_reg_mr` gives the NIC): the

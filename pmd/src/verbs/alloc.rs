@@ -168,6 +168,29 @@ unsafe extern "C" fn free_cb(ptr: *mut c_void, data: *mut c_void) {
     a.free(ptr);
 }
 
+impl Allocators {
+    /// `mem`, a view of a buffer these allocators handed out, named by the shared file it
+    /// lives in when the source made one ([`crate::mana::provider::SharedFileAllocator`]):
+    /// another process maps that file to poll the queue. Any other view comes back as is.
+    pub(super) fn in_shared_file(&self, mem: Arc<DevMem>, keep: &QueueOwner) -> Arc<DevMem> {
+        let path = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&mem.addr())
+            .filter(|b| b.len() >= mem.len())
+            .and_then(|b| b.shared_path().map(std::path::Path::to_owned));
+        match path {
+            // SAFETY: as for `view`: `mem` is a view of a live queue's buffer and `keep`
+            // holds the verbs object that owns it.
+            Some(path) => Arc::new(unsafe {
+                DevMem::from_raw_kept_in_file(mem.as_ptr(), mem.len(), Arc::clone(keep), path)
+            }),
+            None => mem,
+        }
+    }
+}
+
 /// A view of `len` bytes at `addr` that keeps `keep` (the objects owning the memory) alive.
 pub(super) fn view(addr: *mut c_void, len: usize, keep: &QueueOwner) -> Arc<DevMem> {
     // SAFETY: rdma-core keeps a queue's buffer (and a context its doorbell page) mapped

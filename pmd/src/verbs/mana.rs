@@ -79,6 +79,10 @@ pub struct ManaProvider {
     /// Whether the async-event descriptor can be polled: made non-blocking at open, and the
     /// device not gone since.
     events_live: bool,
+    /// The queue allocator is a shared one (queue pairs exported to another process): the
+    /// rings are named by their files, and no queue runs a fake device model inline (the
+    /// other process's queues need the model's own thread).
+    shared_rings: bool,
 }
 
 impl std::fmt::Debug for ManaProvider {
@@ -115,6 +119,16 @@ fn not_raw_packet(attr: &rdma_sys::ibv_device_attr_ex) -> Option<String> {
 }
 
 impl ManaProvider {
+    /// The fake rdma-core's inline model for a queue (`Context::fake_kick`), unless the
+    /// rings are shared with another process, which the model's own thread must serve.
+    fn kick(&self, is_rx: bool, queue_id: u32) -> crate::ethdev::Kick {
+        if self.shared_rings {
+            None
+        } else {
+            self.ctx.fake_kick(is_rx, queue_id)
+        }
+    }
+
     /// Opens the port `sel` names: the device context, its allocators, a PD and the port's
     /// parent domain.
     ///
@@ -226,6 +240,7 @@ impl ManaProvider {
             rx: None,
             objects: HashMap::new(),
             events_live,
+            shared_rings: false,
         })
     }
 
@@ -308,7 +323,12 @@ fn hash_fields(f: RssFields) -> u64 {
 
 impl Provider for ManaProvider {
     fn set_allocator(&mut self, alloc: Arc<dyn QueueAllocator>) {
+        self.shared_rings = alloc.is_shared();
         self.alloc.set_source(alloc);
+    }
+
+    fn device_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(self.ctx.cmd_fd())
     }
 
     fn mac(&self) -> MacAddr {
@@ -405,17 +425,17 @@ impl Provider for ManaProvider {
             let owner: QueueOwner = Arc::clone(&o) as QueueOwner;
             let m = manadv::init_tx(&o.qp, &o.cq, &owner, &what).map_err(verbs)?;
             out.push(RawTxQueue {
-                sq: m.sq,
+                sq: self.alloc.in_shared_file(m.sq, &owner),
                 sq_id: m.sq_id,
                 tx_vp_offset: m.tx_vp_offset,
                 db_page: m.db_page,
                 db_monitor: None,
-                cq: m.cq,
+                cq: self.alloc.in_shared_file(m.cq, &owner),
                 cq_count: m.cq_count,
                 cq_id: m.cq_id,
                 owner: Arc::clone(&owner),
                 parked: Arc::clone(&o.parked),
-                kick: self.ctx.fake_kick(false, m.sq_id),
+                kick: self.kick(false, m.sq_id),
             });
             self.tx.push(owner);
         }
@@ -473,16 +493,16 @@ impl Provider for ManaProvider {
         for (what, wq, cq) in &wqs {
             let m = manadv::init_rx(wq, cq, &owner, what).map_err(verbs)?;
             out.push(RawRxQueue {
-                rq: m.rq,
+                rq: self.alloc.in_shared_file(m.rq, &owner),
                 rq_id: m.rq_id,
                 db_page: m.db_page,
                 db_monitor: None,
-                cq: m.cq,
+                cq: self.alloc.in_shared_file(m.cq, &owner),
                 cq_count: m.cq_count,
                 cq_id: m.cq_id,
                 owner: Arc::clone(&owner),
                 parked: Arc::clone(&parked),
-                kick: self.ctx.fake_kick(true, m.rq_id),
+                kick: self.kick(true, m.rq_id),
             });
         }
         self.rx = Some(owner);

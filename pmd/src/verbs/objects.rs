@@ -158,6 +158,14 @@ impl Context {
         Some(Arc::new(FakeKick(h)))
     }
 
+    /// The context's command descriptor (the uverbs file): another process maps a MANA
+    /// context's doorbell page from it.
+    pub fn cmd_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the context is open while `self` exists and `cmd_fd` is set at open and
+        // closed only by `ibv_close_device`, after `self` (the borrow's lifetime) is gone.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw((*self.ptr.as_ptr()).cmd_fd) }
+    }
+
     /// The context's asynchronous event file descriptor.
     pub fn async_fd(&self) -> i32 {
         // SAFETY: the context is open while `self` exists; `async_fd` is set at open.

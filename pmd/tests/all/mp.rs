@@ -75,7 +75,7 @@ fn child() {
             let mut s = Secondary::attach_at(&dir.join(SOCKET_NAME), "t", "child").unwrap();
             let pool = Arc::clone(s.pool("mp-dp").expect("the primary shares its pool"));
             let q = s.claim(0, Some(1)).unwrap();
-            let mut pair = AttachedPair::open(dir, 0, q, &pool).unwrap();
+            let mut pair = AttachedPair::open(dir, 0, q, &pool, None).unwrap();
             println!("attached {q}");
             let mut burst = Burst::with_capacity(32);
             let mut sent = 0u32;
@@ -387,7 +387,7 @@ fn secondaries_send_and_receive_on_a_queue_pair_the_primary_exports_and_rebuilds
     }
     // The pair's rings hold the last secondary's state: nobody attaches again until this
     // process rebuilds it.
-    let err = AttachedPair::open(dir.path(), 0, 1, &pool)
+    let err = AttachedPair::open(dir.path(), 0, 1, &pool, None)
         .unwrap_err()
         .to_string();
     assert!(err.contains("rebuilds the pair"), "{err}");

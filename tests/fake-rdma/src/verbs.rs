@@ -380,6 +380,59 @@ export!("IBVERBS_1.9" fn ibv_get_device_index(device: *mut ibv_device) -> c_int 
     c_int::try_from(device_of(st, device, "ibv_get_device_index").index).unwrap_or(-1)
 });
 
+/// The "uverbs file" of a context: what `open(/dev/infiniband/uverbsN)` gives libibverbs as
+/// `cmd_fd`. Here a memfd named `fake-rdma-uverbs:DEV` of one page: the page is the context's
+/// MANA doorbell page (the kernel's `mana_ib_mmap`: offset 0 maps the ucontext's doorbell
+/// page), so a process that gets the descriptor (`SCM_RIGHTS`) and maps it rings the same
+/// page. What a fake cannot be: a character device (`ibv_import_device` checks `S_ISCHR` and
+/// the device number; the fake's import knows its files by name instead).
+fn uverbs_file(dev: &str) -> Result<c_int, c_int> {
+    let name = std::ffi::CString::new(format!("{UVERBS_MEMFD}{dev}")).map_err(|_| libc::EINVAL)?;
+    // SAFETY: plain syscalls on a NUL-terminated name; the fd is closed on any failure.
+    unsafe {
+        let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO));
+        }
+        if libc::ftruncate(fd, 4096) != 0 {
+            let e = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
+            libc::close(fd);
+            return Err(e);
+        }
+        Ok(fd)
+    }
+}
+
+/// The name prefix of the fake's command files (`/proc/self/fd/N` reads
+/// `/memfd:fake-rdma-uverbs:DEV (deleted)`).
+pub const UVERBS_MEMFD: &str = "fake-rdma-uverbs:";
+
+/// The mapping `mana_alloc_context` makes (`mmap(NULL, 4096, PROT_WRITE, MAP_SHARED,
+/// cmd_fd, 0)`), readable too since the model's engine reads the page through it; NULL on
+/// failure.
+fn map_cmd_page(cmd_fd: c_int) -> *mut c_void {
+    // SAFETY: a shared mapping of one page of a file of one page, checked below.
+    let p = unsafe {
+        libc::mmap(
+            null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            cmd_fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        null_mut()
+    } else {
+        p
+    }
+}
+
 fn eventfd() -> Result<c_int, c_int> {
     // SAFETY: plain syscall with constant flags.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -408,7 +461,7 @@ export!("IBVERBS_1.1" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         // ibv_cmd_get_context: the kernel opens the uverbs file and answers with the
         // async event fd (libibverbs/cmd_device.c).
         st.fault("ibv_open_device")?;
-        let cmd_fd = eventfd()?;
+        let cmd_fd = uverbs_file(&dev.view.name)?;
         // The async fd delivers the world's link and fatal events (events.rs).
         let async_fd = events::async_fd().inspect_err(|_| {
             // SAFETY: `cmd_fd` was opened just above and is not shared.
@@ -419,10 +472,15 @@ export!("IBVERBS_1.1" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         let mut mlx5_part = None;
         match family {
             Family::Mana => {
-                // mana_alloc_context maps the doorbell page from the command fd; a failure
-                // there is ENOENT (rdma-core v44.0 providers/mana/mana.c l. 388–393).
-                // Ordinary shared memory here, write-combining MMIO on hardware.
-                db = map_page();
+                // mana_alloc_context maps the doorbell page from the command fd (offset 0,
+                // PROT_WRITE, MAP_SHARED); a failure there is ENOENT (rdma-core v44.0
+                // providers/mana/mana.c l. 388–393). The kernel's `mana_ib_mmap` maps the
+                // ucontext's doorbell page for offset 0, so every mapping of the same file
+                // (another process's, with the fd passed by SCM_RIGHTS, as DPDK net/mana's
+                // secondaries do: drivers/net/mana/mana.c,
+                // `mana_map_doorbell_secondary`) is that one page. Ordinary shared
+                // memory of the command file here, write-combining MMIO on hardware.
+                db = map_cmd_page(cmd_fd);
                 if db.is_null() {
                     // SAFETY: both fds were opened above.
                     unsafe {
