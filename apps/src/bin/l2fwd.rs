@@ -862,8 +862,8 @@ mod secondary {
         let mut pairs = Vec::new();
         for &p in &ports {
             let q = s.claim(p, None).map_err(|e| format!("port {p}: {e}"))?;
-            let pair = AttachedPair::open(&dir, p, q, &pool, s.device_fd(p))
-                .map_err(|e| e.to_string())?;
+            let pair =
+                AttachedPair::open(&dir, p, q, &pool, s.device_fd(p)).map_err(|e| e.to_string())?;
             pairs.push(Some(pair));
         }
         let taken: Vec<String> = pairs
@@ -1004,14 +1004,11 @@ mod secondary {
                 let old = slot.take().expect("checked");
                 let (port, queue) = (old.rx.port(), old.rx.queue());
                 drop(old);
-                let fresh = AttachedPair::open(
-                    &self.dir,
-                    port,
-                    queue,
-                    &self.pool,
-                    self.s.device_fd(port),
-                )
-                .map_err(|e| format!("attaching again to port {port} queue pair {queue}: {e}"))?;
+                let fresh =
+                    AttachedPair::open(&self.dir, port, queue, &self.pool, self.s.device_fd(port))
+                        .map_err(|e| {
+                            format!("attaching again to port {port} queue pair {queue}: {e}")
+                        })?;
                 eprintln!("l2fwd: secondary: port {port} queue pair {queue} rebuilt by the primary: attached again");
                 *slot = Some(fresh);
                 n += 1;

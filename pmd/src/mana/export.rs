@@ -71,11 +71,20 @@ pub(crate) fn describe(
             db_device = true;
         }
     }
-    if let Some(m) = &tx.db_monitor {
-        areas.push(area("tx_db_monitor", m)?);
-    }
-    if let Some(m) = &rx.db_monitor {
-        areas.push(area("rx_db_monitor", m)?);
+    // Doorbell monitors (device models only): in shared files, or pages of the device's
+    // command descriptor (the fake rdma-core's, at these offsets).
+    let mut monitor_offsets = Vec::new();
+    for (role, m) in [
+        ("tx_db_monitor", &tx.db_monitor),
+        ("rx_db_monitor", &rx.db_monitor),
+    ] {
+        let Some(m) = m else { continue };
+        match m.device_offset() {
+            Some(off) if m.shared_path().is_none() => {
+                monitor_offsets.push((format!("{role}_offset"), off));
+            }
+            _ => areas.push(area(role, m)?),
+        }
     }
     Ok(QueueExport {
         driver: DRIVER.into(),
@@ -100,6 +109,7 @@ pub(crate) fn describe(
         ]
         .into_iter()
         .chain(db_device.then(|| (DB_DEVICE.to_string(), 1)))
+        .chain(monitor_offsets)
         .collect(),
     })
 }
@@ -215,20 +225,35 @@ pub fn import(
 
     let (sq, tx_cq) = (map(e, "tx_sq")?, map(e, "tx_cq")?);
     let (rq, rx_cq) = (map(e, "rx_rq")?, map(e, "rx_cq")?);
-    let (tx_db, rx_db) = if e.value(DB_DEVICE).is_ok() {
+    let page_bytes = crate::hw::mana::doorbell::PAGE_BYTES;
+    let device_page = |what: &str, offset: u64| -> Result<Arc<DevMem>, String> {
         let fd = device.ok_or(
             "its doorbell page is the device's: pass the primary's device descriptor \
              (pmd::mp::Secondary::device_fd, which the primary publishes with \
              Primary::publish_device)",
         )?;
-        let page = DevMem::map_fd(fd, crate::hw::mana::doorbell::PAGE_BYTES)
+        if offset % page_bytes as u64 != 0 || offset > 1 << 30 {
+            return Err(format!(
+                "{what} at offset {offset}: not a page of the device"
+            ));
+        }
+        DevMem::map_fd(fd, offset, page_bytes)
             .map(Arc::new)
-            .map_err(|err| format!("mapping the doorbell page of the device descriptor: {err}"))?;
+            .map_err(|err| format!("mapping {what} from the device descriptor: {err}"))
+    };
+    let (tx_db, rx_db) = if e.value(DB_DEVICE).is_ok() {
+        let page = device_page("the doorbell page", 0)?;
         (Arc::clone(&page), page)
     } else {
         (map(e, "tx_db")?, map(e, "rx_db")?)
     };
-    let (tx_mon, rx_mon) = (map_opt(e, "tx_db_monitor")?, map_opt(e, "rx_db_monitor")?);
+    let monitor = |role: &str| -> Result<Option<Arc<DevMem>>, String> {
+        match e.value(&format!("{role}_offset")) {
+            Ok(off) => device_page(role, off).map(Some),
+            Err(_) => map_opt(e, role),
+        }
+    };
+    let (tx_mon, rx_mon) = (monitor("tx_db_monitor")?, monitor("rx_db_monitor")?);
     let (tx_cq_count, rx_cq_count) = (u32_value(e, "tx_cq_count")?, u32_value(e, "rx_cq_count")?);
     check_wq("tx_sq", &sq, BU_BYTES)?;
     check_wq("rx_rq", &rq, usize::from(e.rx_ring_size) * BU_BYTES)?;

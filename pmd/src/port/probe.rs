@@ -272,9 +272,8 @@ pub(crate) fn import_pair(
     };
     match e.driver.as_str() {
         "mana" => {
-            let (r, t) =
-                crate::mana::export::import(e, device, pool, rx, tx, parked, claim)
-                    .map_err(fail)?;
+            let (r, t) = crate::mana::export::import(e, device, pool, rx, tx, parked, claim)
+                .map_err(fail)?;
             Ok((Box::new(r), Box::new(t)))
         }
         other => Err(fail(format!("no driver here imports {other} queues"))),

@@ -94,6 +94,37 @@ impl Drop for Handle {
     }
 }
 
+type MonitorFn = unsafe extern "C" fn(*mut c_void, c_int, u32, *mut u64) -> *mut c_void;
+
+/// A doorbell monitor page for queue `queue_id` (a send queue, or with `is_rx` a receive
+/// queue) of the MANA verbs context `ctx`, when the loaded libibverbs is the fake: a copy of
+/// the doorbell page that this queue's doorbells are written to as well, which the fake's
+/// device model reads, so that it misses none of them while sibling queues (of this process
+/// or another) ring the shared page (the fake's `fake_rdma_db_monitor`, its `src/monitor.rs`).
+/// Returns the page (one page, mapped by the fake until the queue or the context is gone)
+/// and its offset in the context's command file. `None` on real rdma-core.
+///
+/// # Safety
+/// `ctx` is an open verbs context.
+pub unsafe fn db_monitor(
+    ctx: *mut c_void,
+    is_rx: bool,
+    queue_id: u32,
+) -> Option<(NonNull<u8>, u64)> {
+    static ENTRY: OnceLock<Option<MonitorFn>> = OnceLock::new();
+    let f = (*ENTRY.get_or_init(|| {
+        let p = lookup(c"fake_rdma_db_monitor")?;
+        // SAFETY: the fake defines the symbol with exactly this C signature (its
+        // `src/monitor.rs`); no real library exports `fake_rdma_*`.
+        Some(unsafe { std::mem::transmute::<*mut c_void, MonitorFn>(p.as_ptr()) })
+    }))?;
+    let mut offset = 0u64;
+    // SAFETY: `ctx` is open (caller); the fake returns NULL for a queue it does not know and
+    // writes `offset` otherwise.
+    let p = unsafe { f(ctx, c_int::from(is_rx), queue_id, &mut offset) };
+    NonNull::new(p.cast::<u8>()).map(|p| (p, offset))
+}
+
 /// The kick of queue `queue_id` (a send queue, or with `is_rx` a receive queue) of the verbs
 /// context `ctx` (a `struct ibv_context *`), when the loaded libibverbs is the fake and
 /// knows the queue; `None` otherwise (always, on real rdma-core).

@@ -28,6 +28,13 @@ enum Backing {
         keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
         path: std::path::PathBuf,
     },
+    /// As `Kept`, a page of a device's command descriptor at `offset` (the fake rdma-core's
+    /// doorbell monitors): another process maps it from the descriptor it was passed.
+    KeptDevice {
+        #[allow(dead_code)]
+        keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+        offset: u64,
+    },
     /// We mapped a shared file (other processes may map it too); `remove` says whether we
     /// made it and remove it on drop.
     File {
@@ -353,6 +360,15 @@ impl DevMem {
         }
     }
 
+    /// Where this memory is in the device's command descriptor, if it is a page of it
+    /// ([`DevMem::from_raw_kept_in_device`]): what another process maps to share it.
+    pub fn device_offset(&self) -> Option<u64> {
+        match &self._backing {
+            Backing::KeptDevice { offset, .. } => Some(*offset),
+            _ => None,
+        }
+    }
+
     /// Maps the first `len` bytes of an open `file` shared (read and write), as
     /// [`DevMem::shared_file`] does for a path: for a caller that must know which file it
     /// mapped (its inode), not just which name.
@@ -426,16 +442,35 @@ impl DevMem {
         }
     }
 
-    /// Maps `len` bytes at offset 0 of the open descriptor `fd`, shared, read and write: a
+    /// [`DevMem::from_raw_kept`] for a page at `offset` of the device's command descriptor
+    /// (a fake rdma-core doorbell monitor): [`DevMem::device_offset`] says where.
+    ///
+    /// # Safety
+    /// As [`DevMem::from_raw_kept`].
+    pub unsafe fn from_raw_kept_in_device(
+        ptr: *mut u8,
+        len: usize,
+        keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+        offset: u64,
+    ) -> Self {
+        Self {
+            ptr,
+            len,
+            _backing: Backing::KeptDevice { keep, offset },
+        }
+    }
+
+    /// Maps `len` bytes at `offset` of the open descriptor `fd`, shared, read and write: a
     /// device's page another process passed (a MANA context's command fd, whose page 0 is
     /// its doorbell page: the kernel's `mana_ib_mmap`; DPDK net/mana's secondaries map it
     /// so). Unmapped on drop.
     ///
     /// # Errors
     /// The mmap error (`ENODEV` for a descriptor that cannot be mapped).
-    pub fn map_fd(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<Self> {
+    pub fn map_fd(fd: std::os::fd::BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<Self> {
         use std::os::fd::AsRawFd;
         let map = memmap2::MmapOptions::new()
+            .offset(offset)
             .len(len)
             .map_raw(fd.as_raw_fd())?;
         Ok(Self {

@@ -129,6 +129,23 @@ impl ManaProvider {
         }
     }
 
+    /// The fake rdma-core's doorbell monitor for a queue whose rings another process polls
+    /// too (`Context::fake_db_monitor`): its engine runs on its own thread there, sampling
+    /// the shared doorbell page, and would miss a doorbell a sibling overwrote (an RQ whose
+    /// first one is missed never receives). `None` on real rdma-core, and for ports that
+    /// export nothing (their fake engines run inline, kicked after each first fill).
+    fn monitor(
+        &self,
+        is_rx: bool,
+        queue_id: u32,
+        owner: &QueueOwner,
+    ) -> Option<Arc<crate::sys::DevMem>> {
+        if !self.shared_rings {
+            return None;
+        }
+        self.ctx.fake_db_monitor(is_rx, queue_id, owner)
+    }
+
     /// Opens the port `sel` names: the device context, its allocators, a PD and the port's
     /// parent domain.
     ///
@@ -429,7 +446,7 @@ impl Provider for ManaProvider {
                 sq_id: m.sq_id,
                 tx_vp_offset: m.tx_vp_offset,
                 db_page: m.db_page,
-                db_monitor: None,
+                db_monitor: self.monitor(false, m.sq_id, &owner),
                 cq: self.alloc.in_shared_file(m.cq, &owner),
                 cq_count: m.cq_count,
                 cq_id: m.cq_id,
@@ -496,7 +513,7 @@ impl Provider for ManaProvider {
                 rq: self.alloc.in_shared_file(m.rq, &owner),
                 rq_id: m.rq_id,
                 db_page: m.db_page,
-                db_monitor: None,
+                db_monitor: self.monitor(true, m.rq_id, &owner),
                 cq: self.alloc.in_shared_file(m.cq, &owner),
                 cq_count: m.cq_count,
                 cq_id: m.cq_id,

@@ -158,6 +158,31 @@ impl Context {
         Some(Arc::new(FakeKick(h)))
     }
 
+    /// The fake rdma-core's doorbell monitor for a queue of this (MANA) context
+    /// (`sys::fake_kick::db_monitor`), viewed with `keep` (the queue's objects, which the
+    /// fake's monitor lives as long as) held; `None` on real rdma-core.
+    pub fn fake_db_monitor(
+        &self,
+        is_rx: bool,
+        queue_id: u32,
+        keep: &crate::ethdev::QueueOwner,
+    ) -> Option<Arc<crate::sys::DevMem>> {
+        // SAFETY: the context is open while `self` exists.
+        let (p, offset) =
+            unsafe { crate::sys::fake_kick::db_monitor(self.as_ptr().cast(), is_rx, queue_id) }?;
+        // SAFETY: the fake keeps the page mapped until the queue is destroyed, which `keep`
+        // (its verbs objects) prevents while the view lives; it is read and written only
+        // through `DevMem`'s atomics.
+        Some(Arc::new(unsafe {
+            crate::sys::DevMem::from_raw_kept_in_device(
+                p.as_ptr(),
+                crate::hw::mana::doorbell::PAGE_BYTES,
+                Arc::clone(keep),
+                offset,
+            )
+        }))
+    }
+
     /// The context's command descriptor (the uverbs file): another process maps a MANA
     /// context's doorbell page from it.
     pub fn cmd_fd(&self) -> std::os::fd::BorrowedFd<'_> {

@@ -62,6 +62,7 @@ mod guard;
 mod kick;
 mod mana;
 mod mlx5;
+mod monitor;
 mod nic;
 mod nic_mlx5;
 mod objects;

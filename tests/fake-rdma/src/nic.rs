@@ -92,6 +92,9 @@ pub struct Nics {
     engines: BTreeMap<(u32, u32), PortNic>,
     mrs: BTreeMap<u32, MrRec>,
     pages: BTreeMap<usize, Arc<DoorbellPage>>,
+    /// Doorbell monitors (`crate::monitor`) by (context, is RX, queue id): the page of the
+    /// context's command file each one is, and its slot there.
+    monitors: BTreeMap<(usize, bool, u32), (Arc<DevMem>, u32)>,
     /// Devices being serviced: their engines keep running (their wires open) with no queue,
     /// until a queue is created on the device again.
     held: BTreeSet<u32>,
@@ -317,6 +320,7 @@ impl Nics {
     /// Removes a send QP's SQ and CQ from its engine (under the engine lock: once this
     /// returns the engine never touches them again), stopping the engine with its last queue.
     pub fn remove_tx(&mut self, dev: u32, port: u32, sq_id: u32) {
+        self.drop_monitors(false, &[sq_id]);
         let key = (dev, port);
         if let Some(nic) = self.engines.get_mut(&key) {
             if nic.runner.core().lock().remove_sq(sq_id).is_ok() {
@@ -393,6 +397,7 @@ impl Nics {
     /// Removes an RSS QP's receive queues from their engine (under its lock), stopping the
     /// engine with its last queue. Table entries that named them find no WQE from then on.
     pub fn remove_rss(&mut self, dev: u32, port: u32, rq_ids: &[u32]) {
+        self.drop_monitors(true, rq_ids);
         let key = (dev, port);
         if let Some(nic) = self.engines.get_mut(&key) {
             let mut e = nic.runner.core().lock();
@@ -451,6 +456,80 @@ impl Nics {
             self.remove_mr(k);
         }
         self.pages.remove(&ctx);
+        self.monitors.retain(|&(c, _, _), _| c != ctx);
+    }
+
+    /// A doorbell monitor for queue `id` (RX or TX) of context `ctx`, whose command file is
+    /// `cmd_fd`: page `slot + 1` of that file, which the engine reads for the queue's
+    /// doorbells from now on (see `crate::monitor`). The same one again for a queue that has
+    /// one. Returns the page and its offset in the file.
+    ///
+    /// # Errors
+    /// `ENOENT`: no queue of the context is on an engine; the file could not grow or be
+    /// mapped (its errno).
+    pub fn monitor(
+        &mut self,
+        ctx: usize,
+        cmd_fd: c_int,
+        is_rx: bool,
+        id: u32,
+    ) -> Result<(Arc<DevMem>, u64), c_int> {
+        let page_bytes = DB_PAGE_BYTES as u64;
+        if let Some((m, slot)) = self.monitors.get(&(ctx, is_rx, id)) {
+            return Ok((Arc::clone(m), (u64::from(*slot) + 1) * page_bytes));
+        }
+        let page = self.pages.get(&ctx).ok_or(libc::ENOENT)?;
+        let used: BTreeSet<u32> = self
+            .monitors
+            .iter()
+            .filter(|(&(c, _, _), _)| c == ctx)
+            .map(|(_, &(_, s))| s)
+            .collect();
+        let slot = (0..).find(|s| !used.contains(s)).unwrap_or(0);
+        let offset = (u64::from(slot) + 1) * page_bytes;
+        let errno = || {
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)
+        };
+        // SAFETY: fstat/ftruncate on the context's own command file, open while it is.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(cmd_fd, &mut st) != 0 {
+                return Err(errno());
+            }
+            let need = offset + page_bytes;
+            if (st.st_size as u64) < need && libc::ftruncate(cmd_fd, need as libc::off_t) != 0 {
+                return Err(errno());
+            }
+        }
+        // SAFETY: the command file is open while the context is (`close_context` drops the
+        // monitors before `ibv_close_device` closes it); the mapping is ours.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(cmd_fd) };
+        let mem = DevMem::map_fd(fd, offset, DB_PAGE_BYTES)
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let m = page.add_monitor(Arc::new(mem));
+        self.monitors
+            .insert((ctx, is_rx, id), (Arc::clone(&m), slot));
+        Ok((m, offset))
+    }
+
+    /// Forgets the monitor of queue `id` (its queue left the device): queue ids are unique
+    /// in the process, whichever context.
+    fn drop_monitors(&mut self, is_rx: bool, ids: &[u32]) {
+        let gone: Vec<(usize, bool, u32)> = self
+            .monitors
+            .keys()
+            .filter(|&&(_, rx, id)| rx == is_rx && ids.contains(&id))
+            .copied()
+            .collect();
+        for k in gone {
+            if let Some((m, _)) = self.monitors.remove(&k) {
+                if let Some(p) = self.pages.get(&k.0) {
+                    p.drop_monitor(&m);
+                }
+            }
+        }
     }
 
     /// Running engines (for the tests' "nothing left" checks).

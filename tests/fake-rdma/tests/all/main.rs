@@ -9,6 +9,7 @@ mod mana_busy;
 mod mana_port;
 mod mlx5;
 mod mlx5_port;
+mod multi_process;
 mod preflight;
 mod queues;
 mod recovery;
