@@ -232,7 +232,7 @@ pub fn import(
              (pmd::mp::Secondary::device_fd, which the primary publishes with \
              Primary::publish_device)",
         )?;
-        if offset % page_bytes as u64 != 0 || offset > 1 << 30 {
+        if !offset.is_multiple_of(page_bytes as u64) || offset > 1 << 30 {
             return Err(format!(
                 "{what} at offset {offset}: not a page of the device"
             ));

@@ -19,11 +19,16 @@
 //! - A second primary on a prefix whose primary runs is refused with that process's pid; a
 //!   secondary whose primary is not running, or is gone, is refused saying which.
 //!
-//! Not built yet (the issue stays open): the datapath of a secondary. Queue memory, the
-//! doorbell page and the mbuf pool placed in the shared memory, the verbs command fd
-//! passed by `SCM_RIGHTS` and `ibv_import_device` / `ibv_import_pd` / `ibv_import_mr` on
-//! it, and the fake rdma-core's kernel shared between processes. See `pmd/README.md`
-//! ("Multi-process").
+//! - [`Primary::share_pool`] shares an mbuf pool made with a shared file; a secondary
+//!   attaches to it ([`Secondary::pool`]).
+//! - [`Primary::publish_device`] publishes a port's device descriptor (a `mana:` port's
+//!   verbs command fd, `pmd::port::Port::device_fd`); it goes to a secondary with each grant
+//!   of a queue pair of the port (`SCM_RIGHTS`, [`Secondary::device_fd`]), and the
+//!   secondary maps the port's doorbell page from it, as DPDK net/mana's secondaries do.
+//!
+//! The datapath of a secondary is `pmd::port::attach::AttachedPair` (queue pairs the
+//! primary exported). Not built: mlx5 ports, `ibv_import_device` / `ibv_import_pd` /
+//! `ibv_import_mr` (MANA has no import). See `pmd/README.md` ("Multi-process").
 //!
 //! ```
 //! use pmd::mp::{MpConfig, Owner, Primary, Secondary};

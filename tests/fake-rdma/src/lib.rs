@@ -21,7 +21,9 @@
 //! Beside rdma-core's symbols it exports a few unversioned ones of its own (real rdma-core
 //! has none): `fake_rdma_live_objects`, `fake_rdma_engines`, `fake_rdma_engine_threads` for
 //! tests, and the kick handles that run the device model inline on the program's polling
-//! threads (`fake_rdma_kick_open`, `fake_rdma_kick`, `fake_rdma_kick_close`: `src/kick.rs`).
+//! threads (`fake_rdma_kick_open`, `fake_rdma_kick`, `fake_rdma_kick_close`: `src/kick.rs`),
+//! and per-queue doorbell monitors for queues several processes ring
+//! (`fake_rdma_db_monitor`: `src/monitor.rs`).
 //!
 //! Nothing here is for production: never link this crate's rlib into a program (its exports
 //! would interpose the real rdma-core); it exists so that `cargo test` builds the cdylib.
