@@ -474,3 +474,36 @@ fn a_holder_whose_pid_is_unknown_is_not_called_the_primary() {
     let why = Refusal::Taken(protocol::UNKNOWN_PID).to_string();
     assert_eq!(why, "another secondary holds that queue");
 }
+
+/// The device descriptor a primary publishes for a port reaches a secondary with the grant
+/// of one of its queue pairs (`SCM_RIGHTS`): the same open file, so that what the secondary
+/// maps from it is what the primary's device uses. A port without one gives none; an
+/// unpublished port is refused.
+#[test]
+fn a_ports_device_descriptor_goes_with_each_grant() {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = primary(&dir);
+    let mut dev = tempfile::tempfile().unwrap();
+    dev.write_all(b"doorbell page").unwrap();
+    p.publish_device(0, dev.as_fd()).unwrap();
+    let err = p.publish_device(7, dev.as_fd()).unwrap_err();
+    assert!(err.to_string().contains("port 7"), "{err}");
+    assert!(err.to_string().contains("not published"), "{err}");
+
+    let mut s = attach(&p);
+    assert!(s.device_fd(0).is_none(), "nothing before a grant");
+    s.claim(0, None).unwrap();
+    s.claim(1, None).unwrap();
+    assert!(s.device_fd(1).is_none(), "port 1 published no descriptor");
+    let got = s.device_fd(0).expect("port 0's descriptor came with the grant");
+    let mut f = std::fs::File::from(got.try_clone_to_owned().unwrap());
+    let (a, b) = (f.metadata().unwrap(), dev.metadata().unwrap());
+    assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()), "the same file");
+    let mut text = String::new();
+    f.rewind().unwrap();
+    f.read_to_string(&mut text).unwrap();
+    assert_eq!(text, "doorbell page");
+}
