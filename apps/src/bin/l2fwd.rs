@@ -250,7 +250,7 @@ fn run(args: &Args) -> Result<(), Failure> {
     for port in &mut ports {
         port.start().map_err(|e| e.to_string())?;
     }
-    if let Some(w) = &workers {
+    if let Some(w) = &mut workers {
         w.offer(args, &ports, pairs, cores as u16, &pool)?;
     }
     // pmd-dumpcap's socket: captures of what the ports receive and send, while l2fwd runs.
@@ -492,6 +492,9 @@ fn totals(counters: &[Vec<PortCounters>], np: usize) -> Vec<Totals> {
 struct Workers {
     mp: pmd::mp::Primary,
     counts: WorkerCounts,
+    /// The device descriptor published for each port, by identity (a recovery opens a new
+    /// one, which is published again).
+    devices: Vec<(u16, (u64, u64))>,
 }
 
 /// What a primary's secondaries did.
@@ -516,29 +519,25 @@ impl Workers {
         Ok(Self {
             mp,
             counts: WorkerCounts::default(),
+            devices: Vec::new(),
         })
     }
 
     /// Offers the secondaries the queue pairs `cores..pairs` of every port, and the pool.
     fn offer(
-        &self,
+        &mut self,
         args: &Args,
         ports: &[Port],
         pairs: u16,
         cores: u16,
         pool: &Arc<mempool::MbufPool>,
     ) -> Result<(), Failure> {
-        let mp = &self.mp;
         let kept: Vec<u16> = (0..cores).collect();
         for (p, spec) in ports.iter().zip(&args.ports) {
-            mp.publish(p.id(), &spec.to_string(), pairs, &kept);
-            // A `mana:` port's doorbell page is the device's: secondaries map it from the
-            // context's command descriptor, which goes with each grant.
-            if let Some(fd) = p.device_fd() {
-                mp.publish_device(p.id(), fd).map_err(|e| e.to_string())?;
-            }
+            self.mp.publish(p.id(), &spec.to_string(), pairs, &kept);
         }
-        mp.share_pool(pool).map_err(|e| e.to_string())?;
+        self.publish_devices(ports).map_err(|e| e.to_string())?;
+        self.mp.share_pool(pool).map_err(|e| e.to_string())?;
         eprintln!(
             "l2fwd: primary: {} queue pair(s) of every port for secondaries (l2fwd --proc-type \
              secondary --file-prefix {})",
@@ -548,11 +547,39 @@ impl Workers {
         Ok(())
     }
 
+    /// Publishes each port's device descriptor that is not published yet: a `mana:` port's
+    /// doorbell page is the device's, and secondaries map it from the context's command
+    /// descriptor, which goes with each grant. After a recovery the port has a new one.
+    fn publish_devices(&mut self, ports: &[Port]) -> Result<(), pmd::mp::MpError> {
+        for p in ports {
+            let Some(fd) = p.device_fd() else { continue };
+            let Ok(id) = pmd::sys::fd_identity(fd) else {
+                continue;
+            };
+            match self.devices.iter_mut().find(|(port, _)| *port == p.id()) {
+                Some((_, known)) if *known == id => continue,
+                Some((_, known)) => {
+                    self.mp.publish_device(p.id(), fd)?;
+                    *known = id;
+                    eprintln!("l2fwd: port {}: its new device descriptor published to the secondaries (the port was recovered)", p.id());
+                }
+                None => {
+                    self.mp.publish_device(p.id(), fd)?;
+                    self.devices.push((p.id(), id));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// What happened on the control socket. A queue pair given back (its secondary left,
     /// or died) holds that secondary's state: its port's queues are rebuilt for the next
     /// one (the other secondaries on that port attach again to the new ones).
     fn serve(&mut self, ports: &mut [Port]) {
         use pmd::mp::{MpEvent, ReleaseWhy};
+        if let Err(e) = self.publish_devices(ports) {
+            eprintln!("l2fwd: warning: {e}");
+        }
         let mut rebuild = Vec::new();
         for e in self.mp.events() {
             match e {
@@ -1001,9 +1028,29 @@ mod secondary {
                 if !slot.as_ref().is_some_and(AttachedPair::rebuilt) {
                     continue;
                 }
-                let old = slot.take().expect("checked");
-                let (port, queue) = (old.rx.port(), old.rx.queue());
-                drop(old);
+                let (port, queue) = slot
+                    .as_ref()
+                    .map(|p| (p.rx.port(), p.rx.queue()))
+                    .expect("checked");
+                // A recovery of the primary's port rebuilds its pairs on a new device
+                // context: the new rings ring the new context's doorbell page.
+                if !AttachedPair::device_is_current(&self.dir, port, queue, self.s.device_fd(port))
+                {
+                    self.s
+                        .refresh_device(port)
+                        .map_err(|e| format!("port {port}: asking for its device again: {e}"))?;
+                    if !AttachedPair::device_is_current(
+                        &self.dir,
+                        port,
+                        queue,
+                        self.s.device_fd(port),
+                    ) {
+                        // The primary has not published it yet: next round.
+                        continue;
+                    }
+                    eprintln!("l2fwd: secondary: port {port}: the primary's port runs on a new device context (recovered): got its new descriptor");
+                }
+                drop(slot.take());
                 let fresh =
                     AttachedPair::open(&self.dir, port, queue, &self.pool, self.s.device_fd(port))
                         .map_err(|e| {

@@ -45,6 +45,7 @@ pub(crate) fn describe(
     pool: &MbufPool,
     keys: &ChunkKeys,
     mac: crate::net::MacAddr,
+    device: Option<(u64, u64)>,
 ) -> Result<QueueExport, String> {
     if rx.kick.is_some() || tx.kick.is_some() {
         return Err(
@@ -109,6 +110,15 @@ pub(crate) fn describe(
         ]
         .into_iter()
         .chain(db_device.then(|| (DB_DEVICE.to_string(), 1)))
+        // Which device descriptor the doorbell page is on: a recovery opens a new one.
+        .chain(
+            device
+                .filter(|_| db_device)
+                .into_iter()
+                .flat_map(|(dev, ino)| {
+                    [(DEVICE_DEV.to_string(), dev), (DEVICE_INO.to_string(), ino)]
+                }),
+        )
         .chain(monitor_offsets)
         .collect(),
     })
@@ -117,6 +127,20 @@ pub(crate) fn describe(
 /// The description value that says the doorbell page is page 0 of the device's command
 /// descriptor (not a file of the description).
 const DB_DEVICE: &str = "db_device";
+/// The identity of that descriptor's file (`crate::sys::fd_identity`): device and inode.
+const DEVICE_DEV: &str = "device_dev";
+const DEVICE_INO: &str = "device_ino";
+
+/// Whether `device` is the descriptor description `e`'s doorbell page is on (true when it
+/// names none: a device model's pairs, or a primary that could not tell).
+pub(crate) fn device_matches(e: &QueueExport, device: Option<std::os::fd::BorrowedFd<'_>>) -> bool {
+    let (Ok(dev), Ok(ino)) = (e.value(DEVICE_DEV), e.value(DEVICE_INO)) else {
+        return true;
+    };
+    device
+        .and_then(|fd| crate::sys::fd_identity(fd).ok())
+        .is_some_and(|id| id == (dev, ino))
+}
 
 /// The port's MAC address as a description value (the six bytes, big-endian).
 pub(crate) fn mac_value(mac: crate::net::MacAddr) -> u64 {
@@ -242,6 +266,14 @@ pub fn import(
             .map_err(|err| format!("mapping {what} from the device descriptor: {err}"))
     };
     let (tx_db, rx_db) = if e.value(DB_DEVICE).is_ok() {
+        if device.is_some() && !device_matches(e, device) {
+            return Err(
+                "the device descriptor passed is not the one these rings are on (the \
+                 primary's port was recovered onto a new device context since): ask the \
+                 primary for the current one (pmd::mp::Secondary::refresh_device)"
+                    .into(),
+            );
+        }
         let page = device_page("the doorbell page", 0)?;
         (Arc::clone(&page), page)
     } else {

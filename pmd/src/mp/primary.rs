@@ -159,7 +159,15 @@ impl Table {
         self.ports.iter_mut().find(|p| p.info.id == port)
     }
 
-    fn claim(&mut self, conn: ConnId, pid: u32, port: u16, queue: u16) -> Result<u16, Refusal> {
+    /// Gives `conn` queue `queue` of `port` (or the next free one): the queue and whether it
+    /// is new to it (a queue it holds already is granted again, unchanged).
+    fn claim(
+        &mut self,
+        conn: ConnId,
+        pid: u32,
+        port: u16,
+        queue: u16,
+    ) -> Result<(u16, bool), Refusal> {
         let p = self.port(port).ok_or(Refusal::NoSuchPort)?;
         let q = if queue == NEXT_FREE {
             p.slots
@@ -172,8 +180,9 @@ impl Table {
         match p.slots.get(q).ok_or(Refusal::NoSuchQueue)? {
             Slot::Free => {
                 p.slots[q] = Slot::Secondary(conn, pid);
-                Ok(q as u16)
+                Ok((q as u16, true))
             }
+            Slot::Secondary(c, _) if *c == conn => Ok((q as u16, false)),
             Slot::Primary => Err(Refusal::Taken(0)),
             Slot::Secondary(_, holder) => Err(Refusal::Taken(*holder)),
         }
@@ -766,18 +775,20 @@ fn converse(shared: &Shared, sock: &SeqConn, id: ConnId, pid: u32) -> End {
             Msg::Claim { port, queue } => {
                 let granted = {
                     let mut t = shared.table();
-                    t.claim(id, pid, port, queue).map(|q| {
+                    t.claim(id, pid, port, queue).map(|(q, new)| {
                         let device = t.port(port).and_then(|p| p.device.clone());
-                        (q, device)
+                        (q, new, device)
                     })
                 };
                 match granted {
-                    Ok((q, device)) => {
-                        shared.event(MpEvent::Claimed {
-                            pid,
-                            port,
-                            queue: q,
-                        });
+                    Ok((q, new, device)) => {
+                        if new {
+                            shared.event(MpEvent::Claimed {
+                                pid,
+                                port,
+                                queue: q,
+                            });
+                        }
                         let reply = Msg::Granted { port, queue: q }.encode();
                         let sent = match &device {
                             Some(fd) => {

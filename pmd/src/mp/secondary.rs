@@ -2,7 +2,7 @@
 //! stopping.
 #![deny(unsafe_code)]
 
-use super::protocol::{MemInfo, MemKind, Msg, PortInfo, MAX_RECORD, NEXT_FREE};
+use super::protocol::{MemInfo, MemKind, Msg, PortInfo, Refusal, MAX_RECORD, NEXT_FREE};
 use super::{check_prefix, io_err, read_record, socket_path, MpError, Read};
 use crate::sys::seqpacket::SeqConn;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -233,6 +233,26 @@ impl Secondary {
             .map(|(_, fd)| fd.as_fd())
     }
 
+    /// Asks the primary again for port `port`'s device descriptor (claiming again a queue
+    /// pair of the port this secondary holds, which grants it unchanged with the current
+    /// descriptor): after the primary's port was recovered onto a new device context, whose
+    /// doorbell page the old descriptor does not map. Returns the descriptor now held.
+    ///
+    /// # Errors
+    /// [`MpError::Refused`] with [`Refusal::NotYours`] when this secondary holds no queue
+    /// pair of the port; as [`claim`](Self::claim) otherwise.
+    pub fn refresh_device(&mut self, port: u16) -> Result<Option<BorrowedFd<'_>>, MpError> {
+        let Some(&(_, q)) = self.held.iter().find(|(p, _)| *p == port) else {
+            return Err(MpError::Refused {
+                port,
+                queue: NEXT_FREE,
+                why: Refusal::NotYours,
+            });
+        };
+        self.claim(port, Some(q))?;
+        Ok(self.device_fd(port))
+    }
+
     /// Takes queue pair `queue` of `port` (`None`: the next free one) and returns its index.
     ///
     /// # Errors
@@ -246,7 +266,9 @@ impl Secondary {
             Msg::Granted { port: p, queue: q }
                 if p == port && (asked == NEXT_FREE || q == asked) =>
             {
-                self.held.push((port, q));
+                if !self.held.contains(&(port, q)) {
+                    self.held.push((port, q));
+                }
                 if let Some(fd) = device {
                     self.devices.retain(|(d, _)| *d != port);
                     self.devices.push((port, fd));

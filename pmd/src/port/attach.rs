@@ -153,6 +153,21 @@ impl AttachedPair {
         })
     }
 
+    /// Whether `device` is the device descriptor the current description of pair `queue`
+    /// of `port` rings its doorbells through (true for a pair that needs none, and when
+    /// there is no description to read): after the primary's port was recovered onto a new
+    /// device context, the descriptor a secondary holds is the old one; ask the primary
+    /// for the new one (`pmd::mp::Secondary::refresh_device`) before attaching again.
+    pub fn device_is_current(
+        dir: &Path,
+        port: u16,
+        queue: u16,
+        device: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> bool {
+        QueueExport::read_from(dir, port, queue)
+            .map_or(true, |e| super::probe::device_matches(&e, device))
+    }
+
     /// Whether the primary has rebuilt the pair since this process attached: its
     /// description now names other rings (the old ones are destroyed, so what this pair
     /// posted can go back to the pool). A description that is gone (the primary stopped or

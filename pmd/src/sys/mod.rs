@@ -50,6 +50,18 @@ pub mod verbs;
 
 pub use mem::{DevEntries, DevEntry, DevMem, DevView, DevWindow, Doorbell, Mmio};
 
+/// The identity of the file `fd` is open on: its device and inode numbers (`fstat`). Two
+/// descriptors with the same identity, in any processes, are the same file (a verbs
+/// context's command file, passed with `SCM_RIGHTS`).
+///
+/// # Errors
+/// The descriptor could not be duplicated or read.
+pub fn fd_identity(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::File::from(fd.try_clone_to_owned()?).metadata()?;
+    Ok((m.dev(), m.ino()))
+}
+
 /// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`): what a benchmark on a
 /// shared machine measures instead of wall time, which also counts the time other processes
 /// had the core.

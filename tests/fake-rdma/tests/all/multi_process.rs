@@ -323,3 +323,89 @@ fn a_killed_secondary_on_mana_ports_is_replaced_and_the_other_keeps_forwarding()
     assert!(!pout.status.success(), "{ctx}");
     assert!(pctx.contains("killed while polling"), "{ctx}");
 }
+
+/// A host servicing of the primary's device (`mana_0` gone for a second, then back): the
+/// primary recovers its ports onto a new device context, exports the pairs anew and
+/// publishes the new context's command descriptor; the secondary sees its pairs rebuilt,
+/// asks for the descriptor again (its old one maps the old context's doorbell page) and
+/// attaches to the new rings. Traffic after the servicing all arrives, through both
+/// processes, and the pool ends whole.
+#[test]
+fn a_serviced_device_is_recovered_for_the_secondaries_too() {
+    let _one = serial();
+    let tag = format!("ms{}", std::process::id());
+    let pair = Pair::mana(&tag);
+    let fake = Fake::new(Some(&pair.world));
+    let run = fake.dir.path().join("run");
+    let ports = pair.l2fwd.map(|p| format!("{p},recover-timeout=20"));
+    let (pri, mut pri_err) = l2fwd(
+        &fake,
+        &run,
+        &[
+            "--proc-type",
+            "primary",
+            "--file-prefix",
+            "fakemp",
+            "--port",
+            &ports[0],
+            "--port",
+            &ports[1],
+            "--lcores",
+            &core(0).to_string(),
+            "--secondaries",
+            "1",
+            "--ring-size",
+            "256",
+            "--link-timeout",
+            "0",
+        ],
+    );
+    pri_err.wait_for(
+        "queue pair(s) of every port for secondaries",
+        Duration::from_secs(60),
+    );
+    let (sec, mut sec_err) = secondary(&fake, &run, core(1));
+    sec_err.wait_for("secondary of process", Duration::from_secs(60));
+
+    let knob = fake
+        .dir
+        .path()
+        .join("sys/class/infiniband/mana_0/fake_rdma_fatal");
+    std::fs::write(&knob, "service 1").unwrap();
+    for _ in 0..2 {
+        pri_err.wait_for("recovered after", Duration::from_secs(60));
+    }
+    for _ in 0..2 {
+        pri_err.wait_for("new device descriptor published", Duration::from_secs(30));
+        sec_err.wait_for("got its new descriptor", Duration::from_secs(30));
+        sec_err.wait_for(
+            "rebuilt by the primary: attached again",
+            Duration::from_secs(30),
+        );
+    }
+
+    const FRAMES: u64 = 4_000;
+    let g = pktgen(&fake, &pair, FRAMES).output().unwrap();
+    let gen = json(&g);
+    let s = sec.stop();
+    let s_err = sec_err.all(Duration::from_secs(10));
+    let (p, pout, pctx) = stop_primary(pri, pri_err);
+    let ctx = format!(
+        "--- pktgen\n{}\n--- secondary\n{}{s_err}\n{pctx}",
+        text(&g),
+        text(&s)
+    );
+    assert!(g.status.success() && pout.status.success(), "{ctx}");
+    assert_eq!(
+        gen["rx_packets"], FRAMES,
+        "every frame after the servicing arrives: {ctx}"
+    );
+    let sj = json(&s);
+    let there = forwarded(&sj);
+    let here = p["tx_packets"].as_u64().unwrap();
+    assert!(there > 0 && here > 0, "{here} {there}: {ctx}");
+    assert_eq!(here + there, FRAMES, "{ctx}");
+    assert_eq!(sj["buffers_returned"], true, "{ctx}");
+    assert_eq!(p["pool_in_use"], 0, "{ctx}");
+    assert_eq!(p["ports"][0]["recoveries"], 1, "{ctx}");
+}
