@@ -124,7 +124,9 @@ fn main() -> ExitCode {
             .map(|(k, v)| format!("{k} {}", if v { "yes" } else { "no" }))
             .collect();
         println!(
-            "multi-process: control plane built (pmd::mp); a secondary's datapath is not yet. \
+            "multi-process (pmd::mp): secondaries poll queue pairs of MANA ports (mana: maps \
+             the doorbell page from the primary's command fd, as DPDK net/mana; MANA has no \
+             import, so ibv_import_* fail there with EOPNOTSUPP); mlx5 ports: not yet. \
              rdma-core here: {}",
             mp.join(", ")
         );

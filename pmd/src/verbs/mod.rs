@@ -176,8 +176,9 @@ pub enum ForkSafety {
 /// provider has no `import_context`, so on MANA the call fails with `EOPNOTSUPP` even where
 /// the symbol is there), and mlx5's object export (rdma-core 63, `MLX5_1.27`:
 /// `_mlx5dv_get_export_sizes`, behind the inline `mlx5dv_get_export_sizes`, and the
-/// export/import pairs of VAR, DEVX object and DEVX umem). Not used by a datapath yet: the
-/// secondary's datapath is not built (see `pmd::mp`).
+/// export/import pairs of VAR, DEVX object and DEVX umem). Reported by `pmd-devices`; no
+/// datapath uses them: MANA secondaries import nothing (they map the doorbell page from the
+/// primary's command fd, see `pmd::mp`), and mlx5 secondaries are not built.
 pub fn multi_process_support() -> Vec<(&'static str, bool)> {
     [
         (c"ibv_import_device", "ibv_import_device"),

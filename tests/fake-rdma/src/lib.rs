@@ -61,6 +61,7 @@ macro_rules! export {
 mod events;
 mod fork;
 mod guard;
+mod import;
 mod kick;
 mod mana;
 mod mlx5;

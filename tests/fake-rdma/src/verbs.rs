@@ -272,7 +272,7 @@ fn copy_str(dst: &mut [c_char], s: &str) {
 /// valid for whoever holds it); one that came back from a servicing is a new registration
 /// (`same_sysfs_dev`, init.c:511–525: the kernel gave it a new index) and gets a new
 /// `ibv_device`. Returns the listed devices (addresses of leaked `Device` boxes).
-fn rescan(st: &mut State) -> Vec<usize> {
+pub(crate) fn rescan(st: &mut State) -> Vec<usize> {
     events::start(&st.cfg.sysfs);
     let mut list = Vec::new();
     for view in world::read_sysfs(&st.cfg.sysfs) {

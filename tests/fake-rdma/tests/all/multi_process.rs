@@ -409,3 +409,31 @@ fn a_serviced_device_is_recovered_for_the_secondaries_too() {
     assert_eq!(p["pool_in_use"], 0, "{ctx}");
     assert_eq!(p["ports"][0]["recoveries"], 1, "{ctx}");
 }
+
+/// `tests/c/import.c`, compiled once per test process against the real headers.
+fn import_program() -> &'static Path {
+    static EXE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| crate::common::compile_c("import", &[], &["-libverbs"]))
+}
+
+/// What a process given a MANA context's command descriptor can do with it, through the
+/// real libibverbs API: no import (`EOPNOTSUPP`, as rdma-core's MANA provider has none;
+/// `EINVAL` / `ENODEV` for descriptors that are no device), and the doorbell page mapped
+/// from it is the context's one page.
+#[test]
+fn a_mana_command_descriptor_maps_the_doorbell_page_and_imports_nothing() {
+    let fake = Fake::new(None);
+    let o = fake
+        .cmd(import_program())
+        .arg("mana_0")
+        .output()
+        .expect("run import");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!out.contains("FAIL"), "{out}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("ok ")).count(),
+        12,
+        "{out}"
+    );
+}
