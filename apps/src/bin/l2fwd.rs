@@ -492,9 +492,9 @@ fn totals(counters: &[Vec<PortCounters>], np: usize) -> Vec<Totals> {
 struct Workers {
     mp: pmd::mp::Primary,
     counts: WorkerCounts,
-    /// The device descriptor published for each port, by identity (a recovery opens a new
-    /// one, which is published again).
-    devices: Vec<(u16, (u64, u64))>,
+    /// The device generation published for each port (a recovery opens a new context, a
+    /// new generation, which is published again).
+    devices: Vec<(u16, u64)>,
 }
 
 /// What a primary's secondaries did.
@@ -552,20 +552,17 @@ impl Workers {
     /// descriptor, which goes with each grant. After a recovery the port has a new one.
     fn publish_devices(&mut self, ports: &[Port]) -> Result<(), pmd::mp::MpError> {
         for p in ports {
-            let Some(fd) = p.device_fd() else { continue };
-            let Ok(id) = pmd::sys::fd_identity(fd) else {
-                continue;
-            };
+            let Some(d) = p.device() else { continue };
             match self.devices.iter_mut().find(|(port, _)| *port == p.id()) {
-                Some((_, known)) if *known == id => continue,
+                Some((_, known)) if *known == d.generation => continue,
                 Some((_, known)) => {
-                    self.mp.publish_device(p.id(), fd)?;
-                    *known = id;
+                    self.mp.publish_device(p.id(), d.fd, d.generation)?;
+                    *known = d.generation;
                     eprintln!("l2fwd: port {}: its new device descriptor published to the secondaries (the port was recovered)", p.id());
                 }
                 None => {
-                    self.mp.publish_device(p.id(), fd)?;
-                    self.devices.push((p.id(), id));
+                    self.mp.publish_device(p.id(), d.fd, d.generation)?;
+                    self.devices.push((p.id(), d.generation));
                 }
             }
         }
@@ -890,7 +887,7 @@ mod secondary {
         for &p in &ports {
             let q = s.claim(p, None).map_err(|e| format!("port {p}: {e}"))?;
             let pair =
-                AttachedPair::open(&dir, p, q, &pool, s.device_fd(p)).map_err(|e| e.to_string())?;
+                AttachedPair::open(&dir, p, q, &pool, s.device(p)).map_err(|e| e.to_string())?;
             pairs.push(Some(pair));
         }
         let taken: Vec<String> = pairs
@@ -1034,17 +1031,12 @@ mod secondary {
                     .expect("checked");
                 // A recovery of the primary's port rebuilds its pairs on a new device
                 // context: the new rings ring the new context's doorbell page.
-                if !AttachedPair::device_is_current(&self.dir, port, queue, self.s.device_fd(port))
-                {
+                if !AttachedPair::device_is_current(&self.dir, port, queue, self.s.device(port)) {
                     self.s
                         .refresh_device(port)
                         .map_err(|e| format!("port {port}: asking for its device again: {e}"))?;
-                    if !AttachedPair::device_is_current(
-                        &self.dir,
-                        port,
-                        queue,
-                        self.s.device_fd(port),
-                    ) {
+                    if !AttachedPair::device_is_current(&self.dir, port, queue, self.s.device(port))
+                    {
                         // The primary has not published it yet: next round.
                         continue;
                     }
@@ -1052,7 +1044,7 @@ mod secondary {
                 }
                 drop(slot.take());
                 let fresh =
-                    AttachedPair::open(&self.dir, port, queue, &self.pool, self.s.device_fd(port))
+                    AttachedPair::open(&self.dir, port, queue, &self.pool, self.s.device(port))
                         .map_err(|e| {
                             format!("attaching again to port {port} queue pair {queue}: {e}")
                         })?;

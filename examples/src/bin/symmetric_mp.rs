@@ -116,8 +116,8 @@ fn run_primary(procs: u16, dir: &Path) -> Result<(), Error> {
     let mp = Primary::start(&MpConfig::new(PREFIX).with_dir(dir))?;
     for p in &fwd {
         mp.publish(p.id(), p.name(), procs, &[0]);
-        if let Some(fd) = p.device_fd() {
-            mp.publish_device(p.id(), fd)?;
+        if let Some(d) = p.device() {
+            mp.publish_device(p.id(), d.fd, d.generation)?;
         }
     }
     mp.share_pool(&pool)?;
@@ -226,8 +226,8 @@ fn secondary(dir: &Path) -> Result<(), Error> {
     let q0 = s.claim(0, None)?;
     let q1 = s.claim(1, Some(q0))?;
     let mut pairs = [
-        AttachedPair::open(dir, 0, q0, &pool, s.device_fd(0))?,
-        AttachedPair::open(dir, 1, q1, &pool, s.device_fd(1))?,
+        AttachedPair::open(dir, 0, q0, &pool, s.device(0))?,
+        AttachedPair::open(dir, 1, q1, &pool, s.device(1))?,
     ];
     let mut burst = Burst::with_capacity(32);
     let mut n = 0u64;

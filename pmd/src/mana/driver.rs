@@ -249,9 +249,6 @@ impl PortDriver for Driver {
                     pool,
                     &keys,
                     self.provider.mac(),
-                    self.provider
-                        .device_fd()
-                        .and_then(|fd| crate::sys::fd_identity(fd).ok()),
                 )
                 .map_err(|why| PortError::Setup {
                     what: format!("exporting queue pair {i}"),

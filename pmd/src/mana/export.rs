@@ -45,7 +45,6 @@ pub(crate) fn describe(
     pool: &MbufPool,
     keys: &ChunkKeys,
     mac: crate::net::MacAddr,
-    device: Option<(u64, u64)>,
 ) -> Result<QueueExport, String> {
     if rx.kick.is_some() || tx.kick.is_some() {
         return Err(
@@ -110,15 +109,6 @@ pub(crate) fn describe(
         ]
         .into_iter()
         .chain(db_device.then(|| (DB_DEVICE.to_string(), 1)))
-        // Which device descriptor the doorbell page is on: a recovery opens a new one.
-        .chain(
-            device
-                .filter(|_| db_device)
-                .into_iter()
-                .flat_map(|(dev, ino)| {
-                    [(DEVICE_DEV.to_string(), dev), (DEVICE_INO.to_string(), ino)]
-                }),
-        )
         .chain(monitor_offsets)
         .collect(),
     })
@@ -127,21 +117,6 @@ pub(crate) fn describe(
 /// The description value that says the doorbell page is page 0 of the device's command
 /// descriptor (not a file of the description).
 const DB_DEVICE: &str = "db_device";
-/// The identity of that descriptor's file (`crate::sys::fd_identity`): device and inode.
-const DEVICE_DEV: &str = "device_dev";
-const DEVICE_INO: &str = "device_ino";
-
-/// Whether `device` is the descriptor description `e`'s doorbell page is on (true when it
-/// names none: a device model's pairs, or a primary that could not tell).
-pub(crate) fn device_matches(e: &QueueExport, device: Option<std::os::fd::BorrowedFd<'_>>) -> bool {
-    let (Ok(dev), Ok(ino)) = (e.value(DEVICE_DEV), e.value(DEVICE_INO)) else {
-        return true;
-    };
-    device
-        .and_then(|fd| crate::sys::fd_identity(fd).ok())
-        .is_some_and(|id| id == (dev, ino))
-}
-
 /// The port's MAC address as a description value (the six bytes, big-endian).
 pub(crate) fn mac_value(mac: crate::net::MacAddr) -> u64 {
     mac.0.iter().fold(0u64, |v, &b| v << 8 | u64::from(b))
@@ -253,10 +228,27 @@ pub fn import(
     let device_page = |what: &str, offset: u64| -> Result<Arc<DevMem>, String> {
         let fd = device.ok_or(
             "its doorbell page is the device's: pass the primary's device descriptor \
-             (pmd::mp::Secondary::device_fd, which the primary publishes with \
+             (pmd::mp::Secondary::device, which the primary publishes with \
              Primary::publish_device)",
         )?;
-        if !offset.is_multiple_of(page_bytes as u64) || offset > 1 << 30 {
+        // Page 0 is the doorbell page (all a uverbs file maps for MANA, `mana_ib_mmap`);
+        // a page past it exists only in the fake's command file (a regular file), and only
+        // within its length: a mapping past the end would fault at the first doorbell.
+        let file = std::fs::File::from(
+            fd.try_clone_to_owned()
+                .map_err(|err| format!("the device descriptor: {err}"))?,
+        );
+        let meta = file
+            .metadata()
+            .map_err(|err| format!("the device descriptor: {err}"))?;
+        let fits = if meta.is_file() {
+            offset
+                .checked_add(page_bytes as u64)
+                .is_some_and(|end| end <= meta.len())
+        } else {
+            offset == 0
+        };
+        if !offset.is_multiple_of(page_bytes as u64) || !fits {
             return Err(format!(
                 "{what} at offset {offset}: not a page of the device"
             ));
@@ -266,14 +258,6 @@ pub fn import(
             .map_err(|err| format!("mapping {what} from the device descriptor: {err}"))
     };
     let (tx_db, rx_db) = if e.value(DB_DEVICE).is_ok() {
-        if device.is_some() && !device_matches(e, device) {
-            return Err(
-                "the device descriptor passed is not the one these rings are on (the \
-                 primary's port was recovered onto a new device context since): ask the \
-                 primary for the current one (pmd::mp::Secondary::refresh_device)"
-                    .into(),
-            );
-        }
         let page = device_page("the doorbell page", 0)?;
         (Arc::clone(&page), page)
     } else {

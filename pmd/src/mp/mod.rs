@@ -22,8 +22,8 @@
 //! - [`Primary::share_pool`] shares an mbuf pool made with a shared file; a secondary
 //!   attaches to it ([`Secondary::pool`]).
 //! - [`Primary::publish_device`] publishes a port's device descriptor (a `mana:` port's
-//!   verbs command fd, `pmd::port::Port::device_fd`); it goes to a secondary with each grant
-//!   of a queue pair of the port (`SCM_RIGHTS`, [`Secondary::device_fd`]), and the
+//!   verbs command fd, `pmd::port::Port::device`); it goes to a secondary with each grant
+//!   of a queue pair of the port (`SCM_RIGHTS`, [`Secondary::device`]), and the
 //!   secondary maps the port's doorbell page from it, as DPDK net/mana's secondaries do.
 //!
 //! The datapath of a secondary is `pmd::port::attach::AttachedPair` (queue pairs the

@@ -143,9 +143,9 @@ enum Slot {
 struct PortEntry {
     info: PortInfo,
     slots: Vec<Slot>,
-    /// The device's command descriptor ([`Primary::publish_device`]), sent with every grant
-    /// of a queue pair of the port.
-    device: Option<Arc<std::os::fd::OwnedFd>>,
+    /// The device's command descriptor and its generation ([`Primary::publish_device`]),
+    /// sent with every grant of a queue pair of the port.
+    device: Option<(Arc<std::os::fd::OwnedFd>, u64)>,
 }
 
 #[derive(Default)]
@@ -363,17 +363,29 @@ impl Primary {
         }
     }
 
-    /// Publishes port `id`'s device descriptor (`pmd::port::Port::device_fd`): it goes to
-    /// each secondary with the grant of a queue pair of the port (`SCM_RIGHTS`), as DPDK
-    /// net/mana's primaries pass their verbs command fd, and the secondary maps the port's
-    /// doorbell page from it (`Secondary::device_fd`). Call it after [`Primary::publish`]
-    /// (which forgets it) and again after the port opened a new device context (a
-    /// recovery): later grants carry the new one.
+    /// Publishes port `id`'s device descriptor (`pmd::port::Port::device`) and its
+    /// generation (`Port::device_generation`, which the port's export descriptions name):
+    /// it goes to each secondary with the grant of a queue pair of the port (`SCM_RIGHTS`),
+    /// as DPDK net/mana's primaries pass their verbs command fd, and the secondary maps the
+    /// port's doorbell page from it (`Secondary::device`). Call it after
+    /// [`Primary::publish`] (which forgets it) and again after the port opened a new device
+    /// context (a recovery, a new generation): later grants carry the new one.
     ///
     /// # Errors
-    /// [`MpError::Device`]: the port is not published, or the descriptor could not be
-    /// duplicated.
-    pub fn publish_device(&self, id: u16, fd: std::os::fd::BorrowedFd<'_>) -> Result<(), MpError> {
+    /// [`MpError::Device`]: the port is not published, generation 0 (it means "none"), or
+    /// the descriptor could not be duplicated.
+    pub fn publish_device(
+        &self,
+        id: u16,
+        fd: std::os::fd::BorrowedFd<'_>,
+        generation: u64,
+    ) -> Result<(), MpError> {
+        if generation == 0 {
+            return Err(MpError::Device {
+                port: id,
+                why: "generation 0 means no descriptor".into(),
+            });
+        }
         let dup = fd.try_clone_to_owned().map_err(|e| MpError::Device {
             port: id,
             why: format!("dup: {e}"),
@@ -383,7 +395,7 @@ impl Primary {
             port: id,
             why: "the port is not published".into(),
         })?;
-        p.device = Some(Arc::new(dup));
+        p.device = Some((Arc::new(dup), generation));
         Ok(())
     }
 
@@ -789,9 +801,14 @@ fn converse(shared: &Shared, sock: &SeqConn, id: ConnId, pid: u32) -> End {
                                 queue: q,
                             });
                         }
-                        let reply = Msg::Granted { port, queue: q }.encode();
+                        let reply = Msg::Granted {
+                            port,
+                            queue: q,
+                            device_gen: device.as_ref().map_or(0, |d| d.1),
+                        }
+                        .encode();
                         let sent = match &device {
-                            Some(fd) => {
+                            Some((fd, _)) => {
                                 use std::os::fd::AsFd;
                                 sock.send_with_fd(&reply, fd.as_fd())
                             }

@@ -15,7 +15,7 @@ pub const MAGIC: [u8; 2] = *b"PM";
 /// The protocol version this build speaks. A primary refuses a secondary of another
 /// version ([`Refusal::Version`]): both sides map the same queue layouts, which only one
 /// build of `pmd` agrees on.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 
 /// The longest record either side sends or reads, in bytes: room for the largest welcome
 /// (checked below).
@@ -166,6 +166,9 @@ pub enum Msg {
         port: u16,
         /// The queue pair.
         queue: u16,
+        /// The generation of the port's device descriptor, which comes with the record
+        /// (`SCM_RIGHTS`); 0: the port published none, and no descriptor comes.
+        device_gen: u64,
     },
     /// Primary → secondary: the queue pair went back.
     Released {
@@ -305,7 +308,14 @@ impl Msg {
                     });
                 }
             }
-            Msg::Granted { port, queue } => pq(&mut out, K_GRANTED, *port, *queue),
+            Msg::Granted {
+                port,
+                queue,
+                device_gen,
+            } => {
+                pq(&mut out, K_GRANTED, *port, *queue);
+                out.extend_from_slice(&device_gen.to_le_bytes());
+            }
             Msg::Released { port, queue } => pq(&mut out, K_RELEASED, *port, *queue),
             Msg::Refused { port, queue, why } => {
                 pq(&mut out, K_REFUSED, *port, *queue);
@@ -417,7 +427,12 @@ impl Msg {
                 if queue == NEXT_FREE {
                     return Err(DecodeError::Field("queue"));
                 }
-                Msg::Granted { port, queue }
+                let device_gen = r.u64("device generation")?;
+                Msg::Granted {
+                    port,
+                    queue,
+                    device_gen,
+                }
             }
             K_RELEASED => {
                 let (port, queue) = r.port_queue()?;

@@ -5,7 +5,7 @@
 use super::protocol::{MemInfo, MemKind, Msg, PortInfo, Refusal, MAX_RECORD, NEXT_FREE};
 use super::{check_prefix, io_err, read_record, socket_path, MpError, Read};
 use crate::sys::seqpacket::SeqConn;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -59,7 +59,7 @@ pub struct Secondary {
     primary_pid: Option<u32>,
     answers: Receiver<(Msg, Option<OwnedFd>)>,
     /// The device descriptors the primary sent with grants, by port.
-    devices: Vec<(u16, OwnedFd)>,
+    devices: Vec<(u16, OwnedFd, u64)>,
     gone: Arc<Gone>,
     stop: Arc<AtomicBool>,
     reader: Option<JoinHandle<()>>,
@@ -222,15 +222,19 @@ impl Secondary {
         self.primary_gone().is_some() && self.gone.closed.load(Ordering::Acquire)
     }
 
-    /// Port `port`'s device descriptor, which the primary sent with the last grant of one
-    /// of its queue pairs ([`Primary::publish_device`](super::Primary::publish_device)):
-    /// what `pmd::port::attach::AttachedPair::open` maps a `mana:` port's doorbell page
-    /// from. `None` for a port whose primary published none (a device-model port).
-    pub fn device_fd(&self, port: u16) -> Option<BorrowedFd<'_>> {
+    /// Port `port`'s device descriptor and its generation, which the primary sent with the
+    /// last grant of one of its queue pairs
+    /// ([`Primary::publish_device`](super::Primary::publish_device)): what
+    /// `pmd::port::attach::AttachedPair::open` maps a `mana:` port's doorbell page from.
+    /// `None` for a port whose primary published none (a device-model port).
+    pub fn device(&self, port: u16) -> Option<crate::sys::DeviceFd<'_>> {
         self.devices
             .iter()
-            .find(|(p, _)| *p == port)
-            .map(|(_, fd)| fd.as_fd())
+            .find(|(p, _, _)| *p == port)
+            .map(|(_, fd, generation)| crate::sys::DeviceFd {
+                fd: fd.as_fd(),
+                generation: *generation,
+            })
     }
 
     /// Asks the primary again for port `port`'s device descriptor (claiming again a queue
@@ -241,7 +245,10 @@ impl Secondary {
     /// # Errors
     /// [`MpError::Refused`] with [`Refusal::NotYours`] when this secondary holds no queue
     /// pair of the port; as [`claim`](Self::claim) otherwise.
-    pub fn refresh_device(&mut self, port: u16) -> Result<Option<BorrowedFd<'_>>, MpError> {
+    pub fn refresh_device(
+        &mut self,
+        port: u16,
+    ) -> Result<Option<crate::sys::DeviceFd<'_>>, MpError> {
         let Some(&(_, q)) = self.held.iter().find(|(p, _)| *p == port) else {
             return Err(MpError::Refused {
                 port,
@@ -250,7 +257,7 @@ impl Secondary {
             });
         };
         self.claim(port, Some(q))?;
-        Ok(self.device_fd(port))
+        Ok(self.device(port))
     }
 
     /// Takes queue pair `queue` of `port` (`None`: the next free one) and returns its index.
@@ -263,15 +270,26 @@ impl Secondary {
         self.request(&Msg::Claim { port, queue: asked })?;
         let (msg, device) = self.answer_with_fd("the claim")?;
         match msg {
-            Msg::Granted { port: p, queue: q }
-                if p == port && (asked == NEXT_FREE || q == asked) =>
-            {
+            Msg::Granted {
+                port: p,
+                queue: q,
+                device_gen,
+            } if p == port && (asked == NEXT_FREE || q == asked) => {
                 if !self.held.contains(&(port, q)) {
                     self.held.push((port, q));
                 }
-                if let Some(fd) = device {
-                    self.devices.retain(|(d, _)| *d != port);
-                    self.devices.push((port, fd));
+                self.devices.retain(|(d, _, _)| *d != port);
+                match (device_gen, device) {
+                    (0, _) => {}
+                    (g, Some(fd)) => self.devices.push((port, fd, g)),
+                    (_, None) => {
+                        return Err(MpError::Device {
+                            port,
+                            why: "the primary sent it with the grant, but it did not arrive \
+                                  (is this process at its open-file limit? ulimit -n)"
+                                .into(),
+                        })
+                    }
                 }
                 Ok(q)
             }

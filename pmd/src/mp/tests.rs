@@ -136,7 +136,11 @@ fn a_connection_that_closes_without_goodbye_counts_as_exited() {
     let (n, _) = conn.recv(&mut buf).unwrap();
     assert_eq!(
         Msg::decode(&buf[..n]).unwrap(),
-        Msg::Granted { port: 0, queue: 2 }
+        Msg::Granted {
+            port: 0,
+            queue: 2,
+            device_gen: 0
+        }
     );
     drop(conn);
     let e = wait_event(&p, |e| matches!(e, MpEvent::Released { .. }));
@@ -384,7 +388,13 @@ fn any_msg() -> impl Strategy<Value = Msg> {
                 ports.retain(|p: &PortInfo| seen.insert(p.id));
                 Msg::Welcome { ports, memory }
             }),
-        (any::<u16>(), 0..NEXT_FREE).prop_map(|(port, queue)| Msg::Granted { port, queue }),
+        (any::<u16>(), 0..NEXT_FREE, any::<u64>()).prop_map(|(port, queue, device_gen)| {
+            Msg::Granted {
+                port,
+                queue,
+                device_gen,
+            }
+        }),
         (any::<u16>(), 0..NEXT_FREE).prop_map(|(port, queue)| Msg::Released { port, queue }),
         (any::<u16>(), any::<u16>(), any_refusal()).prop_map(|(port, queue, why)| Msg::Refused {
             port,
@@ -491,20 +501,25 @@ fn a_ports_device_descriptor_goes_with_each_grant() {
     let p = primary(&dir);
     let mut dev = tempfile::tempfile().unwrap();
     dev.write_all(b"doorbell page").unwrap();
-    p.publish_device(0, dev.as_fd()).unwrap();
-    let err = p.publish_device(7, dev.as_fd()).unwrap_err();
+    p.publish_device(0, dev.as_fd(), 3).unwrap();
+    assert!(
+        p.publish_device(0, dev.as_fd(), 0).is_err(),
+        "generation 0 means none"
+    );
+    let err = p.publish_device(7, dev.as_fd(), 1).unwrap_err();
     assert!(err.to_string().contains("port 7"), "{err}");
     assert!(err.to_string().contains("not published"), "{err}");
 
     let mut s = attach(&p);
-    assert!(s.device_fd(0).is_none(), "nothing before a grant");
+    assert!(s.device(0).is_none(), "nothing before a grant");
     s.claim(0, None).unwrap();
     s.claim(1, None).unwrap();
-    assert!(s.device_fd(1).is_none(), "port 1 published no descriptor");
+    assert!(s.device(1).is_none(), "port 1 published no descriptor");
     let got = s
-        .device_fd(0)
+        .device(0)
         .expect("port 0's descriptor came with the grant");
-    let mut f = std::fs::File::from(got.try_clone_to_owned().unwrap());
+    assert_eq!(got.generation, 3);
+    let mut f = std::fs::File::from(got.fd.try_clone_to_owned().unwrap());
     let (a, b) = (f.metadata().unwrap(), dev.metadata().unwrap());
     assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()), "the same file");
     let mut text = String::new();

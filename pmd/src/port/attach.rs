@@ -61,7 +61,7 @@ impl AttachedPair {
     /// posting receive buffers from `pool` (the primary's shared pool, attached in this
     /// process). Claim the pair first (`pmd::mp::Secondary::claim`): the queues have one
     /// owner. `device` is the port's device descriptor, which the primary passed
-    /// (`pmd::mp::Secondary::device_fd`): a `mana:` port's pairs ring the doorbell page
+    /// (`pmd::mp::Secondary::device`): a `mana:` port's pairs ring the doorbell page
     /// mapped from it; a device-model port's need none.
     ///
     /// A pair is attached once per export: its rings then hold this process's state, and
@@ -79,12 +79,21 @@ impl AttachedPair {
         port: u16,
         queue: u16,
         pool: &Arc<MbufPool>,
-        device: Option<std::os::fd::BorrowedFd<'_>>,
+        device: Option<crate::sys::DeviceFd<'_>>,
     ) -> Result<Self, PortError> {
         let export = QueueExport::read_from(dir, port, queue).map_err(|why| PortError::Setup {
             what: format!("attaching to port {port} queue pair {queue}"),
             source: why.into(),
         })?;
+        if device.is_some() && !generation_matches(&export, device) {
+            return Err(PortError::Setup {
+                what: format!("attaching to port {port} queue pair {queue}"),
+                source: "the device descriptor held is not the one these rings are on (the \
+                         primary's port was recovered onto a new device context since): ask \
+                         the primary for the current one (pmd::mp::Secondary::refresh_device)"
+                    .into(),
+            });
+        }
         let shared_stats = match export.area("stats") {
             Ok(a) => Some(
                 super::shared_stats::SharedQueueStats::open(&a.path).map_err(|why| {
@@ -100,7 +109,7 @@ impl AttachedPair {
         let parked = crate::ethdev::Parked::new();
         let (rx, tx) = super::probe::import_pair(
             &export,
-            device,
+            device.map(|d| d.fd),
             pool,
             Arc::clone(&counters.0),
             Arc::clone(&counters.1),
@@ -153,19 +162,18 @@ impl AttachedPair {
         })
     }
 
-    /// Whether `device` is the device descriptor the current description of pair `queue`
-    /// of `port` rings its doorbells through (true for a pair that needs none, and when
-    /// there is no description to read): after the primary's port was recovered onto a new
+    /// Whether `device` is of the device generation the current description of pair
+    /// `queue` of `port` names (true for a pair that names none, and when there is no
+    /// description to read): after the primary's port was recovered onto a new
     /// device context, the descriptor a secondary holds is the old one; ask the primary
     /// for the new one (`pmd::mp::Secondary::refresh_device`) before attaching again.
     pub fn device_is_current(
         dir: &Path,
         port: u16,
         queue: u16,
-        device: Option<std::os::fd::BorrowedFd<'_>>,
+        device: Option<crate::sys::DeviceFd<'_>>,
     ) -> bool {
-        QueueExport::read_from(dir, port, queue)
-            .map_or(true, |e| super::probe::device_matches(&e, device))
+        QueueExport::read_from(dir, port, queue).map_or(true, |e| generation_matches(&e, device))
     }
 
     /// Whether the primary has rebuilt the pair since this process attached: its
@@ -246,5 +254,14 @@ impl Drop for AttachedPair {
             tracing::info!(target: "pmd::port", port = self.export.port, queue = self.export.queue, "attached pair dropped before the primary rebuilt it: its posted buffers stay out of the pool");
             std::mem::forget(out);
         }
+    }
+}
+
+/// Whether `device` is of the device generation description `e` names (true when it names
+/// none: a device model's pairs).
+fn generation_matches(e: &QueueExport, device: Option<crate::sys::DeviceFd<'_>>) -> bool {
+    match e.value(super::DEVICE_GEN) {
+        Ok(g) => device.is_some_and(|d| d.generation == g),
+        Err(_) => true,
     }
 }

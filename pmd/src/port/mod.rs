@@ -256,6 +256,9 @@ pub struct Port {
     events: Option<PortEvents>,
     /// Recoveries completed, and the last one.
     recoveries: u64,
+    /// The generation of the device context (1 at open, one more per recovery onto a new
+    /// one): what exported pairs name, so that a secondary can tell a stale descriptor.
+    device_gen: u64,
     last_recovery: Option<recovery::Completed>,
     /// The port's lock (see [`lock`]). Declared after `driver`: fields drop in order, so the
     /// driver (and a netdev it took over) is gone before another process may open the port.
@@ -382,6 +385,7 @@ impl Port {
             xstats_base: Vec::new(),
             imissed_base: 0,
             recoveries: 0,
+            device_gen: 1,
             last_recovery: None,
             events: None,
             lock: None,
@@ -605,6 +609,9 @@ impl Port {
                 path: stats_path,
                 len: shared_stats::STATS_BYTES,
             });
+            if self.driver.device_fd().is_some() {
+                e.values.push((DEVICE_GEN.to_string(), self.device_gen));
+            }
             let path = e.write_to(&x.dir).map_err(|err| PortError::Setup {
                 what: format!(
                     "{}: writing the description of queue pair {} to {}",
@@ -810,14 +817,18 @@ impl Port {
         }
     }
 
-    /// The device's command descriptor, which a process polling one of this port's
-    /// exported queue pairs needs ([`PortConfig::export`], `attach::AttachedPair::open`):
-    /// on a `mana:` port the context's `cmd_fd`, whose page 0 is the doorbell page of the
-    /// port's queues. `None` where the exported rings need none (device-model ports). Hand
-    /// it to `pmd::mp::Primary::publish_device`, which passes it with `SCM_RIGHTS`. A
-    /// recovery opens a new context: publish the new descriptor after it.
-    pub fn device_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        self.driver.device_fd()
+    /// The device's command descriptor, with its generation, which a process polling one
+    /// of this port's exported queue pairs needs ([`PortConfig::export`],
+    /// `attach::AttachedPair::open`): on a `mana:` port the context's `cmd_fd`, whose page 0
+    /// is the doorbell page of the port's queues. `None` where the exported rings need none
+    /// (device-model ports). Hand it to `pmd::mp::Primary::publish_device`, which passes it
+    /// with `SCM_RIGHTS`. A recovery opens a new context, a new generation (which the
+    /// export descriptions name): publish the new descriptor after it.
+    pub fn device(&self) -> Option<crate::sys::DeviceFd<'_>> {
+        self.driver.device_fd().map(|fd| crate::sys::DeviceFd {
+            fd,
+            generation: self.device_gen,
+        })
     }
 
     /// A descriptor that becomes readable when the port has [`PortEvent`]s to take
@@ -1042,6 +1053,7 @@ impl Port {
             driver.start()?;
         }
         self.driver = driver;
+        self.device_gen += 1;
         self.install(queues, was_started);
         self.reexport(&cfg)
     }
@@ -1250,6 +1262,10 @@ fn add_stats(a: &QueueStats, b: &QueueStats) -> QueueStats {
 
 /// An export asks for distinct queue pairs the port has, of a pool other processes can
 /// attach to.
+/// The description value naming the device generation of an exported pair's rings (see
+/// [`Port::device`]).
+pub(crate) const DEVICE_GEN: &str = "device_gen";
+
 fn check_export(cfg: &PortConfig, pool: &MbufPool) -> Result<(), PortError> {
     let Some(x) = &cfg.export else {
         return Ok(());

@@ -249,18 +249,6 @@ pub(crate) type ImportedPair = (
     Box<dyn crate::ethdev::TxBurst>,
 );
 
-/// Whether `device` is the device descriptor exported pair `e` rings through (true for a
-/// driver whose pairs need none).
-pub(crate) fn device_matches(
-    e: &crate::ethdev::QueueExport,
-    device: Option<std::os::fd::BorrowedFd<'_>>,
-) -> bool {
-    match e.driver.as_str() {
-        "mana" => crate::mana::export::device_matches(e, device),
-        _ => true,
-    }
-}
-
 /// Builds, in this process, the queues of a queue pair another process exported
 /// ([`crate::ethdev::export`]), with the driver that made them.
 ///

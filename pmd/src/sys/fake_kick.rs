@@ -101,8 +101,8 @@ type MonitorFn = unsafe extern "C" fn(*mut c_void, c_int, u32, *mut u64) -> *mut
 /// the doorbell page that this queue's doorbells are written to as well, which the fake's
 /// device model reads, so that it misses none of them while sibling queues (of this process
 /// or another) ring the shared page (the fake's `fake_rdma_db_monitor`, its `src/monitor.rs`).
-/// Returns the page (one page, mapped by the fake until the queue or the context is gone)
-/// and its offset in the context's command file. `None` on real rdma-core.
+/// Returns the page (one page, mapped by the fake until the context is closed) and its
+/// offset in the context's command file, or the fake's errno. `None` on real rdma-core.
 ///
 /// # Safety
 /// `ctx` is an open verbs context.
@@ -110,7 +110,7 @@ pub unsafe fn db_monitor(
     ctx: *mut c_void,
     is_rx: bool,
     queue_id: u32,
-) -> Option<(NonNull<u8>, u64)> {
+) -> Option<Result<(NonNull<u8>, u64), i32>> {
     static ENTRY: OnceLock<Option<MonitorFn>> = OnceLock::new();
     let f = (*ENTRY.get_or_init(|| {
         let p = lookup(c"fake_rdma_db_monitor")?;
@@ -122,7 +122,12 @@ pub unsafe fn db_monitor(
     // SAFETY: `ctx` is open (caller); the fake returns NULL for a queue it does not know and
     // writes `offset` otherwise.
     let p = unsafe { f(ctx, c_int::from(is_rx), queue_id, &mut offset) };
-    NonNull::new(p.cast::<u8>()).map(|p| (p, offset))
+    Some(match NonNull::new(p.cast::<u8>()) {
+        Some(p) => Ok((p, offset)),
+        None => Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)),
+    })
 }
 
 /// The kick of queue `queue_id` (a send queue, or with `is_rx` a receive queue) of the verbs

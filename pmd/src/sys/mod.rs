@@ -50,16 +50,16 @@ pub mod verbs;
 
 pub use mem::{DevEntries, DevEntry, DevMem, DevView, DevWindow, Doorbell, Mmio};
 
-/// The identity of the file `fd` is open on: its device and inode numbers (`fstat`). Two
-/// descriptors with the same identity, in any processes, are the same file (a verbs
-/// context's command file, passed with `SCM_RIGHTS`).
-///
-/// # Errors
-/// The descriptor could not be duplicated or read.
-pub fn fd_identity(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::File::from(fd.try_clone_to_owned()?).metadata()?;
-    Ok((m.dev(), m.ino()))
+/// A device's command descriptor as another process received it, with its generation: a
+/// port names the generation of its device context in what it exports, and a new context
+/// (a recovery) is a new generation. The descriptor's file cannot tell (every open of a
+/// uverbs device is the same character device).
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceFd<'a> {
+    /// The descriptor (a verbs context's `cmd_fd`).
+    pub fd: std::os::fd::BorrowedFd<'a>,
+    /// The port's device generation it belongs to (1 for the first context).
+    pub generation: u64,
 }
 
 /// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`): what a benchmark on a

@@ -134,16 +134,23 @@ impl ManaProvider {
     /// the shared doorbell page, and would miss a doorbell a sibling overwrote (an RQ whose
     /// first one is missed never receives). `None` on real rdma-core, and for ports that
     /// export nothing (their fake engines run inline, kicked after each first fill).
+    ///
+    /// # Errors
+    /// The fake could not make one: the queue could not be served (once a context has a
+    /// monitor the fake reads its doorbells through monitors only).
     fn monitor(
         &self,
         is_rx: bool,
         queue_id: u32,
         owner: &QueueOwner,
-    ) -> Option<Arc<crate::sys::DevMem>> {
+    ) -> Result<Option<Arc<crate::sys::DevMem>>, SetupError> {
         if !self.shared_rings {
-            return None;
+            return Ok(None);
         }
-        self.ctx.fake_db_monitor(is_rx, queue_id, owner)
+        self.ctx
+            .fake_db_monitor(is_rx, queue_id, owner)
+            .transpose()
+            .map_err(verbs)
     }
 
     /// Opens the port `sel` names: the device context, its allocators, a PD and the port's
@@ -446,7 +453,7 @@ impl Provider for ManaProvider {
                 sq_id: m.sq_id,
                 tx_vp_offset: m.tx_vp_offset,
                 db_page: m.db_page,
-                db_monitor: self.monitor(false, m.sq_id, &owner),
+                db_monitor: self.monitor(false, m.sq_id, &owner)?,
                 cq: self.alloc.in_shared_file(m.cq, &owner),
                 cq_count: m.cq_count,
                 cq_id: m.cq_id,
@@ -513,7 +520,7 @@ impl Provider for ManaProvider {
                 rq: self.alloc.in_shared_file(m.rq, &owner),
                 rq_id: m.rq_id,
                 db_page: m.db_page,
-                db_monitor: self.monitor(true, m.rq_id, &owner),
+                db_monitor: self.monitor(true, m.rq_id, &owner)?,
                 cq: self.alloc.in_shared_file(m.cq, &owner),
                 cq_count: m.cq_count,
                 cq_id: m.cq_id,

@@ -159,28 +159,38 @@ impl Context {
     }
 
     /// The fake rdma-core's doorbell monitor for a queue of this (MANA) context
-    /// (`sys::fake_kick::db_monitor`), viewed with `keep` (the queue's objects, which the
-    /// fake's monitor lives as long as) held; `None` on real rdma-core.
+    /// (`sys::fake_kick::db_monitor`), viewed with `keep` (the queue's objects) held;
+    /// `None` on real rdma-core.
+    ///
+    /// # Errors
+    /// The fake could not make one (its errno).
     pub fn fake_db_monitor(
         &self,
         is_rx: bool,
         queue_id: u32,
         keep: &crate::ethdev::QueueOwner,
-    ) -> Option<Arc<crate::sys::DevMem>> {
+    ) -> Option<Result<Arc<crate::sys::DevMem>, VerbsError>> {
         // SAFETY: the context is open while `self` exists.
-        let (p, offset) =
+        let r =
             unsafe { crate::sys::fake_kick::db_monitor(self.as_ptr().cast(), is_rx, queue_id) }?;
-        // SAFETY: the fake keeps the page mapped until the queue is destroyed, which `keep`
-        // (its verbs objects) prevents while the view lives; it is read and written only
-        // through `DevMem`'s atomics.
-        Some(Arc::new(unsafe {
-            crate::sys::DevMem::from_raw_kept_in_device(
-                p.as_ptr(),
-                crate::hw::mana::doorbell::PAGE_BYTES,
-                Arc::clone(keep),
-                offset,
-            )
-        }))
+        Some(match r {
+            // SAFETY: the fake keeps the page mapped until the context is closed, which
+            // `keep` (the queue's verbs objects, which hold the context) prevents while the
+            // view lives; it is read and written only through `DevMem`'s atomics.
+            Ok((p, offset)) => Ok(Arc::new(unsafe {
+                crate::sys::DevMem::from_raw_kept_in_device(
+                    p.as_ptr(),
+                    crate::hw::mana::doorbell::PAGE_BYTES,
+                    Arc::clone(keep),
+                    offset,
+                )
+            })),
+            Err(errno) => Err(VerbsError::new(
+                "fake_rdma_db_monitor",
+                format!("queue {queue_id} of device {}", self.name),
+                errno,
+            )),
+        })
     }
 
     /// The context's command descriptor (the uverbs file): another process maps a MANA

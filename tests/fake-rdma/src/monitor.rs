@@ -29,8 +29,10 @@
 //!
 //! From the first monitor on, the model reads the context's doorbells through the monitors
 //! only: a program asks for one for every queue of the context, before it first rings. The
-//! monitor lives as long as its queue (it goes with `ibv_destroy_qp` of the send QP or of
-//! the RSS QP that holds the WQ) or its context. Not traced, as the kick calls.
+//! model reads a monitor while its queue is on the device (until `ibv_destroy_qp` of the
+//! send QP or of the RSS QP that holds the WQ, or a disassociation); the page stays mapped,
+//! and its slot taken, until the context is closed, so that a late write of the program's
+//! lands nowhere harmful. Not traced, as the kick calls.
 
 use crate::state::{lock, Kind};
 use std::ffi::{c_int, c_void};

@@ -95,6 +95,12 @@ pub struct Nics {
     /// Doorbell monitors (`crate::monitor`) by (context, is RX, queue id): the page of the
     /// context's command file each one is, and its slot there.
     monitors: BTreeMap<(usize, bool, u32), (Arc<DevMem>, u32)>,
+    /// Monitors whose queue left the device (destroyed, or its context disassociated), by
+    /// context: no engine reads them, but they stay mapped, and their slots taken, until the
+    /// context is closed. The program may still write to one until its user-space queue
+    /// goes (after a disassociation, until it destroys the queue), and a slot reused sooner
+    /// would let a late write of the old queue land in a new queue's monitor.
+    retired: BTreeMap<usize, Vec<(Arc<DevMem>, u32)>>,
     /// Devices being serviced: their engines keep running (their wires open) with no queue,
     /// until a queue is created on the device again.
     held: BTreeSet<u32>,
@@ -457,6 +463,8 @@ impl Nics {
         }
         self.pages.remove(&ctx);
         self.monitors.retain(|&(c, _, _), _| c != ctx);
+        // The program's views of them went with its queues, before the context closes.
+        self.retired.remove(&ctx);
     }
 
     /// A doorbell monitor for queue `id` (RX or TX) of context `ctx`, whose command file is
@@ -484,6 +492,13 @@ impl Nics {
             .iter()
             .filter(|(&(c, _, _), _)| c == ctx)
             .map(|(_, &(_, s))| s)
+            .chain(
+                self.retired
+                    .get(&ctx)
+                    .into_iter()
+                    .flatten()
+                    .map(|&(_, s)| s),
+            )
             .collect();
         let slot = (0..).find(|s| !used.contains(s)).unwrap_or(0);
         let offset = (u64::from(slot) + 1) * page_bytes;
@@ -514,8 +529,9 @@ impl Nics {
         Ok((m, offset))
     }
 
-    /// Forgets the monitor of queue `id` (its queue left the device): queue ids are unique
-    /// in the process, whichever context.
+    /// Stops reading the monitors of queues `ids` (they left the device) and keeps them
+    /// mapped until their context closes (`retired`): queue ids are unique in the process,
+    /// whichever context.
     fn drop_monitors(&mut self, is_rx: bool, ids: &[u32]) {
         let gone: Vec<(usize, bool, u32)> = self
             .monitors
@@ -524,10 +540,11 @@ impl Nics {
             .copied()
             .collect();
         for k in gone {
-            if let Some((m, _)) = self.monitors.remove(&k) {
+            if let Some((m, slot)) = self.monitors.remove(&k) {
                 if let Some(p) = self.pages.get(&k.0) {
                     p.drop_monitor(&m);
                 }
+                self.retired.entry(k.0).or_default().push((m, slot));
             }
         }
     }

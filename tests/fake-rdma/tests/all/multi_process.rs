@@ -172,14 +172,20 @@ fn stop_primary(pri: Bg, lines: StderrLines) -> (serde_json::Value, std::process
     (json(&out), out, ctx)
 }
 
-#[test]
-fn two_secondaries_forward_on_mana_ports_over_verbs_and_every_frame_arrives() {
-    let _one = serial();
-    let tag = format!("mp{}", std::process::id());
-    let pair = Pair::mana(&tag);
+/// A running set: the primary on `pair`'s ports and two secondaries, all attached.
+struct Set {
+    fake: Fake,
+    run: std::path::PathBuf,
+    pri: (Bg, StderrLines),
+    a: (Bg, StderrLines),
+    b: (Bg, StderrLines),
+}
+
+/// The primary on a fake world of `pair` and two secondaries, each attached.
+fn start_set(pair: &Pair) -> Set {
     let fake = Fake::new(Some(&pair.world));
     let run = fake.dir.path().join("run");
-    let (pri, mut pri_err) = primary(&fake, &run, &pair);
+    let (pri, mut pri_err) = primary(&fake, &run, pair);
     pri_err.wait_for(
         "queue pair(s) of every port for secondaries",
         Duration::from_secs(60),
@@ -188,6 +194,26 @@ fn two_secondaries_forward_on_mana_ports_over_verbs_and_every_frame_arrives() {
     a_err.wait_for("secondary of process", Duration::from_secs(60));
     let (b, mut b_err) = secondary(&fake, &run, core(1));
     b_err.wait_for("secondary of process", Duration::from_secs(60));
+    Set {
+        fake,
+        run,
+        pri: (pri, pri_err),
+        a: (a, a_err),
+        b: (b, b_err),
+    }
+}
+
+#[test]
+fn two_secondaries_forward_on_mana_ports_over_verbs_and_every_frame_arrives() {
+    let _one = serial();
+    let pair = Pair::mana(&format!("mp{}", std::process::id()));
+    let Set {
+        fake,
+        pri: (pri, mut pri_err),
+        a: (a, _a_err),
+        b: (b, _b_err),
+        ..
+    } = start_set(&pair);
     pri_err.wait_for("polls port 1 queue pair 3", Duration::from_secs(30));
 
     const FRAMES: u64 = 6_000;
@@ -236,19 +262,14 @@ fn two_secondaries_forward_on_mana_ports_over_verbs_and_every_frame_arrives() {
 #[test]
 fn a_killed_secondary_on_mana_ports_is_replaced_and_the_other_keeps_forwarding() {
     let _one = serial();
-    let tag = format!("mk{}", std::process::id());
-    let pair = Pair::mana(&tag);
-    let fake = Fake::new(Some(&pair.world));
-    let run = fake.dir.path().join("run");
-    let (pri, mut pri_err) = primary(&fake, &run, &pair);
-    pri_err.wait_for(
-        "queue pair(s) of every port for secondaries",
-        Duration::from_secs(60),
-    );
-    let (a, mut a_err) = secondary(&fake, &run, core(0));
-    a_err.wait_for("secondary of process", Duration::from_secs(60));
-    let (mut b, mut b_err) = secondary(&fake, &run, core(1));
-    b_err.wait_for("secondary of process", Duration::from_secs(60));
+    let pair = Pair::mana(&format!("mk{}", std::process::id()));
+    let Set {
+        fake,
+        run,
+        pri: (pri, mut pri_err),
+        a: (a, _a_err),
+        b: (mut b, _b_err),
+    } = start_set(&pair);
 
     // A long stream; b is killed in the middle of it.
     let mut gen = Bg(Some(pktgen(&fake, &pair, 1_000_000).spawn().unwrap()));
@@ -328,8 +349,8 @@ fn a_killed_secondary_on_mana_ports_is_replaced_and_the_other_keeps_forwarding()
 /// primary recovers its ports onto a new device context, exports the pairs anew and
 /// publishes the new context's command descriptor; the secondary sees its pairs rebuilt,
 /// asks for the descriptor again (its old one maps the old context's doorbell page) and
-/// attaches to the new rings. Traffic after the servicing all arrives, through both
-/// processes, and the pool ends whole.
+/// attaches to the new rings. Traffic flows throughout; what is sent after the servicing
+/// all arrives, through both processes, and the pool ends whole.
 #[test]
 fn a_serviced_device_is_recovered_for_the_secondaries_too() {
     let _one = serial();
@@ -367,6 +388,9 @@ fn a_serviced_device_is_recovered_for_the_secondaries_too() {
     let (sec, mut sec_err) = secondary(&fake, &run, core(1));
     sec_err.wait_for("secondary of process", Duration::from_secs(60));
 
+    // Traffic flows through both processes while the device goes away and comes back.
+    let during = Bg(Some(pktgen(&fake, &pair, 1_000_000).spawn().unwrap()));
+    std::thread::sleep(Duration::from_secs(1));
     let knob = fake
         .dir
         .path()
@@ -383,6 +407,15 @@ fn a_serviced_device_is_recovered_for_the_secondaries_too() {
             Duration::from_secs(30),
         );
     }
+
+    std::thread::sleep(Duration::from_secs(1));
+    let d = during.stop();
+    let dj = json(&d);
+    assert!(
+        dj["rx_packets"].as_u64().unwrap() > 0,
+        "frames came back around the servicing: {}",
+        text(&d)
+    );
 
     const FRAMES: u64 = 4_000;
     let g = pktgen(&fake, &pair, FRAMES).output().unwrap();
@@ -404,7 +437,10 @@ fn a_serviced_device_is_recovered_for_the_secondaries_too() {
     let there = forwarded(&sj);
     let here = p["tx_packets"].as_u64().unwrap();
     assert!(there > 0 && here > 0, "{here} {there}: {ctx}");
-    assert_eq!(here + there, FRAMES, "{ctx}");
+    // Everything both pktgens got back was forwarded by one of the two processes (and a
+    // frame sent as the device went may be forwarded and never arrive).
+    let back = dj["rx_packets"].as_u64().unwrap() + FRAMES;
+    assert!(here + there >= back, "{here} + {there} < {back}: {ctx}");
     assert_eq!(sj["buffers_returned"], true, "{ctx}");
     assert_eq!(p["pool_in_use"], 0, "{ctx}");
     assert_eq!(p["ports"][0]["recoveries"], 1, "{ctx}");
