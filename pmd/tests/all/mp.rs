@@ -476,3 +476,77 @@ fn a_killed_primary_is_noticed_and_its_socket_refuses_new_secondaries() {
     assert!(matches!(err, MpError::PrimaryGone { .. }), "{err}");
     assert!(err.to_string().contains("is gone"), "{err}");
 }
+
+/// What another process wrote about where a pair's doorbell page is (the primary's
+/// description: a device page, monitor offsets, a device generation) is checked before the
+/// pair is claimed: a pair that needs the device's descriptor and got none, a descriptor of
+/// another device generation (a recovered port), a monitor offset that is not a page of the
+/// descriptor's file (which would fault at the first doorbell) are refused, with what to
+/// do; the pair is still free afterwards.
+#[test]
+fn a_description_of_device_pages_is_checked_before_the_pair_is_claimed() {
+    use std::os::fd::AsFd;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = shared_pool(dir.path(), "mp-dev", 2048, 0);
+    let spec = format!(
+        "emu-mana:wire=loop:mp-dev-{},engine=thread",
+        std::process::id()
+    )
+    .parse()
+    .unwrap();
+    let mut a = Port::open(0, &spec).unwrap();
+    a.configure(
+        &PortConfig::default()
+            .with_ring_sizes(256, 256)
+            .with_queues(2, 2)
+            .with_export(vec![1], dir.path()),
+        &pool,
+    )
+    .unwrap();
+    let desc = dir.path().join("port0.queue1.export");
+    let original = std::fs::read_to_string(&desc).unwrap();
+    // A stand-in for a command file of two pages (the doorbell page and one monitor).
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(8192).unwrap();
+    let dev = |generation| pmd::sys::DeviceFd {
+        fd: file.as_fd(),
+        generation,
+    };
+    let attempt = |extra: &str, device: Option<pmd::sys::DeviceFd<'_>>| {
+        std::fs::write(&desc, format!("{original}{extra}")).unwrap();
+        AttachedPair::open(dir.path(), 0, 1, &pool, device)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let cases = [
+        (
+            "value db_device 1\n",
+            None,
+            "pass the primary's device descriptor",
+        ),
+        (
+            "value device_gen 2\n",
+            Some(dev(1)),
+            "not the one these rings are on",
+        ),
+        (
+            "value db_device 1\nvalue tx_db_monitor_offset 8192\n",
+            Some(dev(1)),
+            "tx_db_monitor at offset 8192: not a page of the device",
+        ),
+        (
+            "value db_device 1\nvalue rx_db_monitor_offset 100\n",
+            Some(dev(1)),
+            "rx_db_monitor at offset 100: not a page of the device",
+        ),
+    ];
+    for (extra, device, want) in cases {
+        let err = attempt(extra, device);
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+    // Nothing was claimed: the pair, described as it was, attaches.
+    std::fs::write(&desc, &original).unwrap();
+    let pair = AttachedPair::open(dir.path(), 0, 1, &pool, None).unwrap();
+    pair.stop();
+}
