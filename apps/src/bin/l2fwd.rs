@@ -553,17 +553,17 @@ impl Workers {
     fn publish_devices(&mut self, ports: &[Port]) -> Result<(), pmd::mp::MpError> {
         for p in ports {
             let Some(d) = p.device() else { continue };
-            match self.devices.iter_mut().find(|(port, _)| *port == p.id()) {
-                Some((_, known)) if *known == d.generation => continue,
-                Some((_, known)) => {
-                    self.mp.publish_device(p.id(), d.fd, d.generation)?;
-                    *known = d.generation;
+            let known = self.devices.iter_mut().find(|(port, _)| *port == p.id());
+            if known.as_ref().is_some_and(|(_, g)| *g == d.generation) {
+                continue;
+            }
+            self.mp.publish_device(p.id(), d.fd, d.generation)?;
+            match known {
+                Some((_, g)) => {
+                    *g = d.generation;
                     eprintln!("l2fwd: port {}: its new device descriptor published to the secondaries (the port was recovered)", p.id());
                 }
-                None => {
-                    self.mp.publish_device(p.id(), d.fd, d.generation)?;
-                    self.devices.push((p.id(), d.generation));
-                }
+                None => self.devices.push((p.id(), d.generation)),
             }
         }
         Ok(())

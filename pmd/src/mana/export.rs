@@ -80,10 +80,8 @@ pub(crate) fn describe(
     ] {
         let Some(m) = m else { continue };
         match m.device_offset() {
-            Some(off) if m.shared_path().is_none() => {
-                monitor_offsets.push((format!("{role}_offset"), off));
-            }
-            _ => areas.push(area(role, m)?),
+            Some(off) => monitor_offsets.push((format!("{role}_offset"), off)),
+            None => areas.push(area(role, m)?),
         }
     }
     Ok(QueueExport {

@@ -1260,12 +1260,12 @@ fn add_stats(a: &QueueStats, b: &QueueStats) -> QueueStats {
     }
 }
 
-/// An export asks for distinct queue pairs the port has, of a pool other processes can
-/// attach to.
 /// The description value naming the device generation of an exported pair's rings (see
 /// [`Port::device`]).
 pub(crate) const DEVICE_GEN: &str = "device_gen";
 
+/// An export asks for distinct queue pairs the port has, of a pool other processes can
+/// attach to.
 fn check_export(cfg: &PortConfig, pool: &MbufPool) -> Result<(), PortError> {
     let Some(x) = &cfg.export else {
         return Ok(());
