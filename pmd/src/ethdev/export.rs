@@ -31,6 +31,8 @@ pub struct Area {
     pub role: String,
     /// The file.
     pub path: PathBuf,
+    /// Where in the file they start (a doorbell record within a page of them).
+    pub offset: u64,
     /// Bytes of it the queue uses.
     pub len: usize,
 }
@@ -62,6 +64,18 @@ pub struct QueueExport {
     pub values: Vec<(String, u64)>,
 }
 
+/// The port's MAC address as a description value (`value mac N`: the six bytes,
+/// big-endian), which every driver's description carries.
+pub fn mac_value(mac: crate::net::MacAddr) -> u64 {
+    mac.0.iter().fold(0u64, |v, &b| v << 8 | u64::from(b))
+}
+
+/// The MAC address a description's `mac` value holds.
+pub fn mac_of(v: u64) -> crate::net::MacAddr {
+    let b = v.to_be_bytes();
+    crate::net::MacAddr([b[2], b[3], b[4], b[5], b[6], b[7]])
+}
+
 /// Longest description accepted.
 const MAX_TEXT: usize = 64 << 10;
 
@@ -86,7 +100,18 @@ impl QueueExport {
         let keys: Vec<String> = self.keys.iter().map(u32::to_string).collect();
         let _ = writeln!(t, "keys {}", keys.join(" "));
         for a in &self.areas {
-            let _ = writeln!(t, "area {} {} {}", a.role, a.len, a.path.display());
+            if a.offset == 0 {
+                let _ = writeln!(t, "area {} {} {}", a.role, a.len, a.path.display());
+            } else {
+                let _ = writeln!(
+                    t,
+                    "area {} {}@{} {}",
+                    a.role,
+                    a.len,
+                    a.offset,
+                    a.path.display()
+                );
+            }
         }
         for (k, v) in &self.values {
             let _ = writeln!(t, "value {k} {v}");
@@ -132,13 +157,26 @@ impl QueueExport {
                 "area" => {
                     let mut f = rest.splitn(3, ' ');
                     let (Some(role), Some(len), Some(path)) = (f.next(), f.next(), f.next()) else {
-                        return Err(at("an area is 'area ROLE LEN PATH'"));
+                        return Err(at("an area is 'area ROLE LEN[@OFFSET] PATH'"));
+                    };
+                    let (len, offset) = match len.split_once('@') {
+                        Some((l, o)) => (
+                            l,
+                            o.parse::<u64>()
+                                .ok()
+                                .filter(|&o| o > 0 && o.checked_add(l.len() as u64).is_some())
+                                .ok_or_else(|| at("bad area offset"))?,
+                        ),
+                        None => (len, 0),
                     };
                     let len = len
                         .parse::<usize>()
                         .ok()
                         .filter(|&l| l > 0)
                         .ok_or_else(|| at("bad area length"))?;
+                    if offset.checked_add(len as u64).is_none() {
+                        return Err(at("bad area offset"));
+                    }
                     if !path.starts_with('/') || role.is_empty() {
                         return Err(at("an area's path must be absolute"));
                     }
@@ -148,6 +186,7 @@ impl QueueExport {
                     e.areas.push(Area {
                         role: role.to_string(),
                         path: PathBuf::from(path),
+                        offset,
                         len,
                     });
                     continue;
@@ -337,11 +376,20 @@ mod tests {
             rx_offloads: 5,
             pool: "p".into(),
             keys: vec![7, 8],
-            areas: vec![Area {
-                role: "sq".into(),
-                path: "/dev/shm/x y".into(),
-                len: 8192,
-            }],
+            areas: vec![
+                Area {
+                    role: "sq".into(),
+                    path: "/dev/shm/x y".into(),
+                    offset: 0,
+                    len: 8192,
+                },
+                Area {
+                    role: "dbrec".into(),
+                    path: "/dev/shm/d@b".into(),
+                    offset: 64,
+                    len: 8,
+                },
+            ],
             values: vec![("sq_id".into(), 9)],
         }
     }
@@ -351,6 +399,7 @@ mod tests {
         let e = sample();
         assert_eq!(QueueExport::parse(&e.to_text()).unwrap(), e);
         assert_eq!(e.area("sq").unwrap().len, 8192);
+        assert!(e.to_text().contains("area dbrec 8@64 /dev/shm/d@b\n"));
         assert_eq!(e.value("sq_id").unwrap(), 9);
         assert!(e.value("cq_id").is_err());
     }
@@ -366,6 +415,13 @@ mod tests {
             ),
             (t.replace("port 3\n", ""), "no port"),
             (t.replace("area sq 8192 /", "area sq 8192 "), "absolute"),
+            (t.replace("8@64", "8@x"), "bad area offset"),
+            (t.replace("8@64", "8@0"), "bad area offset"),
+            (
+                t.replace("8@64", "8@18446744073709551615"),
+                "bad area offset",
+            ),
+            (t.replace("8@64", "0@64"), "bad area length"),
             (t.replace("keys 7 8", "keys 7 x"), "key 'x'"),
             (format!("{t}queue 2\n"), "given twice"),
             (format!("{t}value sq_id 3\n"), "given twice"),
@@ -382,6 +438,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut e = sample();
         e.areas[0].path = dir.path().join("ring");
+        e.areas[1].path = dir.path().join("records");
         e.write_to(dir.path()).unwrap();
         assert_eq!(QueueExport::read_from(dir.path(), 3, 1).unwrap(), e);
         e.areas[0].path = "/etc/passwd".into();

@@ -22,12 +22,13 @@ use std::sync::Arc;
 const DRIVER: &str = "mana";
 
 fn area(role: &str, mem: &DevMem) -> Result<Area, String> {
-    let path = mem.shared_path().ok_or_else(|| {
+    let (path, offset) = mem.shared_location().ok_or_else(|| {
         format!("its {role} is not in a shared file (the queue allocator must be shared)")
     })?;
     Ok(Area {
         role: role.to_string(),
         path: path.to_owned(),
+        offset,
         len: mem.len(),
     })
 }
@@ -103,7 +104,7 @@ pub(crate) fn describe(
             ("rx_rq_id".into(), u64::from(rx.rq_id)),
             ("rx_cq_id".into(), u64::from(rx.cq_id)),
             ("rx_cq_count".into(), u64::from(rx.cq_count)),
-            ("mac".into(), mac_value(mac)),
+            ("mac".into(), crate::ethdev::export::mac_value(mac)),
         ]
         .into_iter()
         .chain(db_device.then(|| (DB_DEVICE.to_string(), 1)))
@@ -115,15 +116,11 @@ pub(crate) fn describe(
 /// The description value that says the doorbell page is page 0 of the device's command
 /// descriptor (not a file of the description).
 const DB_DEVICE: &str = "db_device";
-/// The port's MAC address as a description value (the six bytes, big-endian).
-pub(crate) fn mac_value(mac: crate::net::MacAddr) -> u64 {
-    mac.0.iter().fold(0u64, |v, &b| v << 8 | u64::from(b))
-}
 
 /// Maps one of the description's files.
 fn map(e: &QueueExport, role: &str) -> Result<Arc<DevMem>, String> {
     let a = e.area(role)?;
-    DevMem::shared_file(&a.path, a.len, false)
+    DevMem::shared_file_range(&a.path, a.offset, a.len)
         .map(Arc::new)
         .map_err(|err| format!("{role} at {}: {err}", a.path.display()))
 }
@@ -230,30 +227,14 @@ pub fn import(
              Primary::publish_device)",
         )?;
         // Page 0 is the doorbell page (all a uverbs file maps for MANA, `mana_ib_mmap`);
-        // a page past it exists only in the fake's command file (a regular file), and only
-        // within its length: a mapping past the end would fault at the first doorbell.
-        let file = std::fs::File::from(
-            fd.try_clone_to_owned()
-                .map_err(|err| format!("the device descriptor: {err}"))?,
-        );
-        let meta = file
-            .metadata()
-            .map_err(|err| format!("the device descriptor: {err}"))?;
-        let fits = if meta.is_file() {
-            offset
-                .checked_add(page_bytes as u64)
-                .is_some_and(|end| end <= meta.len())
-        } else {
-            offset == 0
-        };
-        if !offset.is_multiple_of(page_bytes as u64) || !fits {
+        // a page past it exists only in the fake's command file, and only within its length:
+        // a mapping past the end would fault at the first doorbell.
+        if !offset.is_multiple_of(page_bytes as u64) {
             return Err(format!(
                 "{what} at offset {offset}: not a page of the device"
             ));
         }
-        DevMem::map_fd(fd, offset, page_bytes)
-            .map(Arc::new)
-            .map_err(|err| format!("mapping {what} from the device descriptor: {err}"))
+        DevMem::map_device_range(fd, offset, page_bytes, true, what).map(Arc::new)
     };
     let (tx_db, rx_db) = if e.value(DB_DEVICE).is_ok() {
         let page = device_page("the doorbell page", 0)?;

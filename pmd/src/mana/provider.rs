@@ -169,69 +169,7 @@ impl SetupError {
     }
 }
 
-/// The queue-buffer allocator contract of `manadv_set_context_attr(ctx,
-/// MANADV_CTX_ATTR_BUF_ALLOCATORS, ..)` (spec §1.3): CQ, SQ and RQ rings live in memory the
-/// application provides, page-aligned and zero-filled (a zero owner field means "empty"), and
-/// mapped until the queue is destroyed.
-pub trait QueueAllocator: Send + Sync {
-    /// `size` bytes of page-aligned, zeroed memory.
-    ///
-    /// # Errors
-    /// The memory could not be had.
-    fn alloc(&self, size: usize) -> std::io::Result<Arc<DevMem>>;
-
-    /// Whether its memory is in shared files another process maps (the rings of exported
-    /// queue pairs): the device must then serve the queues without the polling threads'
-    /// help (no inline device model).
-    fn is_shared(&self) -> bool {
-        false
-    }
-}
-
-/// Queue memory from anonymous page mappings (page-aligned and zeroed by the kernel).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct PageAllocator;
-
-impl QueueAllocator for PageAllocator {
-    fn alloc(&self, size: usize) -> std::io::Result<Arc<DevMem>> {
-        DevMem::anon(size).map(Arc::new)
-    }
-}
-
-/// Queue memory in shared files, one per ring, so that another process can map the rings
-/// of a queue it polls (a secondary, see `pmd::mp`): `DIR/TAG.N` (made new: an existing file
-/// is an error, so give each process its own tag), zero-filled by the kernel, removed when
-/// the ring's memory is dropped. Use a tmpfs or hugetlbfs directory.
-#[derive(Debug)]
-pub struct SharedFileAllocator {
-    dir: std::path::PathBuf,
-    tag: String,
-    next: std::sync::atomic::AtomicU32,
-}
-
-impl SharedFileAllocator {
-    /// Rings as files `dir/tag.N`.
-    pub fn new(dir: impl Into<std::path::PathBuf>, tag: impl Into<String>) -> Self {
-        Self {
-            dir: dir.into(),
-            tag: tag.into(),
-            next: std::sync::atomic::AtomicU32::new(0),
-        }
-    }
-}
-
-impl QueueAllocator for SharedFileAllocator {
-    fn alloc(&self, size: usize) -> std::io::Result<Arc<DevMem>> {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = self.dir.join(format!("{}.{n}", self.tag));
-        let bytes = size.max(1).next_multiple_of(4096);
-        DevMem::create_shared_file(&path, bytes).map(Arc::new)
-    }
-
-    fn is_shared(&self) -> bool {
-        true
-    }
-}
+pub use crate::sys::mem::{PageAllocator, QueueAllocator, SharedFileAllocator};
 
 /// What the MANA datapath needs from below: rdma-core on hardware, the device model otherwise.
 /// The calls mirror the bring-up checklist of the spec (§1.13).

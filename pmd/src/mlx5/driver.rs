@@ -3,14 +3,14 @@
 //! datapath's queues over them.
 #![deny(unsafe_code)]
 
-use super::provider::{Mprq, MprqCaps, Provider, RxQueueRequest};
+use super::provider::{Mprq, MprqCaps, Provider, RawRq, RawSq, RxQueueRequest};
 use super::{rxq_mprq, RxQueue, RxXstats, TxQueue, TxXstats};
 use crate::ethdev::{
     rx_fill_error, Caps, Link, PoolRegistration, PortConfig, PortDriver, PortError, PortEvent,
     QueueSetup, Queues, RxBurst, RxOffloads, TxBurst, TxOffloads,
 };
 use crate::net::MacAddr;
-use crate::sys::mem::DeviceBuffers;
+use crate::sys::mem::{DeviceBuffers, PageAllocator, SharedFileAllocator};
 use mempool::MbufPool;
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -49,6 +49,10 @@ pub struct Driver {
     registered: PoolRegistration,
     rx_xstats: Vec<Arc<RxXstats>>,
     tx_xstats: Vec<Arc<TxXstats>>,
+    /// The queue pairs exported to other processes (`PortConfig::export`): held here so
+    /// their device objects live until the next configuration or the driver's end.
+    exported: Vec<(RawRq, RawSq)>,
+    exports: Vec<crate::ethdev::QueueExport>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -71,6 +75,8 @@ impl Driver {
             registered: PoolRegistration::default(),
             rx_xstats: Vec::new(),
             tx_xstats: Vec::new(),
+            exported: Vec::new(),
+            exports: Vec::new(),
         }
     }
 }
@@ -179,9 +185,36 @@ impl PortDriver for Driver {
         if let Some(m) = self.opts.mprq {
             check_mprq(m, self.provider.mprq_caps(), cfg)?;
         }
+        let exported: &[u16] = cfg.export.as_ref().map_or(&[], |x| &x.queues);
+        if self.opts.mprq.is_some() && !exported.is_empty() {
+            return Err(PortError::BadConfig {
+                what: "exported queue pairs",
+                requested: format!("{exported:?} with striding RQs"),
+                allowed: "cyclic RQs only (mprq=0): a striding RQ's buffers are the primary \
+                          port's, not the shared pool's"
+                    .into(),
+            });
+        }
+        self.exports.clear();
+        self.exported.clear();
         self.provider.destroy_queues();
         self.rx_xstats.clear();
         self.tx_xstats.clear();
+        // Exported queues need their rings and records where another process can map them.
+        match &cfg.export {
+            Some(x) => {
+                // Each configuration's rings get new names: the last one's may still be
+                // mapped by handles that have not caught up.
+                static CONFIGS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+                let n = CONFIGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.provider
+                    .set_allocator(Arc::new(SharedFileAllocator::new(
+                        &x.dir,
+                        format!("mlx5-port{}-{}-{n}", q.port_id, std::process::id()),
+                    )));
+            }
+            None => self.provider.set_allocator(Arc::new(PageAllocator)),
+        }
         self.provider
             .set_mtu(cfg.mtu)
             .map_err(|e| e.into_port_error("setting the mtu"))?;
@@ -205,8 +238,34 @@ impl PortDriver for Driver {
             .provider
             .create_rx_queues(&req)
             .map_err(|e| e.into_port_error("creating rx queues"))?;
+        let mut raw_tx: Vec<Option<RawSq>> = raw_tx.into_iter().map(Some).collect();
         let mut rx: Vec<Box<dyn RxBurst>> = Vec::new();
         for (i, (raw, c)) in raw_rx.into_iter().zip(&q.rx_counters).enumerate() {
+            if exported.contains(&(i as u16)) {
+                let Some(tx_raw) = raw_tx.get_mut(i).and_then(Option::take) else {
+                    return Err(PortError::BadConfig {
+                        what: "exported queue pair",
+                        requested: format!("queue {i}"),
+                        allowed: format!("queues below {} (the tx queues)", cfg.tx_queues),
+                    });
+                };
+                let e = super::export::describe(
+                    (q.port_id, i as u16),
+                    (&raw, &tx_raw),
+                    cfg,
+                    pool,
+                    &keys,
+                    self.provider.mac(),
+                )
+                .map_err(|why| PortError::Setup {
+                    what: format!("exporting queue pair {i}"),
+                    source: why.into(),
+                })?;
+                self.exports.push(e);
+                self.exported.push((raw, tx_raw));
+                rx.push(Box::new(crate::ethdev::Exported));
+                continue;
+            }
             let x = Arc::new(RxXstats::default());
             self.rx_xstats.push(Arc::clone(&x));
             tracing::debug!(target: "pmd::mlx5::init", port = q.port_id, rxq = i, rqn = raw.rqn, wqes = raw.wqe_cnt, cqes = raw.cq.cqe_cnt, mprq = ?raw.mprq, cqe_compression = raw.cqe_compression, "rx queue");
@@ -253,6 +312,10 @@ impl PortDriver for Driver {
         }
         let mut tx: Vec<Box<dyn TxBurst>> = Vec::new();
         for (raw, c) in raw_tx.into_iter().zip(&q.tx_counters) {
+            let Some(raw) = raw else {
+                tx.push(Box::new(crate::ethdev::Exported));
+                continue;
+            };
             let x = Arc::new(TxXstats::default());
             self.tx_xstats.push(Arc::clone(&x));
             tx.push(Box::new(TxQueue::new(
@@ -270,6 +333,14 @@ impl PortDriver for Driver {
 
     fn imissed(&self) -> u64 {
         self.provider.rx_missed()
+    }
+
+    fn exports(&self) -> Vec<crate::ethdev::QueueExport> {
+        self.exports.clone()
+    }
+
+    fn device_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.provider.device_fd()
     }
 
     fn xstats(&self) -> Vec<crate::ethdev::Xstat> {
@@ -290,6 +361,8 @@ impl PortDriver for Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        // The exported queues' handles first, as the port drops its own before the driver.
+        self.exported.clear();
         self.provider.destroy_queues();
     }
 }

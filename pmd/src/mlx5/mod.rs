@@ -15,6 +15,9 @@
 //!   completions through one shared reader (`rx_cq`): normal CQEs and compressed sessions
 //!   (HASH or CSUM_STRIDX minis, [`Options::cqe_compression`]). [`cq`]: the one-bit owner
 //!   rule.
+//! * [`export`]: queue pairs another process polls (a secondary, `pmd::mp`): described by
+//!   the primary's port, rings and records in shared files, the UAR register mapped from
+//!   the device's command descriptor.
 //! * Error recovery, as DPDK's: an error CQE is counted and the queue goes through RESET
 //!   and back (SQ to RTS, WQ to RDY) in the burst that finds it, its CQ drained and its
 //!   counters restarted at 0 like the device's; every packet lost on the way is counted.
@@ -27,6 +30,7 @@
 
 pub mod cq;
 pub mod driver;
+pub mod export;
 pub mod provider;
 mod rx_cq;
 pub mod rxq;

@@ -14,6 +14,16 @@ pub use crate::ethdev::SetupError;
 
 /// What the mlx5 datapath needs from below (spec §1).
 pub trait Provider: Send {
+    /// Sets the queue-buffer allocator (`mlx5dv_set_context_attr(BUF_ALLOCATORS)`, which
+    /// libmlx5 also asks for doorbell-record pages): rings of exported queue pairs come from
+    /// a shared-file one. Must come before the queues it is for are created. A provider
+    /// that keeps its own memory ignores it (its queues then cannot be exported).
+    fn set_allocator(&mut self, _alloc: Arc<dyn crate::sys::mem::QueueAllocator>) {}
+    /// The device's command descriptor, from which another process maps the UAR pages of
+    /// exported queues (`None`: their registers are in shared files, or nowhere to map).
+    fn device_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
     /// The port's MAC address.
     fn mac(&self) -> MacAddr;
     /// Link state.

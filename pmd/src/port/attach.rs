@@ -229,8 +229,7 @@ impl AttachedPair {
     /// The port's MAC address, as the primary described it.
     pub fn mac(&self) -> Option<crate::net::MacAddr> {
         let v = self.export.value("mac").ok()?;
-        let b = v.to_be_bytes();
-        Some(crate::net::MacAddr([b[2], b[3], b[4], b[5], b[6], b[7]]))
+        Some(crate::ethdev::export::mac_of(v))
     }
 
     /// Drops the pair once the primary has said it destroyed its queues

@@ -607,6 +607,7 @@ impl Port {
             e.areas.push(crate::ethdev::export::Area {
                 role: "stats".into(),
                 path: stats_path,
+                offset: 0,
                 len: shared_stats::STATS_BYTES,
             });
             if self.driver.device_fd().is_some() {

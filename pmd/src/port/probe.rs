@@ -276,6 +276,11 @@ pub(crate) fn import_pair(
                 .map_err(fail)?;
             Ok((Box::new(r), Box::new(t)))
         }
+        "mlx5" => {
+            let (r, t) = crate::mlx5::export::import(e, device, pool, rx, tx, parked, claim)
+                .map_err(fail)?;
+            Ok((Box::new(r), Box::new(t)))
+        }
         other => Err(fail(format!("no driver here imports {other} queues"))),
     }
 }

@@ -27,6 +27,14 @@ enum Backing {
         #[allow(dead_code)]
         keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
         path: std::path::PathBuf,
+        /// Where the memory starts in the file.
+        offset: u64,
+    },
+    /// A range of another [`DevMem`] at `offset`, which it keeps mapped (a doorbell record
+    /// inside a page, a register inside a register page).
+    Within {
+        parent: std::sync::Arc<DevMem>,
+        offset: usize,
     },
     /// As `Kept`, a page of a device's command descriptor at `offset` (the fake rdma-core's
     /// doorbell monitors): another process maps it from the descriptor it was passed.
@@ -354,10 +362,56 @@ impl DevMem {
     /// The shared file this memory maps, if it is one ([`DevMem::shared_file`],
     /// [`DevMem::create_shared_file`]): what another process maps to share it.
     pub fn shared_path(&self) -> Option<&Path> {
+        self.shared_location().map(|(p, _)| p)
+    }
+
+    /// The shared file this memory is in, and where in it the memory starts: what another
+    /// process maps to share it ([`DevMem::shared_file_range`]).
+    pub fn shared_location(&self) -> Option<(&Path, u64)> {
         match &self._backing {
-            Backing::File { path, .. } | Backing::KeptFile { path, .. } => Some(path),
+            Backing::File { path, .. } => Some((path, 0)),
+            Backing::KeptFile { path, offset, .. } => Some((path, *offset)),
+            Backing::Within { parent, offset } => parent
+                .shared_location()
+                .map(|(p, o)| (p, o + *offset as u64)),
             _ => None,
         }
+    }
+
+    /// `len` bytes at `off` of `parent`, as memory of their own that keeps `parent` mapped;
+    /// `None` when the range is not inside `parent`. Where `parent` is in a shared file or a
+    /// device's command descriptor, so is the range ([`DevMem::shared_location`],
+    /// [`DevMem::device_offset`]).
+    pub fn within(parent: &std::sync::Arc<DevMem>, off: usize, len: usize) -> Option<Self> {
+        if off.checked_add(len)? > parent.len {
+            return None;
+        }
+        Some(Self {
+            // In bounds: checked above.
+            ptr: parent.ptr.wrapping_add(off),
+            len,
+            _backing: Backing::Within {
+                parent: std::sync::Arc::clone(parent),
+                offset: off,
+            },
+        })
+    }
+
+    /// Maps `len` bytes at byte `offset` of the shared file at `path` (which must hold
+    /// them): what [`DevMem::shared_location`] said in another process.
+    ///
+    /// # Errors
+    /// The file is missing or short, or the mmap error.
+    pub fn shared_file_range(path: &Path, offset: u64, len: usize) -> io::Result<Self> {
+        let off = usize::try_from(offset)
+            .ok()
+            .filter(|o| o.checked_add(len).is_some())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "offset out of range"))?;
+        if off == 0 {
+            return Self::shared_file(path, len, false);
+        }
+        let whole = std::sync::Arc::new(Self::shared_file(path, off + len, false)?);
+        Ok(Self::within(&whole, off, len).expect("the mapping holds the range"))
     }
 
     /// Where this memory is in the device's command descriptor, if it is a page of it
@@ -365,6 +419,9 @@ impl DevMem {
     pub fn device_offset(&self) -> Option<u64> {
         match &self._backing {
             Backing::KeptDevice { offset, .. } => Some(*offset),
+            Backing::Within { parent, offset } => {
+                parent.device_offset().map(|o| o + *offset as u64)
+            }
             _ => None,
         }
     }
@@ -424,8 +481,9 @@ impl DevMem {
         }
     }
 
-    /// [`DevMem::from_raw_kept`] for memory that lives in the shared file `path` (a queue
-    /// buffer a shared-file allocator made): [`DevMem::shared_path`] names it.
+    /// [`DevMem::from_raw_kept`] for memory that lives at byte `offset` of the shared file
+    /// `path` (a queue buffer a shared-file allocator made, or a doorbell record in one):
+    /// [`DevMem::shared_location`] says where.
     ///
     /// # Safety
     /// As [`DevMem::from_raw_kept`].
@@ -434,11 +492,12 @@ impl DevMem {
         len: usize,
         keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
         path: std::path::PathBuf,
+        offset: u64,
     ) -> Self {
         Self {
             ptr,
             len,
-            _backing: Backing::KeptFile { keep, path },
+            _backing: Backing::KeptFile { keep, path, offset },
         }
     }
 
@@ -478,6 +537,51 @@ impl DevMem {
             len,
             _backing: Backing::Mapped(map),
         })
+    }
+
+    /// Maps `len` bytes at byte `offset` of a device's command descriptor `fd` that another
+    /// process passed (a doorbell page, a UAR register), checked first, since the offset
+    /// comes from a description another process wrote: the page must be one the descriptor
+    /// has. A regular file (the fake rdma-core's command file) must hold the whole page; a
+    /// uverbs character device maps page 0 only when `page0_only` (MANA: `mana_ib_mmap`),
+    /// else any page the kernel gives (mlx5's UAR pages at `uar_mmap_offset`; the kernel
+    /// refuses the others). `offset` need not be page-aligned: the page holding it is mapped,
+    /// and the range must lie within it.
+    ///
+    /// # Errors
+    /// What is wrong with the offset, or the mmap error, as a sentence naming `what`.
+    pub fn map_device_range(
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        page0_only: bool,
+        what: &str,
+    ) -> Result<Self, String> {
+        const PAGE: u64 = 4096;
+        let (page, inner) = (offset & !(PAGE - 1), (offset % PAGE) as usize);
+        let file = std::fs::File::from(
+            fd.try_clone_to_owned()
+                .map_err(|err| format!("the device descriptor: {err}"))?,
+        );
+        let meta = file
+            .metadata()
+            .map_err(|err| format!("the device descriptor: {err}"))?;
+        let fits = if meta.is_file() {
+            page.checked_add(PAGE).is_some_and(|end| end <= meta.len())
+        } else {
+            !page0_only || page == 0
+        };
+        if !fits || inner.checked_add(len).is_none_or(|end| end > PAGE as usize) {
+            return Err(format!(
+                "{what} at offset {offset}: not in a page of the device"
+            ));
+        }
+        let whole = Self::map_fd(fd, page, PAGE as usize)
+            .map_err(|err| format!("mapping {what} from the device descriptor: {err}"))?;
+        if inner == 0 && len == PAGE as usize {
+            return Ok(whole);
+        }
+        Ok(Self::within(&std::sync::Arc::new(whole), inner, len).expect("checked above"))
     }
 
     /// A device's view of a registered mempool chunk (what `ibv_reg_mr` gives the NIC): the
@@ -762,6 +866,14 @@ impl Mmio {
         self.0.is_empty()
     }
 
+    /// Where the register page is for another process: a shared file and the offset in it
+    /// (a device model's register), or an offset of the device's command descriptor
+    /// (rdma-core's UAR page, which a secondary maps from the primary's descriptor as DPDK
+    /// net/mlx5's secondaries do). See [`DevMem::shared_location`], [`DevMem::device_offset`].
+    pub fn location(&self) -> (Option<(&Path, u64)>, Option<u64>) {
+        (self.0.shared_location(), self.0.device_offset())
+    }
+
     /// Rings the doorbell at `off` with `value` ([`DevMem::ring_doorbell`]: a barrier, then
     /// one 64-bit store).
     ///
@@ -946,6 +1058,72 @@ pub fn allocate_file(file: &std::fs::File, len: usize) -> io::Result<()> {
             Some(libc::EOPNOTSUPP) => return file.set_len(len as u64),
             _ => return Err(e),
         }
+    }
+}
+
+/// The queue-buffer allocator contract of `manadv_set_context_attr(ctx,
+/// MANADV_CTX_ATTR_BUF_ALLOCATORS, ..)` (mana spec §1.3) and of
+/// `mlx5dv_set_context_attr(ctx, MLX5DV_CTX_ATTR_BUF_ALLOCATORS, ..)` (rdma-core v44
+/// providers/mlx5 `buf.c`, and `dbrec.c:50–85` for the doorbell-record pages): CQ, SQ and RQ rings live in memory the
+/// application provides, page-aligned and zero-filled (a zero owner field means "empty"), and
+/// mapped until the queue is destroyed.
+pub trait QueueAllocator: Send + Sync {
+    /// `size` bytes of page-aligned, zeroed memory.
+    ///
+    /// # Errors
+    /// The memory could not be had.
+    fn alloc(&self, size: usize) -> std::io::Result<std::sync::Arc<DevMem>>;
+
+    /// Whether its memory is in shared files another process maps (the rings of exported
+    /// queue pairs): the device must then serve the queues without the polling threads'
+    /// help (no inline device model).
+    fn is_shared(&self) -> bool {
+        false
+    }
+}
+
+/// Queue memory from anonymous page mappings (page-aligned and zeroed by the kernel).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PageAllocator;
+
+impl QueueAllocator for PageAllocator {
+    fn alloc(&self, size: usize) -> std::io::Result<std::sync::Arc<DevMem>> {
+        DevMem::anon(size).map(std::sync::Arc::new)
+    }
+}
+
+/// Queue memory in shared files, one per ring, so that another process can map the rings
+/// of a queue it polls (a secondary, see `pmd::mp`): `DIR/TAG.N` (made new: an existing file
+/// is an error, so give each process its own tag), zero-filled by the kernel, removed when
+/// the ring's memory is dropped. Use a tmpfs or hugetlbfs directory.
+#[derive(Debug)]
+pub struct SharedFileAllocator {
+    dir: std::path::PathBuf,
+    tag: String,
+    next: std::sync::atomic::AtomicU32,
+}
+
+impl SharedFileAllocator {
+    /// Rings as files `dir/tag.N`.
+    pub fn new(dir: impl Into<std::path::PathBuf>, tag: impl Into<String>) -> Self {
+        Self {
+            dir: dir.into(),
+            tag: tag.into(),
+            next: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+}
+
+impl QueueAllocator for SharedFileAllocator {
+    fn alloc(&self, size: usize) -> std::io::Result<std::sync::Arc<DevMem>> {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = self.dir.join(format!("{}.{n}", self.tag));
+        let bytes = size.max(1).next_multiple_of(4096);
+        DevMem::create_shared_file(&path, bytes).map(std::sync::Arc::new)
+    }
+
+    fn is_shared(&self) -> bool {
+        true
     }
 }
 

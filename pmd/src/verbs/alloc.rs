@@ -4,9 +4,10 @@
 #![allow(unsafe_code)]
 
 use super::VerbsError;
-use crate::mana::{PageAllocator, QueueAllocator, QueueOwner};
+use crate::ethdev::QueueOwner;
+use crate::sys::mem::{PageAllocator, QueueAllocator};
 use crate::sys::DevMem;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,7 +28,7 @@ pub(super) type FreeFn = unsafe extern "C" fn(*mut c_void, *mut c_void);
 pub struct Allocators {
     device: String,
     source: Mutex<Arc<dyn QueueAllocator>>,
-    live: Mutex<HashMap<usize, Arc<DevMem>>>,
+    live: Mutex<BTreeMap<usize, Arc<DevMem>>>,
     allocs: AtomicU64,
     frees: AtomicU64,
     null_frees: AtomicU64,
@@ -50,7 +51,7 @@ impl Allocators {
         Arc::new(Self {
             device: device.to_string(),
             source: Mutex::new(Arc::new(PageAllocator)),
-            live: Mutex::new(HashMap::new()),
+            live: Mutex::new(BTreeMap::new()),
             allocs: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             null_frees: AtomicU64::new(0),
@@ -169,22 +170,33 @@ unsafe extern "C" fn free_cb(ptr: *mut c_void, data: *mut c_void) {
 }
 
 impl Allocators {
-    /// `mem`, a view of a buffer these allocators handed out, named by the shared file it
-    /// lives in when the source made one ([`crate::mana::provider::SharedFileAllocator`]):
-    /// another process maps that file to poll the queue. Any other view comes back as is.
+    /// `mem`, a view of (part of) a buffer these allocators handed out, named by the shared
+    /// file it lives in, and its offset there, when the source made one
+    /// ([`crate::sys::mem::SharedFileAllocator`]): another process maps that file to poll
+    /// the queue. A ring starts its buffer; a doorbell record is 8 bytes of a page of them
+    /// (libmlx5's `dbrec.c`). Any other view comes back as is.
     pub(super) fn in_shared_file(&self, mem: Arc<DevMem>, keep: &QueueOwner) -> Arc<DevMem> {
-        let path = self
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&mem.addr())
-            .filter(|b| b.len() >= mem.len())
-            .and_then(|b| b.shared_path().map(std::path::Path::to_owned));
-        match path {
+        let at = {
+            let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+            live.range(..=mem.addr())
+                .next_back()
+                .filter(|(&start, b)| mem.addr() + mem.len() <= start + b.len())
+                .and_then(|(&start, b)| {
+                    b.shared_location()
+                        .map(|(p, o)| (p.to_owned(), o + (mem.addr() - start) as u64))
+                })
+        };
+        match at {
             // SAFETY: as for `view`: `mem` is a view of a live queue's buffer and `keep`
             // holds the verbs object that owns it.
-            Some(path) => Arc::new(unsafe {
-                DevMem::from_raw_kept_in_file(mem.as_ptr(), mem.len(), Arc::clone(keep), path)
+            Some((path, offset)) => Arc::new(unsafe {
+                DevMem::from_raw_kept_in_file(
+                    mem.as_ptr(),
+                    mem.len(),
+                    Arc::clone(keep),
+                    path,
+                    offset,
+                )
             }),
             None => mem,
         }
@@ -198,6 +210,21 @@ pub(super) fn view(addr: *mut c_void, len: usize, keep: &QueueOwner) -> Arc<DevM
     // so the object, and with it the memory, outlives the view. The bytes are shared with
     // the device and accessed only through `DevMem`'s copies and atomics.
     Arc::new(unsafe { DevMem::from_raw_kept(addr.cast::<u8>(), len, Arc::clone(keep)) })
+}
+
+/// [`view`] of memory at `offset` of the context's command descriptor (a UAR register):
+/// [`DevMem::device_offset`] says where, for another process to map it.
+pub(super) fn view_in_device(
+    addr: *mut c_void,
+    len: usize,
+    keep: &QueueOwner,
+    offset: u64,
+) -> Arc<DevMem> {
+    // SAFETY: as for `view`: rdma-core keeps the UAR page mapped while the QP (held by
+    // `keep`) lives; the view is written only through `Mmio`.
+    Arc::new(unsafe {
+        DevMem::from_raw_kept_in_device(addr.cast::<u8>(), len, Arc::clone(keep), offset)
+    })
 }
 
 pub(super) fn null_err(call: &'static str, what: &str, field: &str) -> VerbsError {

@@ -165,6 +165,8 @@ pub struct Mlx5Provider {
     rx: Option<QueueOwner>,
     objects: HashMap<usize, QueueRef>,
     events_live: bool,
+    /// Queue memory comes from shared files (the port exports queue pairs).
+    shared_rings: bool,
 }
 
 impl std::fmt::Debug for Mlx5Provider {
@@ -264,6 +266,7 @@ impl Mlx5Provider {
             rx: None,
             objects: HashMap::new(),
             events_live,
+            shared_rings: false,
         })
     }
 
@@ -285,6 +288,25 @@ impl Mlx5Provider {
     /// Queue buffers allocated and freed so far through the context's allocators.
     pub fn allocator_counts(&self) -> (u64, u64) {
         self.alloc.counts()
+    }
+
+    /// The fake rdma-core's inline model for a queue (`Context::fake_kick`), unless the
+    /// rings are shared with another process, which the model's own thread must serve.
+    fn kick(&self, is_rx: bool, queue_id: u32) -> crate::ethdev::Kick {
+        if self.shared_rings {
+            None
+        } else {
+            self.ctx.fake_kick(is_rx, queue_id)
+        }
+    }
+
+    /// `cq` with its ring and record named by the shared files they live in.
+    fn shared_cq(&self, cq: crate::mlx5::RawCq, owner: &QueueOwner) -> crate::mlx5::RawCq {
+        crate::mlx5::RawCq {
+            buf: self.alloc.in_shared_file(cq.buf, owner),
+            dbrec: self.alloc.in_shared_file(cq.dbrec, owner),
+            ..cq
+        }
     }
 
     fn name(&self) -> String {
@@ -438,6 +460,15 @@ fn speed_mbps(width: u8, speed: u8) -> u32 {
 }
 
 impl Provider for Mlx5Provider {
+    fn set_allocator(&mut self, alloc: Arc<dyn crate::sys::mem::QueueAllocator>) {
+        self.shared_rings = alloc.is_shared();
+        self.alloc.set_source(alloc);
+    }
+
+    fn device_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(self.ctx.cmd_fd())
+    }
+
     fn mac(&self) -> MacAddr {
         self.mac
     }
@@ -529,17 +560,17 @@ impl Provider for Mlx5Provider {
             let owner: QueueOwner = Arc::clone(&objs) as QueueOwner;
             let m = mlx5dv::init_sq(&objs.qp, &cq, &owner, &what).map_err(verbs)?;
             out.push(RawSq {
-                buf: m.buf,
+                buf: self.alloc.in_shared_file(m.buf, &owner),
                 wqe_cnt: m.wqe_cnt,
                 sqn: m.sqn,
-                dbrec: m.dbrec,
+                dbrec: self.alloc.in_shared_file(m.dbrec, &owner),
                 bf_reg: crate::sys::Mmio::new(m.bf_reg),
                 bf_size: m.bf_size,
                 min_inline: self.min_inline,
-                cq: m.cq,
+                cq: self.shared_cq(m.cq, &owner),
                 owner: Arc::clone(&owner),
                 parked: Arc::clone(&objs.parked),
-                kick: self.ctx.fake_kick(false, qp.number()),
+                kick: self.kick(false, qp.number()),
                 state: Arc::new(QpState {
                     qp,
                     port: self.port,
@@ -623,18 +654,18 @@ impl Provider for Mlx5Provider {
         for (what, wq, cq) in &queues {
             let m = mlx5dv::init_rq(wq, cq, &owner, what).map_err(verbs)?;
             out.push(RawRq {
-                buf: m.buf,
+                buf: self.alloc.in_shared_file(m.buf, &owner),
                 wqe_cnt: m.wqe_cnt,
                 stride: m.stride,
                 rqn: wq.number(),
-                dbrec: m.dbrec,
-                cq: m.cq,
+                dbrec: self.alloc.in_shared_file(m.dbrec, &owner),
+                cq: self.shared_cq(m.cq, &owner),
                 mprq: None,
                 cqe_compression: compress,
                 owner: Arc::clone(&owner),
                 parked: Arc::clone(&parked),
                 state: Arc::new(WqState { wq: Arc::clone(wq) }),
-                kick: self.ctx.fake_kick(true, wq.number()),
+                kick: self.kick(true, wq.number()),
             });
         }
         tracing::debug!(target: "pmd::verbs", port = %self.name(), queues = n, compress, promiscuous = req.promiscuous, "rx queues steered");

@@ -3,7 +3,7 @@
 //! and the raw queue descriptions (`mlx5dv_init_obj`), turned into [`DevMem`] views.
 #![allow(unsafe_code)]
 
-use super::alloc::{null_err, view, Allocators};
+use super::alloc::{null_err, view, view_in_device, Allocators};
 use super::objects::{Context, Cq, Qp, Wq};
 use super::{ret_errno, VerbsError};
 use crate::ethdev::QueueOwner;
@@ -238,6 +238,9 @@ pub fn init_sq(qp: &Qp, cq: &Cq, owner: &QueueOwner, what: &str) -> Result<SqMem
         unsafe { (std::mem::zeroed(), std::mem::zeroed(), std::mem::zeroed()) };
     o.qp.in_ = qp.as_ptr().cast::<dv::ibv_qp>();
     o.qp.out = &mut q;
+    // Where the UAR page is in the command descriptor: what another process maps to ring
+    // this QP's doorbell (DPDK net/mlx5's secondaries, `txq_uar_init_secondary`).
+    q.comp_mask = u64::from(dv::MLX5DV_QP_MASK_UAR_MMAP_OFFSET);
     o.cq.in_ = cq.as_ptr().cast::<dv::ibv_cq>();
     o.cq.out = &mut c;
     // SAFETY: QP and CQ are live; the outputs are writable and outlive the call.
@@ -271,11 +274,28 @@ pub fn init_sq(qp: &Qp, cq: &Cq, owner: &QueueOwner, what: &str) -> Result<SqMem
         wqe_cnt: q.sq.wqe_cnt,
         sqn,
         dbrec: view(q.dbrec.cast::<c_void>(), DBREC_BYTES, owner),
-        bf_reg: view(q.bf.reg, UAR_WRITE_BYTES, owner),
+        bf_reg: uar_view(&q, owner),
         bf_size: q.bf.size,
         cq: raw_cq(&c, owner, what)?,
     })
 }
+
+/// The QP's UAR register as a view; one that knows its place in the command descriptor
+/// (the UAR page's `uar_mmap_offset` plus the register's offset in its page) when
+/// `mlx5dv_init_obj` said where the page is.
+fn uar_view(q: &dv::mlx5dv_qp, owner: &QueueOwner) -> Arc<DevMem> {
+    let got = q.comp_mask & u64::from(dv::MLX5DV_QP_MASK_UAR_MMAP_OFFSET) != 0;
+    match u64::try_from(q.uar_mmap_offset) {
+        Ok(page) if got => {
+            let at = page + (q.bf.reg as u64 % PAGE_BYTES);
+            view_in_device(q.bf.reg, UAR_WRITE_BYTES, owner, at)
+        }
+        _ => view(q.bf.reg, UAR_WRITE_BYTES, owner),
+    }
+}
+
+/// The UAR page size (`mlx5dv_init_obj`'s offsets are in 4 KiB pages of the descriptor).
+const PAGE_BYTES: u64 = 4096;
 
 /// `mlx5dv_init_obj(RWQ | CQ)` for a receive WQ and its CQ; the views keep `owner` alive.
 ///

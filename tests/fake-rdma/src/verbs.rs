@@ -516,7 +516,7 @@ export!("IBVERBS_1.1" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             family,
             alloc: manadv_ctx_allocators::default(),
             db_page: db,
-            mlx5: mlx5_part.map(|part| Box::new(mlx5::Mlx5Ctx::new(part))),
+            mlx5: mlx5_part.map(|part| Box::new(mlx5::Mlx5Ctx::new(part, cmd_fd))),
             private,
         }));
         // SAFETY: just allocated; the address of its `ibv_context` is what callers hold.
@@ -808,24 +808,38 @@ pub fn device_name(dev: &Device) -> String {
         .into_owned()
 }
 
-/// One page of ordinary shared memory standing in for a page the provider maps from the
-/// command fd (MANA's doorbell page, mlx5's UAR pages); NULL if the mapping fails.
-pub fn map_page() -> *mut c_void {
-    // SAFETY: anonymous mapping of one page, checked below.
-    let p = unsafe {
-        libc::mmap(
+/// One page of the command file `cmd_fd` at byte `offset`, mapped shared (read and write),
+/// the file grown to hold it first (a memfd is sparse: an mlx5 UAR's offset, 2.4 GB in, costs
+/// nothing): what the kernel maps for that offset of a uverbs file (mlx5's UAR pages,
+/// `mlx5_ib_mmap`), so every process holding the descriptor maps the same page. NULL on
+/// failure.
+pub fn map_cmd_file_page(cmd_fd: c_int, offset: u64) -> *mut c_void {
+    let Ok(off) = libc::off_t::try_from(offset) else {
+        return null_mut();
+    };
+    // SAFETY: fstat/ftruncate on the context's own command file, then a shared mapping of
+    // one page inside it, checked below.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(cmd_fd, &mut st) != 0 {
+            return null_mut();
+        }
+        if st.st_size < off + 4096 && libc::ftruncate(cmd_fd, off + 4096) != 0 {
+            return null_mut();
+        }
+        let p = libc::mmap(
             null_mut(),
             4096,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        null_mut()
-    } else {
-        p
+            libc::MAP_SHARED,
+            cmd_fd,
+            off,
+        );
+        if p == libc::MAP_FAILED {
+            null_mut()
+        } else {
+            p
+        }
     }
 }
 

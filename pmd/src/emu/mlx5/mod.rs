@@ -134,18 +134,15 @@ pub struct Model {
     next_id: AtomicU32,
     next_lkey: AtomicU32,
     min_inline: u16,
+    /// Where queue memory comes from (rings, records, registers): anonymous pages, or shared
+    /// files for queues another process polls ([`Model::set_allocator`]).
+    allocator: std::sync::Mutex<Arc<dyn crate::sys::mem::QueueAllocator>>,
 }
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "mlx5::Model({:?})", self.core)
     }
-}
-
-fn alloc(bytes: usize, object: &'static str) -> Result<Arc<DevMem>, ModelError> {
-    DevMem::anon(bytes)
-        .map(Arc::new)
-        .map_err(|source| ModelError::Alloc { object, source })
 }
 
 fn pow2(n: u32, what: &'static str, max: u32) -> Result<u32, ModelError> {
@@ -195,7 +192,36 @@ impl Model {
             next_id: AtomicU32::new(0x20_0000 + (u32::from(port) << 12)),
             next_lkey: AtomicU32::new(0x1000 + (u32::from(port) << 16)),
             min_inline,
+            allocator: std::sync::Mutex::new(Arc::new(crate::sys::mem::PageAllocator)),
         })
+    }
+
+    /// Where the memory of queues created from now on comes from (as rdma-core's context
+    /// allocators, which libmlx5 asks for rings and doorbell-record pages alike): a
+    /// shared-file allocator puts rings, records and BlueFlame registers in files another
+    /// process maps. Each piece is an allocation of its own here.
+    pub fn set_allocator(&self, alloc: Arc<dyn crate::sys::mem::QueueAllocator>) {
+        *self.allocator.lock().unwrap_or_else(|p| p.into_inner()) = alloc;
+    }
+
+    /// `bytes` of zeroed, page-aligned memory from the allocator, exactly `bytes` long.
+    fn alloc(&self, bytes: usize, object: &'static str) -> Result<Arc<DevMem>, ModelError> {
+        let a = Arc::clone(&self.allocator.lock().unwrap_or_else(|p| p.into_inner()));
+        let mem = a
+            .alloc(bytes)
+            .map_err(|source| ModelError::Alloc { object, source })?;
+        if mem.len() == bytes {
+            return Ok(mem);
+        }
+        DevMem::within(&mem, 0, bytes)
+            .map(Arc::new)
+            .ok_or_else(|| ModelError::Alloc {
+                object,
+                source: std::io::Error::other(format!(
+                    "the allocator gave {} bytes for {bytes}",
+                    mem.len()
+                )),
+            })
     }
 
     /// A handle to step the model, inject faults and read counters.
@@ -227,7 +253,7 @@ impl Model {
     /// A size out of range, or no memory.
     pub fn create_cq(&self, cqe: u32) -> Result<RawCq, ModelError> {
         let cqe_cnt = pow2(cqe.saturating_add(1), "CQ entries", 1 << 22)?;
-        let buf = alloc(cqe_cnt as usize * CQE_BYTES, "CQ")?;
+        let buf = self.alloc(cqe_cnt as usize * CQE_BYTES, "CQ")?;
         let invalid = op_own(u8::from(CqeOpcode::Invalid), 0, false);
         for k in 0..cqe_cnt as usize {
             buf.write(k * CQE_BYTES + OP_OWN, &[invalid]);
@@ -235,7 +261,7 @@ impl Model {
         Ok(RawCq {
             buf,
             cqe_cnt,
-            dbrec: alloc(8, "CQ doorbell record")?,
+            dbrec: self.alloc(8, "CQ doorbell record")?,
             cqn: self.id(),
         })
     }
@@ -250,12 +276,12 @@ impl Model {
         let wqe_cnt = pow2(wqe_cnt, "SQ WQEBBs", engine::MAX_WQE_CNT)?;
         let sqn = self.id();
         // The engine sees the register's writes through its own view of the page.
-        let bf = alloc(2 * BF_SIZE as usize, "BlueFlame register")?;
+        let bf = self.alloc(2 * BF_SIZE as usize, "BlueFlame register")?;
         let sq = RawSq {
-            buf: alloc(wqe_cnt as usize * WQEBB_BYTES, "SQ")?,
+            buf: self.alloc(wqe_cnt as usize * WQEBB_BYTES, "SQ")?,
             wqe_cnt,
             sqn,
-            dbrec: alloc(8, "QP doorbell record")?,
+            dbrec: self.alloc(8, "QP doorbell record")?,
             bf_reg: Mmio::new(Arc::clone(&bf)),
             bf_size: BF_SIZE,
             min_inline: self.min_inline,
@@ -292,11 +318,11 @@ impl Model {
         let bytes = (wqe_cnt as usize * stride as usize).max(64);
         let rqn = self.id();
         let rq = RawRq {
-            buf: alloc(bytes, "RQ")?,
+            buf: self.alloc(bytes, "RQ")?,
             wqe_cnt: (bytes / stride as usize) as u32,
             stride,
             rqn,
-            dbrec: alloc(8, "RQ doorbell record")?,
+            dbrec: self.alloc(8, "RQ doorbell record")?,
             cq: cq.clone(),
             mprq: None,
             cqe_compression: false,
@@ -329,11 +355,11 @@ impl Model {
         let bytes = (wqe_cnt as usize * stride).max(64);
         let rqn = self.id();
         let rq = RawRq {
-            buf: alloc(bytes, "RQ")?,
+            buf: self.alloc(bytes, "RQ")?,
             wqe_cnt: (bytes / stride) as u32,
             stride: stride as u32,
             rqn,
-            dbrec: alloc(8, "RQ doorbell record")?,
+            dbrec: self.alloc(8, "RQ doorbell record")?,
             cq: cq.clone(),
             mprq: Some(geo),
             cqe_compression: false,

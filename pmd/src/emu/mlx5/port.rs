@@ -176,6 +176,10 @@ impl QueueState for ModelQueueState {
 }
 
 impl Provider for ModelPort {
+    fn set_allocator(&mut self, alloc: Arc<dyn crate::sys::mem::QueueAllocator>) {
+        self.model.set_allocator(alloc);
+    }
+
     fn mac(&self) -> MacAddr {
         self.mac
     }

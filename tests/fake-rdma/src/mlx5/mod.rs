@@ -26,7 +26,7 @@ pub mod wq;
 use crate::ffi::*;
 use crate::objects::{non_null, obj};
 use crate::state::{addr, call_int, call_ptr, die, Kind, State};
-use crate::verbs::{ctx_of, map_page, Ctx};
+use crate::verbs::{ctx_of, map_cmd_file_page, Ctx};
 use crate::world::Family;
 use serde_json::json;
 use std::collections::VecDeque;
@@ -120,9 +120,12 @@ pub struct Bf {
     pub shared: Option<usize>,
 }
 
-/// A UAR page the context mapped: plain shared memory standing in for the device's
-/// register page; the device model samples the BlueFlame registers of the QPs it serves
-/// for their doorbells (`crate::nic_mlx5`).
+/// A UAR page the context mapped: a page of the context's command file at the UAR's mmap
+/// offset, as the kernel's `mlx5_ib_mmap` maps the UAR for that offset of the uverbs file
+/// (so another process given the descriptor maps the same page there, as DPDK net/mlx5's
+/// secondaries do: `txq_uar_init_secondary`). Plain shared memory standing in for the
+/// device's register page; the device model samples the BlueFlame registers of the QPs it
+/// serves for their doorbells (`crate::nic_mlx5`).
 #[derive(Debug)]
 struct Uar {
     page: *mut c_void,
@@ -165,6 +168,8 @@ pub struct Mlx5Ctx {
     pub dbr_pages: Vec<DbrPage>,
     /// `dbr_available_pages`: indices into `dbr_pages`, front = `list_top`.
     dbr_available: VecDeque<usize>,
+    /// The context's command file, which the UAR pages are mapped from.
+    cmd_fd: c_int,
 }
 
 /// `get_num_low_lat_uuars`: max(4, total − 12) (v44 mlx5.c:691–706).
@@ -176,7 +181,7 @@ impl Mlx5Ctx {
     /// The provider part of a new context on a device of PCI device id `part`
     /// (`mlx5_init_context` + `mlx5_set_context`, v44 mlx5.c:2342–2570): the singleton
     /// non-cached UAR is mapped (`mlx5_set_singleton_nc_uar`, verbs.c:480–502).
-    pub fn new(part: u16) -> Self {
+    pub fn new(part: u16, cmd_fd: c_int) -> Self {
         let shut_up_bf = std::env::var("MLX5_SHUT_UP_BF").is_ok_and(|v| v != "0");
         let low = low_lat_uuars(TOT_UUARS);
         let mut m = Mlx5Ctx {
@@ -193,6 +198,7 @@ impl Mlx5Ctx {
             qp_max_shared: TOT_UUARS - low,
             dbr_pages: Vec::new(),
             dbr_available: VecDeque::new(),
+            cmd_fd,
         };
         // A failure leaves nc_uar NULL, and the CQ UAR with it (verbs.c:486–489).
         m.nc_uar = m.map_uar();
@@ -202,15 +208,13 @@ impl Mlx5Ctx {
     /// Maps one more UAR page (`mlx5_alloc_dyn_uar`: the kernel's UAR object, then an
     /// mmap of its page, verbs.c:189–271); its index.
     fn map_uar(&mut self) -> Option<usize> {
-        let page = map_page();
+        let n = self.uars.len() as u64;
+        let mmap_offset = (UAR_MMAP_PGOFF_START + n) * PAGE as u64;
+        let page = map_cmd_file_page(self.cmd_fd, mmap_offset);
         if page.is_null() {
             return None;
         }
-        let n = self.uars.len() as u64;
-        self.uars.push(Uar {
-            page,
-            mmap_offset: (UAR_MMAP_PGOFF_START + n) * PAGE as u64,
-        });
+        self.uars.push(Uar { page, mmap_offset });
         Some(self.uars.len() - 1)
     }
 
@@ -318,7 +322,8 @@ impl Mlx5Ctx {
     /// Unmaps the UAR pages (`mlx5_free_context` → `clean_dyn_uars`, mlx5.c:2668–2690).
     pub fn unmap(&mut self) {
         for u in self.uars.drain(..) {
-            // SAFETY: each page was mapped by `map_page` (one page) and is unmapped once;
+            // SAFETY: each page was mapped by `map_cmd_file_page` (one page) and is unmapped
+            // once;
             // the device model holds views of its registers only while it serves their QPs,
             // and every QP of the context left it before the close gets here.
             unsafe { libc::munmap(u.page, PAGE) };
