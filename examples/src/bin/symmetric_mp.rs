@@ -3,7 +3,8 @@
 //! k), with one mbuf pool shared by all of them. RSS spreads the flows over the pairs.
 //!
 //! To stay self-contained, the primary also plays the traffic generator: the forwarding
-//! ports are device-model MANA ports whose cables lead to two more ports in the primary,
+//! ports are device-model ports (MANA, or mlx5 with `--device mlx5`) whose cables lead to
+//! two more ports in the primary,
 //! which send numbered frames in and count them out. It starts the secondaries itself (this
 //! same program, `--proc-type secondary`); each stops when the primary does.
 //!
@@ -20,12 +21,15 @@ use std::time::{Duration, Instant};
 
 const HELP: &str = "symmetric_mp: DPDK's symmetric multi-process forwarder on the pmd API.
 
-A primary and N-1 secondaries forward between two device-model MANA ports, each process
-on its own queue pair of both (flows spread by RSS), with one shared mbuf pool. The
-primary also sends 10000 numbered frames in and checks that every one comes out (or is
-counted missed by a port), and that every mbuf is back in the pool at the end.
+A primary and N-1 secondaries forward between two device-model ports, each process on
+its own queue pair of both (flows spread by RSS), with one shared mbuf pool. The primary
+also sends 10000 numbered frames in and checks that every one comes out (or is counted
+missed by a port), and that every mbuf is back in the pool at the end.
 
-Usage: symmetric_mp [--num-procs N]     N processes in all (1..=8, default 3)
+Usage: symmetric_mp [--num-procs N] [--device mana|mlx5]
+         --num-procs N     N processes in all (1..=8, default 3; 1, 2, 4 or 8 on mlx5,
+                           whose RSS table holds each queue once)
+         --device D        the ports' device model: mana (default) or mlx5
        symmetric_mp --help";
 
 /// Frames the primary sends through the forwarders.
@@ -36,17 +40,32 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let result = match args.as_slice() {
-        [] => primary(3),
-        ["--num-procs", n] => match n.parse::<u16>() {
-            Ok(n @ 1..=8) => primary(n),
-            _ => usage(&format!("--num-procs takes 1 to 8, not '{n}'")),
-        },
         ["-h" | "--help"] => {
             println!("{HELP}");
             return;
         }
         ["--proc-type", "secondary", "--dir", dir] => secondary(Path::new(dir)),
-        other => usage(&format!("unexpected arguments {other:?}")),
+        opts => {
+            let (mut procs, mut device) = (3, "mana");
+            for o in opts.chunks(2) {
+                match o {
+                    ["--num-procs", n] => match n.parse::<u16>() {
+                        Ok(n @ 1..=8) => procs = n,
+                        _ => usage(&format!("--num-procs takes 1 to 8, not '{n}'")),
+                    },
+                    ["--device", d @ ("mana" | "mlx5")] => device = d,
+                    ["--device", d] => usage(&format!("--device takes mana or mlx5, not '{d}'")),
+                    other => usage(&format!("unexpected arguments {other:?}")),
+                }
+            }
+            if device == "mlx5" && !procs.is_power_of_two() {
+                usage(&format!(
+                    "--num-procs {procs} with --device mlx5: the mlx5 RSS table needs 1, 2, 4 \
+                     or 8 queues"
+                ));
+            }
+            primary(procs, device)
+        }
     };
     if let Err(e) = result {
         eprintln!("symmetric_mp: {e}");
@@ -62,16 +81,16 @@ fn usage(why: &str) -> ! {
 type Error = Box<dyn std::error::Error>;
 
 /// The primary: ports, pool, the secondaries, the traffic and the verdict.
-fn primary(procs: u16) -> Result<(), Error> {
+fn primary(procs: u16, device: &str) -> Result<(), Error> {
     pmd::log::init("warn");
     let dir = std::env::temp_dir().join(format!("symmetric_mp-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let result = run_primary(procs, &dir);
+    let result = run_primary(procs, device, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-fn run_primary(procs: u16, dir: &Path) -> Result<(), Error> {
+fn run_primary(procs: u16, device: &str, dir: &Path) -> Result<(), Error> {
     let pool = MbufPool::new(
         MbufPoolConfig::new("symmetric_mp", 8191)
             .page_policy(PagePolicy::Normal)
@@ -81,7 +100,7 @@ fn run_primary(procs: u16, dir: &Path) -> Result<(), Error> {
     // too); their cables lead to the generator's ports 2 and 3.
     let spec = |cable: &str, mac: u8| -> Result<pmd::port::PortSpec, Error> {
         Ok(format!(
-            "emu-mana:wire=loop:{cable}-{},engine=thread,mac=02:00:00:00:00:0{mac}",
+            "emu-{device}:wire=loop:{cable}-{},engine=thread,mac=02:00:00:00:00:0{mac}",
             std::process::id()
         )
         .parse()?)

@@ -120,11 +120,39 @@ fn router_help_and_bad_arguments_are_usage_errors() {
 /// comes out (or is counted missed), each process forwards its share, the pool ends whole.
 #[test]
 fn symmetric_mp_forwards_in_three_processes_with_one_pool() {
+    symmetric_mp_forwards(&["--num-procs", "3"]);
     let bin = env!("CARGO_BIN_EXE_symmetric_mp");
-    let text = run_ok(bin, &["--num-procs", "3"]);
-    assert!(text.contains("3 processes"), "{text}");
+    assert_usage_error(bin, &["--num-procs", "9"], "takes 1 to 8");
+    assert_usage_error(bin, &["--device", "e1000"], "takes mana or mlx5");
+    assert!(run_ok(bin, &["--help"]).contains("Usage: symmetric_mp"));
+}
+
+/// The same on mlx5 model ports.
+#[test]
+fn symmetric_mp_forwards_on_mlx5_ports() {
+    symmetric_mp_forwards(&["--device", "mlx5", "--num-procs", "4"]);
+    let bin = env!("CARGO_BIN_EXE_symmetric_mp");
+    assert_usage_error(
+        bin,
+        &["--device", "mlx5", "--num-procs", "3"],
+        "1, 2, 4 or 8",
+    );
+}
+
+/// symmetric_mp with `args`: every frame out or counted, each process forwards a share,
+/// the pool ends whole.
+fn symmetric_mp_forwards(args: &[&str]) {
+    let bin = env!("CARGO_BIN_EXE_symmetric_mp");
+    let text = run_ok(bin, args);
+    let procs: usize = args
+        .iter()
+        .skip_while(|a| **a != "--num-procs")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("--num-procs given");
+    assert!(text.contains(&format!("{procs} processes")), "{text}");
     assert!(text.contains("mbufs still in use: 0"), "{text}");
-    for q in 0..3 {
+    for q in 0..procs {
         let line = text
             .lines()
             .find(|l| l.contains(&format!("queue pair {q} (")))
@@ -137,6 +165,4 @@ fn symmetric_mp_forwards_in_three_processes_with_one_pool() {
             .unwrap_or_else(|| panic!("{line}"));
         assert!(n > 0, "RSS gives every process a share: {line}");
     }
-    assert_usage_error(bin, &["--num-procs", "9"], "takes 1 to 8");
-    assert!(run_ok(bin, &["--help"]).contains("Usage: symmetric_mp"));
 }

@@ -262,11 +262,24 @@ fn a_secondary_that_exits_without_flushing_its_cache_leaves_nothing_behind() {
 
 #[test]
 fn secondaries_send_and_receive_on_a_queue_pair_the_primary_exports_and_rebuilds() {
+    exported_pair_round_trips("emu-mana");
+}
+
+/// The same on the mlx5 model: rings, CQs, doorbell records and the BlueFlame register in
+/// shared files.
+#[test]
+fn secondaries_send_and_receive_on_an_mlx5_queue_pair_the_primary_exports_and_rebuilds() {
+    exported_pair_round_trips("emu-mlx5");
+}
+
+/// A port of `kind` exports queue pair 1 to a secondary, which sends and receives on it
+/// (twice: once leaving cleanly, once left running when this process stops).
+fn exported_pair_round_trips(kind: &str) {
     let dir = tempfile::tempdir().unwrap();
     let pool = shared_pool(dir.path(), "mp-dp", 4096, 64);
-    let cable = format!("mp-dp-{}", std::process::id());
+    let cable = format!("mp-dp-{kind}-{}", std::process::id());
     let spec = |n: u8| {
-        format!("emu-mana:wire=loop:{cable},engine=thread,mac=02:00:00:00:00:0{n}")
+        format!("{kind}:wire=loop:{cable},engine=thread,mac=02:00:00:00:00:0{n}")
             .parse()
             .unwrap()
     };
@@ -300,7 +313,7 @@ fn secondaries_send_and_receive_on_a_queue_pair_the_primary_exports_and_rebuilds
         let missed = a.stats().imissed;
         let _ = std::fs::remove_file(dir.path().join("stop"));
         let p = Primary::start(&MpConfig::new("t").with_dir(dir.path())).unwrap();
-        p.publish(0, "emu-mana", 2, &[0]);
+        p.publish(0, kind, 2, &[0]);
         p.share_pool(&pool).unwrap();
 
         let (mut c, mut out) = spawn("datapath", dir.path());
@@ -403,7 +416,7 @@ fn secondaries_send_and_receive_on_a_queue_pair_the_primary_exports_and_rebuilds
         .unwrap()
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("port"))
+        .filter(|n| n.contains("port"))
         .collect();
     assert!(
         left.is_empty(),
@@ -544,6 +557,119 @@ fn a_description_of_device_pages_is_checked_before_the_pair_is_claimed() {
     for (extra, device, want) in cases {
         let err = attempt(extra, device);
         assert!(err.contains(want), "{extra:?}: {err}");
+    }
+    // Nothing was claimed: the pair, described as it was, attaches.
+    std::fs::write(&desc, &original).unwrap();
+    let pair = AttachedPair::open(dir.path(), 0, 1, &pool, None).unwrap();
+    pair.stop();
+}
+
+/// An mlx5 description (another process wrote it) is checked before the pair is claimed:
+/// ring sizes, record offsets, the UAR register's place, the CQE format. Every refusal says
+/// why, and the pair described as it was still attaches afterwards.
+#[test]
+fn a_bad_mlx5_description_is_refused_before_the_pair_is_claimed() {
+    use std::os::fd::AsFd;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = shared_pool(dir.path(), "mp-mlx5", 2048, 0);
+    let spec = format!(
+        "emu-mlx5:wire=loop:mp-mlx5-{},engine=thread",
+        std::process::id()
+    )
+    .parse()
+    .unwrap();
+    let mut a = Port::open(0, &spec).unwrap();
+    a.configure(
+        &PortConfig::default()
+            .with_ring_sizes(256, 256)
+            .with_queues(2, 2)
+            .with_export(vec![1], dir.path()),
+        &pool,
+    )
+    .unwrap();
+    let desc = dir.path().join("port0.queue1.export");
+    let original = std::fs::read_to_string(&desc).unwrap();
+    assert!(original.contains("driver mlx5\n"), "{original}");
+    // A stand-in for a command file of two pages.
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(8192).unwrap();
+    let dev = pmd::sys::DeviceFd {
+        fd: file.as_fd(),
+        generation: 1,
+    };
+    // `value NAME N` set to `v` (added when missing).
+    let with = |name: &str, v: &str| {
+        let prefix = format!("value {name} ");
+        let mut out: Vec<String> = original
+            .lines()
+            .filter(|l| !l.starts_with(&prefix))
+            .map(str::to_string)
+            .collect();
+        out.push(format!("{prefix}{v}"));
+        out.join("\n") + "\n"
+    };
+    // The area line of `role` rewritten by `f`.
+    let area = |role: &str, f: &dyn Fn(&str) -> String| {
+        let prefix = format!("area {role} ");
+        original
+            .lines()
+            .map(|l| {
+                if l.starts_with(&prefix) {
+                    f(l)
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n"
+    };
+    let cases: Vec<(String, Option<pmd::sys::DeviceFd<'_>>, &str)> = vec![
+        (
+            with("tx_uar_device_offset", "4096"),
+            None,
+            "pass the primary's device descriptor",
+        ),
+        (
+            with("tx_uar_device_offset", "8192"),
+            Some(dev),
+            "not in a page of the device",
+        ),
+        (
+            with("tx_uar_device_offset", "4100"),
+            Some(dev),
+            "is not aligned",
+        ),
+        (with("tx_wqe_cnt", "100"), None, "tx_wqe_cnt 100"),
+        (with("rx_cqe_cnt", "64"), None, "rx_cqe_cnt 64"),
+        (with("rx_stride", "8"), None, "rx_stride 8"),
+        (with("tx_min_inline", "7"), None, "neither 0 nor 18"),
+        (
+            with("rx_cqe_compression", "2"),
+            None,
+            "rx_cqe_compression 2",
+        ),
+        (
+            area("tx_dbrec", &|l| l.replacen(" 8 ", " 8@3 ", 1)),
+            None,
+            "aligned to 8",
+        ),
+        (
+            area("rx_rq", &|l| {
+                let f: Vec<&str> = l.splitn(4, ' ').collect();
+                format!("area rx_rq 64 {}", f[3])
+            }),
+            None,
+            "does not hold",
+        ),
+    ];
+    for (text, device, want) in cases {
+        std::fs::write(&desc, &text).unwrap();
+        let err = AttachedPair::open(dir.path(), 0, 1, &pool, device)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(want), "{want}: {err}\n{text}");
     }
     // Nothing was claimed: the pair, described as it was, attaches.
     std::fs::write(&desc, &original).unwrap();
