@@ -415,8 +415,25 @@ fn killed_secondary_is_replaced(pair: &Pair, kernel_refusal: Option<&str>) {
 #[test]
 fn a_serviced_device_is_recovered_for_the_secondaries_too() {
     let _one = serial();
-    let tag = format!("ms{}", std::process::id());
-    let pair = Pair::mana(&tag);
+    serviced_devices_recovered(
+        &Pair::mana(&format!("ms{}", std::process::id())),
+        &["mana_0"],
+    );
+}
+
+/// The same on `mlx5:` ports (two devices, both serviced): the new contexts' UAR pages are
+/// in their new command descriptors, which the secondary maps again.
+#[test]
+fn serviced_mlx5_devices_are_recovered_for_the_secondaries_too() {
+    let _one = serial();
+    serviced_devices_recovered(
+        &Pair::mlx5(&format!("msx{}", std::process::id())),
+        &["mlx5_0", "mlx5_1"],
+    );
+}
+
+/// `devices` (which hold `pair`'s two ports) serviced under a primary and a secondary.
+fn serviced_devices_recovered(pair: &Pair, devices: &[&str]) {
     let fake = Fake::new(Some(&pair.world));
     let run = fake.dir.path().join("run");
     let ports = pair.l2fwd.map(|p| format!("{p},recover-timeout=20"));
@@ -450,13 +467,15 @@ fn a_serviced_device_is_recovered_for_the_secondaries_too() {
     sec_err.wait_for("secondary of process", Duration::from_secs(60));
 
     // Traffic flows through both processes while the device goes away and comes back.
-    let during = Bg(Some(pktgen(&fake, &pair, 1_000_000).spawn().unwrap()));
+    let during = Bg(Some(pktgen(&fake, pair, 1_000_000).spawn().unwrap()));
     std::thread::sleep(Duration::from_secs(1));
-    let knob = fake
-        .dir
-        .path()
-        .join("sys/class/infiniband/mana_0/fake_rdma_fatal");
-    std::fs::write(&knob, "service 1").unwrap();
+    for dev in devices {
+        let knob = fake
+            .dir
+            .path()
+            .join(format!("sys/class/infiniband/{dev}/fake_rdma_fatal"));
+        std::fs::write(&knob, "service 1").unwrap();
+    }
     for _ in 0..2 {
         pri_err.wait_for("recovered after", Duration::from_secs(60));
     }
@@ -479,7 +498,7 @@ fn a_serviced_device_is_recovered_for_the_secondaries_too() {
     );
 
     const FRAMES: u64 = 4_000;
-    let g = pktgen(&fake, &pair, FRAMES).output().unwrap();
+    let g = pktgen(&fake, pair, FRAMES).output().unwrap();
     let gen = json(&g);
     let s = sec.stop();
     let s_err = sec_err.all(Duration::from_secs(10));
