@@ -124,10 +124,12 @@ fn main() -> ExitCode {
             .map(|(k, v)| format!("{k} {}", if v { "yes" } else { "no" }))
             .collect();
         println!(
-            "multi-process (pmd::mp): secondaries poll queue pairs of MANA ports (mana: maps \
-             the doorbell page from the primary's command fd, as DPDK net/mana; MANA has no \
-             import, so ibv_import_* fail there with EOPNOTSUPP); mlx5 ports: not yet. \
-             rdma-core here: {}",
+            "multi-process (pmd::mp): secondaries poll queue pairs of MANA and mlx5 ports, \
+             importing nothing (mana: maps the doorbell page from the primary's command fd, \
+             as DPDK net/mana; mlx5: maps each send queue's UAR page from it at \
+             uar_mmap_offset, as DPDK net/mlx5; MANA has no import, so ibv_import_* fail \
+             there with EOPNOTSUPP; the mlx5 export calls share DEVX objects and VARs, which \
+             the datapath has none of). rdma-core here: {}",
             mp.join(", ")
         );
     }

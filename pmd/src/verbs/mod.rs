@@ -177,8 +177,9 @@ pub enum ForkSafety {
 /// the symbol is there), and mlx5's object export (rdma-core 63, `MLX5_1.27`:
 /// `_mlx5dv_get_export_sizes`, behind the inline `mlx5dv_get_export_sizes`, and the
 /// export/import pairs of VAR, DEVX object and DEVX umem). Reported by `pmd-devices`; no
-/// datapath uses them: MANA secondaries import nothing (they map the doorbell page from the
-/// primary's command fd, see `pmd::mp`), and mlx5 secondaries are not built.
+/// datapath uses them: secondaries import nothing (MANA's map the doorbell page from the
+/// primary's command fd, mlx5's the UAR pages; see `pmd::mp`), and the datapath has no DEVX
+/// object or VAR to export.
 pub fn multi_process_support() -> Vec<(&'static str, bool)> {
     [
         (c"ibv_import_device", "ibv_import_device"),
