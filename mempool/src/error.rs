@@ -246,6 +246,15 @@ pub enum Error {
         /// What was asked.
         what: &'static str,
     },
+
+    /// A live process's objects cannot be taken back.
+    #[error("pool '{pool}': process {pid} is still running; only a dead process's objects can be reclaimed")]
+    ProcessAlive {
+        /// Pool name.
+        pool: String,
+        /// The process.
+        pid: u32,
+    },
 }
 
 /// Rounds a byte count up to whole MiB, for messages.

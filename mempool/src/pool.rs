@@ -411,7 +411,9 @@ impl Mempool {
 
         let audit = match &ring {
             FreeList::Local(_) => Audit::new(cfg.obj_count),
-            FreeList::Shared(ctl) => Audit::shared(ctl.audit_states_view()),
+            FreeList::Shared(ctl) => {
+                Audit::shared(ctl.audit_states_view(), ctl.claim_owner(shm::this_pid()))
+            }
         };
         let pool = Arc::new(Mempool {
             ring,
@@ -534,7 +536,7 @@ impl Mempool {
             creator = info.creator_pid,
             "attached to shared pool"
         );
-        let audit = Audit::shared(ctl.audit_states_view());
+        let audit = Audit::shared(ctl.audit_states_view(), ctl.claim_owner(shm::this_pid()));
         let pool = Arc::new(Mempool {
             ring: FreeList::Shared(ctl),
             layout: info.layout,
@@ -622,6 +624,50 @@ impl Mempool {
         }
         tracing::info!(target: LOG, pool = %self.name, pid, objects = back, "reclaimed a dead process's caches");
         Ok(back)
+    }
+
+    /// Returns to the pool every object dead process `pid` had taken and not given back
+    /// outside its caches (which [`Mempool::reclaim`] returns): buffers it had posted to
+    /// device queues, frames it had in flight or in hand. Each object in use carries the
+    /// owner id of the process that took it, so these are found exactly.
+    ///
+    /// Call it only once nothing can use those objects any more: the process is gone, and
+    /// the device queues it polled are destroyed (a primary rebuilt the queue pairs the
+    /// process had attached to); a device could otherwise still write into a buffer the
+    /// pool hands out again. Objects the process passed to another process (by index,
+    /// through shared memory) are counted as its own: a pool whose objects cross processes
+    /// that way must not use this. Returns how many objects came back.
+    ///
+    /// # Errors
+    /// [`Error::NotShared`] for a private pool; [`Error::ProcessAlive`] when `pid` still runs.
+    pub fn reclaim_owned(&self, pid: u32) -> Result<u32, Error> {
+        let FreeList::Shared(ctl) = &self.ring else {
+            return Err(Error::NotShared {
+                pool: self.name.clone(),
+                what: "reclaim a dead process's objects",
+            });
+        };
+        if !shm::pid_gone(pid) {
+            return Err(Error::ProcessAlive {
+                pool: self.name.clone(),
+                pid,
+            });
+        }
+        let (back, bad) = ctl.reclaim_owned(pid);
+        if bad > 0 {
+            tracing::warn!(target: LOG, pool = %self.name, pid, bad, "objects tagged with a dead process's owner id were already free; left as they were");
+        }
+        tracing::info!(target: LOG, pool = %self.name, pid, objects = back, "reclaimed a dead process's objects in use");
+        Ok(back)
+    }
+
+    /// Objects in use by process `pid` (those tagged with its owner ids; a scan of the
+    /// pool's states). 0 for a private pool.
+    pub fn owned_by(&self, pid: u32) -> u32 {
+        match &self.ring {
+            FreeList::Shared(ctl) => ctl.owned_by_pid(pid),
+            FreeList::Local(_) => 0,
+        }
     }
 
     /// The processes whose caches hold slots of this shared pool (each pid once); empty for
@@ -868,7 +914,7 @@ impl Mempool {
 
     #[inline]
     pub(crate) fn audit_get(&self, objs: &[u32]) {
-        if crate::audit::AUDIT_ENABLED {
+        if self.audit.tracks() {
             for &i in objs {
                 self.audit.on_get(&self.name, self.kind, i);
             }
@@ -877,7 +923,7 @@ impl Mempool {
 
     #[inline]
     pub(crate) fn audit_put(&self, objs: &[u32]) {
-        if crate::audit::AUDIT_ENABLED {
+        if self.audit.tracks() {
             for &i in objs {
                 self.audit.on_put(&self.name, self.kind, i);
             }
@@ -1008,6 +1054,14 @@ impl Drop for Mempool {
     fn drop(&mut self) {
         if self.is_shared() {
             crate::mbuf::unregister_shared(self);
+        }
+        // This process's owner id goes back unless objects still carry it (left in a
+        // device's queues: a survivor returns them with `reclaim_owned` once it can).
+        if let FreeList::Shared(ctl) = &self.ring {
+            let id = self.audit.tag();
+            if id != 0 && id != shm::UNTRACKED && ctl.owned_by(id) == 0 {
+                ctl.release_owner(id);
+            }
         }
         let out = self.in_use();
         if out > 0 {

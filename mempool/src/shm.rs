@@ -8,7 +8,9 @@
 //!     RingCtl              producer and consumer head/tail, each on its own cache line pair
 //!     ring slots           u32 object indices, a power of two of them (> objects)
 //!     cache slots          CACHE_SLOTS x { owner pid, published length, objects }
-//!     audit states         one byte per object (debug and `audit` builds use them)
+//!     object states        one byte per object: 0 free, else the owner id of the process
+//!                          that took it (its owners-table entry + 1), 255 untracked
+//!     owners table         OWNER_IDS x owner pid (0: free entry)
 //! ```
 //!
 //! - **The free ring** is DPDK's `rte_ring` multi-producer/multi-consumer algorithm (reserve
@@ -23,6 +25,11 @@
 //!   pid. When a process dies its cached objects are not lost: the survivor that learns of
 //!   the death (the primary, told by its control socket) returns them to the ring with
 //!   [`Mempool::reclaim`](crate::Mempool::reclaim).
+//! - **Every object in use is tagged with the process that took it** (its owner id, in the
+//!   object's state byte, written as it leaves a cache or the ring and cleared as it comes
+//!   back), so that what a dead process held outside its caches (buffers posted to device
+//!   queues, frames in flight) can be found and returned once nothing can use it any more:
+//!   [`Mempool::reclaim_owned`](crate::Mempool::reclaim_owned).
 //! - **Every value read from the file is checked**: the header when a process attaches
 //!   (magic, version, sizes that agree with the file's length), and every object index that
 //!   comes out of the ring or a dead process's cache (an index outside the pool would make
@@ -35,13 +42,18 @@ use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 /// Identifies a pool control block.
 pub(crate) const MAGIC: [u8; 8] = *b"PMDPOOL1";
 /// Layout version of the control block; a process of another version is refused.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 /// Cache slots per shared pool: per-core caches of every process together.
 pub const CACHE_SLOTS: usize = 128;
 /// Chunk keys a shared pool can publish (64 chunks of up to 1 GiB).
 pub(crate) const MAX_KEYS: usize = 64;
 /// Longest pool name stored.
 pub(crate) const NAME_MAX: usize = 64;
+/// Owner ids per shared pool: processes that take objects from it (ids 1..=OWNER_IDS; a
+/// process beyond them tags its objects [`UNTRACKED`]).
+pub const OWNER_IDS: usize = 254;
+/// The state of an object taken by a process without an owner id.
+pub(crate) const UNTRACKED: u8 = 255;
 /// Alignment of the control block inside the file.
 const CTL_ALIGN: usize = 4096;
 
@@ -115,6 +127,7 @@ pub(crate) struct CtlLayout {
     slot_stride: usize,
     pub(crate) slot_cap: usize,
     audit: usize,
+    owners: usize,
     pub(crate) end: usize,
 }
 
@@ -135,7 +148,8 @@ impl CtlLayout {
         let slot_cap = crate::cache::slot_capacity(cache_size as usize);
         let slot_stride = up(size_of::<SlotHead>() + 4 * slot_cap, 64)?;
         let audit = cache_slots.checked_add(CACHE_SLOTS.checked_mul(slot_stride)?)?;
-        let end = audit.checked_add(obj_count as usize)?;
+        let owners = up(audit.checked_add(obj_count as usize)?, 64)?;
+        let end = owners.checked_add(4 * OWNER_IDS)?;
         Some(CtlLayout {
             ctl_offset,
             ring_ctl,
@@ -145,6 +159,7 @@ impl CtlLayout {
             slot_stride,
             slot_cap,
             audit,
+            owners,
             end,
         })
     }
@@ -247,6 +262,106 @@ impl Ctl {
                 self.obj_count as usize,
             )
         }
+    }
+
+    /// Owners-table entry `k` (owner id `k + 1`): the pid that uses the id, or 0.
+    fn owner_entry(&self, k: usize) -> &AtomicU32 {
+        assert!(k < OWNER_IDS);
+        self.at(self.layout.owners + 4 * k)
+    }
+
+    /// An owner id for process `pid` (1..=OWNER_IDS): a free entry, else one of a dead
+    /// process that holds no object any more; [`UNTRACKED`] when every id is taken.
+    pub(crate) fn claim_owner(&self, pid: u32) -> u8 {
+        for k in 0..OWNER_IDS {
+            if self
+                .owner_entry(k)
+                .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                return (k + 1) as u8;
+            }
+        }
+        for k in 0..OWNER_IDS {
+            let old = self.owner_entry(k).load(Ordering::Acquire);
+            let id = (k + 1) as u8;
+            if old != pid
+                && pid_gone(old)
+                && self.owned_by(id) == 0
+                && self
+                    .owner_entry(k)
+                    .compare_exchange(old, pid, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return id;
+            }
+        }
+        UNTRACKED
+    }
+
+    /// Gives owner id `id` back (nothing is tagged with it any more).
+    pub(crate) fn release_owner(&self, id: u8) {
+        if (1..=OWNER_IDS).contains(&usize::from(id)) {
+            self.owner_entry(usize::from(id) - 1)
+                .store(0, Ordering::Release);
+        }
+    }
+
+    /// Objects tagged with owner id `id` (a scan of the states).
+    pub(crate) fn owned_by(&self, id: u8) -> u32 {
+        self.audit_states()
+            .iter()
+            .filter(|s| s.load(Ordering::Relaxed) == id)
+            .count() as u32
+    }
+
+    /// Objects in use by process `pid` (tagged with any of its owner ids).
+    pub(crate) fn owned_by_pid(&self, pid: u32) -> u32 {
+        self.ids_of(pid)
+            .into_iter()
+            .map(|id| self.owned_by(id))
+            .sum()
+    }
+
+    /// The owner ids process `pid` holds.
+    fn ids_of(&self, pid: u32) -> Vec<u8> {
+        (0..OWNER_IDS)
+            .filter(|&k| self.owner_entry(k).load(Ordering::Acquire) == pid)
+            .map(|k| (k + 1) as u8)
+            .collect()
+    }
+
+    /// Returns to the ring every object tagged with an owner id of process `pid` (which must
+    /// be dead, and its objects out of every device's reach), and frees its ids. Returns how
+    /// many came back and how many could not (the ring refused them: already free).
+    pub(crate) fn reclaim_owned(&self, pid: u32) -> (u32, u32) {
+        let (mut back, mut bad) = (0, 0);
+        for id in self.ids_of(pid) {
+            let mut objs = Vec::new();
+            for (idx, st) in self.audit_states().iter().enumerate() {
+                if st
+                    .compare_exchange(id, 0, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    objs.push(idx as u32);
+                }
+            }
+            for chunk in objs.chunks(256) {
+                match self.put(chunk) {
+                    Ok(()) => back += chunk.len() as u32,
+                    Err(_) => {
+                        for &idx in chunk {
+                            match self.put(&[idx]) {
+                                Ok(()) => back += 1,
+                                Err(_) => bad += 1,
+                            }
+                        }
+                    }
+                }
+            }
+            self.release_owner(id);
+        }
+        (back, bad)
     }
 
     /// Claims a free cache slot for `pid`.

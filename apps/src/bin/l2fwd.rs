@@ -142,6 +142,9 @@ struct Work {
     txqs: Vec<TxQueue>,
 }
 
+/// How long a secondary waits for a queue pair's description while the primary rebuilds it.
+const ATTACH_WAIT: Duration = Duration::from_secs(5);
+
 fn main() -> ExitCode {
     pmd::log::init("warn");
     let args = Args::parse();
@@ -407,7 +410,7 @@ fn run(args: &Args) -> Result<(), Failure> {
     }
     if in_use != 0 {
         let why = if workers.is_some_and(|w| w.killed > 0) {
-            " (secondaries that were killed while polling leave the buffers they had posted)"
+            " (secondaries that were killed while polling: what they had posted was not returned)"
         } else {
             ""
         };
@@ -495,6 +498,11 @@ struct Workers {
     /// The device generation published for each port (a recovery opens a new context, a
     /// new generation, which is published again).
     devices: Vec<(u16, u64)>,
+    /// The pool the secondaries share.
+    pool: Option<Arc<mempool::MbufPool>>,
+    /// Secondaries that died holding mbufs outside their caches (posted on their queue
+    /// pairs, in flight, in hand): returned once their pairs are rebuilt and they are gone.
+    dead: Vec<u32>,
 }
 
 /// What a primary's secondaries did.
@@ -508,6 +516,9 @@ struct WorkerCounts {
     rebuilds: u64,
     /// Mbufs of dead secondaries' caches returned to the pool.
     reclaimed: u64,
+    /// Mbufs dead secondaries held outside their caches (posted, in flight), returned to
+    /// the pool once their queue pairs were rebuilt.
+    reclaimed_held: u64,
 }
 
 impl Workers {
@@ -520,6 +531,8 @@ impl Workers {
             mp,
             counts: WorkerCounts::default(),
             devices: Vec::new(),
+            pool: None,
+            dead: Vec::new(),
         })
     }
 
@@ -538,6 +551,7 @@ impl Workers {
         }
         self.publish_devices(ports).map_err(|e| e.to_string())?;
         self.mp.share_pool(pool).map_err(|e| e.to_string())?;
+        self.pool = Some(Arc::clone(pool));
         eprintln!(
             "l2fwd: primary: {} queue pair(s) of every port for secondaries (l2fwd --proc-type \
              secondary --file-prefix {})",
@@ -609,35 +623,98 @@ impl Workers {
                 MpEvent::Detached { pid, clean } => {
                     if !clean {
                         self.counts.killed += 1;
-                        eprintln!("l2fwd: secondary {pid} is gone without a goodbye (killed?): the buffers it had posted are lost");
+                        eprintln!("l2fwd: secondary {pid} is gone without a goodbye (killed?): the buffers it had posted come back once its queue pairs are rebuilt");
+                        self.dead.push(pid);
                     }
                 }
             }
         }
+        let mut all_rebuilt = true;
         for p in rebuild {
             let Some(port) = ports.iter_mut().find(|x| x.id() == p) else {
                 continue;
             };
             match port.rebuild_queues() {
                 Ok(()) => self.counts.rebuilds += 1,
-                Err(e) => eprintln!("l2fwd: warning: port {p}: rebuilding its queues: {e}"),
+                Err(e) => {
+                    all_rebuilt = false;
+                    eprintln!("l2fwd: warning: port {p}: rebuilding its queues: {e}");
+                }
             }
         }
+        // A dead secondary's pairs were given back (Released) before it was reported gone
+        // (Detached), so they are rebuilt by now, in this pass or an earlier one: the device
+        // no longer reads or writes what it had posted.
+        if all_rebuilt {
+            self.reclaim_dead();
+        } else if !self.dead.is_empty() {
+            eprintln!("l2fwd: warning: the buffers dead secondaries posted stay out of the pool (a queue rebuild failed: the device may still use them)");
+            self.dead.clear();
+        }
+    }
+
+    /// Returns what dead secondaries held outside their caches to the pool (their queue
+    /// pairs are destroyed: rebuilt, or the ports closed). One still exiting is tried
+    /// again next time.
+    fn reclaim_dead(&mut self) {
+        reclaim_held(self.pool.as_ref(), &mut self.dead, &mut self.counts);
     }
 
     /// Tells the secondaries the ports' queues are destroyed (call once the ports are
     /// dropped), and waits up to 3 s for them to give back what they posted and exit.
-    fn stop(self) -> WorkerCounts {
+    fn stop(mut self) -> WorkerCounts {
+        // Deaths the main loop did not see yet.
+        for e in self.mp.events() {
+            if let pmd::mp::MpEvent::Detached { pid, clean: false } = e {
+                self.counts.killed += 1;
+                self.dead.push(pid);
+            }
+        }
         let pids = self.mp.secondaries();
-        self.mp.shutdown_closed("the l2fwd primary stopped");
+        let Workers {
+            mp,
+            mut counts,
+            pool,
+            mut dead,
+            ..
+        } = self;
+        mp.shutdown_closed("the l2fwd primary stopped");
         let t0 = Instant::now();
         while pids.iter().any(|&p| pmd::sys::net::process_alive(p))
             && t0.elapsed() < Duration::from_secs(3)
         {
             std::thread::sleep(Duration::from_millis(10));
         }
-        self.counts
+        // The ports are closed: whatever dead secondaries still held can come back.
+        reclaim_held(pool.as_ref(), &mut dead, &mut counts);
+        counts
     }
+}
+
+/// Returns what the dead secondaries `dead` held outside their caches to `pool` (their
+/// queue pairs are destroyed: rebuilt, or the ports closed); one still exiting stays in
+/// `dead`, to be tried again.
+fn reclaim_held(
+    pool: Option<&Arc<mempool::MbufPool>>,
+    dead: &mut Vec<u32>,
+    counts: &mut WorkerCounts,
+) {
+    let Some(pool) = pool else { return };
+    dead.retain(|&pid| match pool.reclaim_owned(pid) {
+        Ok(n) => {
+            counts.reclaimed_held += u64::from(n);
+            eprintln!(
+                "l2fwd: {n} mbufs dead secondary {pid} had posted or in flight back to pool {}",
+                pool.name()
+            );
+            false
+        }
+        Err(mempool::Error::ProcessAlive { .. }) => true,
+        Err(e) => {
+            eprintln!("l2fwd: warning: {e}");
+            false
+        }
+    });
 }
 
 /// Statistics and port events until a stop, the deadline or a port lost for good (whose
@@ -733,7 +810,8 @@ fn report(
 ) {
     let secondaries = workers.map(|w| {
         serde_json::json!({"attached": w.attached, "killed": w.killed,
-            "rebuilds": w.rebuilds, "reclaimed_mbufs": w.reclaimed})
+            "rebuilds": w.rebuilds, "reclaimed_mbufs": w.reclaimed,
+            "reclaimed_held_mbufs": w.reclaimed_held})
     });
     let t = totals(counters, port_stats.len());
     let rx: u64 = t.iter().map(|x| x.rx).sum();
@@ -805,8 +883,8 @@ fn report(
         println!("  mbufs still in use at exit: {in_use}");
         if let Some(w) = workers {
             println!(
-                "  secondaries: {} attached, {} killed, {} queue rebuilds, {} mbufs reclaimed from dead ones' caches",
-                w.attached, w.killed, w.rebuilds, w.reclaimed
+                "  secondaries: {} attached, {} killed, {} queue rebuilds, {} mbufs reclaimed from dead ones' caches, {} they had posted or in flight",
+                w.attached, w.killed, w.rebuilds, w.reclaimed, w.reclaimed_held
             );
         }
         if !events.seen().is_empty() {
@@ -886,8 +964,11 @@ mod secondary {
         let mut pairs = Vec::new();
         for &p in &ports {
             let q = s.claim(p, None).map_err(|e| format!("port {p}: {e}"))?;
+            // A pair given back by a secondary that left is rebuilt by the primary: its
+            // description may be on its way.
             let pair =
-                AttachedPair::open(&dir, p, q, &pool, s.device(p)).map_err(|e| e.to_string())?;
+                AttachedPair::open_waiting(&dir, p, q, &pool, s.device(p), super::ATTACH_WAIT)
+                    .map_err(|e| e.to_string())?;
             pairs.push(Some(pair));
         }
         let taken: Vec<String> = pairs
@@ -1043,11 +1124,15 @@ mod secondary {
                     eprintln!("l2fwd: secondary: port {port}: the primary's port runs on a new device context (recovered): got its new descriptor");
                 }
                 drop(slot.take());
-                let fresh =
-                    AttachedPair::open(&self.dir, port, queue, &self.pool, self.s.device(port))
-                        .map_err(|e| {
-                            format!("attaching again to port {port} queue pair {queue}: {e}")
-                        })?;
+                let fresh = AttachedPair::open_waiting(
+                    &self.dir,
+                    port,
+                    queue,
+                    &self.pool,
+                    self.s.device(port),
+                    super::ATTACH_WAIT,
+                )
+                .map_err(|e| format!("attaching again to port {port} queue pair {queue}: {e}"))?;
                 eprintln!("l2fwd: secondary: port {port} queue pair {queue} rebuilt by the primary: attached again");
                 *slot = Some(fresh);
                 n += 1;

@@ -213,6 +213,16 @@ impl MbufPool {
         self.mp.reclaim(pid)
     }
 
+    /// Returns the mbufs a dead process held outside its caches (posted to device queues,
+    /// in flight, in hand) to the pool, once its queues are destroyed; see
+    /// [`Mempool::reclaim_owned`].
+    ///
+    /// # Errors
+    /// As [`Mempool::reclaim_owned`].
+    pub fn reclaim_owned(&self, pid: u32) -> Result<u32, Error> {
+        self.mp.reclaim_owned(pid)
+    }
+
     /// A per-core cache of the pool's configured size.
     pub fn cache(self: &Arc<Self>) -> MbufCache {
         MbufCache {

@@ -167,6 +167,16 @@ fn a_killed_process_s_cached_mbufs_are_reclaimed_and_what_it_held_is_counted() {
         "its cache is counted from this process"
     );
     assert_eq!(pool.in_use(), held);
+    assert_eq!(
+        pool.mempool().owned_by(pid),
+        held,
+        "tagged with its owner id"
+    );
+    // A live process's objects are its own.
+    let err = pool.reclaim_owned(pid).unwrap_err();
+    assert!(matches!(err, Error::ProcessAlive { .. }), "{err}");
+    // One of this process's own, which no reclaim of the other's touches.
+    let mine = pool.alloc().unwrap();
 
     c.kill().unwrap();
     c.wait().unwrap();
@@ -175,7 +185,7 @@ fn a_killed_process_s_cached_mbufs_are_reclaimed_and_what_it_held_is_counted() {
     assert!(pool.mempool().cache_owners().is_empty());
     assert_eq!(
         pool.in_use(),
-        held,
+        held + 1,
         "the mbufs it held outside its cache are still out (its queues' owner returns those)"
     );
     assert_eq!(
@@ -183,6 +193,14 @@ fn a_killed_process_s_cached_mbufs_are_reclaimed_and_what_it_held_is_counted() {
         0,
         "a second reclaim finds nothing"
     );
+    // Once nothing can use them (here: the process is gone and had no queues), what it held
+    // comes back, exactly that.
+    assert_eq!(pool.reclaim_owned(pid).unwrap(), held);
+    assert_eq!(pool.in_use(), 1);
+    assert_eq!(pool.mempool().owned_by(pid), 0);
+    assert_eq!(pool.reclaim_owned(pid).unwrap(), 0, "once");
+    drop(mine);
+    assert_eq!(pool.in_use(), 0, "the pool is whole");
 }
 
 #[test]

@@ -88,7 +88,7 @@ impl QueueExport {
     /// The description, as the text written to its file.
     pub fn to_text(&self) -> String {
         let mut t = String::new();
-        let _ = writeln!(t, "pmd-queue-export 1");
+        let _ = writeln!(t, "pmd-queue-export 2");
         let _ = writeln!(t, "driver {}", self.driver);
         let _ = writeln!(t, "port {}", self.port);
         let _ = writeln!(t, "queue {}", self.queue);
@@ -129,7 +129,7 @@ impl QueueExport {
         }
         let mut lines = text.lines().enumerate();
         match lines.next() {
-            Some((_, "pmd-queue-export 1")) => {}
+            Some((_, "pmd-queue-export 2")) => {}
             Some((_, l)) => {
                 return Err(format!(
                     "not a queue export of this version (first line '{}')",
@@ -164,7 +164,7 @@ impl QueueExport {
                             l,
                             o.parse::<u64>()
                                 .ok()
-                                .filter(|&o| o > 0 && o.checked_add(l.len() as u64).is_some())
+                                .filter(|&o| o > 0)
                                 .ok_or_else(|| at("bad area offset"))?,
                         ),
                         None => (len, 0),
@@ -410,7 +410,7 @@ mod tests {
         for (bad, why) in [
             (t.replace("port 3", "port 70000"), "too large"),
             (
-                t.replace("pmd-queue-export 1", "pmd-queue-export 2"),
+                t.replace("pmd-queue-export 2", "pmd-queue-export 1"),
                 "version",
             ),
             (t.replace("port 3\n", ""), "no port"),

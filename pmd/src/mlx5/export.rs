@@ -81,6 +81,20 @@ pub(crate) fn describe(
                 .into(),
         );
     }
+    for (role, rec) in [
+        ("tx", &tx.dbrec),
+        ("tx cq", &tx.cq.dbrec),
+        ("rx", &rx.dbrec),
+        ("rx cq", &rx.cq.dbrec),
+    ] {
+        if rec.shared_location().is_none() {
+            return Err(format!(
+                "its {role} doorbell record is not in a shared file: libmlx5 places records in \
+                 the pages it already has, and a queue of an earlier configuration still holds \
+                 one (drop the port's queue handles before configuring it with exports)"
+            ));
+        }
+    }
     let mut areas = vec![
         area("tx_sq", &tx.buf)?,
         area("tx_dbrec", &tx.dbrec)?,
@@ -164,6 +178,18 @@ fn count(e: &QueueExport, name: &str, min: u32) -> Result<u32, String> {
         return Err(format!("{name} {n}: not a power of two from {min} to 2^22"));
     }
     Ok(n)
+}
+
+/// Whether page `pgoff` of an mlx5 uverbs file is one a UAR can be mapped from (kernel
+/// `mlx5_ib_mmap`): a legacy UAR page (command `MLX5_IB_MMAP_WC_PAGE` 0,
+/// `MLX5_IB_MMAP_REGULAR_PAGE` 1 or `MLX5_IB_MMAP_NC_PAGE` 3 in bits 8–15, below the entry
+/// range), or an mmap entry (pages `MLX5_IB_MMAP_OFFSET_START << 16` (9) up to
+/// `MLX5_IB_MMAP_OFFSET_END` (255) `<< 16`, where dynamic UARs are; the kernel maps only
+/// the entries of this context). Other commands (the core clock, contiguous pages) are
+/// refused before anything is mapped: a description is another process's word.
+fn is_uar_page(pgoff: u64) -> bool {
+    const ENTRIES: std::ops::Range<u64> = (9 << 16)..(256 << 16);
+    ENTRIES.contains(&pgoff) || (pgoff < 9 << 16 && matches!((pgoff >> 8) & 0xff, 0 | 1 | 3))
 }
 
 /// The state machine of a queue this process polls but another created: its QP and WQ are
@@ -282,6 +308,12 @@ pub fn import(
             )?;
             if !off.is_multiple_of(UAR_WRITE_BYTES as u64) {
                 return Err(format!("the UAR register at offset {off} is not aligned"));
+            }
+            if !is_uar_page(off / crate::sys::page_size() as u64) {
+                return Err(format!(
+                    "the UAR register at offset {off}: not a UAR page of the device (a \
+                     regular, write-combining or non-cached UAR, or an mmap entry)"
+                ));
             }
             Arc::new(DevMem::map_device_range(
                 fd,

@@ -162,6 +162,40 @@ impl AttachedPair {
         })
     }
 
+    /// [`AttachedPair::open`], tried again for up to `timeout` while the pair's description
+    /// is missing, changes under the attempt, or names files that are gone: a primary
+    /// rebuilding the pair (after the secondary that held it left or died) destroys the old
+    /// rings (their files go), then replaces the description, and a claim granted meanwhile
+    /// finds rings that are going or no description. Any other error is returned at once.
+    ///
+    /// # Errors
+    /// As [`AttachedPair::open`]; the last attempt's error at the timeout.
+    pub fn open_waiting(
+        dir: &Path,
+        port: u16,
+        queue: u16,
+        pool: &Arc<MbufPool>,
+        device: Option<crate::sys::DeviceFd<'_>>,
+        timeout: std::time::Duration,
+    ) -> Result<Self, PortError> {
+        let t0 = std::time::Instant::now();
+        loop {
+            let before = QueueExport::read_from(dir, port, queue).ok();
+            let err = match Self::open(dir, port, queue, pool, device) {
+                Ok(p) => return Ok(p),
+                Err(e) => e,
+            };
+            let after = QueueExport::read_from(dir, port, queue).ok();
+            let stale = after
+                .as_ref()
+                .is_some_and(|e| e.areas.iter().any(|a| !a.path.exists()));
+            if (before.is_some() && before == after && !stale) || t0.elapsed() >= timeout {
+                return Err(err);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     /// Whether `device` is of the device generation the current description of pair
     /// `queue` of `port` names (true for a pair that names none, and when there is no
     /// description to read): after the primary's port was recovered onto a new

@@ -64,6 +64,14 @@ impl Drop for Backing {
     }
 }
 
+/// The system's page size (`sysconf(_SC_PAGESIZE)`, at least 4096): what `mmap` offsets
+/// are multiples of, and what rdma-core maps a device page as (an mlx5 UAR).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(p).unwrap_or(4096).max(4096)
+}
+
 /// A range of memory shared with a device or another thread / process.
 pub struct DevMem {
     ptr: *mut u8,
@@ -544,9 +552,9 @@ impl DevMem {
     /// comes from a description another process wrote: the page must be one the descriptor
     /// has. A regular file (the fake rdma-core's command file) must hold the whole page; a
     /// uverbs character device maps page 0 only when `page0_only` (MANA: `mana_ib_mmap`),
-    /// else any page the kernel gives (mlx5's UAR pages at `uar_mmap_offset`; the kernel
-    /// refuses the others). `offset` need not be page-aligned: the page holding it is mapped,
-    /// and the range must lie within it.
+    /// else the page the caller checked (mlx5's UAR pages at `uar_mmap_offset`). `offset`
+    /// need not be page-aligned: the system page holding it is mapped, and the range must
+    /// lie within it.
     ///
     /// # Errors
     /// What is wrong with the offset, or the mmap error, as a sentence naming `what`.
@@ -557,8 +565,8 @@ impl DevMem {
         page0_only: bool,
         what: &str,
     ) -> Result<Self, String> {
-        const PAGE: u64 = 4096;
-        let (page, inner) = (offset & !(PAGE - 1), (offset % PAGE) as usize);
+        let page_bytes = page_size() as u64;
+        let (page, inner) = (offset - offset % page_bytes, (offset % page_bytes) as usize);
         let file = std::fs::File::from(
             fd.try_clone_to_owned()
                 .map_err(|err| format!("the device descriptor: {err}"))?,
@@ -567,18 +575,23 @@ impl DevMem {
             .metadata()
             .map_err(|err| format!("the device descriptor: {err}"))?;
         let fits = if meta.is_file() {
-            page.checked_add(PAGE).is_some_and(|end| end <= meta.len())
+            page.checked_add(page_bytes)
+                .is_some_and(|end| end <= meta.len())
         } else {
             !page0_only || page == 0
         };
-        if !fits || inner.checked_add(len).is_none_or(|end| end > PAGE as usize) {
+        if !fits
+            || inner
+                .checked_add(len)
+                .is_none_or(|end| end > page_bytes as usize)
+        {
             return Err(format!(
                 "{what} at offset {offset}: not in a page of the device"
             ));
         }
-        let whole = Self::map_fd(fd, page, PAGE as usize)
+        let whole = Self::map_fd(fd, page, page_bytes as usize)
             .map_err(|err| format!("mapping {what} from the device descriptor: {err}"))?;
-        if inner == 0 && len == PAGE as usize {
+        if inner == 0 && len == page_bytes as usize {
             return Ok(whole);
         }
         Ok(Self::within(&std::sync::Arc::new(whole), inner, len).expect("checked above"))

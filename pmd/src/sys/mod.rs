@@ -48,7 +48,7 @@ pub mod seqpacket;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use mem::{DevEntries, DevEntry, DevMem, DevView, DevWindow, Doorbell, Mmio};
+pub use mem::{page_size, DevEntries, DevEntry, DevMem, DevView, DevWindow, Doorbell, Mmio};
 
 /// A device's command descriptor as another process received it, with its generation: a
 /// port names the generation of its device context in what it exports, and a new context

@@ -65,8 +65,7 @@ impl RingGeometry {
     }
 
     fn check(&self) -> io::Result<()> {
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u32;
+        let page = super::mem::page_size() as u32;
         let ok = self.blocks > 0
             && self.block_bytes > 0
             && self.block_bytes.is_multiple_of(page)

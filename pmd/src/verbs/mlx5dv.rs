@@ -236,11 +236,11 @@ pub fn init_sq(qp: &Qp, cq: &Cq, owner: &QueueOwner, what: &str) -> Result<SqMem
     // SAFETY: all-zero is valid for these plain C structs.
     let (mut q, mut c, mut o): (dv::mlx5dv_qp, dv::mlx5dv_cq, dv::mlx5dv_obj) =
         unsafe { (std::mem::zeroed(), std::mem::zeroed(), std::mem::zeroed()) };
-    o.qp.in_ = qp.as_ptr().cast::<dv::ibv_qp>();
-    o.qp.out = &mut q;
     // Where the UAR page is in the command descriptor: what another process maps to ring
     // this QP's doorbell (DPDK net/mlx5's secondaries, `txq_uar_init_secondary`).
     q.comp_mask = u64::from(dv::MLX5DV_QP_MASK_UAR_MMAP_OFFSET);
+    o.qp.in_ = qp.as_ptr().cast::<dv::ibv_qp>();
+    o.qp.out = &mut q;
     o.cq.in_ = cq.as_ptr().cast::<dv::ibv_cq>();
     o.cq.out = &mut c;
     // SAFETY: QP and CQ are live; the outputs are writable and outlive the call.
@@ -285,17 +285,17 @@ pub fn init_sq(qp: &Qp, cq: &Cq, owner: &QueueOwner, what: &str) -> Result<SqMem
 /// `mlx5dv_init_obj` said where the page is.
 fn uar_view(q: &dv::mlx5dv_qp, owner: &QueueOwner) -> Arc<DevMem> {
     let got = q.comp_mask & u64::from(dv::MLX5DV_QP_MASK_UAR_MMAP_OFFSET) != 0;
+    // libmlx5 maps each UAR as one system page (`mlx5_map_uar`, `get_uar_mmap_offset` with
+    // the page size), and the register is at its offset within that page.
+    let page_size = crate::sys::page_size() as u64;
     match u64::try_from(q.uar_mmap_offset) {
         Ok(page) if got => {
-            let at = page + (q.bf.reg as u64 % PAGE_BYTES);
+            let at = page + (q.bf.reg as u64 % page_size);
             view_in_device(q.bf.reg, UAR_WRITE_BYTES, owner, at)
         }
         _ => view(q.bf.reg, UAR_WRITE_BYTES, owner),
     }
 }
-
-/// The UAR page size (`mlx5dv_init_obj`'s offsets are in 4 KiB pages of the descriptor).
-const PAGE_BYTES: u64 = 4096;
 
 /// `mlx5dv_init_obj(RWQ | CQ)` for a receive WQ and its CQ; the views keep `owner` alive.
 ///

@@ -546,7 +546,7 @@ fn a_description_of_device_pages_is_checked_before_the_pair_is_claimed() {
         (
             "value db_device 1\nvalue tx_db_monitor_offset 8192\n",
             Some(dev(1)),
-            "tx_db_monitor at offset 8192: not a page of the device",
+            "tx_db_monitor at offset 8192: not in a page of the device",
         ),
         (
             "value db_device 1\nvalue rx_db_monitor_offset 100\n",
@@ -639,6 +639,12 @@ fn a_bad_mlx5_description_is_refused_before_the_pair_is_claimed() {
             with("tx_uar_device_offset", "4100"),
             Some(dev),
             "is not aligned",
+        ),
+        (
+            // Page 0x500: command 5 (the core clock), no UAR.
+            with("tx_uar_device_offset", &(0x500u64 * 4096).to_string()),
+            Some(dev),
+            "not a UAR page of the device",
         ),
         (with("tx_wqe_cnt", "100"), None, "tx_wqe_cnt 100"),
         (with("rx_cqe_cnt", "64"), None, "rx_cqe_cnt 64"),
