@@ -124,6 +124,10 @@ struct Args {
     /// drivers turn into a delivered RSS hash.
     #[arg(long, default_value = "0x1b6", value_parser = parse_hex)]
     hash_type: u32,
+    /// Use a pool shared between processes (a file in this directory, removed at the end):
+    /// what a multi-process dataplane uses, whose objects carry their owner's tag.
+    #[arg(long)]
+    shared_pool: Option<std::path::PathBuf>,
 }
 
 fn parse_hex(s: &str) -> Result<u32, String> {
@@ -315,7 +319,15 @@ impl Stats {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let pool = match MbufPool::new(MbufPoolConfig::new("datapath", POOL_MBUFS)) {
+    let mut cfg = MbufPoolConfig::new("datapath", POOL_MBUFS);
+    let shared = args
+        .shared_pool
+        .as_ref()
+        .map(|d| d.join(format!("datapath-pool-{}", std::process::id())));
+    if let Some(f) = &shared {
+        cfg = cfg.shared_file(f);
+    }
+    let pool = match MbufPool::new(cfg) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("datapath: mbuf pool: {e}");
@@ -350,5 +362,8 @@ fn main() -> ExitCode {
         stats.report(p.result_name(), hz);
     }
     lcache::flush();
+    if let Some(f) = &shared {
+        let _ = std::fs::remove_file(f);
+    }
     ExitCode::SUCCESS
 }
