@@ -39,10 +39,10 @@ use std::time::{Duration, Instant};
 /// Multi-process, as DPDK's `--proc-type`: `--proc-type primary` opens the ports, polls one
 /// queue pair of each per lcore and leaves `--secondaries` more of each to worker processes;
 /// `l2fwd --proc-type secondary --file-prefix P` (no `--port`) attaches to the primary with
-/// that prefix, takes the next free queue pair of every port and forwards on them from its
-/// first lcore, with the primary's mbuf pool. A worker stops with a signal (it gives its
-/// queue pairs back, which the primary rebuilds) or when the primary stops. MANA ports only
-/// (a device model needs `engine=thread`).
+/// that prefix, takes the next free queue pair of every port (or those `--queues` names) and
+/// forwards on them from its first lcore, with the primary's mbuf pool. A worker stops with a
+/// signal (it gives its queue pairs back, which the primary rebuilds) or when the primary
+/// stops. MANA and mlx5 ports (a device model needs `engine=thread`).
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -57,6 +57,10 @@ struct Args {
     /// one per lcore the primary polls.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=15))]
     secondaries: u16,
+    /// With `--proc-type secondary`: the queue pair to take, of every port (`3`) or of each
+    /// port in order (`3,2`) [default: the next free one of each].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    queues: Vec<u16>,
     /// Cores to poll on, e.g. `1` or `1-3,5`. RX queues are spread over them round-robin.
     #[arg(long, default_value = "0", value_name = "LIST")]
     lcores: CoreList,
@@ -160,6 +164,11 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), Failure> {
+    if !args.queues.is_empty() {
+        return Err(usage(
+            "--queues is for --proc-type secondary (which queue pairs of its primary's ports to take)",
+        ));
+    }
     let np = args.ports.len();
     if np < 2 || !np.is_multiple_of(2) {
         return Err(usage(format!("{np} port(s) given: l2fwd forwards between pairs, give an even number (--port A --port B)")));
@@ -960,10 +969,23 @@ mod secondary {
             .next()
             .cloned()
             .ok_or("the primary shares no mbuf pool (is it an l2fwd --proc-type primary?)")?;
+        if !(args.queues.is_empty() || args.queues.len() == 1 || args.queues.len() == ports.len()) {
+            return Err(usage(format!(
+                "--queues names one queue pair for every port, or one for each of the {} ports \
+                 in order, not {}",
+                ports.len(),
+                args.queues.len()
+            )));
+        }
         let dir = pmd::telemetry::runtime_dir(prefix);
         let mut pairs = Vec::new();
-        for &p in &ports {
-            let q = s.claim(p, None).map_err(|e| format!("port {p}: {e}"))?;
+        for (i, &p) in ports.iter().enumerate() {
+            let want = match args.queues.as_slice() {
+                [] => None,
+                [q] => Some(*q),
+                qs => Some(qs[i]),
+            };
+            let q = s.claim(p, want).map_err(|e| format!("port {p}: {e}"))?;
             // A pair given back by a secondary that left is rebuilt by the primary: its
             // description may be on its way.
             let pair =

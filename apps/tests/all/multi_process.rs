@@ -105,7 +105,23 @@ fn a_secondary_forwards_its_queue_pairs_and_the_pool_ends_whole() {
     let dir = tempfile::tempdir().unwrap();
     let (pri, pri_err) = spawn(primary(dir.path(), &[]));
     wait_for(&pri_err, "queue pair(s) of every port for secondaries");
-    let (sec, _sec_err) = spawn(secondary(dir.path()));
+    // Pair 0 is the primary's own; a list for three ports when there are two is refused.
+    for (queues, why) in [
+        ("0", "the primary polls that queue itself"),
+        ("1,1,1", "one for each of the 2 ports"),
+    ] {
+        let out = secondary(dir.path())
+            .args(["--queues", queues])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "--queues {queues}: {err}");
+    }
+    // The pair named, of both ports.
+    let mut named = secondary(dir.path());
+    named.args(["--queues", "1"]);
+    let (sec, _sec_err) = spawn(named);
     wait_for(&pri_err, "polls port 1 queue pair 1");
 
     let gen = succeeded(&pktgen(dir.path(), 20_000, 20_000).output().unwrap());
@@ -118,7 +134,8 @@ fn a_secondary_forwards_its_queue_pairs_and_the_pool_ends_whole() {
     wait_for(&pri_err, "gave back port 1 queue pair 1");
     let p = succeeded(&support::stop(pri));
     assert_eq!(p["pool_in_use"], 0, "{p}");
-    assert_eq!(p["secondaries"]["attached"], 1, "{p}");
+    // The two refused attempts attached (and left) before they asked for their pairs.
+    assert_eq!(p["secondaries"]["attached"], 3, "{p}");
     assert_eq!(p["secondaries"]["killed"], 0, "{p}");
     let there: u64 = s["ports"]
         .as_array()
@@ -235,4 +252,12 @@ fn bad_multi_process_command_lines_are_refused_with_what_to_do() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("engine=thread"), "{err}");
+    // --queues is a secondary's.
+    let out = primary(dir.path(), &["--queues", "1"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--queues is for --proc-type secondary"),
+        "{err}"
+    );
 }

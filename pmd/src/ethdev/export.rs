@@ -64,6 +64,48 @@ pub struct QueueExport {
     pub values: Vec<(String, u64)>,
 }
 
+/// Why a pair served by a device model on the polling threads cannot be exported.
+pub const NEEDS_ENGINE_THREAD: &str = "the device model serves this port on the polling \
+    threads (engine=inline); a queue another process polls needs the model's own thread \
+    (engine=thread)";
+
+/// The area `role` of `len` bytes at `location` (the shared file a ring or record is in,
+/// and where in it: `DevMem::shared_location`).
+///
+/// # Errors
+/// The memory is in no shared file (the queue allocator was not a shared one).
+pub fn area(role: &str, location: Option<(&Path, u64)>, len: usize) -> Result<Area, String> {
+    let (path, offset) = location.ok_or_else(|| {
+        format!("its {role} is not in a shared file (the queue allocator must be shared)")
+    })?;
+    Ok(Area {
+        role: role.to_string(),
+        path: path.to_owned(),
+        offset,
+        len,
+    })
+}
+
+/// The driver's queue pair `(tx, rx)` at `i` for export: the TX half is taken out of
+/// `raw_tx` (which must have a queue `i`: the pair is an RX and a TX queue of one index).
+///
+/// # Errors
+/// [`crate::ethdev::PortError::BadConfig`] when there is no TX queue `i`.
+pub fn take_tx<T>(
+    raw_tx: &mut [Option<T>],
+    i: usize,
+    tx_queues: u16,
+) -> Result<T, crate::ethdev::PortError> {
+    raw_tx
+        .get_mut(i)
+        .and_then(Option::take)
+        .ok_or_else(|| crate::ethdev::PortError::BadConfig {
+            what: "exported queue pair",
+            requested: format!("queue {i}"),
+            allowed: format!("queues below {tx_queues} (the tx queues)"),
+        })
+}
+
 /// The port's MAC address as a description value (`value mac N`: the six bytes,
 /// big-endian), which every driver's description carries.
 pub fn mac_value(mac: crate::net::MacAddr) -> u64 {
@@ -346,6 +388,43 @@ impl QueueExport {
             .iter()
             .find(|a| a.role == role)
             .ok_or_else(|| format!("no area {role}"))
+    }
+
+    /// What every driver checks first when it imports a description: that `driver` made
+    /// it, that its queues use `pool` (the primary's, attached here), ring sizes that are
+    /// powers of two of at least `min_desc`, keys of the pool's chunks and known RX
+    /// offloads. Returns the keys and the offloads.
+    ///
+    /// # Errors
+    /// The first of these that does not hold.
+    pub fn check_common(
+        &self,
+        driver: &str,
+        pool: &mempool::MbufPool,
+        min_desc: u16,
+    ) -> Result<(mempool::ChunkKeys, crate::ethdev::RxOffloads), String> {
+        if self.driver != driver {
+            return Err(format!("it is a {} queue, not a {driver} one", self.driver));
+        }
+        if self.pool != pool.name() {
+            return Err(format!(
+                "its queues use pool '{}', not '{}' (attach to the primary's pool)",
+                self.pool,
+                pool.name()
+            ));
+        }
+        for (what, n) in [("rx", self.rx_ring_size), ("tx", self.tx_ring_size)] {
+            if !n.is_power_of_two() || n < min_desc {
+                return Err(format!("{what} ring of {n} descriptors"));
+            }
+        }
+        let keys: Vec<mempool::Lkey> = self.keys.iter().map(|&k| mempool::Lkey(k)).collect();
+        let keys = pool.keys_from(&keys).map_err(|err| err.to_string())?;
+        let rx_offloads = u32::try_from(self.rx_offloads)
+            .ok()
+            .and_then(crate::ethdev::RxOffloads::from_bits)
+            .ok_or_else(|| format!("unknown rx offloads {:#x}", self.rx_offloads))?;
+        Ok((keys, rx_offloads))
     }
 
     /// The value `name`.

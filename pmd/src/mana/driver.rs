@@ -204,15 +204,11 @@ impl PortDriver for Driver {
         // Exported queues need their rings where another process can map them.
         match &cfg.export {
             Some(x) => {
-                // Each configuration's rings get new names: the last one's may still be
-                // mapped by handles that have not caught up.
-                static CONFIGS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-                let n = CONFIGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.provider
-                    .set_allocator(Arc::new(SharedFileAllocator::new(
+                    .set_allocator(Arc::new(SharedFileAllocator::for_configuration(
                         &x.dir,
-                        format!("port{}-{}-{n}", q.port_id, std::process::id()),
-                    )));
+                        &format!("port{}", q.port_id),
+                    )))
             }
             None => self.provider.set_allocator(Arc::new(PageAllocator)),
         }
@@ -235,13 +231,7 @@ impl PortDriver for Driver {
         let mut rx: Vec<Box<dyn RxBurst>> = Vec::new();
         for (i, (raw, c)) in raw_rx.into_iter().zip(&q.rx_counters).enumerate() {
             if exported.contains(&(i as u16)) {
-                let Some(tx_raw) = raw_tx.get_mut(i).and_then(Option::take) else {
-                    return Err(PortError::BadConfig {
-                        what: "exported queue pair",
-                        requested: format!("queue {i}"),
-                        allowed: format!("queues below {} (the tx queues)", cfg.tx_queues),
-                    });
-                };
+                let tx_raw = crate::ethdev::export::take_tx(&mut raw_tx, i, cfg.tx_queues)?;
                 let e = super::export::describe(
                     (q.port_id, i as u16),
                     (&raw, &tx_raw),

@@ -12,7 +12,7 @@
 use super::provider::{RawRxQueue, RawTxQueue};
 use super::{RxQueue, TxQueue, Xstats};
 use crate::ethdev::export::Area;
-use crate::ethdev::{Counters, PortConfig, QueueExport, RxOffloads};
+use crate::ethdev::{Counters, PortConfig, QueueExport};
 use crate::hw::mana::{BU_BYTES, CQE_BYTES};
 use crate::sys::DevMem;
 use mempool::{ChunkKeys, MbufPool};
@@ -22,15 +22,7 @@ use std::sync::Arc;
 const DRIVER: &str = "mana";
 
 fn area(role: &str, mem: &DevMem) -> Result<Area, String> {
-    let (path, offset) = mem.shared_location().ok_or_else(|| {
-        format!("its {role} is not in a shared file (the queue allocator must be shared)")
-    })?;
-    Ok(Area {
-        role: role.to_string(),
-        path: path.to_owned(),
-        offset,
-        len: mem.len(),
-    })
+    crate::ethdev::export::area(role, mem.shared_location(), mem.len())
 }
 
 /// The description of exported pair `queue` of port `port` (`at`), whose raw queues are
@@ -48,11 +40,7 @@ pub(crate) fn describe(
     mac: crate::net::MacAddr,
 ) -> Result<QueueExport, String> {
     if rx.kick.is_some() || tx.kick.is_some() {
-        return Err(
-            "the device model serves this port on the polling threads (engine=inline); a queue \
-             another process polls needs the model's own thread (engine=thread)"
-                .into(),
-        );
+        return Err(crate::ethdev::export::NEEDS_ENGINE_THREAD.into());
     }
     let mut areas = vec![
         area("tx_sq", &tx.sq)?,
@@ -195,27 +183,7 @@ pub fn import(
     parked: Arc<crate::ethdev::Parked>,
     claim: impl FnOnce() -> Result<(), String>,
 ) -> Result<(RxQueue, TxQueue), String> {
-    if e.driver != DRIVER {
-        return Err(format!("it is a {} queue, not a MANA one", e.driver));
-    }
-    if e.pool != pool.name() {
-        return Err(format!(
-            "its queues use pool '{}', not '{}' (attach to the primary's pool)",
-            e.pool,
-            pool.name()
-        ));
-    }
-    for (what, n) in [("rx", e.rx_ring_size), ("tx", e.tx_ring_size)] {
-        if !n.is_power_of_two() || n < super::MIN_DESC {
-            return Err(format!("{what} ring of {n} descriptors"));
-        }
-    }
-    let keys: Vec<mempool::Lkey> = e.keys.iter().map(|&k| mempool::Lkey(k)).collect();
-    let keys = pool.keys_from(&keys).map_err(|err| err.to_string())?;
-    let rx_offloads = u32::try_from(e.rx_offloads)
-        .ok()
-        .and_then(RxOffloads::from_bits)
-        .ok_or_else(|| format!("unknown rx offloads {:#x}", e.rx_offloads))?;
+    let (keys, rx_offloads) = e.check_common(DRIVER, pool, super::MIN_DESC)?;
 
     let (sq, tx_cq) = (map(e, "tx_sq")?, map(e, "tx_cq")?);
     let (rq, rx_cq) = (map(e, "rx_rq")?, map(e, "rx_cq")?);

@@ -24,7 +24,7 @@
 use super::provider::{QueueState, RawCq, RawRq, RawSq, SetupError};
 use super::{RxQueue, RxXstats, TxQueue, TxXstats};
 use crate::ethdev::export::Area;
-use crate::ethdev::{Counters, PortConfig, QueueExport, RxOffloads};
+use crate::ethdev::{Counters, PortConfig, QueueExport};
 use crate::hw::mlx5::{CQE_BYTES, WQEBB_BYTES};
 use crate::sys::{DevMem, Mmio};
 use mempool::{ChunkKeys, MbufPool};
@@ -41,15 +41,7 @@ const UAR_WRITE_BYTES: usize = 8;
 const TX_UAR_DEVICE: &str = "tx_uar_device_offset";
 
 fn area(role: &str, mem: &DevMem) -> Result<Area, String> {
-    let (path, offset) = mem.shared_location().ok_or_else(|| {
-        format!("its {role} is not in a shared file (the queue allocator must be shared)")
-    })?;
-    Ok(Area {
-        role: role.to_string(),
-        path: path.to_owned(),
-        offset,
-        len: mem.len(),
-    })
+    crate::ethdev::export::area(role, mem.shared_location(), mem.len())
 }
 
 /// The description of exported pair `queue` of port `port`, whose raw queues are `rx`
@@ -68,11 +60,7 @@ pub(crate) fn describe(
     mac: crate::net::MacAddr,
 ) -> Result<QueueExport, String> {
     if rx.kick.is_some() || tx.kick.is_some() {
-        return Err(
-            "the device model serves this port on the polling threads (engine=inline); a queue \
-             another process polls needs the model's own thread (engine=thread)"
-                .into(),
-        );
+        return Err(crate::ethdev::export::NEEDS_ENGINE_THREAD.into());
     }
     if rx.mprq.is_some() {
         return Err(
@@ -121,12 +109,11 @@ pub(crate) fn describe(
         ("mac".into(), crate::ethdev::export::mac_value(mac)),
     ];
     match tx.bf_reg.location() {
-        (Some((path, offset)), _) => areas.push(Area {
-            role: "tx_uar".into(),
-            path: path.to_owned(),
-            offset,
-            len: tx.bf_reg.len(),
-        }),
+        (Some(at), _) => areas.push(crate::ethdev::export::area(
+            "tx_uar",
+            Some(at),
+            tx.bf_reg.len(),
+        )?),
         (None, Some(off)) => values.push((TX_UAR_DEVICE.into(), off)),
         (None, None) => {
             return Err(
@@ -236,27 +223,7 @@ pub fn import(
     parked: Arc<crate::ethdev::Parked>,
     claim: impl FnOnce() -> Result<(), String>,
 ) -> Result<(RxQueue, TxQueue), String> {
-    if e.driver != DRIVER {
-        return Err(format!("it is a {} queue, not an mlx5 one", e.driver));
-    }
-    if e.pool != pool.name() {
-        return Err(format!(
-            "its queues use pool '{}', not '{}' (attach to the primary's pool)",
-            e.pool,
-            pool.name()
-        ));
-    }
-    for (what, n) in [("rx", e.rx_ring_size), ("tx", e.tx_ring_size)] {
-        if !n.is_power_of_two() || n < super::driver::MIN_DESC {
-            return Err(format!("{what} ring of {n} descriptors"));
-        }
-    }
-    let keys: Vec<mempool::Lkey> = e.keys.iter().map(|&k| mempool::Lkey(k)).collect();
-    let keys = pool.keys_from(&keys).map_err(|err| err.to_string())?;
-    let rx_offloads = u32::try_from(e.rx_offloads)
-        .ok()
-        .and_then(RxOffloads::from_bits)
-        .ok_or_else(|| format!("unknown rx offloads {:#x}", e.rx_offloads))?;
+    let (keys, rx_offloads) = e.check_common(DRIVER, pool, super::driver::MIN_DESC)?;
 
     let (rx_ring, tx_ring) = (u32::from(e.rx_ring_size), u32::from(e.tx_ring_size));
     let tx_wqe_cnt = count(e, "tx_wqe_cnt", tx_ring)?;

@@ -1127,6 +1127,17 @@ impl SharedFileAllocator {
     }
 }
 
+impl SharedFileAllocator {
+    /// The allocator for one configuration of an exporting port: files
+    /// `dir/TAG-PID-N.K`, with `N` new for every call in this process, since the last
+    /// configuration's rings may still be mapped by handles that have not caught up.
+    pub fn for_configuration(dir: &Path, tag: &str) -> Self {
+        static CONFIGS: AtomicU32 = AtomicU32::new(0);
+        let n = CONFIGS.fetch_add(1, Ordering::Relaxed);
+        Self::new(dir, format!("{tag}-{}-{n}", std::process::id()))
+    }
+}
+
 impl QueueAllocator for SharedFileAllocator {
     fn alloc(&self, size: usize) -> std::io::Result<std::sync::Arc<DevMem>> {
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

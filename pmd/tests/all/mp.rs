@@ -492,25 +492,28 @@ fn a_killed_primary_is_noticed_and_its_socket_refuses_new_secondaries() {
     assert!(err.to_string().contains("is gone"), "{err}");
 }
 
-/// What another process wrote about where a pair's doorbell page is (the primary's
-/// description: a device page, monitor offsets, a device generation) is checked before the
-/// pair is claimed: a pair that needs the device's descriptor and got none, a descriptor of
-/// another device generation (a recovered port), a monitor offset that is not a page of the
-/// descriptor's file (which would fault at the first doorbell) are refused, with what to
-/// do; the pair is still free afterwards.
-#[test]
-fn a_description_of_device_pages_is_checked_before_the_pair_is_claimed() {
-    use std::os::fd::AsFd;
+/// A port of `kind` (engine thread) exporting pair 1 of two, its description as written,
+/// and a stand-in for a device's command file of two pages.
+struct Exported {
+    dir: tempfile::TempDir,
+    pool: Arc<mempool::MbufPool>,
+    _port: Port,
+    desc: std::path::PathBuf,
+    original: String,
+    file: std::fs::File,
+}
+
+fn exported(kind: &str, tag: &str) -> Exported {
     let dir = tempfile::tempdir().unwrap();
-    let pool = shared_pool(dir.path(), "mp-dev", 2048, 0);
+    let pool = shared_pool(dir.path(), tag, 2048, 0);
     let spec = format!(
-        "emu-mana:wire=loop:mp-dev-{},engine=thread",
+        "{kind}:wire=loop:{tag}-{},engine=thread",
         std::process::id()
     )
     .parse()
     .unwrap();
-    let mut a = Port::open(0, &spec).unwrap();
-    a.configure(
+    let mut port = Port::open(0, &spec).unwrap();
+    port.configure(
         &PortConfig::default()
             .with_ring_sizes(256, 256)
             .with_queues(2, 2)
@@ -520,9 +523,35 @@ fn a_description_of_device_pages_is_checked_before_the_pair_is_claimed() {
     .unwrap();
     let desc = dir.path().join("port0.queue1.export");
     let original = std::fs::read_to_string(&desc).unwrap();
-    // A stand-in for a command file of two pages (the doorbell page and one monitor).
     let file = tempfile::tempfile().unwrap();
     file.set_len(8192).unwrap();
+    Exported {
+        dir,
+        pool,
+        _port: port,
+        desc,
+        original,
+        file,
+    }
+}
+
+/// What another process wrote about where a pair's doorbell page is (the primary's
+/// description: a device page, monitor offsets, a device generation) is checked before the
+/// pair is claimed: a pair that needs the device's descriptor and got none, a descriptor of
+/// another device generation (a recovered port), a monitor offset that is not a page of the
+/// descriptor's file (which would fault at the first doorbell) are refused, with what to
+/// do; the pair is still free afterwards.
+#[test]
+fn a_description_of_device_pages_is_checked_before_the_pair_is_claimed() {
+    use std::os::fd::AsFd;
+    let Exported {
+        dir,
+        pool,
+        _port,
+        desc,
+        original,
+        file,
+    } = exported("emu-mana", "mp-dev");
     let dev = |generation| pmd::sys::DeviceFd {
         fd: file.as_fd(),
         generation,
@@ -572,29 +601,15 @@ fn a_description_of_device_pages_is_checked_before_the_pair_is_claimed() {
 #[test]
 fn a_bad_mlx5_description_is_refused_before_the_pair_is_claimed() {
     use std::os::fd::AsFd;
-    let dir = tempfile::tempdir().unwrap();
-    let pool = shared_pool(dir.path(), "mp-mlx5", 2048, 0);
-    let spec = format!(
-        "emu-mlx5:wire=loop:mp-mlx5-{},engine=thread",
-        std::process::id()
-    )
-    .parse()
-    .unwrap();
-    let mut a = Port::open(0, &spec).unwrap();
-    a.configure(
-        &PortConfig::default()
-            .with_ring_sizes(256, 256)
-            .with_queues(2, 2)
-            .with_export(vec![1], dir.path()),
-        &pool,
-    )
-    .unwrap();
-    let desc = dir.path().join("port0.queue1.export");
-    let original = std::fs::read_to_string(&desc).unwrap();
+    let Exported {
+        dir,
+        pool,
+        _port,
+        desc,
+        original,
+        file,
+    } = exported("emu-mlx5", "mp-mlx5");
     assert!(original.contains("driver mlx5\n"), "{original}");
-    // A stand-in for a command file of two pages.
-    let file = tempfile::tempfile().unwrap();
-    file.set_len(8192).unwrap();
     let dev = pmd::sys::DeviceFd {
         fd: file.as_fd(),
         generation: 1,
