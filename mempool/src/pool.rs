@@ -655,10 +655,21 @@ impl Mempool {
         }
         let (back, bad) = ctl.reclaim_owned(pid);
         if bad > 0 {
-            tracing::warn!(target: LOG, pool = %self.name, pid, bad, "objects tagged with a dead process's owner id were already free; left as they were");
+            tracing::warn!(target: LOG, pool = %self.name, pid, bad, "the free ring refused objects of a dead process (it is full: the pool's accounting is corrupt); they stay out, tagged");
         }
         tracing::info!(target: LOG, pool = %self.name, pid, objects = back, "reclaimed a dead process's objects in use");
         Ok(back)
+    }
+
+    /// Gives this process's owner id back if nothing carries it (a process detaching from a
+    /// shared pool it keeps mapped). Done at drop too.
+    pub(crate) fn release_owner_if_unused(&self) {
+        if let FreeList::Shared(ctl) = &self.ring {
+            let id = self.audit.tag();
+            if id != 0 && id != shm::UNTRACKED && ctl.owned_by(id) == 0 {
+                ctl.release_owner(id, shm::this_pid());
+            }
+        }
     }
 
     /// Objects in use by process `pid` (those tagged with its owner ids; a scan of the
@@ -1057,12 +1068,7 @@ impl Drop for Mempool {
         }
         // This process's owner id goes back unless objects still carry it (left in a
         // device's queues: a survivor returns them with `reclaim_owned` once it can).
-        if let FreeList::Shared(ctl) = &self.ring {
-            let id = self.audit.tag();
-            if id != 0 && id != shm::UNTRACKED && ctl.owned_by(id) == 0 {
-                ctl.release_owner(id);
-            }
-        }
+        self.release_owner_if_unused();
         let out = self.in_use();
         if out > 0 {
             tracing::warn!(

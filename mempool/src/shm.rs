@@ -285,7 +285,10 @@ impl Ctl {
         for k in 0..OWNER_IDS {
             let old = self.owner_entry(k).load(Ordering::Acquire);
             let id = (k + 1) as u8;
+            // An entry being reclaimed is the reclaimer's until it frees it.
             if old != pid
+                && old != 0
+                && old != RECLAIMING
                 && pid_gone(old)
                 && self.owned_by(id) == 0
                 && self
@@ -299,11 +302,16 @@ impl Ctl {
         UNTRACKED
     }
 
-    /// Gives owner id `id` back (nothing is tagged with it any more).
-    pub(crate) fn release_owner(&self, id: u8) {
+    /// Gives owner id `id` of process `pid` back (nothing is tagged with it any more); an
+    /// entry that is no longer `pid`'s (taken over, or being reclaimed) is left alone.
+    pub(crate) fn release_owner(&self, id: u8, pid: u32) {
         if (1..=OWNER_IDS).contains(&usize::from(id)) {
-            self.owner_entry(usize::from(id) - 1)
-                .store(0, Ordering::Release);
+            let _ = self.owner_entry(usize::from(id) - 1).compare_exchange(
+                pid,
+                0,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
         }
     }
 
@@ -332,34 +340,50 @@ impl Ctl {
     }
 
     /// Returns to the ring every object tagged with an owner id of process `pid` (which must
-    /// be dead, and its objects out of every device's reach), and frees its ids. Returns how
-    /// many came back and how many could not (the ring refused them: already free).
+    /// be dead, and its objects out of every device's reach), and frees its ids. Each entry
+    /// is taken first (`pid` → a reclaiming mark), so that neither a process taking over a
+    /// dead process's id nor a second reclaimer can meet this one: an id is scanned by one
+    /// reclaimer, and handed out again only once it is free. Returns how many objects came
+    /// back and how many could not (the ring refused them: full, which only a corrupt pool
+    /// can be; those keep their tag, and the id stays the dead process's).
     pub(crate) fn reclaim_owned(&self, pid: u32) -> (u32, u32) {
         let (mut back, mut bad) = (0, 0);
-        for id in self.ids_of(pid) {
+        for k in 0..OWNER_IDS {
+            let entry = self.owner_entry(k);
+            if entry
+                .compare_exchange(pid, RECLAIMING, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            let id = (k + 1) as u8;
             let mut objs = Vec::new();
             for (idx, st) in self.audit_states().iter().enumerate() {
-                if st
-                    .compare_exchange(id, 0, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-                {
+                if st.load(Ordering::Acquire) == id {
                     objs.push(idx as u32);
                 }
             }
+            let mut refused = 0;
             for chunk in objs.chunks(256) {
-                match self.put(chunk) {
-                    Ok(()) => back += chunk.len() as u32,
-                    Err(_) => {
-                        for &idx in chunk {
-                            match self.put(&[idx]) {
-                                Ok(()) => back += 1,
-                                Err(_) => bad += 1,
-                            }
-                        }
+                // Free before they go back: a process that takes one tags it anew.
+                for &idx in chunk {
+                    self.audit_states()[idx as usize].store(0, Ordering::Release);
+                }
+                if self.put(chunk).is_ok() {
+                    back += chunk.len() as u32;
+                    continue;
+                }
+                for &idx in chunk {
+                    if self.put(&[idx]).is_ok() {
+                        back += 1;
+                    } else {
+                        self.audit_states()[idx as usize].store(id, Ordering::Release);
+                        refused += 1;
                     }
                 }
             }
-            self.release_owner(id);
+            bad += refused;
+            entry.store(if refused == 0 { 0 } else { pid }, Ordering::Release);
         }
         (back, bad)
     }
@@ -871,6 +895,13 @@ pub(crate) fn read_header(probe: &crate::Region, kind: u32) -> Result<HeaderInfo
     // SAFETY: `ctl_offset + size_of::<Header>()` is inside the mapping (checked above), aligned
     // (CTL_ALIGN); a header is valid for any bytes.
     let h = unsafe { &*probe.as_ptr().add(ctl_offset).cast::<Header>() };
+    if h.magic != MAGIC || h.version != VERSION {
+        return Err(format!(
+            "its control block is of layout version {}, this build's is {VERSION} (attach with \
+             a build of the same version)",
+            h.version
+        ));
+    }
     let l = CtlLayout::new(h.span as usize, h.obj_count, h.cache_size)
         .filter(|l| l.ctl_offset == ctl_offset && l.end == end)
         .ok_or_else(|| {

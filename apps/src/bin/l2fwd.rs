@@ -509,9 +509,20 @@ struct Workers {
     devices: Vec<(u16, u64)>,
     /// The pool the secondaries share.
     pool: Option<Arc<mempool::MbufPool>>,
-    /// Secondaries that died holding mbufs outside their caches (posted on their queue
-    /// pairs, in flight, in hand): returned once their pairs are rebuilt and they are gone.
-    dead: Vec<u32>,
+    /// What each secondary that gave pairs back or died still holds: the ports of its pairs
+    /// not rebuilt yet, and whether it died. A dead one's mbufs (posted on its pairs, in
+    /// flight, in hand) are returned once every pair it gave back is rebuilt.
+    held: std::collections::HashMap<u32, Held>,
+    /// `Primary::dropped_events` when last looked at: a lost event could be a pair given back
+    /// and never rebuilt, so no dead secondary's mbufs are returned after one.
+    dropped: u64,
+}
+
+/// A secondary's pairs not rebuilt yet, and whether it died without a goodbye.
+#[derive(Debug, Default)]
+struct Held {
+    unrebuilt: std::collections::BTreeSet<u16>,
+    dead: bool,
 }
 
 /// What a primary's secondaries did.
@@ -541,7 +552,8 @@ impl Workers {
             counts: WorkerCounts::default(),
             devices: Vec::new(),
             pool: None,
-            dead: Vec::new(),
+            held: std::collections::HashMap::new(),
+            dropped: 0,
         })
     }
 
@@ -619,8 +631,11 @@ impl Workers {
                     eprintln!(
                         "l2fwd: secondary {pid} gave back port {port} queue pair {queue} ({why:?})"
                     );
-                    if why != ReleaseWhy::Stopping && !rebuild.contains(&port) {
-                        rebuild.push(port);
+                    if why != ReleaseWhy::Stopping {
+                        if !rebuild.contains(&port) {
+                            rebuild.push(port);
+                        }
+                        self.held.entry(pid).or_default().unrebuilt.insert(port);
                     }
                 }
                 MpEvent::Reclaimed { pid, pool, mbufs } => {
@@ -630,61 +645,77 @@ impl Workers {
                     );
                 }
                 MpEvent::Detached { pid, clean } => {
-                    if !clean {
+                    if clean {
+                        // It gave back what it had itself.
+                        self.held.remove(&pid);
+                    } else {
                         self.counts.killed += 1;
                         eprintln!("l2fwd: secondary {pid} is gone without a goodbye (killed?): the buffers it had posted come back once its queue pairs are rebuilt");
-                        self.dead.push(pid);
+                        self.held.entry(pid).or_default().dead = true;
                     }
                 }
             }
         }
-        let mut all_rebuilt = true;
         for p in rebuild {
             let Some(port) = ports.iter_mut().find(|x| x.id() == p) else {
                 continue;
             };
             match port.rebuild_queues() {
-                Ok(()) => self.counts.rebuilds += 1,
-                Err(e) => {
-                    all_rebuilt = false;
-                    eprintln!("l2fwd: warning: port {p}: rebuilding its queues: {e}");
+                Ok(()) => {
+                    self.counts.rebuilds += 1;
+                    for h in self.held.values_mut() {
+                        h.unrebuilt.remove(&p);
+                    }
                 }
+                Err(e) => eprintln!("l2fwd: warning: port {p}: rebuilding its queues: {e}"),
             }
         }
-        // A dead secondary's pairs were given back (Released) before it was reported gone
-        // (Detached), so they are rebuilt by now, in this pass or an earlier one: the device
-        // no longer reads or writes what it had posted.
-        if all_rebuilt {
-            self.reclaim_dead();
-        } else if !self.dead.is_empty() {
-            eprintln!("l2fwd: warning: the buffers dead secondaries posted stay out of the pool (a queue rebuild failed: the device may still use them)");
-            self.dead.clear();
+        let dropped = self.mp.dropped_events();
+        if dropped != self.dropped {
+            self.dropped = dropped;
+            if self.held.values().any(|h| h.dead) {
+                eprintln!("l2fwd: warning: control events were lost: the buffers dead secondaries posted stay out of the pool (a pair given back may not be rebuilt)");
+            }
+            self.held.clear();
         }
-    }
-
-    /// Returns what dead secondaries held outside their caches to the pool (their queue
-    /// pairs are destroyed: rebuilt, or the ports closed). One still exiting is tried
-    /// again next time.
-    fn reclaim_dead(&mut self) {
-        reclaim_held(self.pool.as_ref(), &mut self.dead, &mut self.counts);
+        // A dead secondary's pairs, once all rebuilt (Released comes before Detached, and
+        // each rebuild before this), are out of the device's reach. A pair whose rebuild
+        // failed keeps its entry: its mbufs stay out (the device may still use them).
+        let ready: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.dead && h.unrebuilt.is_empty())
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in ready {
+            self.held.remove(&pid);
+            reclaim_held(self.pool.as_ref(), pid, &mut self.counts);
+        }
     }
 
     /// Tells the secondaries the ports' queues are destroyed (call once the ports are
     /// dropped), and waits up to 3 s for them to give back what they posted and exit.
     fn stop(mut self) -> WorkerCounts {
-        // Deaths the main loop did not see yet.
+        // What the main loop did not see yet.
         for e in self.mp.events() {
-            if let pmd::mp::MpEvent::Detached { pid, clean: false } = e {
-                self.counts.killed += 1;
-                self.dead.push(pid);
+            match e {
+                pmd::mp::MpEvent::Detached { pid, clean: false } => {
+                    self.counts.killed += 1;
+                    self.held.entry(pid).or_default().dead = true;
+                }
+                pmd::mp::MpEvent::Reclaimed { mbufs, .. } => {
+                    self.counts.reclaimed += u64::from(mbufs);
+                }
+                _ => {}
             }
         }
+        let lost = self.mp.dropped_events() != self.dropped;
         let pids = self.mp.secondaries();
         let Workers {
             mp,
             mut counts,
             pool,
-            mut dead,
+            held,
             ..
         } = self;
         mp.shutdown_closed("the l2fwd primary stopped");
@@ -694,36 +725,51 @@ impl Workers {
         {
             std::thread::sleep(Duration::from_millis(10));
         }
-        // The ports are closed: whatever dead secondaries still held can come back.
-        reclaim_held(pool.as_ref(), &mut dead, &mut counts);
+        // The ports are closed (every queue destroyed): whatever dead secondaries still held
+        // can come back, unless a lost event leaves that in doubt.
+        if !lost {
+            for (pid, h) in held {
+                if h.dead {
+                    reclaim_held(pool.as_ref(), pid, &mut counts);
+                }
+            }
+        }
         counts
     }
 }
 
-/// Returns what the dead secondaries `dead` held outside their caches to `pool` (their
-/// queue pairs are destroyed: rebuilt, or the ports closed); one still exiting stays in
-/// `dead`, to be tried again.
-fn reclaim_held(
-    pool: Option<&Arc<mempool::MbufPool>>,
-    dead: &mut Vec<u32>,
-    counts: &mut WorkerCounts,
-) {
+/// Returns what dead secondary `pid` held outside its caches to `pool` (its queue pairs are
+/// destroyed: rebuilt, or the ports closed). Its connection can end a moment before the
+/// process does (it is exiting): up to 200 ms for that. One that still runs lost its
+/// connection only; its mbufs are its own.
+fn reclaim_held(pool: Option<&Arc<mempool::MbufPool>>, pid: u32, counts: &mut WorkerCounts) {
     let Some(pool) = pool else { return };
-    dead.retain(|&pid| match pool.reclaim_owned(pid) {
-        Ok(n) => {
-            counts.reclaimed_held += u64::from(n);
-            eprintln!(
-                "l2fwd: {n} mbufs dead secondary {pid} had posted or in flight back to pool {}",
-                pool.name()
-            );
-            false
+    let t0 = Instant::now();
+    loop {
+        match pool.reclaim_owned(pid) {
+            Ok(n) => {
+                counts.reclaimed_held += u64::from(n);
+                eprintln!(
+                    "l2fwd: {n} mbufs dead secondary {pid} had posted or in flight back to pool {}",
+                    pool.name()
+                );
+                return;
+            }
+            Err(mempool::Error::ProcessAlive { .. })
+                if t0.elapsed() < Duration::from_millis(200) =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(mempool::Error::ProcessAlive { .. }) => {
+                eprintln!("l2fwd: secondary {pid} lost its connection but still runs: its mbufs are its own");
+                return;
+            }
+            Err(e) => {
+                eprintln!("l2fwd: warning: {e}");
+                return;
+            }
         }
-        Err(mempool::Error::ProcessAlive { .. }) => true,
-        Err(e) => {
-            eprintln!("l2fwd: warning: {e}");
-            false
-        }
-    });
+    }
 }
 
 /// Statistics and port events until a stop, the deadline or a port lost for good (whose

@@ -522,6 +522,9 @@ impl Drop for MbufPool {
             // Another process's shared pool: what is out may be any process's. Ours (if
             // any) must stay valid.
             tracing::debug!(target: LOG, pool = %self.mp.name(), outstanding, "detached from a shared pool");
+            // The pool stays mapped (others' mbufs may be ours to touch still), but an owner
+            // id that tags nothing goes back for the next process.
+            self.mp.release_owner_if_unused();
             std::mem::forget(Arc::clone(&self.mp));
         } else if outstanding > 0 {
             // Its file goes now all the same (every mapping keeps its memory): a pool that
